@@ -1,0 +1,136 @@
+"""Tower devices: parse `--devices`, set up logical CPU devices, name the towers.
+
+Spec grammar (the value of `--devices`):
+
+    auto       every visible GPU; with none, 2 logical CPU devices (simulated towers)
+    cpu:N      N logical CPU devices carved out of the host CPU (simulated towers)
+    gpu        every visible GPU
+    gpu:0,2    the listed GPUs, in that order (tower 0 on the first one listed)
+
+Parsing (`parse`) reads only the *physical* device list, which does not start
+TensorFlow's runtime, so it can run during validation. Logical CPU devices must
+be configured before the runtime starts; `configure_logical_cpus` does that and
+says plainly when it is too late.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from absl import logging
+import tensorflow as tf
+
+from mgloop.errors import ConfigError
+
+AUTO_SIMULATED_TOWERS = 2
+HOST_DEVICE = "/device:CPU:0"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRequest:
+    """What `--devices` asks for, resolved against the physical devices."""
+
+    kind: str  # "cpu" or "gpu"
+    indices: tuple[int, ...]  # logical device indices of that kind, tower order
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.indices)
+
+    @property
+    def simulated(self) -> bool:
+        return self.kind == "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSet:
+    """The devices a run uses: one tower per entry of `towers`, plus the host."""
+
+    towers: tuple[str, ...]
+    host: str = HOST_DEVICE
+    simulated: bool = True
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.towers)
+
+
+def _visible_gpus() -> int:
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def parse(spec: str) -> DeviceRequest:
+    """Parses and checks a `--devices` spec against the visible hardware.
+
+    Raises ConfigError (one line naming `--devices` and what is valid) for a
+    malformed spec or a GPU that is not there; never falls back silently.
+    """
+    valid = "valid: auto, cpu:N (N >= 1), gpu, gpu:I[,J...]"
+    spec = (spec or "").strip().lower()
+    if spec == "auto":
+        gpus = _visible_gpus()
+        if gpus:
+            return DeviceRequest("gpu", tuple(range(gpus)))
+        return DeviceRequest("cpu", tuple(range(AUTO_SIMULATED_TOWERS)))
+    match = re.fullmatch(r"cpu:(\d+)", spec)
+    if match:
+        count = int(match.group(1))
+        if count < 1:
+            raise ConfigError(f"--devices={spec}: needs at least one CPU device ({valid})")
+        return DeviceRequest("cpu", tuple(range(count)))
+    match = re.fullmatch(r"gpu(?::(\d+(?:,\d+)*))?", spec)
+    if not match:
+        raise ConfigError(f"--devices={spec!r} is not understood ({valid})")
+    gpus = _visible_gpus()
+    if gpus == 0:
+        raise ConfigError(
+            f"--devices={spec}: no GPU is visible to TensorFlow on this machine; "
+            "use --devices=cpu:N to simulate N towers on the CPU")
+    if match.group(1) is None:
+        return DeviceRequest("gpu", tuple(range(gpus)))
+    indices = tuple(int(i) for i in match.group(1).split(","))
+    if len(set(indices)) != len(indices):
+        raise ConfigError(f"--devices={spec}: a GPU is listed twice")
+    missing = [i for i in indices if i >= gpus]
+    if missing:
+        raise ConfigError(
+            f"--devices={spec}: GPU {missing[0]} does not exist; visible GPUs are "
+            f"0..{gpus - 1}")
+    return DeviceRequest("gpu", indices)
+
+
+def configure_logical_cpus(count: int) -> None:
+    """Splits the host CPU into at least `count` logical devices.
+
+    Must run before TensorFlow's runtime starts (before the first op or
+    `tf.config.list_logical_devices`). If the runtime already has `count` or
+    more logical CPUs this is a no-op, so a test process can configure the
+    largest count once (conftest) and use any smaller one.
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured is not None and len(configured) >= count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    except RuntimeError:
+        existing = len(tf.config.list_logical_devices("CPU"))
+        if existing >= count:
+            return
+        raise ConfigError(
+            f"--devices=cpu:{count}: TensorFlow's runtime already started with {existing} "
+            f"CPU device(s); call mgloop.devices.configure_logical_cpus({count}) before any "
+            "TensorFlow op runs (at the top of the script, or once in conftest.py)") from None
+
+
+def setup(request: DeviceRequest) -> DeviceSet:
+    """Creates the devices of a parsed request and returns their names."""
+    if request.simulated:
+        configure_logical_cpus(request.num_towers)
+        logging.info("No GPU in use: %d towers are simulated on logical CPU devices.",
+                     request.num_towers)
+    names = [d.name for d in tf.config.list_logical_devices(request.kind.upper())]
+    towers = tuple(names[i] for i in request.indices)
+    return DeviceSet(towers=towers, simulated=request.simulated)

@@ -1,0 +1,112 @@
+"""One experiment from a Config: validate, set up devices, build, train, evaluate, export.
+
+This is the Python entry point (`mgloop.run`); `python -m mgloop.train` is a
+thin absl wrapper around it. Everything is validated before the first device
+or variable exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Callable
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from mgloop import aggregation
+from mgloop import checkpoint
+from mgloop import data
+from mgloop import devices
+from mgloop import loop
+from mgloop import models
+from mgloop import optim
+from mgloop import summaries
+from mgloop.config import Config
+
+SUMMARY_FILENAME = "summary.json"
+
+
+def default_loss() -> keras.losses.Loss:
+    """Cross-entropy on logits against integer labels, mean over the examples."""
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    keras.utils.set_random_seed(seed)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def build_trainer(config: Config, device_set: devices.DeviceSet,
+                  model_fn: Callable[[], keras.Model], loss_fn, input_shape) -> loop.Trainer:
+    """Seeds, then builds the template model, its copies and their optimizers."""
+    seed_everything(config.seed, config.deterministic)
+    method = aggregation.get(config.aggregation)(device_set)
+    return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
+                        input_shape=input_shape)
+
+
+def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
+        loss_fn=None, dataset: data.InMemoryDataset | None = None) -> dict:
+    """Trains per `config` and returns the summary (also written to <logdir>/summary.json).
+
+    `model_fn` (no arguments, returns a Keras model of logits) and `loss_fn`
+    (y_true, y_pred) -> loss override `--model` and the default cross-entropy.
+    """
+    config = config.validated()
+    request = devices.parse(config.devices)
+    device_set = devices.setup(request)
+    logging.info("logdir: %s", config.logdir)
+    dataset = dataset or data.load(config.dataset, config.seed)
+    if model_fn is None:
+        model_fn = functools.partial(models.get(config.model), dataset.input_shape,
+                                     dataset.num_classes)
+    trainer = build_trainer(config, device_set, model_fn, loss_fn or default_loss(),
+                            dataset.input_shape)
+    checkpointer = checkpoint.Checkpointer(
+        os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
+        trainer.global_step, keep=config.keep_checkpoints)
+    restored = checkpointer.restore_latest()
+    if restored:
+        trainer.sync_replicas()
+        logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
+    start_step = int(trainer.global_step.numpy())
+    batches = dataset.train_batches(config.global_batch_size, config.seed, start_step)
+    train_writer = summaries.ScalarWriter(config.logdir, "train")
+    schedule = optim.make_schedule(config)
+    result = loop.fit(
+        trainer, batches, config.train_steps, config.global_batch_size, config.steps_per_loop,
+        summary_every=config.summary_every, log_every=config.log_every,
+        checkpoint_every=config.checkpoint_every, summaries=train_writer,
+        checkpointer=checkpointer, learning_rate=lambda step: float(schedule(step)))
+    train_writer.close()
+    eval_metrics = trainer.evaluate(dataset.eval_batches(config.global_batch_size))
+    eval_writer = summaries.ScalarWriter(config.logdir, "eval")
+    eval_writer.scalars(result.final_step, eval_metrics)
+    eval_writer.close()
+    logging.info("eval at step %d: loss %.4f accuracy %.3f", result.final_step,
+                 eval_metrics["loss"], eval_metrics["accuracy"])
+    export_path = None
+    if config.export_dir:
+        export_path = checkpoint.export_model(trainer.model, config.export_dir)
+        logging.info("exported the template model to %s", export_path)
+    summary = {
+        "config": dataclasses.asdict(config),
+        "num_towers": device_set.num_towers,
+        "tower_devices": list(device_set.towers),
+        "simulated_devices": device_set.simulated,
+        "start_step": result.start_step,
+        "final_step": result.final_step,
+        "final_train_loss": result.train.get("loss"),
+        "final_train_accuracy": result.train.get("accuracy"),
+        "eval_loss": eval_metrics["loss"],
+        "eval_accuracy": eval_metrics["accuracy"],
+        "examples_per_sec": result.examples_per_sec,
+        "median_step_time": result.median_step_time,
+        "export_path": export_path,
+    }
+    summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME), summary)
+    return summary

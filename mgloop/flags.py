@@ -1,0 +1,68 @@
+"""absl flag definitions for every Config field; nothing else in mgloop defines flags.
+
+`define_flags()` registers one flag per Config field (same name, same default);
+`config_from_flags()` reads them back into a Config. Values are checked by
+`Config.validated()`, so the CLI and the Python API give the same errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import flags
+
+from mgloop import aggregation
+from mgloop import data
+from mgloop import models
+from mgloop.config import LR_SCHEDULES, OPTIMIZERS, Config
+
+FLAGS = flags.FLAGS
+
+_HELP = {
+    "devices": "auto | cpu:N | gpu | gpu:I,J,... (auto: all GPUs, else 2 simulated CPU towers)",
+    "aggregation": f"how gradients meet: {', '.join(aggregation.names())}",
+    "dataset": f"one of: {', '.join(data.names())}",
+    "model": f"one of: {', '.join(models.names())}",
+    "global_batch_size": "examples per step over all towers (default 128); "
+                         "or set --batch_size_per_tower",
+    "batch_size_per_tower": "examples per tower per step; global = this x towers",
+    "optimizer": f"one of: {', '.join(OPTIMIZERS)} (momentum: SGD with --momentum)",
+    "learning_rate": "peak learning rate",
+    "momentum": "momentum of --optimizer=momentum",
+    "lr_schedule": f"one of: {', '.join(LR_SCHEDULES)} (poly: Caffe's polynomial decay)",
+    "lr_power": "power of the poly schedule",
+    "warmup_steps": "steps of linear warm-up before the schedule",
+    "weight_decay": "decoupled weight decay (v -= lr * wd * v each update)",
+    "train_steps": "train until the global step reaches this (resumes count)",
+    "steps_per_loop": "steps run inside one compiled tf.function call",
+    "logdir": "run folder for events, checkpoints, summary.json "
+              "(default: a fresh timestamped folder under the temp dir)",
+    "summary_every": "steps between TensorBoard scalar summaries (0: none)",
+    "log_every": "steps between progress log lines (0: none)",
+    "checkpoint_every": "steps between checkpoints (0: only at the end of training)",
+    "keep_checkpoints": "how many recent checkpoints to keep",
+    "export_dir": "save the template model here as model.keras (Keras native format)",
+    "seed": "seed of data, initialisation and shuffling",
+    "deterministic": "TensorFlow op determinism: bit-repeatable runs",
+}
+
+
+def define_flags() -> None:
+    """Defines one flag per Config field, once."""
+    if "aggregation" in FLAGS:
+        return
+    for field in dataclasses.fields(Config):
+        help_text = _HELP[field.name]
+        default = field.default
+        if field.type in ("bool",):
+            flags.DEFINE_bool(field.name, default, help_text)
+        elif field.type in ("int", "int | None"):
+            flags.DEFINE_integer(field.name, default, help_text)
+        elif field.type == "float":
+            flags.DEFINE_float(field.name, default, help_text)
+        else:
+            flags.DEFINE_string(field.name, default, help_text)
+
+
+def config_from_flags() -> Config:
+    return Config(**{field.name: FLAGS[field.name].value for field in dataclasses.fields(Config)})

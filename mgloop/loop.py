@@ -1,0 +1,221 @@
+"""The Trainer: builds the towers for an aggregation and runs the compiled loop.
+
+One training step on a global batch (x, y) of B examples and T towers:
+
+    1. split (x, y) on the host into T contiguous shards of B/T, tower 0 first;
+    2. tower t, on its device, computes loss_t and g[t] on shard t (towers.py);
+    3. the aggregation averages: g = (1/T) * sum_t g[t], placed per variable copy;
+    4. every variable copy applies g with its own optimizer (optim.py).
+
+The reported loss is (1/T) * sum_t loss_t, the mean loss over the global batch.
+`train_loop` runs `num_steps` such steps inside one `tf.function` call (a
+`tf.range` loop), so Python runs once per loop, not once per step; the outer
+loop (`fit`) chooses loop lengths so that summaries, logs and checkpoints fall
+on their step boundaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterator
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mgloop import optim
+from mgloop import towers
+from mgloop.aggregation import REPLICATED, Aggregation
+
+
+class Trainer:
+    """Variable copies, optimizers and the compiled train/eval steps of one run."""
+
+    def __init__(self, model_fn: Callable[[], keras.Model], loss_fn: towers.LossFn,
+                 aggregation: Aggregation, optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+                 input_shape: tuple[int, ...] | None = None):
+        self.aggregation = aggregation
+        self.tower_devices = list(aggregation.devices.towers)
+        self.loss_fn = loss_fn
+        parameter_devices = aggregation.parameter_devices()
+        with tf.device(parameter_devices[0]):
+            self.model = model_fn()
+            if not self.model.built:
+                self.model.build((None, *input_shape))
+        self.copies = towers.make_copies(self.model, parameter_devices)
+        optim.build_optimizers(self.copies, optimizer_fn)
+        with tf.device(aggregation.devices.host):
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.tower_devices)
+
+    def sync_replicas(self) -> None:
+        """Copies variable copy 0 (e.g. just restored) into every other copy."""
+        towers.copy_first_to_rest(self.copies)
+
+    def copy_for_tower(self, tower: int) -> towers.VariableCopy:
+        return self.copies[tower] if self.aggregation.layout == REPLICATED else self.copies[0]
+
+    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """One synchronous step; returns (mean loss over the global batch, correct count)."""
+        xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
+        outputs = [towers.tower_step(self.model, self.loss_fn, self.copy_for_tower(t),
+                                     xs[t], ys[t], device)
+                   for t, device in enumerate(self.tower_devices)]
+        grads = self.aggregation.reduce([out.grads for out in outputs])
+        optim.apply_updates(self.copies, grads)
+        self._update_non_trainable(outputs)
+        with tf.device(self.aggregation.devices.host):
+            self.global_step.assign_add(1)
+            loss = tf.add_n([out.loss for out in outputs]) / self.num_towers
+            correct = tf.add_n([out.correct for out in outputs])
+        return loss, correct
+
+    def _update_non_trainable(self, outputs: list[towers.TowerOutput]) -> None:
+        """Float state (moving statistics) is averaged over towers; other state is tower 0's."""
+        if not self.copies[0].non_trainable:
+            return
+        is_float = [v.dtype.is_floating for v in self.copies[0].non_trainable]
+        floats = [[s for s, f in zip(out.non_trainable, is_float) if f] for out in outputs]
+        averaged = self.aggregation.reduce(floats) if floats[0] else [[] for _ in self.copies]
+        for copy, mean in zip(self.copies, averaged):
+            mean = iter(mean)
+            with tf.device(copy.device):
+                for var, first, f in zip(copy.non_trainable, outputs[0].non_trainable, is_float):
+                    var.assign(next(mean) if f else first)
+
+    @tf.function
+    def train_loop(self, iterator: Iterator, num_steps: tf.Tensor):
+        """`num_steps` steps in one call; returns (sum of step losses, sum of correct)."""
+        loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+        for _ in tf.range(num_steps):
+            x, y = next(iterator)
+            loss, correct = self.train_step(x, y)
+            loss_sum += loss
+            correct_sum += correct
+        return loss_sum, correct_sum
+
+    @tf.function
+    def _eval_step(self, x, y):
+        with tf.device(self.copies[0].device):
+            logits = self.model(x, training=False)
+            losses = self.loss_fn(y, logits)
+            loss_sum = tf.reduce_mean(losses) * tf.cast(tf.shape(y)[0], tf.float32)
+            return loss_sum, towers.count_correct(y, logits)
+
+    def evaluate(self, batches: tf.data.Dataset) -> dict[str, float]:
+        """Mean loss and accuracy of the template model over every example of `batches`."""
+        loss_sum = correct = count = 0.0
+        for x, y in batches:
+            batch_loss, batch_correct = self._eval_step(x, y)
+            loss_sum += float(batch_loss)
+            correct += float(batch_correct)
+            count += int(y.shape[0])
+        return {"loss": loss_sum / count, "accuracy": correct / count}
+
+
+@dataclasses.dataclass
+class Window:
+    """Running sums of a metric window (since the last summary or log line)."""
+
+    steps: int = 0
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, steps, loss_sum, correct, seconds):
+        self.steps += steps
+        self.loss_sum += loss_sum
+        self.correct += correct
+        self.seconds += seconds
+
+    def means(self, global_batch: int) -> dict[str, float]:
+        return {"loss": self.loss_sum / self.steps,
+                "accuracy": self.correct / (self.steps * global_batch),
+                "examples_per_sec": self.steps * global_batch / self.seconds,
+                "step_time": self.seconds / self.steps}
+
+
+@dataclasses.dataclass
+class FitResult:
+    start_step: int
+    final_step: int
+    train: dict[str, float]  # metrics of the last window
+    median_step_time: float | None  # seconds, over loops after the first (tracing) one
+    examples_per_sec: float | None  # over loops after the first one
+    loop_seconds: float  # all loops, tracing included
+
+
+def _next_boundary(step: int, every: int) -> int | None:
+    return (step // every + 1) * every if every > 0 else None
+
+
+def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,
+        steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
+        checkpoint_every: int = 0, summaries=None, checkpointer=None,
+        learning_rate: Callable[[int], float] | None = None) -> FitResult:
+    """Runs `trainer` from its current step to `train_steps`.
+
+    Summaries (`summaries.scalars(step, dict)`), log lines and checkpoints
+    (`checkpointer.save(step)`) are injected; each falls on multiples of its
+    interval (0 = never), and a checkpoint is always written at the end.
+    """
+    start = step = int(trainer.global_step.numpy())
+    iterator = iter(batches)
+    summary_window, log_window, last = Window(), Window(), Window()
+    per_step_times, steady_steps, steady_seconds = [], 0, 0.0
+    loop_seconds, first_loop = 0.0, True
+    while step < train_steps:
+        stops = [train_steps, step + steps_per_loop] + [
+            b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
+                        _next_boundary(step, checkpoint_every)) if b is not None]
+        num = min(stops) - step
+        began = time.perf_counter()
+        loss_sum, correct = trainer.train_loop(iterator, tf.constant(num, tf.int32))
+        loss_sum, correct = float(loss_sum), float(correct)
+        seconds = time.perf_counter() - began
+        loop_seconds += seconds
+        if not first_loop:  # the first loop includes tracing
+            per_step_times.append(seconds / num)
+            steady_steps += num
+            steady_seconds += seconds
+        first_loop = False
+        step += num
+        if not np.isfinite(loss_sum):
+            raise FloatingPointError(f"loss is {loss_sum} at step {step}")
+        for window in (summary_window, log_window):
+            window.add(num, loss_sum, correct, seconds)
+        last = Window(num, loss_sum, correct, seconds)
+        if summaries is not None and summary_every and step % summary_every == 0:
+            metrics = summary_window.means(global_batch)
+            if learning_rate is not None:
+                metrics["learning_rate"] = learning_rate(step)
+            summaries.scalars(step, metrics)
+            summary_window = Window()
+        if log_every and (step % log_every == 0 or step == train_steps):
+            metrics = log_window.means(global_batch)
+            eta = (train_steps - step) * metrics["step_time"]
+            logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  ETA %.0fs",
+                         step, train_steps, metrics["loss"], metrics["accuracy"],
+                         metrics["examples_per_sec"], eta)
+            log_window = Window()
+        if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
+            checkpointer.save(step)
+    if checkpointer is not None and step > start and not (
+            checkpoint_every and step % checkpoint_every == 0):
+        checkpointer.save(step)
+    median_step = None
+    if per_step_times:
+        median_step = float(np.median(per_step_times))
+    elif last.steps:
+        median_step = last.seconds / last.steps
+    return FitResult(
+        start_step=start, final_step=step,
+        train=last.means(global_batch) if last.steps else {},
+        median_step_time=median_step,
+        examples_per_sec=(steady_steps * global_batch / steady_seconds) if steady_steps else None,
+        loop_seconds=loop_seconds)

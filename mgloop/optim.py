@@ -1,0 +1,88 @@
+"""Optimizers, learning-rate schedules, and applying the averaged gradients.
+
+Every variable copy has its own Keras optimizer (and so its own slots) on the
+copy's device. All copies receive the same averaged gradient and start from the
+same state, so replicated copies stay bit-identical; a shared layout has one
+copy, hence one optimizer, applied once.
+
+Schedules (step = number of updates applied so far):
+    constant  lr(step) = LR
+    poly      lr(step) = LR * (1 - step / D) ** lr_power   (Caffe's "poly")
+    cosine    lr(step) = LR * (1 + cos(pi * step / D)) / 2
+with D = train_steps - warmup_steps. With warmup W > 0 the rate first rises
+linearly, lr(step) = LR * (step + 1) / W for step < W, then follows the
+schedule shifted by W. Weight decay is Keras's decoupled decay:
+v <- v - lr * weight_decay * v at every update.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from mgloop.towers import VariableCopy
+
+schedules = keras.optimizers.schedules
+
+
+@keras.saving.register_keras_serializable(package="mgloop")
+class LinearWarmup(schedules.LearningRateSchedule):
+    """Rises linearly to `peak` over `warmup_steps`, then follows `after` shifted by them."""
+
+    def __init__(self, peak, warmup_steps, after):
+        self.peak, self.warmup_steps, self.after = peak, warmup_steps, after
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warm = self.peak * (step + 1.0) / float(self.warmup_steps)
+        return tf.where(step < self.warmup_steps, warm,
+                        tf.cast(self.after(step - self.warmup_steps), tf.float32))
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps,
+                "after": schedules.serialize(self.after)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(config["peak"], config["warmup_steps"],
+                   schedules.deserialize(config["after"]))
+
+
+def make_schedule(config) -> schedules.LearningRateSchedule:
+    lr = config.learning_rate
+    decay_steps = max(config.train_steps - config.warmup_steps, 1)
+    if config.lr_schedule == "poly":
+        after = schedules.PolynomialDecay(lr, decay_steps, end_learning_rate=0.0,
+                                          power=config.lr_power)
+    elif config.lr_schedule == "cosine":
+        after = schedules.CosineDecay(lr, decay_steps, alpha=0.0)
+    else:
+        after = schedules.PolynomialDecay(lr, decay_steps, end_learning_rate=lr)  # constant
+    if config.warmup_steps:
+        return LinearWarmup(lr, config.warmup_steps, after)
+    return after
+
+
+def make_optimizer(config) -> keras.optimizers.Optimizer:
+    """A fresh optimizer for one variable copy."""
+    schedule = make_schedule(config)
+    decay = config.weight_decay or None
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(schedule, weight_decay=decay)
+    momentum = config.momentum if config.optimizer == "momentum" else 0.0
+    return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
+
+
+def build_optimizers(copies: list[VariableCopy], optimizer_fn) -> None:
+    """Creates each copy's optimizer and its slots on the copy's device (before tracing)."""
+    for copy in copies:
+        with tf.device(copy.device):
+            copy.optimizer = optimizer_fn()
+            copy.optimizer.build(copy.trainable)
+
+
+def apply_updates(copies: list[VariableCopy], grads_per_copy: list[list[tf.Tensor]]) -> None:
+    """Copy c applies grads_per_copy[c] (already averaged and on its device)."""
+    for copy, grads in zip(copies, grads_per_copy):
+        with tf.device(copy.device):
+            copy.optimizer.apply(grads, copy.trainable)

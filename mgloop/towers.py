@@ -1,0 +1,117 @@
+"""Variable layouts and the per-tower step.
+
+There is one template Keras model. Its variables are variable copy 0; a
+replicated layout adds one plain `tf.Variable` copy per further tower, created
+on that tower's device from the template's initial values. Every tower runs the
+template's computation on the copy it reads, through `model.stateless_call`, so
+the layouts differ only in which copy a tower reads:
+
+    shared      one copy on the parameter device; every tower reads copy 0
+    replicated  one copy per tower; tower t reads copy t
+
+A tower computes, on its own device and with its own `tf.GradientTape`,
+
+    loss_t = mean over its shard of loss_fn(y, model(x))  (+ the model's own losses)
+    g[t][v] = d loss_t / d v
+
+and returns them with its updated non-trainable state (e.g. batch-norm moving
+statistics) for the aggregation to average.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+@dataclasses.dataclass
+class VariableCopy:
+    """One copy of the model's variables on one device, with its own optimizer state."""
+
+    device: str
+    trainable: list[tf.Variable]
+    non_trainable: list[tf.Variable]
+    optimizer: keras.optimizers.Optimizer | None = None
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        return self.trainable + self.non_trainable
+
+
+@dataclasses.dataclass
+class TowerOutput:
+    loss: tf.Tensor  # scalar: mean loss over the tower's shard
+    correct: tf.Tensor  # scalar float32: examples of the shard classified right
+    grads: list[tf.Tensor]  # per trainable variable, on the tower's device
+    non_trainable: list[tf.Tensor]  # updated non-trainable state
+
+
+def _backing(variable) -> tf.Variable:
+    """The tf.Variable behind a Keras variable (the object TensorFlow places)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def make_copies(template: keras.Model, devices: list[str]) -> list[VariableCopy]:
+    """Copy 0 is the template's own variables (built on devices[0]); then one per device."""
+    first = VariableCopy(devices[0],
+                         [_backing(v) for v in template.trainable_variables],
+                         [_backing(v) for v in template.non_trainable_variables])
+    copies = [first]
+    for index, device in enumerate(devices[1:], start=1):
+        with tf.device(device):
+            def clone(source, trainable):
+                name = f"replica_{index}/{source.name.split(':')[0]}"
+                return tf.Variable(source.read_value(), trainable=trainable, name=name)
+            copies.append(VariableCopy(device,
+                                       [clone(v, True) for v in first.trainable],
+                                       [clone(v, False) for v in first.non_trainable]))
+    return copies
+
+
+def copy_first_to_rest(copies: list[VariableCopy]) -> None:
+    """Makes every copy (variables and optimizer state) equal to copy 0, e.g. after a restore."""
+    first = copies[0]
+    first_slots = first.optimizer.variables if first.optimizer else []
+    for copy in copies[1:]:
+        slots = copy.optimizer.variables if copy.optimizer else []
+        for target, source in zip(copy.variables + slots, first.variables + first_slots):
+            target.assign(_backing(source).read_value())
+
+
+def mean_loss(loss_fn: LossFn, y: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
+    """Mean of `loss_fn` over the examples (works for per-example or already-mean losses)."""
+    return tf.reduce_mean(loss_fn(y, predictions))
+
+
+def count_correct(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Examples whose arg-max class equals the label (one logit: threshold 0)."""
+    if logits.shape[-1] == 1:
+        predicted = tf.cast(logits[..., 0] > 0, y.dtype)
+    else:
+        predicted = tf.cast(tf.argmax(logits, axis=-1), y.dtype)
+    return tf.reduce_sum(tf.cast(tf.equal(predicted, tf.reshape(y, tf.shape(predicted))),
+                                 tf.float32))
+
+
+def tower_step(template: keras.Model, loss_fn: LossFn, copy: VariableCopy,
+               x: tf.Tensor, y: tf.Tensor, device: str) -> TowerOutput:
+    """Forward, loss and gradients of one tower on its shard, all on `device`."""
+    with tf.device(device):
+        x, y = tf.identity(x), tf.identity(y)  # the shard's copy onto the tower
+        with tf.GradientTape() as tape:
+            trainable = [tf.identity(v) for v in copy.trainable]
+            tape.watch(trainable)
+            non_trainable = [tf.identity(v) for v in copy.non_trainable]
+            logits, new_non_trainable, model_losses = template.stateless_call(
+                trainable, non_trainable, x, training=True, return_losses=True)
+            loss = mean_loss(loss_fn, y, logits)
+            if model_losses:
+                loss += tf.add_n(model_losses)
+        grads = tape.gradient(loss, trainable,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return TowerOutput(loss, count_correct(y, logits), grads, list(new_non_trainable))

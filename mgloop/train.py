@@ -1,0 +1,41 @@
+"""`python -m mgloop.train [--flag=value ...] [--flagfile=FILE]`: train one experiment.
+
+Bad settings end the process with exit code 2 and one line on stderr, before
+any device or variable is created.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
+
+from absl import app  # noqa: E402
+from absl import logging  # noqa: E402
+
+from mgloop import experiment  # noqa: E402
+from mgloop import flags as mgloop_flags  # noqa: E402
+from mgloop.errors import ConfigError  # noqa: E402
+
+mgloop_flags.define_flags()
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = mgloop_flags.config_from_flags()
+    try:
+        summary = experiment.run(config)
+    except ConfigError as error:
+        print(f"mgloop.train: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
+                 "summary in %s", summary["final_train_loss"] or float("nan"),
+                 summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
+                 summary["num_towers"],
+                 os.path.join(summary["config"]["logdir"], experiment.SUMMARY_FILENAME))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,69 @@
+"""Shared pieces of the tests: a small config, mgloop trainers, the single-device reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from mgloop import data, devices, experiment, models, optim
+from mgloop.config import Config
+from third_party import single_device
+
+DATASET = data.synthetic.make(seed=7, num_train=256, num_eval=64)
+GLOBAL_BATCH = 16
+
+
+def small_config(logdir: str, **overrides) -> Config:
+    settings = dict(devices="cpu:1", aggregation="ps_cpu", model="mlp",
+                    global_batch_size=GLOBAL_BATCH, optimizer="momentum", learning_rate=0.1,
+                    train_steps=5, steps_per_loop=5, seed=3, deterministic=True,
+                    logdir=logdir, summary_every=0, log_every=0)
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def model_fn(name: str):
+    return functools.partial(models.get(name), DATASET.input_shape, DATASET.num_classes)
+
+
+def batches(steps: int, global_batch: int = GLOBAL_BATCH, seed: int = 3):
+    """The first `steps` global batches of the training stream, as numpy pairs."""
+    stream = DATASET.train_batches(global_batch, seed).take(steps)
+    return [(x.numpy(), y.numpy()) for x, y in stream]
+
+
+def train_mgloop(config: Config, steps_batches):
+    """Builds mgloop's trainer for `config` and runs the given batches in one loop."""
+    config = config.validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    trainer = experiment.build_trainer(config, device_set, model_fn(config.model),
+                                       experiment.default_loss(), DATASET.input_shape)
+    if not steps_batches:
+        return trainer, 0.0
+    xs = np.stack([x for x, _ in steps_batches])
+    ys = np.stack([y for _, y in steps_batches])
+    stream = tf.data.Dataset.from_tensor_slices((xs, ys))
+    loss_sum, _ = trainer.train_loop(iter(stream), tf.constant(len(steps_batches)))
+    return trainer, float(loss_sum)
+
+
+def train_reference(config: Config, steps_batches):
+    """The single-device reference (third_party.single_device) on the same global batches."""
+    config = dataclasses.replace(config, devices="cpu:1").validated()
+    experiment.seed_everything(config.seed, config.deterministic)
+    with tf.device("/device:CPU:0"):
+        model = model_fn(config.model)()
+        optimizer = optim.make_optimizer(config)
+        step = single_device.make_train_step(model, experiment.default_loss(), optimizer)
+        loss_sum = 0.0
+        for x, y in steps_batches:
+            loss_sum += float(step(tf.constant(x), tf.constant(y)))
+    return [v.numpy() for v in model.trainable_variables], loss_sum
+
+
+def copy_weights(trainer):
+    """Trainable values of every variable copy: [copy][variable] numpy arrays."""
+    return [[v.numpy() for v in copy.trainable] for copy in trainer.copies]

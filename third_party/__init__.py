@@ -1,0 +1,1 @@
+"""From-scratch re-creations of other systems' methods, used only as baselines."""
