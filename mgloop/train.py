@@ -13,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ star
 
 from absl import app  # noqa: E402
 from absl import logging  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
@@ -24,6 +25,7 @@ mgloop_flags.define_flags()
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    tf.get_logger().setLevel("WARNING")  # TensorFlow's own INFO lines (checkpoint sharding)
     config = mgloop_flags.config_from_flags()
     try:
         summary = experiment.run(config)

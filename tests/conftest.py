@@ -15,3 +15,11 @@ devices.configure_logical_cpus(MAX_TOWERS)
 @pytest.fixture
 def logdir(tmp_path):
     return str(tmp_path / "run")
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretends the machine has the given number of GPUs (0 on every machine, for error paths)."""
+    def pretend(count):
+        monkeypatch.setattr(devices, "_visible_gpus", lambda: count)
+    return pretend

@@ -1,0 +1,86 @@
+"""Bad settings: one clear line naming the flag, before any device or variable exists."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mgloop
+from mgloop import devices, loop
+from tests import helpers
+
+
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fails the test if a run gets as far as setting up devices or building variables."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("devices or variables were created before validation finished")
+    monkeypatch.setattr(devices, "setup", refuse)
+    monkeypatch.setattr(loop.Trainer, "__init__", refuse)
+
+
+def file_path(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("not a directory")
+    return str(path)
+
+
+CASES = {
+    "unknown aggregation": (dict(aggregation="allreduce_magic"),
+                            r"^--aggregation='allreduce_magic' is not one of: .*ps_cpu.*ring"),
+    "unknown model": (dict(model="resnet9000"), r"^--model='resnet9000' is not one of: cnn, mlp"),
+    "unknown dataset": (dict(dataset="imagenet"), r"^--dataset='imagenet' is not one of"),
+    "unknown optimizer": (dict(optimizer="lion"), r"^--optimizer='lion' is not one of"),
+    "unknown schedule": (dict(lr_schedule="step"), r"^--lr_schedule='step' is not one of"),
+    "batch not divisible": (dict(devices="cpu:4", global_batch_size=30),
+                            r"^--global_batch_size=30 does not split into 4 .*multiple of 4"),
+    "both batch sizes": (dict(global_batch_size=16, batch_size_per_tower=8),
+                         r"^--global_batch_size and --batch_size_per_tower are both set"),
+    "negative steps": (dict(train_steps=-5), r"^--train_steps=-5 is out of range: must be >= 0"),
+    "zero steps per loop": (dict(steps_per_loop=0), r"^--steps_per_loop=0 is out of range"),
+    "negative learning rate": (dict(learning_rate=-0.1), r"^--learning_rate=-0.1 is out of range"),
+    "warmup too long": (dict(warmup_steps=50), r"^--warmup_steps=50 is longer than --train_steps"),
+    "gpu without gpus": (dict(devices="gpu"), r"^--devices=gpu: no GPU is visible.*cpu:N"),
+    "listed gpus without gpus": (dict(devices="gpu:0,2"), r"^--devices=gpu:0,2: no GPU"),
+    "malformed devices": (dict(devices="tpu:8"), r"^--devices='tpu:8' is not understood"),
+    "zero cpus": (dict(devices="cpu:0"), r"^--devices=cpu:0: needs at least one"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_setting_is_refused_before_building(case, logdir, nothing_built, gpus):
+    gpus(0)
+    overrides, pattern = CASES[case]
+    with pytest.raises(mgloop.ConfigError, match=pattern) as error:
+        mgloop.run(helpers.small_config(logdir, **overrides))
+    assert "\n" not in str(error.value)
+
+
+def test_unwritable_logdir(tmp_path, nothing_built):
+    logdir = os.path.join(file_path(tmp_path), "run")  # a directory below a file cannot exist
+    with pytest.raises(mgloop.ConfigError, match=r"^--logdir=.* is not a writable directory"):
+        mgloop.run(helpers.small_config(logdir))
+
+
+def test_logdir_that_is_a_file(tmp_path, nothing_built):
+    with pytest.raises(mgloop.ConfigError, match=r"^--logdir=.* is an existing file"):
+        mgloop.run(helpers.small_config(file_path(tmp_path)))
+
+
+def test_export_dir_that_is_a_file(tmp_path, logdir, nothing_built):
+    with pytest.raises(mgloop.ConfigError, match=r"^--export_dir=.* is an existing file"):
+        mgloop.run(helpers.small_config(logdir, export_dir=file_path(tmp_path)))
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    logdir = tmp_path / "never_created"
+    result = subprocess.run(
+        [sys.executable, "-m", "mgloop.train", "--aggregation=nope", f"--logdir={logdir}"],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mgloop.train:")]
+    assert errors == ["mgloop.train: error: --aggregation='nope' is not one of: "
+                      "ps_cpu, reduce_broadcast, ring"]
+    assert not logdir.exists()

@@ -1,0 +1,60 @@
+"""`python -m mgloop.train` end to end, its TensorBoard logs read by a real TensorBoard."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests import tensorboard_server
+
+CHANCE = 0.1  # the synthetic task has 10 classes
+
+
+def train(*flags, timeout=600):
+    result = subprocess.run([sys.executable, "-m", "mgloop.train", *flags],
+                            capture_output=True, text=True, timeout=timeout,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def summary_of(logdir):
+    with open(os.path.join(logdir, "summary.json")) as handle:
+        return json.load(handle)
+
+
+def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
+    logdir = str(tmp_path / "default")
+    result = train(f"--logdir={logdir}")
+    summary = summary_of(logdir)
+    if summary["simulated_devices"]:
+        assert summary["num_towers"] == 2
+        assert "towers are simulated" in result.stderr
+    assert summary["eval_accuracy"] > 5 * CHANCE
+    assert summary["final_train_accuracy"] > 5 * CHANCE
+    assert summary["final_step"] == summary["config"]["train_steps"]
+    assert summary["examples_per_sec"] > 0 and summary["median_step_time"] > 0
+    assert "ETA" in result.stderr  # progress lines
+    steps = summary["config"]["train_steps"]
+    every = summary["config"]["summary_every"]
+    with tensorboard_server.serve(logdir) as board:
+        tags = board.wait_for(lambda t: "loss" in t.get("eval", {}) and "loss" in t.get("train", {}),
+                              "/data/plugin/scalars/tags")
+        assert {"loss", "accuracy", "learning_rate", "examples_per_sec",
+                "step_time"} <= set(tags["train"])
+        assert {"loss", "accuracy"} <= set(tags["eval"])
+        loss = board.scalars("train", "loss")
+        assert [step for _, step, _ in loss] == list(range(every, steps + 1, every))
+        assert loss[-1][2] < 0.5 * loss[0][2]  # the loss fell
+        (_, eval_step, eval_accuracy), = board.scalars("eval", "accuracy")
+        assert eval_step == steps
+        assert abs(eval_accuracy - summary["eval_accuracy"]) < 1e-6
+
+
+def test_four_ring_towers_learn(tmp_path):
+    logdir = str(tmp_path / "ring4")
+    train("--devices=cpu:4", "--aggregation=ring", f"--logdir={logdir}")
+    summary = summary_of(logdir)
+    assert summary["num_towers"] == 4 and summary["config"]["aggregation"] == "ring"
+    assert summary["eval_accuracy"] > 5 * CHANCE
+    assert sorted(os.listdir(os.path.join(logdir, "checkpoints")))[0] == "checkpoint"

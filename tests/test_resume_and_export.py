@@ -1,0 +1,73 @@
+"""Checkpoint resume and the exported template model."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+
+import mgloop
+from mgloop import checkpoint
+from tests import helpers
+
+
+def exported_weights(export_dir):
+    model = keras.models.load_model(os.path.join(export_dir, checkpoint.EXPORT_FILENAME))
+    return [w for w in model.get_weights()]
+
+
+def run(tmp_path, name, **overrides):
+    settings = dict(train_steps=10, steps_per_loop=3, checkpoint_every=0)
+    settings.update(overrides)
+    return mgloop.run(helpers.small_config(str(tmp_path / name), **settings))
+
+
+def test_resume_equals_straight_run(tmp_path):
+    run(tmp_path, "straight", export_dir=str(tmp_path / "export_straight"))
+    first = run(tmp_path, "resumed", train_steps=5)
+    assert (first["start_step"], first["final_step"]) == (0, 5)
+    second = run(tmp_path, "resumed", export_dir=str(tmp_path / "export_resumed"))
+    assert (second["start_step"], second["final_step"]) == (5, 10)
+    for a, b in zip(exported_weights(tmp_path / "export_resumed"),
+                    exported_weights(tmp_path / "export_straight")):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_with_another_layout_and_tower_count(tmp_path):
+    """A checkpoint holds copy 0 only: 5 steps of ps_cpu on 1 device, then 5 of ring on 4."""
+    run(tmp_path, "straight", export_dir=str(tmp_path / "export_straight"))
+    run(tmp_path, "mixed", train_steps=5)
+    summary = run(tmp_path, "mixed", devices="cpu:4", aggregation="ring",
+                  export_dir=str(tmp_path / "export_mixed"))
+    assert summary["start_step"] == 5 and summary["num_towers"] == 4
+    for a, b in zip(exported_weights(tmp_path / "export_mixed"),
+                    exported_weights(tmp_path / "export_straight")):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_finished_run_resumes_to_nothing(tmp_path):
+    run(tmp_path, "done")
+    again = run(tmp_path, "done")
+    assert (again["start_step"], again["final_step"]) == (10, 10)
+
+
+def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
+    config = helpers.small_config(str(tmp_path / "run"), devices="cpu:2", aggregation="ring",
+                                  model="cnn")
+    trainer, _ = helpers.train_mgloop(config, helpers.batches(3))
+    path = checkpoint.export_model(trainer.model, str(tmp_path / "export"))
+    inputs = helpers.DATASET.eval_x[:10]
+    np.save(tmp_path / "inputs.npy", inputs)
+    expected = trainer.model.predict(inputs, verbose=0)
+    script = (
+        "import sys, numpy as np, keras\n"
+        "model = keras.models.load_model(sys.argv[1])\n"
+        "np.save(sys.argv[3], model.predict(np.load(sys.argv[2]), verbose=0))\n"
+        "assert not any(m.startswith(('mgloop', 'third_party')) for m in sys.modules)\n")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", script, path, str(tmp_path / "inputs.npy"),
+                    str(tmp_path / "out.npy")], check=True, cwd=tmp_path, env=env,
+                   capture_output=True, timeout=300)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-5, atol=1e-6)
+    assert sorted(os.listdir(tmp_path / "export")) == ["model.keras"]  # no temp file left
