@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import tempfile
 
@@ -23,6 +24,9 @@ from mgloop.errors import ConfigError
 OPTIMIZERS = ("sgd", "momentum", "adam")
 LR_SCHEDULES = ("constant", "poly", "cosine")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
+CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
+# Settings that shape the checkpointed variables: a resumed run must keep them.
+CHECKPOINT_SHAPING = ("model", "dataset", "optimizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Config:
         aggregation.get(self.aggregation).check(request)
         logdir = self.logdir or _fresh_logdir()
         _check_writable_dir("logdir", logdir, create=True)
+        _check_resumable(self, logdir)
         if self.export_dir is not None:
             _check_writable_dir("export_dir", self.export_dir, create=False)
         return dataclasses.replace(
@@ -133,6 +138,24 @@ def _resolve_global_batch(global_batch, per_tower, towers, devices_flag) -> int:
             f"--global_batch_size={global_batch} does not split into {towers} equal tower "
             f"shards (--devices={devices_flag}); use a multiple of {towers}")
     return global_batch
+
+
+def _check_resumable(config: Config, logdir: str) -> None:
+    """Refuses to resume checkpoints made with a different model, dataset or optimizer."""
+    previous_path = os.path.join(logdir, CONFIG_FILENAME)
+    if not os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+        return
+    try:
+        with open(previous_path) as handle:
+            previous = json.load(handle)
+    except (OSError, ValueError):
+        return  # no record to compare: the restore itself checks the variables
+    for name in CHECKPOINT_SHAPING:
+        if name in previous and previous[name] != getattr(config, name):
+            raise ConfigError(
+                f"--{name}={getattr(config, name)!r} differs from {previous[name]!r} of the "
+                f"checkpoints in --logdir={logdir}; resume with --{name}={previous[name]} "
+                "or use a fresh --logdir")
 
 
 def _fresh_logdir() -> str:

@@ -24,7 +24,7 @@ from mgloop import loop
 from mgloop import models
 from mgloop import optim
 from mgloop import summaries
-from mgloop.config import Config
+from mgloop.config import CONFIG_FILENAME, Config
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -60,6 +60,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     request = devices.parse(config.devices)
     device_set = devices.setup(request)
     logging.info("logdir: %s", config.logdir)
+    summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
+                                    dataclasses.asdict(config))
     dataset = dataset or data.load(config.dataset, config.seed)
     if model_fn is None:
         model_fn = functools.partial(models.get(config.model), dataset.input_shape,

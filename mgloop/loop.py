@@ -42,8 +42,8 @@ class Trainer:
         parameter_devices = aggregation.parameter_devices()
         with tf.device(parameter_devices[0]):
             self.model = model_fn()
-            if not self.model.built:
-                self.model.build((None, *input_shape))
+            if not self.model.built or not self.model.variables:
+                self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
         self.copies = towers.make_copies(self.model, parameter_devices)
         optim.build_optimizers(self.copies, optimizer_fn)
         with tf.device(aggregation.devices.host):

@@ -21,6 +21,7 @@ statistics) for the aggregation to average.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable
 
 import keras
@@ -98,6 +99,13 @@ def count_correct(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
                                  tf.float32))
 
 
+def call_kwargs(model: keras.Model, training: bool) -> dict:
+    """`training=` for models whose `call` takes it (`stateless_call` does not filter it)."""
+    parameters = inspect.signature(model.call).parameters.values()
+    takes = any(p.name == "training" or p.kind == p.VAR_KEYWORD for p in parameters)
+    return {"training": training} if takes else {}
+
+
 def tower_step(template: keras.Model, loss_fn: LossFn, copy: VariableCopy,
                x: tf.Tensor, y: tf.Tensor, device: str) -> TowerOutput:
     """Forward, loss and gradients of one tower on its shard, all on `device`."""
@@ -108,7 +116,7 @@ def tower_step(template: keras.Model, loss_fn: LossFn, copy: VariableCopy,
             tape.watch(trainable)
             non_trainable = [tf.identity(v) for v in copy.non_trainable]
             logits, new_non_trainable, model_losses = template.stateless_call(
-                trainable, non_trainable, x, training=True, return_losses=True)
+                trainable, non_trainable, x, return_losses=True, **call_kwargs(template, True))
             loss = mean_loss(loss_fn, y, logits)
             if model_losses:
                 loss += tf.add_n(model_losses)

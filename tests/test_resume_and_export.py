@@ -6,6 +6,7 @@ import sys
 
 import keras
 import numpy as np
+import pytest
 
 import mgloop
 from mgloop import checkpoint
@@ -71,3 +72,22 @@ def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
                    capture_output=True, timeout=300)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-5, atol=1e-6)
     assert sorted(os.listdir(tmp_path / "export")) == ["model.keras"]  # no temp file left
+
+
+def test_resume_with_another_model_is_refused_before_building(tmp_path, monkeypatch):
+    run(tmp_path, "mlp_run", train_steps=2)
+    from mgloop import loop
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("variables were built before validation finished")
+    monkeypatch.setattr(loop.Trainer, "__init__", refuse)
+    with pytest.raises(mgloop.ConfigError, match=r"^--model='cnn' differs from 'mlp' of the "
+                                                 r"checkpoints in --logdir=.*--model=mlp"):
+        run(tmp_path, "mlp_run", model="cnn")
+
+
+def test_checkpoint_that_does_not_match_the_model_is_a_clear_error(tmp_path):
+    run(tmp_path, "mlp_run", train_steps=2)
+    os.remove(tmp_path / "mlp_run" / "config.json")  # no record: the restore must catch it
+    with pytest.raises(RuntimeError, match=r"checkpoint .* does not match this model"):
+        run(tmp_path, "mlp_run", model="cnn")

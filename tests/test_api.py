@@ -1,0 +1,95 @@
+"""The Python API: any model function, any loss, non-trainable state, one compiled loop."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import mgloop
+from mgloop import devices, experiment, loop
+from tests import helpers
+
+
+class Residual(keras.Model):
+    """A subclassed (not functional) model, built lazily by mgloop."""
+
+    def __init__(self):
+        super().__init__()
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(32, activation="tanh")
+        self.out = keras.layers.Dense(10)
+
+    def call(self, x):
+        h = self.flatten(x)
+        return self.out(h + 0.0 * tf.reduce_sum(h) + self.hidden(h)[:, :1])
+
+
+def per_example_loss(y, logits):
+    """A plain function returning one loss per example (mgloop takes their mean)."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(y, tf.int32), logits)
+
+
+def test_custom_model_and_loss_equal_single_device(logdir):
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring").validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    trainer = experiment.build_trainer(config, device_set, Residual, per_example_loss,
+                                       helpers.DATASET.input_shape)
+    steps = helpers.batches(4)
+    stream = tf.data.Dataset.from_tensor_slices(
+        (np.stack([x for x, _ in steps]), np.stack([y for _, y in steps])))
+    trainer.train_loop(iter(stream), tf.constant(4))
+
+    experiment.seed_everything(config.seed, True)
+    reference = Residual()
+    reference(tf.zeros((1, *helpers.DATASET.input_shape)))
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    for x, y in steps:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_example_loss(y, reference(x)))
+        grads = tape.gradient(loss, reference.trainable_variables)
+        optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+    for copy in trainer.copies:
+        for actual, expected in zip(copy.trainable, reference.trainable_variables):
+            np.testing.assert_allclose(actual.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_run_accepts_model_and_loss_functions(logdir):
+    summary = mgloop.run(helpers.small_config(logdir, devices="cpu:2", train_steps=30),
+                         model_fn=Residual, loss_fn=per_example_loss)
+    assert summary["final_step"] == 30 and summary["eval_accuracy"] > 0.3
+
+
+def batch_norm_model():
+    return keras.Sequential([keras.Input(helpers.DATASET.input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(16), keras.layers.BatchNormalization(),
+                             keras.layers.Dense(10)])
+
+
+def test_moving_statistics_are_averaged_and_replicas_stay_identical(logdir):
+    """Per-tower batch norm: the new moving mean is the mean over towers of each tower's
+    update, m' = momentum * m + (1 - momentum) * mean_t(shard mean_t), identical on every
+    replica; with equal shards that is the single-device moving mean of the same weights."""
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation="reduce_broadcast",
+                                  learning_rate=1e-9).validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    trainer = experiment.build_trainer(config, device_set, batch_norm_model,
+                                       experiment.default_loss(), helpers.DATASET.input_shape)
+    (x, y), = helpers.batches(1)
+    hidden = trainer.model.layers[1](trainer.model.layers[0](x)).numpy()  # Dense output
+    trainer.train_loop(iter(tf.data.Dataset.from_tensors((x, y))), tf.constant(1))
+    bn = trainer.model.layers[2]
+    expected_mean = (1 - bn.momentum) * hidden.mean(axis=0)  # moving mean starts at 0
+    np.testing.assert_allclose(bn.moving_mean.numpy(), expected_mean, rtol=1e-4, atol=1e-6)
+    for copy in trainer.copies[1:]:
+        for a, b in zip(copy.non_trainable, trainer.copies[0].non_trainable):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_loop_is_traced_once_for_every_loop_length(logdir):
+    config = helpers.small_config(logdir, devices="cpu:2", train_steps=17, steps_per_loop=5,
+                                  summary_every=4).validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    trainer = experiment.build_trainer(config, device_set, helpers.model_fn("mlp"),
+                                       experiment.default_loss(), helpers.DATASET.input_shape)
+    result = loop.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
+    assert result.final_step == 17 and int(trainer.global_step.numpy()) == 17
+    assert trainer.train_loop.experimental_get_tracing_count() == 1
