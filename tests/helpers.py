@@ -35,19 +35,29 @@ def batches(steps: int, global_batch: int = GLOBAL_BATCH, seed: int = 3):
     return [(x.numpy(), y.numpy()) for x, y in stream]
 
 
-def train_mgloop(config: Config, steps_batches):
-    """Builds mgloop's trainer for `config` and runs the given batches in one loop."""
+def build_trainer(config: Config, make_model=None, loss_fn=None):
+    """mgloop's trainer for `config` (default: the config's model and cross-entropy)."""
     config = config.validated()
     device_set = devices.setup(devices.parse(config.devices))
-    trainer = experiment.build_trainer(config, device_set, model_fn(config.model),
-                                       experiment.default_loss(), DATASET.input_shape)
+    return experiment.build_trainer(config, device_set, make_model or model_fn(config.model),
+                                    loss_fn or experiment.default_loss(), DATASET.input_shape)
+
+
+def run_batches(trainer, steps_batches) -> float:
+    """Runs the given (x, y) batches in one compiled loop; returns the sum of step losses."""
     if not steps_batches:
-        return trainer, 0.0
+        return 0.0
     xs = np.stack([x for x, _ in steps_batches])
     ys = np.stack([y for _, y in steps_batches])
     stream = tf.data.Dataset.from_tensor_slices((xs, ys))
     loss_sum, _ = trainer.train_loop(iter(stream), tf.constant(len(steps_batches)))
-    return trainer, float(loss_sum)
+    return float(loss_sum)
+
+
+def train_mgloop(config: Config, steps_batches):
+    """Builds mgloop's trainer for `config` and runs the given batches in one loop."""
+    trainer = build_trainer(config)
+    return trainer, run_batches(trainer, steps_batches)
 
 
 def train_reference(config: Config, steps_batches):

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import mgloop
-from mgloop import devices, experiment, loop
+from mgloop import experiment, loop
 from tests import helpers
 
 
@@ -29,14 +29,10 @@ def per_example_loss(y, logits):
 
 
 def test_custom_model_and_loss_equal_single_device(logdir):
-    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring").validated()
-    device_set = devices.setup(devices.parse(config.devices))
-    trainer = experiment.build_trainer(config, device_set, Residual, per_example_loss,
-                                       helpers.DATASET.input_shape)
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring")
+    trainer = helpers.build_trainer(config, Residual, per_example_loss)
     steps = helpers.batches(4)
-    stream = tf.data.Dataset.from_tensor_slices(
-        (np.stack([x for x, _ in steps]), np.stack([y for _, y in steps])))
-    trainer.train_loop(iter(stream), tf.constant(4))
+    helpers.run_batches(trainer, steps)
 
     experiment.seed_everything(config.seed, True)
     reference = Residual()
@@ -69,13 +65,11 @@ def test_moving_statistics_are_averaged_and_replicas_stay_identical(logdir):
     update, m' = momentum * m + (1 - momentum) * mean_t(shard mean_t), identical on every
     replica; with equal shards that is the single-device moving mean of the same weights."""
     config = helpers.small_config(logdir, devices="cpu:4", aggregation="reduce_broadcast",
-                                  learning_rate=1e-9).validated()
-    device_set = devices.setup(devices.parse(config.devices))
-    trainer = experiment.build_trainer(config, device_set, batch_norm_model,
-                                       experiment.default_loss(), helpers.DATASET.input_shape)
-    (x, y), = helpers.batches(1)
+                                  learning_rate=1e-9)
+    trainer = helpers.build_trainer(config, batch_norm_model)
+    (x, y), = batch = helpers.batches(1)
     hidden = trainer.model.layers[1](trainer.model.layers[0](x)).numpy()  # Dense output
-    trainer.train_loop(iter(tf.data.Dataset.from_tensors((x, y))), tf.constant(1))
+    helpers.run_batches(trainer, batch)
     bn = trainer.model.layers[2]
     expected_mean = (1 - bn.momentum) * hidden.mean(axis=0)  # moving mean starts at 0
     np.testing.assert_allclose(bn.moving_mean.numpy(), expected_mean, rtol=1e-4, atol=1e-6)
@@ -85,11 +79,7 @@ def test_moving_statistics_are_averaged_and_replicas_stay_identical(logdir):
 
 
 def test_loop_is_traced_once_for_every_loop_length(logdir):
-    config = helpers.small_config(logdir, devices="cpu:2", train_steps=17, steps_per_loop=5,
-                                  summary_every=4).validated()
-    device_set = devices.setup(devices.parse(config.devices))
-    trainer = experiment.build_trainer(config, device_set, helpers.model_fn("mlp"),
-                                       experiment.default_loss(), helpers.DATASET.input_shape)
+    trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:2"))
     result = loop.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
     assert result.final_step == 17 and int(trainer.global_step.numpy()) == 17
     assert trainer.train_loop.experimental_get_tracing_count() == 1
