@@ -16,6 +16,8 @@ import tempfile
 import keras
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
+
 EXPORT_FILENAME = "model.keras"
 
 
@@ -36,11 +38,15 @@ class Checkpointer:
         path = self._manager.latest_checkpoint
         if path is None:
             return None
+        status = None
         try:
-            self._checkpoint.restore(path).assert_existing_objects_matched()
+            status = self._checkpoint.restore(path)
+            status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
-            raise RuntimeError(
-                f"--logdir: checkpoint {path} does not match this model and optimizer "
+            if status is not None:
+                status.expect_partial()  # the error below says it all; no warnings at exit
+            raise ConfigError(
+                f"--logdir={os.path.dirname(os.path.dirname(path))}: checkpoint {path} does not match this model and optimizer "
                 f"({str(error).splitlines()[0]}); use a fresh --logdir") from None
         return path
 

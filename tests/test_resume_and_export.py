@@ -1,6 +1,7 @@
 """Checkpoint resume and the exported template model."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -87,7 +88,15 @@ def test_resume_with_another_model_is_refused_before_building(tmp_path, monkeypa
 
 
 def test_checkpoint_that_does_not_match_the_model_is_a_clear_error(tmp_path):
+    """Without config.json to compare, the restore itself refuses (CLI: one line, exit 2)."""
     run(tmp_path, "mlp_run", train_steps=2)
-    os.remove(tmp_path / "mlp_run" / "config.json")  # no record: the restore must catch it
-    with pytest.raises(RuntimeError, match=r"checkpoint .* does not match this model"):
-        run(tmp_path, "mlp_run", model="cnn")
+    os.remove(tmp_path / "mlp_run" / "config.json")
+    result = subprocess.run(
+        [sys.executable, "-m", "mgloop.train", f"--logdir={tmp_path / 'mlp_run'}", "--model=cnn",
+         "--devices=cpu:1", "--global_batch_size=16", "--train_steps=4"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mgloop.train:")]
+    assert len(errors) == 1
+    assert re.match(r"mgloop.train: error: --logdir=.*mlp_run: checkpoint .*ckpt-2 does not "
+                    r"match this model and optimizer .*use a fresh --logdir$", errors[0])
