@@ -39,6 +39,7 @@ class Config:
     # Data and model. Exactly one of the two batch sizes may be set; the global
     # batch is the unit (default 128 when neither is set).
     dataset: str = "synthetic"
+    data_dir: str | None = None  # folder of a file dataset's files (cifar10, mnist)
     model: str = "mlp"
     global_batch_size: int | None = None
     batch_size_per_tower: int | None = None
@@ -97,13 +98,15 @@ class Config:
                 f"--warmup_steps={self.warmup_steps} is longer than --train_steps="
                 f"{self.train_steps}; use at most {self.train_steps}")
         aggregation.get(self.aggregation).check(request)
+        data_dir = os.path.expanduser(self.data_dir) if self.data_dir is not None else None
+        data.check(self.dataset, data_dir)
         logdir = self.logdir or _fresh_logdir()
         _check_writable_dir("logdir", logdir, create=True)
         _check_resumable(self, logdir)
         if self.export_dir is not None:
             _check_writable_dir("export_dir", self.export_dir, create=False)
         return dataclasses.replace(
-            self, logdir=logdir, global_batch_size=global_batch,
+            self, logdir=logdir, data_dir=data_dir, global_batch_size=global_batch,
             batch_size_per_tower=global_batch // towers)
 
 

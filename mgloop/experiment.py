@@ -62,7 +62,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     logging.info("logdir: %s", config.logdir)
     summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
                                     dataclasses.asdict(config))
-    dataset = dataset or data.load(config.dataset, config.seed)
+    dataset = dataset or data.load(config.dataset, config.seed, config.data_dir)
     if model_fn is None:
         model_fn = functools.partial(models.get(config.model), dataset.input_shape,
                                      dataset.num_classes)

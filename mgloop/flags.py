@@ -21,7 +21,11 @@ FLAGS = flags.FLAGS
 _HELP = {
     "devices": "auto | cpu:N | gpu | gpu:I,J,... (auto: all GPUs, else 2 simulated CPU towers)",
     "aggregation": f"how gradients meet: {', '.join(aggregation.names())}",
-    "dataset": f"one of: {', '.join(data.names())}",
+    "dataset": f"one of: {', '.join(data.names())} (cifar10, mnist: files in --data_dir)",
+    "data_dir": "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
+                "data_batch_5.bin and test_batch.bin (binary version); mnist reads "
+                "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                "t10k-labels-idx1-ubyte (each may be .gz)",
     "model": f"one of: {', '.join(models.names())}",
     "global_batch_size": "examples per step over all towers (default 128); "
                          "or set --batch_size_per_tower",

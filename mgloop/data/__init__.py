@@ -1,26 +1,73 @@
-"""Datasets by `--dataset` name; each loader returns an `InMemoryDataset`."""
+"""Datasets by `--dataset` name; each loader returns an `InMemoryDataset`.
+
+`synthetic` is generated from the seed; `cifar10` and `mnist` read their files
+from `--data_dir`, whose layout `check` verifies with plain Python (headers and
+sizes, no TensorFlow) during `Config.validated()`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Callable
 
+from mgloop.data import cifar10
+from mgloop.data import mnist
 from mgloop.data import synthetic
 from mgloop.data.base import InMemoryDataset
 from mgloop.errors import ConfigError
 
-_LOADERS: dict[str, Callable[..., InMemoryDataset]] = {
-    "synthetic": lambda seed: synthetic.make(seed),
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    load: Callable[[int, str | None], InMemoryDataset]  # (seed, data_dir) -> dataset
+    check_files: Callable[[str], None] | None = None  # None: reads no files
+    files: str = ""  # what --data_dir must hold, for the error when it is not set
+
+
+_SOURCES: dict[str, _Source] = {
+    "synthetic": _Source(lambda seed, data_dir: synthetic.make(seed)),
+    "cifar10": _Source(lambda seed, data_dir: cifar10.load(data_dir), cifar10.check_files,
+                       "data_batch_1.bin .. data_batch_5.bin and test_batch.bin"),
+    "mnist": _Source(lambda seed, data_dir: mnist.load(data_dir), mnist.check_files,
+                     "the four MNIST IDX files"),
 }
 
 
 def names() -> list[str]:
-    return sorted(_LOADERS)
+    return sorted(_SOURCES)
 
 
-def load(name: str, seed: int) -> InMemoryDataset:
-    if name not in _LOADERS:
+def _source(name: str) -> _Source:
+    if name not in _SOURCES:
         raise ConfigError(f"--dataset={name!r} is not one of: {', '.join(names())}")
-    return _LOADERS[name](seed)
+    return _SOURCES[name]
 
 
-__all__ = ["InMemoryDataset", "names", "load"]
+def file_datasets() -> list[str]:
+    return sorted(name for name, source in _SOURCES.items() if source.check_files)
+
+
+def check(name: str, data_dir: str | None) -> None:
+    """Refuses a missing, unneeded or malformed `--data_dir` for `--dataset=name`."""
+    source = _source(name)
+    if source.check_files is None:
+        if data_dir is not None:
+            raise ConfigError(f"--data_dir={data_dir} is set but --dataset={name} reads no "
+                              f"files; drop --data_dir or use --dataset="
+                              f"{' or '.join(file_datasets())}")
+        return
+    if data_dir is None:
+        raise ConfigError(f"--dataset={name} reads its files from --data_dir; set --data_dir "
+                          f"to the folder holding {source.files}")
+    if not os.path.isdir(data_dir):
+        raise ConfigError(f"--data_dir={data_dir} is not a directory; give the folder holding "
+                          f"{source.files}")
+    source.check_files(data_dir)
+
+
+def load(name: str, seed: int, data_dir: str | None = None) -> InMemoryDataset:
+    return _source(name).load(seed, data_dir)
+
+
+__all__ = ["InMemoryDataset", "names", "check", "load"]
