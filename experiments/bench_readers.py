@@ -8,8 +8,10 @@ check the files (validation) and to load them (tf.data parse + channel mean).
 Then the training input stream (`train_batches`) is timed in three variants, each
 an iterator made once and read on the host (no model): `prepare` only (uint8 ->
 x/255 - mean, the baseline), `prepare + augment` (pad-4 crop and flip, the
-default), and the synthetic dataset for scale. Repeats are interleaved;
-reported: median ms per global batch, examples/sec, ratio to the baseline.
+default), and the synthetic dataset for scale; beside them, one training step of
+`--model` on one tower with a cached batch (the compute the input must keep up
+with). Repeats are interleaved; reported: median ms per global batch,
+examples/sec, ratio to the baseline.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ flags.DEFINE_string("data_dir", None, "CIFAR-10 binary folder (default: write ra
 flags.DEFINE_integer("global_batch_size", 128, "examples per batch")
 flags.DEFINE_integer("batches", 50, "batches per timed repeat")
 flags.DEFINE_integer("repeats", 7, "timed repeats per variant, interleaved")
+flags.DEFINE_string("model", "cnn", "also time a train step of this model (empty: skip)")
 
 
 def write_random_cifar10(directory: str) -> None:
@@ -63,6 +66,29 @@ def main(argv):
             shutil.rmtree(directory)
 
 
+def model_step_timer(cifar, directory: str, batch: int):
+    """Seconds per training step of `--model` on one tower (cpu:1) on a cached batch, so the
+    input stream is not in the time: the compute the input has to keep up with."""
+    import tensorflow as tf
+    from mgloop import devices, experiment, models
+    from mgloop.config import Config
+    config = Config(devices="cpu:1", aggregation="ps_cpu", model=_FLAGS.model, dataset="cifar10",
+                    data_dir=directory, global_batch_size=batch,
+                    logdir=tempfile.mkdtemp(prefix="mgloop-bench-")).validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    trainer = experiment.build_trainer(
+        config, device_set, lambda: models.get(_FLAGS.model)(cifar.input_shape, 10),
+        experiment.default_loss(), cifar.input_shape)
+    iterator = iter(cifar.train_batches(batch, seed=0).take(1).cache().repeat())
+    steps = max(1, _FLAGS.batches // 5)
+
+    def timer(_):
+        began = time.perf_counter()
+        float(trainer.train_loop(iterator, tf.constant(steps))[0])
+        return (time.perf_counter() - began) / steps
+    return timer, config.logdir
+
+
 def measure(directory: str) -> None:
     from mgloop import data
     began = time.perf_counter()
@@ -72,26 +98,35 @@ def measure(directory: str) -> None:
     cifar = data.load("cifar10", 0, directory)
     load_s = time.perf_counter() - began
     batch = _FLAGS.global_batch_size
-    variants = {
+    datasets = {
         "cifar10 prepare": dataclasses.replace(cifar, augment=None),
         "cifar10 prepare + augment": cifar,
         "synthetic (8x8x3 float32)": data.load("synthetic", 0),
     }
-    iterators = {name: iter(ds.train_batches(batch, seed=0)) for name, ds in variants.items()}
-    for iterator in iterators.values():
-        time_batches(iterator, _FLAGS.batches)  # warm-up: tensors, tracing
-    times = {name: [] for name in variants}
+    timers = {}
+    for name, dataset in datasets.items():
+        iterator = iter(dataset.train_batches(batch, seed=0))
+        timers[name] = lambda count, iterator=iterator: time_batches(iterator, count)
+    logdir = None
+    if _FLAGS.model:
+        timers[f"{_FLAGS.model} train step, cpu:1, cached input"], logdir = model_step_timer(
+            cifar, directory, batch)
+    for timer in timers.values():
+        timer(_FLAGS.batches)  # warm-up: tensors, tracing
+    times = {name: [] for name in timers}
     for _ in range(_FLAGS.repeats):
-        for name, iterator in iterators.items():
-            times[name].append(time_batches(iterator, _FLAGS.batches))
+        for name, timer in timers.items():
+            times[name].append(timer(_FLAGS.batches))
+    if logdir:
+        shutil.rmtree(logdir)
     base = float(np.median(times["cifar10 prepare"]))
     print(f"command: python {' '.join(sys.argv)}")
     print(f"check files {check_s:.2f} s, load {load_s:.2f} s ({len(cifar.train_y)} train + "
           f"{len(cifar.eval_y)} eval records); global batch {batch}, {_FLAGS.batches} "
           f"batches/repeat, {_FLAGS.repeats} interleaved repeats")
-    print("| input stream | median ms/batch | examples/sec | time ratio to prepare |")
+    print("| per global batch | median ms | examples/sec | time ratio to prepare |")
     print("|---|---|---|---|")
-    for name in variants:
+    for name in timers:
         median = float(np.median(times[name]))
         print(f"| {name} | {1e3 * median:.2f} | {batch / median:.0f} | {median / base:.2f} |")
 
