@@ -22,6 +22,8 @@ from mgloop import models
 from mgloop.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+GRAD_REDUCE = ("mean", "sum")
+TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
 LR_SCHEDULES = ("constant", "poly", "cosine")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
@@ -36,6 +38,11 @@ class Config:
     # Devices and aggregation.
     devices: str = "auto"
     aggregation: str = "reduce_broadcast"
+    grad_reduce: str = "mean"  # "sum": leave out the 1/T (an explicit choice)
+    hierarchy_groups: int = 2  # groups of --aggregation=hierarchical
+    ring_shards: int = 1  # parallel rings of --aggregation=ring
+    pack_bytes: int = 0  # fuse gradients into buckets of at most this many bytes; 0: off
+    transport_dtype: str = "float32"  # dtype of gradients in flight; sums stay float32
     # Data and model. Exactly one of the two batch sizes may be set; the global
     # batch is the unit (default 128 when neither is set).
     dataset: str = "synthetic"
@@ -64,6 +71,11 @@ class Config:
     # Repeatability.
     seed: int = 0
     deterministic: bool = False
+
+    def aggregation_options(self) -> aggregation.Options:
+        return aggregation.Options(transport_dtype=self.transport_dtype,
+                                   hierarchy_groups=self.hierarchy_groups,
+                                   ring_shards=self.ring_shards)
 
     @property
     def num_towers(self) -> int:
@@ -97,7 +109,7 @@ class Config:
             raise ConfigError(
                 f"--warmup_steps={self.warmup_steps} is longer than --train_steps="
                 f"{self.train_steps}; use at most {self.train_steps}")
-        aggregation.get(self.aggregation).check(request)
+        _check_aggregation_options(self, request)
         data_dir = os.path.expanduser(self.data_dir) if self.data_dir is not None else None
         data.check(self.dataset, data_dir)
         logdir = self.logdir or _fresh_logdir()
@@ -108,6 +120,36 @@ class Config:
         return dataclasses.replace(
             self, logdir=logdir, data_dir=data_dir, global_batch_size=global_batch,
             batch_size_per_tower=global_batch // towers)
+
+
+def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -> None:
+    """Options that apply across modes, and the combinations that mean nothing."""
+    method = aggregation.get(config.aggregation)
+    _check_choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
+    _check_choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
+    _check_range("pack_bytes", config.pack_bytes, low=0)
+    _check_range("ring_shards", config.ring_shards, low=1)
+    _check_range("hierarchy_groups", config.hierarchy_groups, low=1)
+    mode = f"--aggregation={config.aggregation}"
+    if config.ring_shards != 1 and config.aggregation != "ring":
+        raise ConfigError(f"--ring_shards={config.ring_shards} applies to --aggregation=ring "
+                          f"only, not {mode}; leave it at 1")
+    if not method.exchanges:
+        for flag, value, off in (("transport_dtype", config.transport_dtype, "float32"),
+                                 ("pack_bytes", config.pack_bytes, 0)):
+            if value != off:
+                raise ConfigError(f"--{flag}={value} means nothing with {mode}, which exchanges "
+                                  f"no gradients; leave it at {off}")
+    if config.transport_dtype != "float32" and method.layout == aggregation.SHARED:
+        raise ConfigError(
+            f"--transport_dtype={config.transport_dtype} means nothing with {mode} (shared "
+            "variables: towers read the float32 variables themselves); use a replicated mode "
+            "(reduce_broadcast, ring, hierarchical) or leave it at float32")
+    if config.pack_bytes and config.aggregation == "ps_spread":
+        raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: a bucket would fuse "
+                          "gradients of variables that live on different devices; use ps_cpu, "
+                          "ps_device or a replicated mode, or --pack_bytes=0")
+    method.check(request, config.aggregation_options())
 
 
 def _check_choice(flag: str, value: str, choices) -> None:

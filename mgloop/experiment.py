@@ -44,9 +44,10 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                   model_fn: Callable[[], keras.Model], loss_fn, input_shape) -> loop.Trainer:
     """Seeds, then builds the template model, its copies and their optimizers."""
     seed_everything(config.seed, config.deterministic)
-    method = aggregation.get(config.aggregation)(device_set)
+    method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
     return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
-                        input_shape=input_shape)
+                        input_shape=input_shape, grad_reduce=config.grad_reduce,
+                        pack_bytes=config.pack_bytes)
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,

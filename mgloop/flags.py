@@ -21,6 +21,14 @@ FLAGS = flags.FLAGS
 _HELP = {
     "devices": "auto | cpu:N | gpu | gpu:I,J,... (auto: all GPUs, else 2 simulated CPU towers)",
     "aggregation": f"how gradients meet: {', '.join(aggregation.names())}",
+    "grad_reduce": "mean (default: gradient of the mean loss over the global batch) | sum "
+                   "(the sum over towers, T times larger)",
+    "hierarchy_groups": "groups of towers for --aggregation=hierarchical (divides the towers)",
+    "ring_shards": "parallel rings for --aggregation=ring (tf_cnn_benchmarks' xring#k)",
+    "pack_bytes": "fuse gradients into buckets of at most this many bytes before the "
+                  "exchange (0: off)",
+    "transport_dtype": "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
+                       "accumulated in float32",
     "dataset": f"one of: {', '.join(data.names())} (cifar10, mnist: files in --data_dir)",
     "data_dir": "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
                 "data_batch_5.bin and test_batch.bin (binary version); mnist reads "

@@ -28,6 +28,7 @@ import tensorflow as tf
 from mgloop import optim
 from mgloop import towers
 from mgloop.aggregation import REPLICATED, Aggregation
+from mgloop.aggregation import packing
 
 
 class Trainer:
@@ -35,16 +36,18 @@ class Trainer:
 
     def __init__(self, model_fn: Callable[[], keras.Model], loss_fn: towers.LossFn,
                  aggregation: Aggregation, optimizer_fn: Callable[[], keras.optimizers.Optimizer],
-                 input_shape: tuple[int, ...] | None = None):
+                 input_shape: tuple[int, ...] | None = None, grad_reduce: str = "mean",
+                 pack_bytes: int = 0):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
-        parameter_devices = aggregation.parameter_devices()
-        with tf.device(parameter_devices[0]):
+        self.average = grad_reduce == "mean"
+        self.pack_bytes = pack_bytes
+        with aggregation.variable_scope():
             self.model = model_fn()
             if not self.model.built or not self.model.variables:
                 self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
-        self.copies = towers.make_copies(self.model, parameter_devices)
+        self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
         with tf.device(aggregation.devices.host):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -60,32 +63,69 @@ class Trainer:
     def copy_for_tower(self, tower: int) -> towers.VariableCopy:
         return self.copies[tower] if self.aggregation.layout == REPLICATED else self.copies[0]
 
+    def read_for_tower(self, tower: int) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """The (trainable, non-trainable) values tower `tower` computes with, on its device.
+
+        Replicated: its own copy, already there. Shared: copy 0, sent from each
+        variable's device (the parameter reads, counted in the traffic).
+        """
+        device = self.tower_devices[tower]
+        copy = self.copy_for_tower(tower)
+        values = towers.read(copy.trainable), towers.read(copy.non_trainable)
+        if self.aggregation.layout == REPLICATED:
+            return values
+        variables = copy.trainable, copy.non_trainable
+        return tuple([self.aggregation.send(value, v.device, device) for value, v in zip(vals, vs)]
+                     for vals, vs in zip(values, variables))
+
+    def exchange(self, tower_grads: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
+        """The aggregation of the towers' gradients, packed into buckets if asked."""
+        variables = self.copies[0].trainable
+        if not self.pack_bytes:
+            return self.aggregation.reduce(tower_grads, variables, self.average)
+        buckets = packing.plan(tower_grads[0], self.pack_bytes)
+        packed = [packing.pack(grads, buckets, device)
+                  for grads, device in zip(tower_grads, self.tower_devices)]
+        reduced = self.aggregation.reduce(packed, [variables[b[0]] for b in buckets], self.average)
+        shapes = [v.shape for v in variables]
+        return [packing.unpack(values, buckets, shapes, copy.device)
+                for values, copy in zip(reduced, self.copies)]
+
     def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """One synchronous step; returns (mean loss over the global batch, correct count)."""
-        xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
-        outputs = [towers.tower_step(self.model, self.loss_fn, self.copy_for_tower(t),
-                                     xs[t], ys[t], device)
-                   for t, device in enumerate(self.tower_devices)]
-        grads = self.aggregation.reduce([out.grads for out in outputs])
-        optim.apply_updates(self.copies, grads)
-        self._update_non_trainable(outputs)
+        with self.aggregation.step():
+            xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
+            if self.aggregation.single_loss:
+                loss, correct, grads, states = self.aggregation.single_loss_step(
+                    self.model, self.loss_fn, self.copies[0], xs, ys)
+                optim.apply_updates(self.copies, [grads])
+                self._update_non_trainable(states)
+            else:
+                outputs = [towers.tower_step(self.model, self.loss_fn, *self.read_for_tower(t),
+                                             xs[t], ys[t], device)
+                           for t, device in enumerate(self.tower_devices)]
+                optim.apply_updates(self.copies, self.exchange([out.grads for out in outputs]))
+                self._update_non_trainable([out.non_trainable for out in outputs])
+                with tf.device(self.aggregation.devices.host):
+                    loss = tf.add_n([out.loss for out in outputs]) / self.num_towers
+                    correct = tf.add_n([out.correct for out in outputs])
         with tf.device(self.aggregation.devices.host):
             self.global_step.assign_add(1)
-            loss = tf.add_n([out.loss for out in outputs]) / self.num_towers
-            correct = tf.add_n([out.correct for out in outputs])
         return loss, correct
 
-    def _update_non_trainable(self, outputs: list[towers.TowerOutput]) -> None:
+    def _update_non_trainable(self, states: list[list[tf.Tensor]]) -> None:
         """Float state (moving statistics) is averaged over towers; other state is tower 0's."""
         if not self.copies[0].non_trainable:
             return
         is_float = [v.dtype.is_floating for v in self.copies[0].non_trainable]
-        floats = [[s for s, f in zip(out.non_trainable, is_float) if f] for out in outputs]
-        averaged = self.aggregation.reduce(floats) if floats[0] else [[] for _ in self.copies]
+        floats = [[s for s, f in zip(state, is_float) if f] for state in states]
+        float_vars = [v for v, f in zip(self.copies[0].non_trainable, is_float) if f]
+        averaged = (self.aggregation.reduce(floats, float_vars) if float_vars
+                    else [[] for _ in self.copies])
         for copy, mean in zip(self.copies, averaged):
             mean = iter(mean)
-            with tf.device(copy.device):
-                for var, first, f in zip(copy.non_trainable, outputs[0].non_trainable, is_float):
+            for var, first, f in zip(copy.non_trainable, states[0], is_float):
+                with tf.device(var.device):
                     var.assign(next(mean) if f else first)
 
     @tf.function

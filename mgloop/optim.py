@@ -73,11 +73,35 @@ def make_optimizer(config) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
 
 
+def colocate_with_variables(optimizer: keras.optimizers.Optimizer) -> None:
+    """Makes `optimizer` create each slot, and run each update, on its variable's device.
+
+    Keras optimizers create slots through `add_variable_from_reference` and
+    update one variable at a time through `update_step`; both are wrapped on
+    this instance so that, whatever the layout (even variables spread over
+    devices), a variable, its slots and its update math share a device.
+    """
+    add_slot, update = optimizer.add_variable_from_reference, optimizer.update_step
+
+    def add_variable_from_reference(reference_variable, *args, **kwargs):
+        with tf.device(reference_variable.device):
+            return add_slot(reference_variable, *args, **kwargs)
+
+    def update_step(gradient, variable, learning_rate):
+        with tf.device(variable.device):
+            return update(gradient, variable, learning_rate)
+
+    optimizer.add_variable_from_reference = add_variable_from_reference
+    optimizer.update_step = update_step
+
+
 def build_optimizers(copies: list[VariableCopy], optimizer_fn) -> None:
-    """Creates each copy's optimizer and its slots on the copy's device (before tracing)."""
+    """Creates each copy's optimizer (step counter on the copy's device, slots beside
+    their variables) before tracing."""
     for copy in copies:
         with tf.device(copy.device):
             copy.optimizer = optimizer_fn()
+            colocate_with_variables(copy.optimizer)
             copy.optimizer.build(copy.trainable)
 
 

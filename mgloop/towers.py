@@ -3,8 +3,8 @@
 There is one template Keras model. Its variables are variable copy 0; a
 replicated layout adds one plain `tf.Variable` copy per further tower, created
 on that tower's device from the template's initial values. Every tower runs the
-template's computation on the copy it reads, through `model.stateless_call`, so
-the layouts differ only in which copy a tower reads:
+template's computation on the values of the copy it reads, through
+`model.stateless_call`, so the layouts differ only in which copy a tower reads:
 
     shared      one copy on the parameter device; every tower reads copy 0
     replicated  one copy per tower; tower t reads copy t
@@ -106,15 +106,27 @@ def call_kwargs(model: keras.Model, training: bool) -> dict:
     return {"training": training} if takes else {}
 
 
-def tower_step(template: keras.Model, loss_fn: LossFn, copy: VariableCopy,
-               x: tf.Tensor, y: tf.Tensor, device: str) -> TowerOutput:
-    """Forward, loss and gradients of one tower on its shard, all on `device`."""
+def read(variables: list[tf.Variable]) -> list[tf.Tensor]:
+    """The variables' current values, read on their own devices."""
+    values = []
+    for variable in variables:
+        with tf.device(variable.device):
+            values.append(variable.read_value())
+    return values
+
+
+def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor],
+               non_trainable: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor,
+               device: str) -> TowerOutput:
+    """Forward, loss and gradients of one tower on its shard, all on `device`.
+
+    `trainable` and `non_trainable` are the values of the variable copy the
+    tower reads, already on (or sent to) its device.
+    """
     with tf.device(device):
         x, y = tf.identity(x), tf.identity(y)  # the shard's copy onto the tower
         with tf.GradientTape() as tape:
-            trainable = [tf.identity(v) for v in copy.trainable]
             tape.watch(trainable)
-            non_trainable = [tf.identity(v) for v in copy.non_trainable]
             logits, new_non_trainable, model_losses = template.stateless_call(
                 trainable, non_trainable, x, return_losses=True, **call_kwargs(template, True))
             loss = mean_loss(loss_fn, y, logits)

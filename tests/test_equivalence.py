@@ -14,7 +14,11 @@ import pytest
 from mgloop import aggregation
 from tests import helpers
 
-MODES = ["ps_cpu", "reduce_broadcast", "ring"]
+from mgloop.errors import ConfigError
+
+# Every mode with mean semantics (independent is tested to differ; nccl needs GPUs).
+MODES = ["ps_cpu", "ps_device", "ps_spread", "reduce_broadcast", "ring", "hierarchical",
+         "collective", "colocate"]
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 5
 
@@ -24,7 +28,8 @@ def reference():
     cache = {}
 
     def get(config):
-        key = (config.model, config.optimizer, config.lr_schedule, config.weight_decay)
+        key = (config.model, config.optimizer, config.lr_schedule, config.weight_decay,
+               config.learning_rate)
         if key not in cache:
             cache[key] = helpers.train_reference(config, helpers.batches(STEPS))
         return cache[key]
@@ -37,11 +42,16 @@ def assert_weights_close(actual, expected):
         np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-@pytest.mark.parametrize("towers", [1, 2, 4])
+def hierarchy_for(towers):
+    return 2 if towers % 2 == 0 else 1
+
+
+@pytest.mark.parametrize("model,towers", [("mlp", 1), ("mlp", 2), ("mlp", 4), ("cnn", 2),
+                                          ("cnn", 4)])
 @pytest.mark.parametrize("mode", MODES)
 def test_towers_equal_single_device(mode, towers, model, reference, logdir):
-    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode, model=model)
+    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode, model=model,
+                                  hierarchy_groups=hierarchy_for(towers))
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
     expected_weights, expected_loss_sum = reference(config)
     copies = helpers.copy_weights(trainer)
@@ -56,7 +66,66 @@ def test_towers_equal_single_device(mode, towers, model, reference, logdir):
                for w, w0 in zip(copies[0], helpers.copy_weights(initial)[0]))
 
 
-@pytest.mark.parametrize("mode", ["reduce_broadcast", "ring"])
+@pytest.mark.parametrize("towers,pack_bytes", [(2, 3000), (4, 3000), (4, 10 ** 6)])
+@pytest.mark.parametrize("mode", [m for m in MODES if m not in ("ps_spread", "colocate")])
+def test_packed_exchange_equals_single_device(mode, towers, pack_bytes, reference, logdir):
+    """3000 bytes: the small tensors fused, the big kernels alone; 1 MB: one bucket for all."""
+    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode,
+                                  pack_bytes=pack_bytes)
+    trainer, _ = helpers.train_mgloop(config, helpers.batches(STEPS))
+    expected_weights, _ = reference(config)
+    for weights in helpers.copy_weights(trainer):
+        assert_weights_close(weights, expected_weights)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("float16", 4e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("mode", ["reduce_broadcast", "ring", "hierarchical"])
+def test_compressed_transport_is_close_to_single_device(mode, dtype, tolerance, reference,
+                                                        logdir):
+    """Each value is rounded to the transport dtype at most once per hop (2 (T-1) hops on
+    the ring for T=4): relative error of the total update <= hops x unit roundoff
+    (float16: 6 x 2^-11 ~ 3e-3; bfloat16: 6 x 2^-8 ~ 2.3e-2), with a little headroom."""
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation=mode,
+                                  transport_dtype=dtype, optimizer="sgd")
+    trainer, _ = helpers.train_mgloop(config, helpers.batches(STEPS))
+    initial = helpers.copy_weights(helpers.train_mgloop(helpers.small_config(logdir), [])[0])[0]
+    expected_weights, _ = reference(config)
+    expected = np.concatenate([(e - w0).ravel() for e, w0 in zip(expected_weights, initial)])
+    for weights in helpers.copy_weights(trainer):
+        actual = np.concatenate([(a - w0).ravel() for a, w0 in zip(weights, initial)])
+        error = np.linalg.norm(actual - expected) / np.linalg.norm(expected)
+        assert 0 < error < tolerance  # compressed (not exact), yet close
+
+
+def test_sum_reduction_is_the_mean_times_the_tower_count(reference, logdir):
+    """--grad_reduce=sum with learning rate lr equals mean semantics with lr x T (plain SGD)."""
+    summed = helpers.small_config(logdir, devices="cpu:4", aggregation="ring",
+                                  optimizer="sgd", grad_reduce="sum", learning_rate=0.025)
+    trainer, _ = helpers.train_mgloop(summed, helpers.batches(STEPS))
+    expected_weights, _ = reference(helpers.small_config(logdir, optimizer="sgd",
+                                                         learning_rate=0.1))
+    for weights in helpers.copy_weights(trainer):
+        assert_weights_close(weights, expected_weights)
+
+
+def test_independent_replicas_diverge_and_differ_from_single_device(reference, logdir):
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation="independent")
+    trainer, _ = helpers.train_mgloop(config, helpers.batches(STEPS))
+    copies = helpers.copy_weights(trainer)
+    expected_weights, _ = reference(config)
+    for i, weights in enumerate(copies):
+        assert max(np.abs(a - e).max() for a, e in zip(weights, expected_weights)) > 1e-3
+        for other in copies[i + 1:]:
+            assert max(np.abs(a - b).max() for a, b in zip(weights, other)) > 1e-3
+
+
+def test_nccl_without_gpus_is_refused(logdir, gpus):
+    gpus(0)
+    with pytest.raises(ConfigError, match=r"^--aggregation=nccl needs GPU towers"):
+        helpers.small_config(logdir, devices="cpu:2", aggregation="nccl").validated()
+
+
+@pytest.mark.parametrize("mode", ["reduce_broadcast", "ring", "hierarchical", "collective"])
 def test_replicas_stay_bit_identical(mode, logdir):
     config = helpers.small_config(logdir, devices="cpu:4", aggregation=mode)
     trainer, _ = helpers.train_mgloop(config, helpers.batches(8))
@@ -72,7 +141,7 @@ def test_replicas_stay_bit_identical(mode, logdir):
     ("sgd", "poly", 0.0), ("adam", "cosine", 0.0), ("momentum", "constant", 1e-3)])
 def test_optimizers_and_schedules_equal_single_device(optimizer, schedule, weight_decay,
                                                       reference, logdir):
-    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring",
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ps_spread",
                                   optimizer=optimizer, lr_schedule=schedule,
                                   learning_rate=0.01 if optimizer == "adam" else 0.1,
                                   weight_decay=weight_decay, train_steps=8)

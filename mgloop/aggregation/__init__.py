@@ -7,7 +7,7 @@ Adding a method: subclass `Aggregation` in a new module, decorate it with
 
 from __future__ import annotations
 
-from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation
+from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options
 from mgloop.errors import ConfigError
 
 _REGISTRY: dict[str, type[Aggregation]] = {}
@@ -35,5 +35,9 @@ def get(name: str) -> type[Aggregation]:
 from mgloop.aggregation import parameter_server  # noqa: E402,F401
 from mgloop.aggregation import reduce_broadcast  # noqa: E402,F401
 from mgloop.aggregation import ring  # noqa: E402,F401
+from mgloop.aggregation import hierarchical  # noqa: E402,F401
+from mgloop.aggregation import collective  # noqa: E402,F401
+from mgloop.aggregation import independent  # noqa: E402,F401
+from mgloop.aggregation import colocate  # noqa: E402,F401
 
-__all__ = ["Aggregation", "SHARED", "REPLICATED", "register", "names", "get"]
+__all__ = ["Aggregation", "Options", "SHARED", "REPLICATED", "register", "names", "get"]

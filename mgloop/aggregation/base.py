@@ -8,11 +8,21 @@ equal shards, the gradient of the mean loss over the global batch is
 
 and every aggregation returns exactly that (mean semantics), placed where each
 variable copy lives, so the update is the one a single device would make.
+With `--grad_reduce=sum` the 1/T is left out (the sum over towers).
+
+Every tensor that crosses from one device to another goes through `send`,
+which (a) casts it to `--transport_dtype` on the sending device and back to
+its own dtype on the receiving one, so sums are always accumulated in the
+gradient's dtype, and (b) counts the bytes each device sends and receives.
+The counts are taken while the step is traced, so they are exactly what the
+algorithm moves per step, not an estimate.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import dataclasses
 from typing import ClassVar, Sequence
 
 import tensorflow as tf
@@ -25,31 +35,118 @@ REPLICATED = "replicated"
 Gradients = list[tf.Tensor]
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Settings an aggregation method may read (validated by Config)."""
+
+    transport_dtype: str = "float32"
+    hierarchy_groups: int = 2
+    ring_shards: int = 1
+
+
+def canonical(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:1' and '/device:CPU:1' -> 'CPU:1'."""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.device_type}:{spec.device_index}"
+
+
+@dataclasses.dataclass
+class Traffic:
+    """Bytes sent and received per device in one step, keyed by canonical device."""
+
+    sent: dict[str, int] = dataclasses.field(default_factory=dict)
+    received: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def record(self, src: str, dst: str, num_bytes: int) -> None:
+        """A transfer of `num_bytes` from `src` to `dst`."""
+        self.add(src, sent=num_bytes)
+        self.add(dst, received=num_bytes)
+
+    def add(self, device: str, sent: int = 0, received: int = 0) -> None:
+        self.sent[device] = self.sent.get(device, 0) + sent
+        self.received[device] = self.received.get(device, 0) + received
+
+    def clear(self) -> None:
+        self.sent.clear()
+        self.received.clear()
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        devices = sorted(set(self.sent) | set(self.received))
+        return {d: {"sent": self.sent.get(d, 0), "received": self.received.get(d, 0)}
+                for d in devices}
+
+
 class Aggregation(abc.ABC):
     """One gradient-aggregation method. Subclass, set `name` and `layout`, register."""
 
     name: ClassVar[str]
     layout: ClassVar[str]  # SHARED: one variable copy; REPLICATED: one per tower
+    exchanges: ClassVar[bool] = True  # False: no gradient exchange to compress or pack
+    single_loss: ClassVar[bool] = False  # True: one loss over all towers (colocate.py)
 
-    def __init__(self, devices: DeviceSet):
+    def __init__(self, devices: DeviceSet, options: Options = Options()):
         self.devices = devices
+        self.options = options
+        self.transport_dtype = tf.as_dtype(options.transport_dtype)
+        self.traffic = Traffic()
+
+    @property
+    def num_towers(self) -> int:
+        return self.devices.num_towers
 
     @classmethod
-    def check(cls, request: DeviceRequest) -> None:
-        """Refuses (ConfigError) device requests this method cannot run on."""
+    def check(cls, request: DeviceRequest, options: Options) -> None:
+        """Refuses (ConfigError) devices or options this method cannot run with."""
 
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:
-        """Devices holding the variable copies: one for SHARED, one per tower."""
+        """Devices of the variable copies: one for SHARED, one per tower for REPLICATED."""
+
+    def variable_scope(self):
+        """Context in which variable copy 0 (the template model) is created."""
+        return tf.device(self.parameter_devices()[0])
 
     @abc.abstractmethod
-    def reduce(self, tower_values: Sequence[Gradients]) -> list[Gradients]:
-        """Averages per-tower values.
+    def reduce(self, tower_values: Sequence[Gradients], variables: Sequence[tf.Variable],
+               average: bool = True) -> list[Gradients]:
+        """Averages (or, with average=False, sums) per-tower values.
 
         Args:
           tower_values: tower_values[t][v], tower t's value for variable v,
             resident on tower t's device.
+          variables: variable copy 0's variables the values belong to (methods
+            that place by variable read their devices).
         Returns:
           out[c][v] = (1/T) * sum_t tower_values[t][v], placed on the device of
           variable copy c (len(out) == len(parameter_devices())).
         """
+
+    def scale(self, total: tf.Tensor, average: bool) -> tf.Tensor:
+        return total * (1.0 / self.num_towers) if average else total
+
+    def send(self, value: tf.Tensor, src: str, dst: str) -> tf.Tensor:
+        """`value` (on `src`) as a tensor on `dst`, compressed to the transport dtype on the way."""
+        if canonical(src) == canonical(dst):
+            return value
+        wire = self.transport_dtype if value.dtype.is_floating else value.dtype
+        self.traffic.record(canonical(src), canonical(dst),
+                            value.shape.num_elements() * wire.size)
+        if wire == value.dtype:
+            with tf.device(dst):
+                return tf.identity(value)
+        with tf.device(src):
+            packed = tf.cast(value, wire)
+        with tf.device(dst):
+            return tf.cast(packed, value.dtype)
+
+    def sum_on(self, device: str, values: Sequence[tf.Tensor], sources: Sequence[str]) -> tf.Tensor:
+        """sum_i values[i] (values[i] on sources[i]), each sent to `device` and added there."""
+        received = [self.send(v, s, device) for v, s in zip(values, sources)]
+        with tf.device(device):
+            return received[0] if len(received) == 1 else tf.add_n(received)
+
+    @contextlib.contextmanager
+    def step(self):
+        """Wraps the tracing of one training step: the traffic is counted afresh."""
+        self.traffic.clear()
+        yield

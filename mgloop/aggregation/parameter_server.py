@@ -1,13 +1,18 @@
-"""`ps_cpu`: one shared copy of the variables on the host CPU (parameter server).
+"""The parameter-server family: one shared copy of the variables, read by every tower.
 
-Every tower reads the shared variables (an implicit copy to its device), computes
-its gradients, and sends them to the CPU, where they are averaged,
+    ps_cpu     every variable on the host CPU
+    ps_device  every variable on tower 0's device
+    ps_spread  variables spread over the tower devices, each new variable on the
+               device holding the fewest bytes so far (greedy balance by size, as
+               tf_cnn_benchmarks' parameter-server device setter)
 
-    g[v] = (1/T) * sum_t g[t][v]      (on the CPU)
+Every tower reads each variable from its device (P_v bytes), computes its
+gradients, and sends each g[t][v] back to the device of v, where
 
-and applied once, by one optimizer whose state also lives on the CPU.
-Per step each tower receives the variables and sends its gradients: with P
-bytes of parameters, P bytes in and P bytes out per tower.
+    g[v] = (1/T) * sum_t g[t][v]      (on the device of v)
+
+is formed and applied once, by one optimizer whose slots sit beside their
+variables. A tower on the same device as a variable moves nothing for it.
 """
 
 from __future__ import annotations
@@ -15,24 +20,61 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mgloop.aggregation import register
-from mgloop.aggregation.base import SHARED, Aggregation
+from mgloop.aggregation.base import SHARED, Aggregation, canonical
 
 
-def mean_on(device: str, values: list[tf.Tensor]) -> tf.Tensor:
-    """(1/len(values)) * sum(values), computed on `device`."""
-    with tf.device(device):
-        total = values[0] if len(values) == 1 else tf.add_n(values)
-        return total * (1.0 / len(values))
-
-
-@register
-class ParameterServerCpu(Aggregation):
-    name = "ps_cpu"
+class _ParameterServer(Aggregation):
     layout = SHARED
 
     def parameter_devices(self):
         return [self.devices.host]
 
-    def reduce(self, tower_values):
-        device = self.devices.host
-        return [[mean_on(device, list(per_var)) for per_var in zip(*tower_values)]]
+    def reduce(self, tower_values, variables, average=True):
+        towers = self.devices.towers
+        out = []
+        for per_tower, variable in zip(zip(*tower_values), variables):
+            home = self.home_of(variable)
+            with tf.device(home):
+                out.append(self.scale(self.sum_on(home, per_tower, towers), average))
+        return [out]
+
+    def home_of(self, variable) -> str:
+        """The device where `variable`'s gradients meet: the variable's own."""
+        return self.parameter_devices()[0]
+
+
+@register
+class ParameterServerCpu(_ParameterServer):
+    name = "ps_cpu"
+
+
+@register
+class ParameterServerDevice(_ParameterServer):
+    name = "ps_device"
+
+    def parameter_devices(self):
+        return [self.devices.towers[0]]
+
+
+@register
+class ParameterServerSpread(_ParameterServer):
+    name = "ps_spread"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.load = {canonical(d): 0 for d in self.devices.towers}  # bytes placed per device
+
+    def parameter_devices(self):
+        return [self.devices.towers[0]]  # the optimizer's step counter; variables are spread
+
+    def variable_scope(self):
+        def place(next_creator, **kwargs):
+            device = min(self.devices.towers, key=lambda d: self.load[canonical(d)])
+            with tf.device(device):
+                variable = next_creator(**kwargs)
+            self.load[canonical(device)] += variable.shape.num_elements() * variable.dtype.size
+            return variable
+        return tf.variable_creator_scope(place)
+
+    def home_of(self, variable):
+        return variable.device

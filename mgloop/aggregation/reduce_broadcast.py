@@ -15,7 +15,14 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation
-from mgloop.aggregation.parameter_server import mean_on
+
+
+def reduce_then_broadcast(method: Aggregation, values, devices, average, root=None):
+    """sum (or mean) of values[i] (on devices[i]) formed on `root`, then sent to every device."""
+    root = root or devices[0]
+    with tf.device(root):
+        total = method.scale(method.sum_on(root, values, devices), average)
+    return [method.send(total, root, device) for device in devices]
 
 
 @register
@@ -26,11 +33,8 @@ class ReduceBroadcast(Aggregation):
     def parameter_devices(self):
         return list(self.devices.towers)
 
-    def reduce(self, tower_values):
-        root = self.devices.towers[0]
-        means = [mean_on(root, list(per_var)) for per_var in zip(*tower_values)]
-        out = []
-        for device in self.devices.towers:
-            with tf.device(device):
-                out.append([tf.identity(m) for m in means])
-        return out
+    def reduce(self, tower_values, variables, average=True):
+        towers = list(self.devices.towers)
+        per_var = [reduce_then_broadcast(self, list(vals), towers, average)
+                   for vals in zip(*tower_values)]
+        return [list(per_device) for per_device in zip(*per_var)]

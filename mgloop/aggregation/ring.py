@@ -14,6 +14,11 @@ Every replica ends with the same tensors (each finished chunk is computed once
 and copied), equal to (1/T) * sum_t g[t][v]. Each tower sends and receives
 2 * (T-1)/T * P bytes per step for P bytes of gradients: the bandwidth-optimal
 all-reduce, independent of T for large T.
+
+`--ring_shards=k` (tf_cnn_benchmarks' `xring#k`) cuts each tensor into k
+contiguous shards and all-reduces each on its own ring: even shards go
+forward t -> t+1, odd shards backward t -> t-1 (the other direction of every
+link), each ring rotated by a different offset so that the chunk owners differ.
 """
 
 from __future__ import annotations
@@ -30,34 +35,66 @@ def chunk_sizes(num_elements: int, num_chunks: int) -> list[int]:
     return [base + 1 if i < extra else base for i in range(num_chunks)]
 
 
-def ring_all_reduce_mean(values: list[tf.Tensor], devices: list[str]) -> list[tf.Tensor]:
-    """Mean of `values` (values[t] on devices[t]) by a chunked ring; one result per device."""
+def ring_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[str],
+                    average: bool) -> list[tf.Tensor]:
+    """All-reduce of 1-D tensors flats[t] (on devices[t]) around the ring devices[0..T-1]."""
     num = len(devices)
-    if num == 1:
-        return list(values)
-    shape = values[0].shape
-    sizes = chunk_sizes(shape.num_elements(), num)
+    sizes = chunk_sizes(flats[0].shape.num_elements(), num)
     chunks = []
-    for device, value in zip(devices, values):
+    for device, flat in zip(devices, flats):
         with tf.device(device):
-            chunks.append(tf.split(tf.reshape(value, [-1]), sizes))
+            chunks.append(tf.split(flat, sizes))
     for step in range(num - 1):  # reduce-scatter
         for src in range(num):
             dst, c = (src + 1) % num, (src - step) % num
+            received = method.send(chunks[src][c], devices[src], devices[dst])
             with tf.device(devices[dst]):
-                chunks[dst][c] = chunks[dst][c] + chunks[src][c]
-    scale = 1.0 / num
+                chunks[dst][c] = chunks[dst][c] + received
     for owner in range(num):
         c = (owner + 1) % num
         with tf.device(devices[owner]):
-            chunks[owner][c] = chunks[owner][c] * scale
+            chunks[owner][c] = method.scale(chunks[owner][c], average)
     for step in range(num - 1):  # all-gather
         for src in range(num):
             dst, c = (src + 1) % num, (src + 1 - step) % num
-            with tf.device(devices[dst]):
-                chunks[dst][c] = tf.identity(chunks[src][c])
+            chunks[dst][c] = method.send(chunks[src][c], devices[src], devices[dst])
     out = []
     for device, parts in zip(devices, chunks):
+        with tf.device(device):
+            out.append(tf.concat(parts, axis=0))
+    return out
+
+
+def ring_order(devices: list[str], shard: int) -> list[int]:
+    """Tower indices of ring number `shard`: alternate directions, rotate by shard // 2."""
+    order = list(range(len(devices)))
+    if shard % 2:
+        order = order[::-1]
+    offset = (shard // 2) % len(devices)
+    return order[offset:] + order[:offset]
+
+
+def sharded_ring_all_reduce(method: Aggregation, values: list[tf.Tensor], devices: list[str],
+                            shards: int, average: bool) -> list[tf.Tensor]:
+    """Mean (or sum) of values[t] (on devices[t]) over `shards` parallel rings."""
+    num = len(devices)
+    if num == 1:
+        return list(values)  # one tower: its value is the sum and the mean
+    shape = values[0].shape
+    shard_sizes = chunk_sizes(shape.num_elements(), shards)
+    pieces = []
+    for device, value in zip(devices, values):
+        with tf.device(device):
+            pieces.append(tf.split(tf.reshape(value, [-1]), shard_sizes))
+    results = [[None] * shards for _ in range(num)]
+    for shard in range(shards):
+        order = ring_order(devices, shard)
+        reduced = ring_all_reduce(method, [pieces[t][shard] for t in order],
+                                  [devices[t] for t in order], average)
+        for t, value in zip(order, reduced):
+            results[t][shard] = value
+    out = []
+    for device, parts in zip(devices, results):
         with tf.device(device):
             out.append(tf.reshape(tf.concat(parts, axis=0), shape))
     return out
@@ -71,7 +108,9 @@ class Ring(Aggregation):
     def parameter_devices(self):
         return list(self.devices.towers)
 
-    def reduce(self, tower_values):
+    def reduce(self, tower_values, variables, average=True):
         devices = list(self.devices.towers)
-        per_var = [ring_all_reduce_mean(list(vals), devices) for vals in zip(*tower_values)]
+        per_var = [sharded_ring_all_reduce(self, list(vals), devices,
+                                           self.options.ring_shards, average)
+                   for vals in zip(*tower_values)]
         return [list(per_device) for per_device in zip(*per_var)]

@@ -1,0 +1,66 @@
+"""`hierarchical`: replicated variables; reduce in groups, all-reduce among leaders, broadcast.
+
+The T towers are cut into G = `--hierarchy_groups` contiguous groups of T/G
+(tower order), the first tower of each group being its leader:
+
+    1. inside each group, the leader sums its members' gradients;
+    2. the G leaders all-reduce those sums with the chunked ring (ring.py);
+    3. each leader scales the total by 1/T and sends it to its members.
+
+This is the shape of tf_cnn_benchmarks' hierarchical copy: cheap links inside
+a group (e.g. GPUs on one PCIe switch), few transfers between groups.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mgloop.aggregation import register
+from mgloop.aggregation.base import REPLICATED, Aggregation
+from mgloop.aggregation.ring import sharded_ring_all_reduce
+from mgloop.errors import ConfigError
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@register
+class Hierarchical(Aggregation):
+    name = "hierarchical"
+    layout = REPLICATED
+
+    @classmethod
+    def check(cls, request, options):
+        towers, groups = request.num_towers, options.hierarchy_groups
+        if groups < 1 or towers % groups:
+            raise ConfigError(
+                f"--hierarchy_groups={groups} does not divide the {towers} towers; use one of: "
+                f"{', '.join(map(str, divisors(towers)))}")
+
+    def parameter_devices(self):
+        return list(self.devices.towers)
+
+    def groups(self) -> list[list[str]]:
+        towers = list(self.devices.towers)
+        size = len(towers) // self.options.hierarchy_groups
+        return [towers[i:i + size] for i in range(0, len(towers), size)]
+
+    def reduce(self, tower_values, variables, average=True):
+        towers = list(self.devices.towers)
+        groups = self.groups()
+        leaders = [group[0] for group in groups]
+        per_var = []
+        for values in zip(*tower_values):
+            by_device = dict(zip(towers, values))
+            sums = [self.sum_on(group[0], [by_device[d] for d in group], group)
+                    for group in groups]
+            totals = sharded_ring_all_reduce(self, sums, leaders, 1, average=False)
+            out = {}
+            for group, total in zip(groups, totals):
+                with tf.device(group[0]):
+                    total = self.scale(total, average)
+                for device in group:
+                    out[device] = self.send(total, group[0], device)
+            per_var.append([out[d] for d in towers])
+        return [list(per_device) for per_device in zip(*per_var)]

@@ -1,0 +1,26 @@
+"""`independent`: replicated variables and no gradient exchange at all.
+
+Replica t applies g[t] alone, its own shard's gradient, and keeps its own
+non-trainable state: T models trained side by side on different data. It is
+the no-communication upper bound on speed, and a sanity check that replicas
+do diverge when nothing keeps them equal. It is not mean semantics: it is the
+one mode that does not equal the single-device run (tested to differ).
+"""
+
+from __future__ import annotations
+
+from mgloop.aggregation import register
+from mgloop.aggregation.base import REPLICATED, Aggregation
+
+
+@register
+class Independent(Aggregation):
+    name = "independent"
+    layout = REPLICATED
+    exchanges = False
+
+    def parameter_devices(self):
+        return list(self.devices.towers)
+
+    def reduce(self, tower_values, variables, average=True):
+        return [list(values) for values in tower_values]

@@ -1,0 +1,98 @@
+"""Aggregation internals: placement, packing plans, and the bytes each mode moves per step."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mgloop.aggregation import packing
+from mgloop.aggregation.base import canonical
+from tests import helpers
+
+
+
+def parameter_bytes(trainer):
+    return sum(v.shape.num_elements() * v.dtype.size for v in trainer.copies[0].trainable)
+
+
+def traffic_after_one_step(logdir, **overrides):
+    trainer, _ = helpers.train_mgloop(helpers.small_config(logdir, **overrides),
+                                      helpers.batches(1))
+    return trainer, trainer.aggregation.traffic
+
+
+def test_ps_spread_balances_variables_and_colocates_slots(logdir):
+    trainer, _ = helpers.train_mgloop(
+        helpers.small_config(logdir, devices="cpu:4", aggregation="ps_spread"), helpers.batches(1))
+    load = {}
+    for v in trainer.copies[0].trainable:
+        load[canonical(v.device)] = load.get(canonical(v.device), 0) + v.shape.num_elements()
+    assert len(load) == 4  # every tower device holds variables
+    sizes = sorted(v.shape.num_elements() for v in trainer.copies[0].trainable)
+    assert max(load.values()) == sizes[-1]  # greedy: the biggest tensor sits alone
+    optimizer = trainer.copies[0].optimizer
+    slots = [v for v in optimizer.variables if len(v.shape) > 0]
+    by_shape = {}
+    for v in trainer.copies[0].trainable:
+        by_shape.setdefault(tuple(v.shape), set()).add(canonical(v.device))
+    for slot in slots:
+        assert canonical(slot.value.device) in by_shape[tuple(slot.shape)]
+
+
+def test_packing_plan_keeps_order_and_bound():
+    values = [tf.zeros([n]) for n in (10, 300, 5, 5, 2000, 1)]
+    buckets = packing.plan(values, bucket_bytes=1250)  # 10+300 floats fit, +5 does not
+    assert [i for b in buckets for i in b] == list(range(6))
+    assert buckets == [[0, 1], [2, 3], [4], [5]]
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ([2, 5], [300], [5], [5, 1],
+                                                                   [40, 50], [1])]
+    packed = packing.pack([tf.constant(a) for a in arrays], buckets, "/device:CPU:0")
+    restored = packing.unpack(packed, buckets, [tf.TensorShape(a.shape) for a in arrays],
+                              "/device:CPU:1")
+    for a, r in zip(arrays, restored):
+        np.testing.assert_array_equal(a, r.numpy())
+
+
+def test_ring_moves_two_times_t_minus_one_over_t_of_the_gradient(logdir):
+    trainer, traffic = traffic_after_one_step(logdir, devices="cpu:4", aggregation="ring")
+    p = parameter_bytes(trainer)
+    assert sum(traffic.sent.values()) == 2 * 3 * p  # (T-1) P per phase, over all towers
+    for device in ("CPU:0", "CPU:1", "CPU:2", "CPU:3"):
+        assert traffic.sent[device] == pytest.approx(2 * 3 / 4 * p, rel=0.01)
+        assert traffic.received[device] == pytest.approx(2 * 3 / 4 * p, rel=0.01)
+
+
+def test_float16_transport_halves_the_bytes(logdir):
+    trainer, full = traffic_after_one_step(logdir, devices="cpu:4", aggregation="ring")
+    full = dict(full.sent)
+    _, half = traffic_after_one_step(logdir, devices="cpu:4", aggregation="ring",
+                                     transport_dtype="float16")
+    assert half.sent == {d: n // 2 for d, n in full.items()}
+
+
+def test_reduce_broadcast_concentrates_traffic_on_tower_zero(logdir):
+    trainer, traffic = traffic_after_one_step(logdir, devices="cpu:4",
+                                              aggregation="reduce_broadcast")
+    p = parameter_bytes(trainer)
+    assert traffic.received["CPU:0"] == traffic.sent["CPU:0"] == 3 * p
+    assert all(traffic.sent[d] == traffic.received[d] == p for d in ("CPU:1", "CPU:2", "CPU:3"))
+
+
+def test_parameter_server_reads_and_gradients(logdir):
+    """ps_cpu: the host is also tower 0's device, so tower 0 moves nothing."""
+    trainer, traffic = traffic_after_one_step(logdir, devices="cpu:4", aggregation="ps_cpu")
+    p = parameter_bytes(trainer)
+    assert traffic.sent["CPU:0"] == traffic.received["CPU:0"] == 3 * p
+    assert all(traffic.sent[d] == traffic.received[d] == p for d in ("CPU:1", "CPU:2", "CPU:3"))
+
+
+def test_hierarchical_moves_as_much_as_the_ring_in_total(logdir):
+    trainer, traffic = traffic_after_one_step(logdir, devices="cpu:4", aggregation="hierarchical")
+    p = parameter_bytes(trainer)
+    assert sum(traffic.sent.values()) == 2 * 3 * p
+    assert traffic.sent["CPU:1"] == traffic.sent["CPU:3"] == p  # members: up to the leader
+
+
+def test_independent_moves_nothing(logdir):
+    _, traffic = traffic_after_one_step(logdir, devices="cpu:4", aggregation="independent")
+    assert sum(traffic.sent.values()) == 0
