@@ -85,6 +85,10 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         summary_every=config.summary_every, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, summaries=train_writer,
         checkpointer=checkpointer, learning_rate=lambda step: float(schedule(step)))
+    exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
+    traffic = trainer.aggregation.traffic.as_dict()
+    train_writer.scalars(result.final_step, summaries.aggregation_scalars(traffic,
+                                                                          exchange_seconds))
     train_writer.close()
     eval_metrics = trainer.evaluate(dataset.eval_batches(config.global_batch_size))
     eval_writer = summaries.ScalarWriter(config.logdir, "eval")
@@ -109,6 +113,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         "eval_accuracy": eval_metrics["accuracy"],
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
+        "traffic_bytes_per_step": traffic,
+        "exchange_seconds": exchange_seconds,
         "export_path": export_path,
     }
     summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME), summary)

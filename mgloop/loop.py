@@ -29,6 +29,7 @@ from mgloop import optim
 from mgloop import towers
 from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.aggregation import packing
+from mgloop.aggregation.base import Traffic
 
 
 class Trainer:
@@ -138,6 +139,42 @@ class Trainer:
             loss_sum += loss
             correct_sum += correct
         return loss_sum, correct_sum
+
+    @tf.function
+    def _exchange_only(self):
+        """The exchange on stand-in gradients: random values of the gradients' shapes,
+        created on each tower, reduced, and delivered to every variable copy."""
+        tower_grads = []
+        for device in self.tower_devices:
+            with tf.device(device):
+                tower_grads.append([tf.random.normal(v.shape, dtype=v.dtype)
+                                    for v in self.copies[0].trainable])
+        out = self.exchange(tower_grads)
+        firsts = []
+        for values, copy in zip(out, self.copies):
+            with tf.device(copy.device):
+                firsts.append(tf.reduce_sum(values[0]))
+        return tf.add_n(firsts)
+
+    def time_exchange(self, repeats: int = 10) -> float | None:
+        """Median seconds of one gradient exchange alone (no tower compute, no update).
+
+        The exchange runs inside the compiled step, where Python cannot time it;
+        this runs the same exchange by itself, `repeats` times after one warm-up
+        call. None for a single-loss mode, which has no exchange of its own.
+        """
+        if self.aggregation.single_loss:
+            return None
+        counted = Traffic(dict(self.aggregation.traffic.sent),
+                          dict(self.aggregation.traffic.received))
+        float(self._exchange_only())  # trace and warm up
+        self.aggregation.traffic = counted  # keep the step's counts, not the stand-in's
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            float(self._exchange_only())
+            times.append(time.perf_counter() - began)
+        return float(np.median(times))
 
     @tf.function
     def _eval_step(self, x, y):

@@ -2,7 +2,9 @@
 
 Layout of a logdir (tags are stable; the README lists them):
 
-    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time
+    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time;
+                      at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
+                      (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds
     <logdir>/eval/    events: loss, accuracy (held-out split, at the end of training)
     <logdir>/summary.json
 
@@ -32,6 +34,19 @@ class ScalarWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def aggregation_scalars(traffic: dict[str, dict[str, int]],
+                        exchange_seconds: float | None) -> dict[str, float]:
+    """Scalars of what the aggregation costs: bytes per device per step, exchange time."""
+    values = {}
+    for device, counts in traffic.items():
+        name = device.replace(":", "_")
+        values[f"traffic/{name}/sent_bytes"] = float(counts["sent"])
+        values[f"traffic/{name}/received_bytes"] = float(counts["received"])
+    if exchange_seconds is not None:
+        values["exchange_seconds"] = exchange_seconds
+    return values
 
 
 def write_json_atomically(path: str, payload: dict) -> None:

@@ -96,3 +96,15 @@ def test_hierarchical_moves_as_much_as_the_ring_in_total(logdir):
 def test_independent_moves_nothing(logdir):
     _, traffic = traffic_after_one_step(logdir, devices="cpu:4", aggregation="independent")
     assert sum(traffic.sent.values()) == 0
+
+
+def test_run_reports_traffic_and_exchange_time(logdir):
+    import mgloop
+    summary = mgloop.run(helpers.small_config(logdir, devices="cpu:4", aggregation="ring",
+                                              train_steps=3))
+    trainer, traffic = traffic_after_one_step(logdir + "_2", devices="cpu:4", aggregation="ring")
+    assert summary["traffic_bytes_per_step"] == traffic.as_dict()
+    assert summary["exchange_seconds"] > 0
+    colocated = mgloop.run(helpers.small_config(logdir + "_3", devices="cpu:2",
+                                                aggregation="colocate", train_steps=3))
+    assert colocated["exchange_seconds"] is None  # one loss: no exchange of its own

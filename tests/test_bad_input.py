@@ -45,6 +45,31 @@ CASES = {
     "listed gpus without gpus": (dict(devices="gpu:0,2"), r"^--devices=gpu:0,2: no GPU"),
     "malformed devices": (dict(devices="tpu:8"), r"^--devices='tpu:8' is not understood"),
     "zero cpus": (dict(devices="cpu:0"), r"^--devices=cpu:0: needs at least one"),
+    "unknown reduction": (dict(grad_reduce="max"), r"^--grad_reduce='max' is not one of: mean, sum"),
+    "unknown transport": (dict(transport_dtype="int8"),
+                          r"^--transport_dtype='int8' is not one of: bfloat16, float16, float32"),
+    "transport with shared variables": (
+        dict(aggregation="ps_cpu", transport_dtype="float16"),
+        r"^--transport_dtype=float16 means nothing with --aggregation=ps_cpu \(shared"),
+    "transport without exchange": (
+        dict(aggregation="independent", transport_dtype="bfloat16"),
+        r"^--transport_dtype=bfloat16 means nothing with --aggregation=independent, which "
+        r"exchanges no gradients"),
+    "transport with collective": (
+        dict(aggregation="collective", transport_dtype="float16", devices="cpu:2"),
+        r"^--transport_dtype=float16 with --aggregation=collective: its kernel sums in"),
+    "packing without exchange": (dict(aggregation="colocate", pack_bytes=1024),
+                                 r"^--pack_bytes=1024 means nothing with --aggregation=colocate"),
+    "packing across devices": (dict(aggregation="ps_spread", pack_bytes=1024),
+                               r"^--pack_bytes=1024 with --aggregation=ps_spread: a bucket"),
+    "negative packing": (dict(pack_bytes=-1), r"^--pack_bytes=-1 is out of range"),
+    "ring shards elsewhere": (dict(aggregation="ps_cpu", ring_shards=2),
+                              r"^--ring_shards=2 applies to --aggregation=ring only"),
+    "groups not dividing": (dict(aggregation="hierarchical", devices="cpu:4", hierarchy_groups=3),
+                            r"^--hierarchy_groups=3 does not divide the 4 towers; use one of: "
+                            r"1, 2, 4$"),
+    "nccl without gpus": (dict(aggregation="nccl", devices="cpu:2"),
+                          r"^--aggregation=nccl needs GPU towers"),
 }
 
 
@@ -82,5 +107,6 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("mgloop.train:")]
     assert errors == ["mgloop.train: error: --aggregation='nope' is not one of: "
-                      "ps_cpu, reduce_broadcast, ring"]
+                      "collective, colocate, hierarchical, independent, nccl, ps_cpu, ps_device, "
+                      "ps_spread, reduce_broadcast, ring"]
     assert not logdir.exists()

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests import tensorboard_server
 
 CHANCE = 0.1  # the synthetic task has 10 classes
@@ -43,6 +45,13 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         assert {"loss", "accuracy", "learning_rate", "examples_per_sec",
                 "step_time"} <= set(tags["train"])
         assert {"loss", "accuracy"} <= set(tags["eval"])
+        for device, counts in summary["traffic_bytes_per_step"].items():
+            tag = f"traffic/{device.replace(':', '_')}/sent_bytes"
+            (_, step, sent), = board.scalars("train", tag)
+            assert (step, sent) == (steps, counts["sent"])
+        assert summary["traffic_bytes_per_step"]["CPU:1"]["sent"] > 0  # tower 1 sends gradients
+        (_, _, exchange), = board.scalars("train", "exchange_seconds")
+        assert exchange == pytest.approx(summary["exchange_seconds"], rel=1e-6) and exchange > 0
         loss = board.scalars("train", "loss")
         assert [step for _, step, _ in loss] == list(range(every, steps + 1, every))
         assert loss[-1][2] < 0.5 * loss[0][2]  # the loss fell
