@@ -141,39 +141,40 @@ class Trainer:
         return loss_sum, correct_sum
 
     @tf.function
-    def _exchange_only(self):
-        """The exchange on stand-in gradients: random values of the gradients' shapes,
-        created on each tower, reduced, and delivered to every variable copy."""
-        tower_grads = []
-        for device in self.tower_devices:
-            with tf.device(device):
-                tower_grads.append([tf.random.normal(v.shape, dtype=v.dtype)
-                                    for v in self.copies[0].trainable])
-        out = self.exchange(tower_grads)
-        firsts = []
-        for values, copy in zip(out, self.copies):
-            with tf.device(copy.device):
-                firsts.append(tf.reduce_sum(values[0]))
-        return tf.add_n(firsts)
+    def _exchange_only(self, tower_grads, repeats):
+        """`repeats` exchanges of the given per-tower gradients in one call (nothing else)."""
+        done = tf.constant(0)
+        for _ in tf.range(repeats):
+            with tf.control_dependencies(tf.nest.flatten(self.exchange(tower_grads))):
+                done += 1
+        return done
 
-    def time_exchange(self, repeats: int = 10) -> float | None:
+    def time_exchange(self, repeats: int = 5, per_call: int = 20) -> float | None:
         """Median seconds of one gradient exchange alone (no tower compute, no update).
 
         The exchange runs inside the compiled step, where Python cannot time it;
-        this runs the same exchange by itself, `repeats` times after one warm-up
-        call. None for a single-loss mode, which has no exchange of its own.
+        this runs the same exchange by itself on stand-in gradients, `per_call`
+        times inside one compiled call (so the call's own overhead is shared),
+        and returns the median over `repeats` calls of call time / per_call.
+        None for a single-loss mode, which has no exchange of its own.
         """
         if self.aggregation.single_loss:
             return None
+        stand_ins = []  # random gradients, made once on each tower (not timed)
+        for device in self.tower_devices:
+            with tf.device(device):
+                stand_ins.append([tf.random.normal(v.shape, dtype=v.dtype)
+                                  for v in self.copies[0].trainable])
         counted = Traffic(dict(self.aggregation.traffic.sent),
                           dict(self.aggregation.traffic.received))
-        float(self._exchange_only())  # trace and warm up
+        per_call = tf.constant(per_call)
+        int(self._exchange_only(stand_ins, per_call))  # trace and warm up
         self.aggregation.traffic = counted  # keep the step's counts, not the stand-in's
         times = []
         for _ in range(repeats):
             began = time.perf_counter()
-            float(self._exchange_only())
-            times.append(time.perf_counter() - began)
+            int(self._exchange_only(stand_ins, per_call))
+            times.append((time.perf_counter() - began) / int(per_call))
         return float(np.median(times))
 
     @tf.function

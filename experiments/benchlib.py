@@ -1,0 +1,67 @@
+"""Shared pieces of the benchmark scripts: build systems in one process, time them interleaved.
+
+A "system" is one mgloop configuration (devices, aggregation, options) built in
+this process on logical CPU devices. Repeats are interleaved (A, B, C, A, B, C,
+...) so that machine drift hits every system alike; each repeat times one
+compiled loop of `steps` steps after untimed warm-up loops.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def build(model: str, global_batch: int, **settings):
+    """(trainer, iterator) for one configuration; settings are Config fields."""
+    import tensorflow as tf  # noqa: F401  (after the caller configured devices)
+    from mgloop import data, devices, experiment, models
+    from mgloop.config import Config
+    config = Config(model=model, global_batch_size=global_batch, train_steps=10 ** 9,
+                    logdir=os.path.join("/tmp", "mgloop-bench"), **settings).validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    dataset = data.load(config.dataset, config.seed, config.data_dir)
+    trainer = experiment.build_trainer(
+        config, device_set, lambda: models.get(model)(dataset.input_shape, dataset.num_classes),
+        experiment.default_loss(), dataset.input_shape)
+    iterator = iter(dataset.train_batches(config.global_batch_size, config.seed).prefetch(2))
+    return trainer, iterator
+
+
+def time_loop(trainer, iterator, steps: int) -> float:
+    """Seconds per step of one compiled loop of `steps` steps."""
+    import tensorflow as tf
+    began = time.perf_counter()
+    loss_sum, _ = trainer.train_loop(iterator, tf.constant(steps, tf.int32))
+    float(loss_sum)  # wait for the loop to finish
+    return (time.perf_counter() - began) / steps
+
+
+def interleaved(systems: dict, steps: int, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Per-step times of every system, `repeats` interleaved loops each after `warmup`."""
+    for name, (trainer, iterator) in systems.items():
+        for _ in range(warmup):
+            time_loop(trainer, iterator, steps)
+    times = {name: [] for name in systems}
+    for _ in range(repeats):
+        for name, (trainer, iterator) in systems.items():
+            times[name].append(time_loop(trainer, iterator, steps))
+    return times
+
+
+def median_and_mad(values) -> tuple[float, float]:
+    values = np.asarray(values)
+    median = float(np.median(values))
+    return median, float(np.median(np.abs(values - median)))
+
+
+def markdown(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A markdown table; columns are (key, header, format spec)."""
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [format(row[k], f) if row.get(k) is not None else "–" for k, _, f in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
