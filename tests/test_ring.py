@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.aggregation import ring
+from mgloop.aggregation import Options, ring
+from mgloop.devices import DeviceSet
 
 
 @pytest.mark.parametrize("elements,chunks", [(10, 4), (3, 4), (0, 2), (8, 8), (7, 1)])
@@ -14,19 +15,33 @@ def test_chunk_sizes_cover_contiguously(elements, chunks):
     assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_ring_orders_alternate_direction(shards):
+    devices = [f"/device:CPU:{t}" for t in range(4)]
+    orders = [ring.ring_order(devices, s) for s in range(shards)]
+    assert orders[0] == [0, 1, 2, 3]
+    if shards > 1:
+        assert orders[1] == [3, 2, 1, 0]
+    for order in orders:
+        assert sorted(order) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("towers", [2, 3, 4])
 @pytest.mark.parametrize("shape", [(1,), (3,), (7, 5), (2, 3, 4)])
-def test_ring_mean_equals_numpy_and_is_identical_everywhere(towers, shape):
+def test_ring_equals_numpy_and_is_identical_everywhere(towers, shape, shards, average):
     rng = np.random.default_rng(towers)
     values = [rng.standard_normal(shape).astype(np.float32) for _ in range(towers)]
-    devices = [f"/device:CPU:{t}" for t in range(towers)]
+    devices = tuple(f"/device:CPU:{t}" for t in range(towers))
+    method = ring.Ring(DeviceSet(towers=devices), Options(ring_shards=shards))
     placed = []
     for device, value in zip(devices, values):
         with tf.device(device):
-            placed.append(tf.constant(value))
-    results = ring.ring_all_reduce_mean(placed, devices)
-    expected = np.mean(values, axis=0)
+            placed.append([tf.constant(value)])
+    results = [out[0] for out in method.reduce(placed, variables=[None], average=average)]
+    expected = np.mean(values, axis=0) if average else np.sum(values, axis=0)
     for device, result in zip(devices, results):
         assert result.device.endswith(device.split("/")[-1])
-        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(result.numpy(), results[0].numpy())
