@@ -45,6 +45,19 @@ CASES = {
     "listed gpus without gpus": (dict(devices="gpu:0,2"), r"^--devices=gpu:0,2: no GPU"),
     "malformed devices": (dict(devices="tpu:8"), r"^--devices='tpu:8' is not understood"),
     "zero cpus": (dict(devices="cpu:0"), r"^--devices=cpu:0: needs at least one"),
+    "zero accumulation steps": (dict(accumulation_steps=0),
+                                r"^--accumulation_steps=0 is out of range: must be >= 1$"),
+    "unknown precision": (dict(mixed_precision="float16"),
+                          r"^--mixed_precision='float16' is not one of: mixed_bfloat16, "
+                          r"mixed_float16, none$"),
+    "unknown batch norm": (dict(batch_norm="cross_replica"),
+                           r"^--batch_norm='cross_replica' is not one of: per_tower, sync$"),
+    "sync batch norm with colocate": (
+        dict(devices="cpu:2", aggregation="colocate", batch_norm="sync"),
+        r"^--batch_norm=sync with --aggregation=colocate, which re-creates multi_gpu_model"),
+    "sync batch norm with independent": (
+        dict(devices="cpu:2", aggregation="independent", batch_norm="sync"),
+        r"^--batch_norm=sync with --aggregation=independent, which trains each replica alone"),
 }
 
 
