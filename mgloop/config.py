@@ -19,6 +19,8 @@ from mgloop import aggregation
 from mgloop import data
 from mgloop import devices
 from mgloop import models
+from mgloop import precision
+from mgloop import sync_batch_norm
 from mgloop.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -27,8 +29,10 @@ TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
 LR_SCHEDULES = ("constant", "poly", "cosine")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
-# Settings that shape the checkpointed variables: a resumed run must keep them.
-CHECKPOINT_SHAPING = ("model", "dataset", "optimizer")
+# Settings a resumed run must keep: they shape the checkpointed variables (the loss
+# scale of mixed_float16 lives in the optimizer), or, for accumulation_steps, what a
+# step is (step s reads global batches s*K .. s*K+K-1 of the stream).
+CHECKPOINT_SHAPING = ("model", "dataset", "optimizer", "mixed_precision", "accumulation_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +47,10 @@ class Config:
     ring_shards: int = 1  # parallel rings of --aggregation=ring
     pack_bytes: int = 0  # fuse gradients into buckets of at most this many bytes; 0: off
     transport_dtype: str = "float32"  # dtype of gradients in flight; sums stay float32
+    # Accumulation, precision and batch norm (apply across modes).
+    accumulation_steps: int = 1  # micro-batches (global batches) per update
+    mixed_precision: str = "none"  # none | mixed_float16 | mixed_bfloat16
+    batch_norm: str = "per_tower"  # per_tower | sync (statistics over the global batch)
     # Data and model. Exactly one of the two batch sizes may be set; the global
     # batch is the unit (default 128 when neither is set).
     dataset: str = "synthetic"
@@ -128,6 +136,9 @@ def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -
     _check_choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
     _check_choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
     _check_range("pack_bytes", config.pack_bytes, low=0)
+    _check_range("accumulation_steps", config.accumulation_steps, low=1)
+    _check_choice("mixed_precision", config.mixed_precision, precision.POLICIES)
+    _check_choice("batch_norm", config.batch_norm, sync_batch_norm.MODES)
     _check_range("ring_shards", config.ring_shards, low=1)
     _check_range("hierarchy_groups", config.hierarchy_groups, low=1)
     mode = f"--aggregation={config.aggregation}"
@@ -145,6 +156,11 @@ def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -
             f"--transport_dtype={config.transport_dtype} means nothing with {mode} (shared "
             "variables: towers read the float32 variables themselves); use a replicated mode "
             "(reduce_broadcast, ring, hierarchical) or leave it at float32")
+    if config.batch_norm == "sync" and (method.single_loss or not method.exchanges):
+        reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
+                  method.single_loss else "trains each replica alone on its own shard")
+        raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
+                          "per_tower or a mode that exchanges gradients per tower")
     if config.pack_bytes and config.aggregation == "ps_spread":
         raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: a bucket would fuse "
                           "gradients of variables that live on different devices; use ps_cpu, "

@@ -47,7 +47,9 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
     return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
                         input_shape=input_shape, grad_reduce=config.grad_reduce,
-                        pack_bytes=config.pack_bytes)
+                        pack_bytes=config.pack_bytes,
+                        accumulation_steps=config.accumulation_steps,
+                        mixed_precision=config.mixed_precision, batch_norm=config.batch_norm)
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
@@ -77,11 +79,13 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         trainer.sync_replicas()
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
     start_step = int(trainer.global_step.numpy())
-    batches = dataset.train_batches(config.global_batch_size, config.seed, start_step)
+    batches = dataset.step_batches(config.global_batch_size, config.accumulation_steps,
+                                   config.seed, start_step)
     train_writer = summaries.ScalarWriter(config.logdir, "train")
     schedule = optim.make_schedule(config)
     result = loop.fit(
-        trainer, batches, config.train_steps, config.global_batch_size, config.steps_per_loop,
+        trainer, batches, config.train_steps,
+        config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
         summary_every=config.summary_every, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, summaries=train_writer,
         checkpointer=checkpointer, learning_rate=lambda step: float(schedule(step)))

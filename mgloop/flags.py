@@ -29,6 +29,14 @@ _HELP = {
                   "exchange (0: off)",
     "transport_dtype": "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
                        "accumulated in float32",
+    "accumulation_steps": "micro-batches per update: each tower sums its gradients over K "
+                          "consecutive global batches before one exchange and one update "
+                          "(effective batch K x global batch; --train_steps counts updates)",
+    "mixed_precision": "none | mixed_float16 | mixed_bfloat16: Keras dtype policy of the model "
+                       "(float32 variables, 16-bit compute); mixed_float16 adds dynamic loss "
+                       "scaling, an overflow on any tower skipping the update on all",
+    "batch_norm": "per_tower (each tower's shard statistics, moving statistics averaged over "
+                  "towers) | sync (batch statistics over the global batch across towers)",
     "dataset": f"one of: {', '.join(data.names())} (cifar10, mnist: files in --data_dir)",
     "data_dir": "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
                 "data_batch_5.bin and test_batch.bin (binary version); mnist reads "

@@ -8,6 +8,12 @@ One training step on a global batch (x, y) of B examples and T towers:
     4. every variable copy applies g with its own optimizer (optim.py).
 
 The reported loss is (1/T) * sum_t loss_t, the mean loss over the global batch.
+Options across modes: --accumulation_steps=K runs steps 1-2 on K micro-batches
+and averages g[t] on each tower before one exchange (accumulation.py);
+--mixed_precision=mixed_float16 scales each tower's loss and skips the update on
+every copy when any tower's gradients are not finite (precision.py);
+--batch_norm=sync computes batch statistics over the global batch across the
+towers during step 2 (sync_batch_norm.py).
 `train_loop` runs `num_steps` such steps inside one `tf.function` call (a
 `tf.range` loop), so Python runs once per loop, not once per step; the outer
 loop (`fit`) chooses loop lengths so that summaries, logs and checkpoints fall
@@ -16,6 +22,7 @@ on their step boundaries.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Callable, Iterator
@@ -25,7 +32,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop import accumulation
 from mgloop import optim
+from mgloop import precision
+from mgloop import sync_batch_norm
 from mgloop import towers
 from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.aggregation import packing
@@ -38,18 +48,27 @@ class Trainer:
     def __init__(self, model_fn: Callable[[], keras.Model], loss_fn: towers.LossFn,
                  aggregation: Aggregation, optimizer_fn: Callable[[], keras.optimizers.Optimizer],
                  input_shape: tuple[int, ...] | None = None, grad_reduce: str = "mean",
-                 pack_bytes: int = 0):
+                 pack_bytes: int = 0, accumulation_steps: int = 1,
+                 mixed_precision: str = "none", batch_norm: str = "per_tower"):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
         self.average = grad_reduce == "mean"
         self.pack_bytes = pack_bytes
-        with aggregation.variable_scope():
+        self.accumulation_steps = accumulation_steps
+        with aggregation.variable_scope(), precision.policy_scope(mixed_precision):
             self.model = model_fn()
             if not self.model.built or not self.model.variables:
                 self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
         self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
+        self.loss_scales = ([precision.DynamicLossScale(copy.optimizer, copy.device)
+                             for copy in self.copies]
+                            if precision.uses_loss_scaling(mixed_precision) else None)
+        self.cross_tower = None  # --batch_norm=sync: moments over the global batch
+        if batch_norm == "sync" and self.num_towers > 1:
+            self.cross_tower = sync_batch_norm.CrossTowerMoments(self.tower_devices)
+            sync_batch_norm.install(self.model)
         with tf.device(aggregation.devices.host):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
 
@@ -57,12 +76,19 @@ class Trainer:
     def num_towers(self) -> int:
         return len(self.tower_devices)
 
+    def loss_scale(self) -> float | None:
+        """The current dynamic loss scale (the same on every copy); None without loss scaling."""
+        return float(self.loss_scales[0].scale.numpy()) if self.loss_scales else None
+
     def sync_replicas(self) -> None:
         """Copies variable copy 0 (e.g. just restored) into every other copy."""
         towers.copy_first_to_rest(self.copies)
 
     def copy_for_tower(self, tower: int) -> towers.VariableCopy:
-        return self.copies[tower] if self.aggregation.layout == REPLICATED else self.copies[0]
+        return self.copies[self.copy_index(tower)]
+
+    def copy_index(self, tower: int) -> int:
+        return tower if self.aggregation.layout == REPLICATED else 0
 
     def read_for_tower(self, tower: int) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         """The (trainable, non-trainable) values tower `tower` computes with, on its device.
@@ -93,41 +119,132 @@ class Trainer:
                 for values, copy in zip(reduced, self.copies)]
 
     def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """One synchronous step; returns (mean loss over the global batch, correct count)."""
-        with self.aggregation.step():
-            xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
+        """One synchronous update; returns (mean loss over its examples, correct count).
+
+        (x, y) holds the step's examples: one global batch, or with
+        --accumulation_steps=K, K consecutive global batches concatenated
+        (accumulation.py). The loss is the mean over the K micro-batches of their
+        mean loss; the correct count is over all K*B examples.
+        """
+        with self.aggregation.step(), self._cross_tower_step():
+            units = ([self.aggregation.devices.host] if self.aggregation.single_loss
+                     else self.tower_devices)
+            scales = self._loss_scales_for(units)
             if self.aggregation.single_loss:
-                loss, correct, grads, states = self.aggregation.single_loss_step(
-                    self.model, self.loss_fn, self.copies[0], xs, ys)
-                optim.apply_updates(self.copies, [grads])
-                self._update_non_trainable(states)
+                trainable, states = self._read_for_single_loss()
             else:
-                outputs = [towers.tower_step(self.model, self.loss_fn, *self.read_for_tower(t),
-                                             xs[t], ys[t], device)
-                           for t, device in enumerate(self.tower_devices)]
-                optim.apply_updates(self.copies, self.exchange([out.grads for out in outputs]))
-                self._update_non_trainable([out.non_trainable for out in outputs])
-                with tf.device(self.aggregation.devices.host):
-                    loss = tf.add_n([out.loss for out in outputs]) / self.num_towers
-                    correct = tf.add_n([out.correct for out in outputs])
+                values = [self.read_for_tower(t) for t in range(self.num_towers)]
+                trainable, states = [v[0] for v in values], [v[1] for v in values]
+
+            def micro_pass(micro_x, micro_y, tower_states):
+                return self._micro_pass(trainable, tower_states, scales, micro_x, micro_y)
+
+            result = accumulation.accumulate(micro_pass, x, y, self.accumulation_steps, states,
+                                             self.copies[0].trainable, units)
+            finite = self._agree_finite(result.grads, units) if scales else None
+            grads = ([result.grads[0]] if self.aggregation.single_loss
+                     else self.exchange(result.grads))
+            self._apply(grads, self._reduce_non_trainable(result.states), finite)
+            with tf.device(self.aggregation.devices.host):
+                loss = tf.add_n(result.losses) / len(units)
+                correct = tf.add_n(result.corrects)
         with tf.device(self.aggregation.devices.host):
             self.global_step.assign_add(1)
         return loss, correct
 
-    def _update_non_trainable(self, states: list[list[tf.Tensor]]) -> None:
-        """Float state (moving statistics) is averaged over towers; other state is tower 0's."""
+    def _micro_pass(self, trainable, states, scales, x, y) -> accumulation.Pass:
+        """Every tower (or the single loss) on one global batch; traffic counted per pass."""
+        traffic = self.aggregation.traffic
+        before = (dict(traffic.sent), dict(traffic.received))
+        xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
+        if self.aggregation.single_loss:
+            loss, correct, grads, new_states = self.aggregation.single_loss_step(
+                self.model, self.loss_fn, trainable, states, xs, ys,
+                scales[0] if scales else None)
+            out = accumulation.Pass([loss], [correct], [grads], new_states)
+        else:
+            outputs = []
+            for t, device in enumerate(self.tower_devices):
+                with self._cross_tower_tower(t):
+                    outputs.append(towers.tower_step(
+                        self.model, self.loss_fn, trainable[t], states[t], xs[t], ys[t], device,
+                        scales[t] if scales else None))
+            out = accumulation.Pass([o.loss for o in outputs], [o.correct for o in outputs],
+                                    [o.grads for o in outputs],
+                                    [o.non_trainable for o in outputs])
+        repeats = self.accumulation_steps - 1  # the pass is traced once and runs K times
+        for device in (set(traffic.sent) | set(traffic.received)) if repeats else ():
+            traffic.add(device,
+                        sent=repeats * (traffic.sent.get(device, 0) - before[0].get(device, 0)),
+                        received=repeats * (traffic.received.get(device, 0) -
+                                            before[1].get(device, 0)))
+        return out
+
+    def _read_for_single_loss(self):
+        """The shared copy's values on the host, and its state sent to every tower."""
+        copy, host = self.copies[0], self.aggregation.devices.host
+        trainable, state = towers.read(copy.trainable), towers.read(copy.non_trainable)
+        states = [[self.aggregation.send(v, host, device) for v in state]
+                  for device in self.tower_devices]
+        return trainable, states
+
+    def _loss_scales_for(self, units: list[str]) -> list[tf.Tensor] | None:
+        """Each unit's loss scale, read from the copy it computes with, on its device."""
+        if not self.loss_scales:
+            return None
+        scales = []
+        for t, device in enumerate(units):
+            source = self.loss_scales[self.copy_index(t)]
+            scales.append(self.aggregation.send(source.read(), source.device, device))
+        return scales
+
+    def _agree_finite(self, unit_grads, units: list[str]) -> list[tf.Tensor]:
+        """AND over units of "all my gradients are finite", formed on the host, sent to
+        every copy: one unit's overflow skips the update on every copy."""
+        host = self.aggregation.devices.host
+        flags = []
+        for grads, device in zip(unit_grads, units):
+            with tf.device(device):
+                flag = precision.all_finite(grads)
+            flags.append(self.aggregation.send(flag, device, host))
+        with tf.device(host):
+            agreed = tf.reduce_all(tf.stack(flags))
+        return [self.aggregation.send(agreed, host, copy.device) for copy in self.copies]
+
+    def _apply(self, grads_per_copy, states_per_copy, finite_per_copy) -> None:
+        """Each copy applies its gradients and takes its new state (if all towers were finite)."""
+        for c, copy in enumerate(self.copies):
+            def update(copy=copy, grads=grads_per_copy[c], states=states_per_copy[c]):
+                optim.apply_updates([copy], [grads])
+                for var, value in zip(copy.non_trainable, states):
+                    with tf.device(var.device):
+                        var.assign(value)
+            if finite_per_copy is None:
+                update()
+            else:
+                self.loss_scales[c].apply_if_finite(finite_per_copy[c], update)
+
+    def _reduce_non_trainable(self, states: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
+        """Per copy, its new non-trainable values: float state (moving statistics) averaged
+        over towers; other state tower 0's."""
         if not self.copies[0].non_trainable:
-            return
+            return [[] for _ in self.copies]
         is_float = [v.dtype.is_floating for v in self.copies[0].non_trainable]
         floats = [[s for s, f in zip(state, is_float) if f] for state in states]
         float_vars = [v for v, f in zip(self.copies[0].non_trainable, is_float) if f]
         averaged = (self.aggregation.reduce(floats, float_vars) if float_vars
                     else [[] for _ in self.copies])
+        per_copy = []
         for copy, mean in zip(self.copies, averaged):
             mean = iter(mean)
-            for var, first, f in zip(copy.non_trainable, states[0], is_float):
-                with tf.device(var.device):
-                    var.assign(next(mean) if f else first)
+            per_copy.append([next(mean) if f else first for first, f in zip(states[0], is_float)])
+        return per_copy
+
+    def _cross_tower_step(self):
+        return self.cross_tower.step() if self.cross_tower else contextlib.nullcontext()
+
+    def _cross_tower_tower(self, tower: int):
+        return self.cross_tower.tower(tower) if self.cross_tower else contextlib.nullcontext()
 
     @tf.function
     def train_loop(self, iterator: Iterator, num_steps: tf.Tensor):

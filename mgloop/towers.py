@@ -27,6 +27,8 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
+from mgloop import precision
+
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
 
@@ -117,11 +119,14 @@ def read(variables: list[tf.Variable]) -> list[tf.Tensor]:
 
 def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor],
                non_trainable: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor,
-               device: str) -> TowerOutput:
+               device: str, loss_scale: tf.Tensor | None = None) -> TowerOutput:
     """Forward, loss and gradients of one tower on its shard, all on `device`.
 
     `trainable` and `non_trainable` are the values of the variable copy the
-    tower reads, already on (or sent to) its device.
+    tower reads, already on (or sent to) its device. The logits reach the loss
+    as float32 (a mixed-precision model computes them in float16/bfloat16).
+    With a `loss_scale` S (on `device`), the tape differentiates S * loss_t and
+    the gradients are divided by S again: g[t] = d(S loss_t)/dv / S.
     """
     with tf.device(device):
         x, y = tf.identity(x), tf.identity(y)  # the shard's copy onto the tower
@@ -129,9 +134,13 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
             tape.watch(trainable)
             logits, new_non_trainable, model_losses = template.stateless_call(
                 trainable, non_trainable, x, return_losses=True, **call_kwargs(template, True))
+            logits = precision.to_float32(logits)
             loss = mean_loss(loss_fn, y, logits)
             if model_losses:
-                loss += tf.add_n(model_losses)
-        grads = tape.gradient(loss, trainable,
+                loss += tf.add_n([tf.cast(l, loss.dtype) for l in model_losses])
+            scaled = loss if loss_scale is None else loss * loss_scale
+        grads = tape.gradient(scaled, trainable,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        if loss_scale is not None:
+            grads = [g / loss_scale for g in grads]
         return TowerOutput(loss, count_correct(y, logits), grads, list(new_non_trainable))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop import data, devices, experiment, models, optim
+from mgloop import data, devices, experiment, models, optim, precision
 from mgloop.config import Config
 from third_party import single_device
 
@@ -62,16 +63,33 @@ def train_mgloop(config: Config, steps_batches):
 
 def train_reference(config: Config, steps_batches):
     """The single-device reference (third_party.single_device) on the same global batches."""
+    model, loss_sum = train_reference_model(config, steps_batches)
+    return [v.numpy() for v in model.trainable_variables], loss_sum
+
+
+def train_reference_model(config: Config, steps_batches, make_model=None):
+    """The single-device reference as a trained Keras model (every weight), and its loss sum.
+
+    Built under `config.mixed_precision`'s policy; with mixed_float16 the
+    optimizer is Keras's LossScaleOptimizer (the Keras mixed-precision guide loop).
+    """
     config = dataclasses.replace(config, devices="cpu:1").validated()
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):
-        model = model_fn(config.model)()
+        with precision.policy_scope(config.mixed_precision):
+            model = (make_model or model_fn(config.model))()
         optimizer = optim.make_optimizer(config)
-        step = single_device.make_train_step(model, experiment.default_loss(), optimizer)
+        if config.mixed_precision == "none":
+            step = single_device.make_train_step(model, experiment.default_loss(), optimizer)
+        else:
+            if precision.uses_loss_scaling(config.mixed_precision):
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            step = single_device.make_mixed_precision_train_step(
+                model, experiment.default_loss(), optimizer)
         loss_sum = 0.0
         for x, y in steps_batches:
             loss_sum += float(step(tf.constant(x), tf.constant(y)))
-    return [v.numpy() for v in model.trainable_variables], loss_sum
+    return model, loss_sum
 
 
 def copy_weights(trainer):

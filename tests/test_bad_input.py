@@ -70,6 +70,19 @@ CASES = {
                             r"1, 2, 4$"),
     "nccl without gpus": (dict(aggregation="nccl", devices="cpu:2"),
                           r"^--aggregation=nccl needs GPU towers"),
+    "zero accumulation steps": (dict(accumulation_steps=0),
+                                r"^--accumulation_steps=0 is out of range: must be >= 1$"),
+    "unknown precision": (dict(mixed_precision="float16"),
+                          r"^--mixed_precision='float16' is not one of: mixed_bfloat16, "
+                          r"mixed_float16, none$"),
+    "unknown batch norm": (dict(batch_norm="cross_replica"),
+                           r"^--batch_norm='cross_replica' is not one of: per_tower, sync$"),
+    "sync batch norm with colocate": (
+        dict(devices="cpu:2", aggregation="colocate", batch_norm="sync"),
+        r"^--batch_norm=sync with --aggregation=colocate, which re-creates multi_gpu_model"),
+    "sync batch norm with independent": (
+        dict(devices="cpu:2", aggregation="independent", batch_norm="sync"),
+        r"^--batch_norm=sync with --aggregation=independent, which trains each replica alone"),
 }
 
 

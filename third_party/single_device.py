@@ -28,3 +28,30 @@ def make_train_step(model: keras.Model, loss_fn, optimizer: keras.optimizers.Opt
         return loss
 
     return step
+
+
+def make_mixed_precision_train_step(model: keras.Model, loss_fn,
+                                    optimizer: keras.optimizers.Optimizer):
+    """Returns step(x, y) -> mean loss for a model built under a mixed-precision policy.
+
+    Re-creates the custom training loop of the Keras mixed-precision guide: the
+    logits are cast to float32 before the loss; with a
+    `keras.optimizers.LossScaleOptimizer`, the loss is scaled by
+    `optimizer.scale_loss` before differentiating and `apply` unscales the
+    gradients, skipping the update (and halving the scale) when one is not finite.
+    """
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            predictions = tf.cast(model(x, training=True), tf.float32)
+            loss = tf.reduce_mean(loss_fn(y, predictions))
+            if model.losses:
+                loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
+            objective = optimizer.scale_loss(loss) if scaled else loss
+        grads = tape.gradient(objective, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return step

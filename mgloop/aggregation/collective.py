@@ -29,6 +29,25 @@ _GROUP_KEYS = itertools.count(1)
 _INSTANCE_KEYS = itertools.count(1)
 
 
+def new_group_key() -> int:
+    """A group key no other collective group of this process uses."""
+    return next(_GROUP_KEYS)
+
+
+def new_instance_key() -> int:
+    """An instance key for one call site (the same on every member of the group)."""
+    return next(_INSTANCE_KEYS)
+
+
+def ordering_tokens(devices) -> list[tf.Variable]:
+    """One ordering token per device: collectives on a device run in program order."""
+    tokens = []
+    for device in devices:
+        with tf.device(device):
+            tokens.append(tf.Variable(0.0, trainable=False, name="collective_ordering_token"))
+    return tokens
+
+
 class _AllReduceKernel(Aggregation):
     layout = REPLICATED
 
@@ -65,15 +84,11 @@ class Collective(_AllReduceKernel):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.group_key = next(_GROUP_KEYS)
-        self.ordering_tokens = []
-        for device in self.devices.towers:
-            with tf.device(device):
-                self.ordering_tokens.append(
-                    tf.Variable(0.0, trainable=False, name="collective_ordering_token"))
+        self.group_key = new_group_key()
+        self.ordering_tokens = ordering_tokens(self.devices.towers)
 
     def all_reduce(self, values, average):
-        instance_key = next(_INSTANCE_KEYS)
+        instance_key = new_instance_key()
         out = []
         for device, value, token in zip(self.devices.towers, values, self.ordering_tokens):
             with tf.device(device):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from mgloop import precision
 from mgloop import towers
 from mgloop.aggregation import register
 from mgloop.aggregation.base import canonical
@@ -32,33 +33,39 @@ class Colocate(ParameterServerCpu):
     exchanges = False
     single_loss = True
 
-    def single_loss_step(self, model, loss_fn, copy: towers.VariableCopy, xs, ys):
-        """(loss, correct, grads, per-tower non-trainable state) of one single-loss step."""
+    def single_loss_step(self, model, loss_fn, trainable, states, xs, ys, loss_scale=None):
+        """(loss, correct, grads, per-tower non-trainable state) of one single-loss step.
+
+        `trainable`: the shared copy's values on the host; `states[t]`: tower t's
+        non-trainable state, on its device. With a `loss_scale` S (on the host),
+        the gradient call differentiates S * loss and the gradients are divided by S.
+        """
         host = self.devices.host
         with tf.GradientTape() as tape:
-            trainable = towers.read(copy.trainable)
             tape.watch(trainable)
-            non_trainable = towers.read(copy.non_trainable)
-            outputs, states = [], []
-            for x, device in zip(xs, self.devices.towers):
+            outputs, new_states = [], []
+            for x, state, device in zip(xs, states, self.devices.towers):
                 here = [self.send(v, host, device) for v in trainable]
-                state = [self.send(v, host, device) for v in non_trainable]
                 with tf.device(device):
                     logits, new_state, losses = model.stateless_call(
                         here, state, x, return_losses=True, **towers.call_kwargs(model, True))
-                outputs.append(self.send(logits, device, host))
-                states.append(list(new_state))
+                outputs.append(self.send(precision.to_float32(logits), device, host))
+                new_states.append(list(new_state))
             with tf.device(host):
                 merged = tf.concat(outputs, axis=0)
                 labels = tf.concat(ys, axis=0)
                 loss = towers.mean_loss(loss_fn, labels, merged)
                 if losses:
-                    loss += tf.add_n(losses)
-        grads = tape.gradient(loss, trainable, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                    loss += tf.add_n([tf.cast(l, loss.dtype) for l in losses])
+                scaled = loss if loss_scale is None else loss * loss_scale
+        grads = tape.gradient(scaled, trainable,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
         gradient_bytes = sum(g.shape.num_elements() * g.dtype.size for g in grads)
         for device in self.devices.towers:  # each device's contribution to every gradient
             if canonical(device) != canonical(host):
                 self.traffic.record(canonical(device), canonical(host), gradient_bytes)
         with tf.device(host):
+            if loss_scale is not None:
+                grads = [g / loss_scale for g in grads]
             correct = towers.count_correct(labels, merged)
-        return loss, correct, grads, states
+        return loss, correct, grads, new_states

@@ -103,6 +103,20 @@ class InMemoryDataset:
         return tf.data.Dataset.zip(steps, self.train_indices(global_batch, seed, start_step)).map(
             batch)
 
+    def step_batches(self, global_batch: int, accumulation_steps: int, seed: int,
+                     start_step: int = 0) -> tf.data.Dataset:
+        """The examples of each training step, from step `start_step` on.
+
+        Step s reads the K = accumulation_steps global batches s*K .. s*K+K-1 of
+        `train_batches`, concatenated ([K*B, ...]), so the stream stays a pure
+        function of (seed, s) and a resumed run reads what an uninterrupted one reads.
+        """
+        batches = self.train_batches(global_batch, seed, start_step * accumulation_steps)
+        if accumulation_steps == 1:
+            return batches
+        return batches.batch(accumulation_steps, drop_remainder=True).map(
+            lambda x, y: (tf.reshape(x, [-1, *x.shape[2:]]), tf.reshape(y, [-1, *y.shape[2:]])))
+
     def eval_batches(self, batch_size: int) -> tf.data.Dataset:
         """The eval split once, in order, prepared (never augmented); the last batch may be
         smaller."""

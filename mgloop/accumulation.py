@@ -1,0 +1,84 @@
+"""`--accumulation_steps=K`: K micro-batches per update, gradients summed on each tower.
+
+A training step receives the examples of K consecutive global batches of B,
+concatenated ([K*B, ...]; micro-batch k is rows k*B .. (k+1)*B - 1). Each
+micro-batch goes through the towers as an ordinary global batch would (split into
+T shards, tower 0 first), and every unit that computes gradients (a tower; the
+host for the single-loss `colocate`) keeps running sums on its own device:
+
+    G[u]    = (1/K) sum_k g[u][k]          (float32, the variables' dtype)
+    loss[u] = (1/K) sum_k loss[u][k]       correct = sum_k sum_u correct[u][k]
+
+so the exchange, once per step, averages (1/T) sum_t G[t]: the gradient of the
+mean loss over the K*B examples, one step with a K-times larger batch. (The
+mean over micro-batches is taken whatever `--grad_reduce` says about towers.)
+Non-trainable state (moving statistics) advances once per micro-batch on each
+tower, as K forward passes would; the towers' states are averaged once per step,
+which equals averaging after every micro-batch since the update is linear.
+
+The K micro-batches run in one `tf.while_loop`, one iteration at a time (the
+point of accumulating is to hold one micro-batch's activations), so the graph
+does not grow with K and the compiled loop is traced once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass
+class Pass:
+    """What the units computed on one micro-batch (or, accumulated, on a step)."""
+
+    losses: list[tf.Tensor]  # per unit: mean loss (scalar)
+    corrects: list[tf.Tensor]  # per unit: examples classified right (scalar float32)
+    grads: list[list[tf.Tensor]]  # per unit, per trainable variable, on the unit's device
+    states: list[list[tf.Tensor]]  # per tower: non-trainable state after the pass
+
+
+MicroPass = Callable[[tf.Tensor, tf.Tensor, list[list[tf.Tensor]]], Pass]
+
+
+def accumulate(micro_pass: MicroPass, x: tf.Tensor, y: tf.Tensor, steps: int,
+               states: list[list[tf.Tensor]], variables: list[tf.Variable],
+               unit_devices: list[str]) -> Pass:
+    """Runs `micro_pass` on each of the `steps` micro-batches of (x, y); returns the means.
+
+    `states` are the towers' non-trainable values before the step; `variables` the
+    trainable variables (shapes and dtypes of the sums), `unit_devices` where each
+    unit's sums live.
+    """
+    if steps == 1:
+        return micro_pass(x, y, states)
+    micro_x = tf.reshape(x, [steps, -1, *x.shape[1:]])
+    micro_y = tf.reshape(y, [steps, -1, *y.shape[1:]])
+    losses, corrects, grads = [], [], []
+    for device in unit_devices:  # the sums start at zero on each unit's device
+        with tf.device(device):
+            losses.append(tf.constant(0.0))
+            corrects.append(tf.constant(0.0))
+            grads.append([tf.zeros(v.shape, v.dtype) for v in variables])
+
+    def body(k, losses, corrects, grads, tower_states):
+        out = micro_pass(micro_x[k], micro_y[k], tower_states)
+        new_losses, new_corrects, new_grads = [], [], []
+        for u, device in enumerate(unit_devices):
+            with tf.device(device):
+                new_losses.append(losses[u] + out.losses[u])
+                new_corrects.append(corrects[u] + out.corrects[u])
+                new_grads.append([total + tf.cast(g, total.dtype)
+                                  for total, g in zip(grads[u], out.grads[u])])
+        return k + 1, new_losses, new_corrects, new_grads, out.states
+
+    loop_vars = (tf.constant(0), losses, corrects, grads, states)
+    _, losses, corrects, grads, states = tf.while_loop(
+        lambda k, *_: k < steps, body, loop_vars, parallel_iterations=1,
+        maximum_iterations=steps)
+    means = []
+    for device, loss, grad in zip(unit_devices, losses, grads):
+        with tf.device(device):
+            means.append((loss * (1.0 / steps), [g * (1.0 / steps) for g in grad]))
+    return Pass([m[0] for m in means], corrects, [m[1] for m in means], states)

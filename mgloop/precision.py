@@ -1,0 +1,112 @@
+"""`--mixed_precision`: compute in float16 or bfloat16, keep float32 variables, scale the loss.
+
+    none            mgloop sets no dtype policy (float32, or whatever the model function sets)
+    mixed_bfloat16  the template model is built under Keras's `mixed_bfloat16` policy:
+                    variables float32, layers compute in bfloat16. bfloat16 has float32's
+                    exponent range, so gradients neither underflow nor overflow more than
+                    in float32: no loss scaling.
+    mixed_float16   Keras's `mixed_float16` policy, with dynamic loss scaling (below).
+
+The policy is set only while the template model is built, then the previous global
+policy is restored, so other models of the process are unaffected; the saved model
+records its layers' policies and loads with plain Keras. Towers cast the logits to
+float32 before the loss, so the loss and its mean are float32 whatever the policy.
+
+Dynamic loss scaling (Keras `LossScaleOptimizer` semantics: initial scale 2**15,
+doubled after 2000 consecutive finite steps, halved on a non-finite step). Every
+variable copy holds a scale S (a variable of its optimizer, so checkpoints and the
+replica sync carry it); all copies see the same decisions, so S is identical on
+every copy. Tower t reads S from the copy it computes with and, on its device,
+
+    g[t] = d(S * loss_t)/dv / S        (float16 backward, float32 gradient; unscaled
+                                        before the exchange, so the exchange and a
+                                        compressed transport carry normal-size values)
+    finite_t = every element of every g[t][v] is finite
+
+The flags are agreed explicitly: all_finite = AND_t finite_t is formed on the host
+and sent to every copy, also for `independent`, where no gradient is shared. Then
+on every copy at once:
+
+    all_finite      apply the update; count the finite step; after 2000 in a row S <- 2 S
+    not all_finite  change nothing: weights, optimizer slots and iterations, and the
+                    non-trainable state (moving statistics) stay as they were; S <- S / 2
+                    and the count restarts
+
+(Keras updates moving statistics in the forward pass even on a skipped step; mgloop
+keeps them, so an overflow in the forward pass cannot write inf into the model.)
+The global step still advances: a skipped step consumed its batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+POLICIES = ("none", "mixed_float16", "mixed_bfloat16")
+INITIAL_SCALE = 2.0 ** 15
+GROWTH_INTERVAL = 2000  # consecutive finite steps before the scale doubles
+GROWTH_FACTOR = 2.0
+
+
+def uses_loss_scaling(policy: str) -> bool:
+    return policy == "mixed_float16"
+
+
+@contextlib.contextmanager
+def policy_scope(policy: str):
+    """Keras's global dtype policy is `policy` inside; the previous one is restored after."""
+    if policy == "none":
+        yield
+        return
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def to_float32(logits: tf.Tensor) -> tf.Tensor:
+    """Logits of a float16/bfloat16 model as float32, for the loss."""
+    return tf.cast(logits, tf.float32) if logits.dtype in (tf.float16, tf.bfloat16) else logits
+
+
+def all_finite(values: list[tf.Tensor]) -> tf.Tensor:
+    """True (bool scalar) when every element of every value is finite."""
+    return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in values]))
+
+
+class DynamicLossScale:
+    """The loss scale of one variable copy: two variables of that copy's optimizer."""
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, device: str):
+        with tf.device(device):
+            self.scale = optimizer.add_variable(
+                (), initializer=keras.initializers.Constant(INITIAL_SCALE), dtype="float32",
+                name="loss_scale")
+            self.finite_steps = optimizer.add_variable(
+                (), initializer="zeros", dtype="int64", name="loss_scale_finite_steps")
+        self.device = device
+
+    def read(self) -> tf.Tensor:
+        with tf.device(self.device):
+            return self.scale.value.read_value()
+
+    def apply_if_finite(self, finite: tf.Tensor, update) -> None:
+        """Runs `update()` and counts the step if `finite`, else halves the scale."""
+        scale, steps = self.scale.value, self.finite_steps.value
+
+        def apply():
+            update()
+            grow = tf.equal(steps.read_value(), GROWTH_INTERVAL - 1)
+            scale.assign(tf.where(grow, scale.read_value() * GROWTH_FACTOR, scale.read_value()))
+            steps.assign(tf.where(grow, tf.constant(0, tf.int64), steps.read_value() + 1))
+
+        def skip():
+            scale.assign(scale.read_value() / GROWTH_FACTOR)
+            steps.assign(tf.constant(0, tf.int64))
+
+        with tf.device(self.device):
+            tf.cond(finite, apply, skip)

@@ -1,0 +1,132 @@
+"""--batch_norm: which batch statistics the towers normalise with, and which moving
+statistics end up in the template model and its export.
+
+    per_tower  moving mean m' = mu m + (1 - mu) (1/T) sum_t mean(shard t), variance
+               likewise with the shards' (biased) variances: checked against numpy.
+    sync       the statistics of the global batch, so N towers equal one device on the
+               global batch, weights and moving statistics alike.
+
+Tolerance: rtol 1e-5 as in test_equivalence.py (the towers sum the same numbers in
+another order). atol 1e-6: the Dense bias in front of the batch norm has a gradient
+that is zero in exact arithmetic (the normalisation subtracts the batch mean), so both
+runs hold float32 noise of ~1e-9 there, where no relative bound means anything; 1e-6
+is 1e-5 of the size of a typical weight (~0.1).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mgloop import checkpoint, experiment, optim
+from tests import helpers
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS = 3
+DENSE, NORM = 1, 2  # layer indices in bn_model
+
+
+def bn_model():
+    return keras.Sequential([
+        keras.Input(helpers.DATASET.input_shape), keras.layers.Flatten(),
+        keras.layers.Dense(16), keras.layers.BatchNormalization(momentum=0.5),
+        keras.layers.Activation("relu"), keras.layers.Dense(10)])
+
+
+def exported_statistics(model, export_dir):
+    """(moving mean, moving variance) of the batch norm in the saved and reloaded template."""
+    path = checkpoint.export_model(model, export_dir)
+    loaded = keras.models.load_model(path).layers[NORM]
+    assert loaded._moments.__func__ is keras.layers.BatchNormalization._moments  # plain Keras
+    return loaded.moving_mean.numpy(), loaded.moving_variance.numpy()
+
+
+def assert_close(actual, expected):
+    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode,towers", [("ring", 2), ("ring", 4), ("ps_cpu", 4),
+                                         ("collective", 4)])
+def test_sync_equals_one_device_on_the_global_batch(mode, towers, tmp_path):
+    config = helpers.small_config(str(tmp_path / "run"), devices=f"cpu:{towers}",
+                                  aggregation=mode, batch_norm="sync")
+    trainer = helpers.build_trainer(config, bn_model)
+    helpers.run_batches(trainer, helpers.batches(STEPS))
+    reference, _ = helpers.train_reference_model(config, helpers.batches(STEPS), bn_model)
+    for copy in trainer.copies:
+        for actual, expected in zip(copy.trainable, reference.trainable_variables):
+            assert_close(actual.numpy(), expected.numpy())
+        for actual, expected in zip(copy.non_trainable, reference.non_trainable_variables):
+            assert_close(actual.numpy(), expected.numpy())
+    norm = reference.layers[NORM]
+    assert np.abs(norm.moving_variance.numpy() - 1).max() > 0.1  # the statistics moved
+    mean, variance = exported_statistics(trainer.model, str(tmp_path / "export"))
+    assert_close(mean, norm.moving_mean.numpy())
+    assert_close(variance, norm.moving_variance.numpy())
+
+
+@pytest.mark.parametrize("mode,towers", [("ring", 4), ("ps_cpu", 2)])
+def test_per_tower_statistics_are_the_mean_of_the_shard_statistics(mode, towers, tmp_path):
+    config = helpers.small_config(str(tmp_path / "run"), devices=f"cpu:{towers}",
+                                  aggregation=mode)
+    trainer = helpers.build_trainer(config, bn_model)
+    momentum = trainer.model.layers[NORM].momentum
+    mean, variance = np.zeros(16), np.ones(16)
+    global_variance = np.ones(16)
+    for x, y in helpers.batches(STEPS):
+        kernel, bias = (v.numpy().astype(np.float64) for v in trainer.copies[0].trainable[:2])
+        shards = np.split(x.reshape(len(x), -1) @ kernel + bias, towers)  # the Dense outputs
+        mean = momentum * mean + (1 - momentum) * np.mean([s.mean(0) for s in shards], 0)
+        variance = momentum * variance + (1 - momentum) * np.mean([s.var(0) for s in shards], 0)
+        global_variance = (momentum * global_variance +
+                           (1 - momentum) * np.concatenate(shards).var(0))
+        helpers.run_batches(trainer, [(x, y)])
+        for copy in trainer.copies:
+            assert_close(copy.non_trainable[0].numpy(), mean)
+            assert_close(copy.non_trainable[1].numpy(), variance)
+    # Per-shard variances miss the spread of the shard means: not the global statistics.
+    assert np.abs(variance - global_variance).max() > 1e-2
+    exported_mean, exported_variance = exported_statistics(trainer.model,
+                                                           str(tmp_path / "export"))
+    assert_close(exported_mean, mean)
+    assert_close(exported_variance, variance)
+
+
+def test_sync_with_accumulation_equals_one_device_accumulating(tmp_path):
+    """2 towers, sync, 2 micro-batches of 8 per step: one device normalising each
+    micro-batch of 8 and averaging their gradients (the collectives run in the
+    accumulation loop, once per micro-batch)."""
+    config = helpers.small_config(str(tmp_path / "run"), devices="cpu:2", aggregation="ring",
+                                  batch_norm="sync", global_batch_size=8, accumulation_steps=2)
+    batches = helpers.batches(STEPS)  # 16 examples a step: 2 micro-batches of 8
+    trainer = helpers.build_trainer(config, bn_model)
+    helpers.run_batches(trainer, batches)
+
+    experiment.seed_everything(config.seed, True)
+    with tf.device("/device:CPU:0"):
+        model = bn_model()
+        optimizer = optim.make_optimizer(config.validated())
+        loss_fn = experiment.default_loss()
+        for x, y in batches:
+            sums = None
+            for xk, yk in zip(np.split(x, 2), np.split(y, 2)):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(loss_fn(yk, model(xk, training=True)))
+                grads = tape.gradient(loss, model.trainable_variables)
+                sums = grads if sums is None else [s + g for s, g in zip(sums, grads)]
+            optimizer.apply([s / 2 for s in sums], model.trainable_variables)
+    for copy in trainer.copies:
+        for actual, expected in zip(copy.variables, model.trainable_variables +
+                                    model.non_trainable_variables):
+            assert_close(actual.numpy(), expected.numpy())
+
+
+def test_sync_hooks_the_template_only(tmp_path):
+    config = helpers.small_config(str(tmp_path / "run"), devices="cpu:2", batch_norm="sync")
+    trainer = helpers.build_trainer(config, bn_model)
+    own = keras.layers.BatchNormalization._moments
+    assert getattr(trainer.model.layers[NORM]._moments, "__func__", None) is not own
+    assert bn_model().layers[NORM]._moments.__func__ is own  # other models are untouched
+    one_tower = helpers.build_trainer(helpers.small_config(str(tmp_path / "one"),
+                                                           batch_norm="sync"), bn_model)
+    assert one_tower.cross_tower is None  # one tower: its statistics are the global ones
