@@ -2,16 +2,38 @@
 
 One training step on a global batch (x, y) of B examples and T towers:
 
-    1. split (x, y) on the host into T contiguous shards of B/T, tower 0 first;
+    1. the staging (staging.py) hands tower t its contiguous shard t of B/T
+       examples, tower 0 first, already on tower t's device;
     2. tower t, on its device, computes loss_t and g[t] on shard t (towers.py);
     3. the aggregation averages: g = (1/T) * sum_t g[t], placed per variable copy;
     4. every variable copy applies g with its own optimizer (optim.py).
 
 The reported loss is (1/T) * sum_t loss_t, the mean loss over the global batch.
-`train_loop` runs `num_steps` such steps inside one `tf.function` call (a
+`train_loop` runs up to `num_steps` such steps inside one `tf.function` call (a
 `tf.range` loop), so Python runs once per loop, not once per step; the outer
 loop (`fit`) chooses loop lengths so that summaries, logs and checkpoints fall
 on their step boundaries.
+
+Input wait, per step, is measured inside the compiled loop with `clock()`
+(`tf.timestamp`), as the time step t spends on its input beyond its compute:
+
+    wait_t = (ready_t - begin_t) + (end_t - compute_end_t)
+
+begin_t: step t starts (after step t-1 has ended); ready_t: step t's shards
+are on every tower; compute_end_t: every variable copy holds step t's update;
+end_t: that, and (under `device` staging) the batch of step t+K is staged.
+The first term is the time the towers sit idle at the start of step t
+because its input is not there (under `none` it is the whole host pipeline
+and copy); the second, the time step t is held up after its compute by
+staging a later batch. The sum is zero when input is fully hidden behind
+compute. Priming the staging areas before a loop counts as wait of that loop.
+
+Evaluation and prediction split each batch of n examples over the towers in
+contiguous uneven shards, tower 0 first: with a = min(n, T) towers in use,
+tower t < a gets floor(n/a) examples plus one if t < n mod a, so a final batch
+smaller than the tower count works. Eval sums per-example losses (a tower's
+mean loss times its example count) and correct counts over all towers and
+batches, and divides by the example count: the single-device answer.
 """
 
 from __future__ import annotations
@@ -26,19 +48,58 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop import optim
+from mgloop import staging as staging_lib
 from mgloop import towers
 from mgloop.aggregation import REPLICATED, Aggregation
 
+try:  # not in TensorFlow's public API; without it, always use the Python clock
+    from tensorflow.python.framework.config import is_op_determinism_enabled
+except ImportError:  # pragma: no cover
+    def is_op_determinism_enabled() -> bool:
+        return True
+
+
+@dataclasses.dataclass
+class LoopResult:
+    """What one call of `Trainer.train_loop` did."""
+
+    steps: int  # steps run: fewer than asked when the input ended
+    loss_sum: float  # sum over those steps of the mean loss over the global batch
+    correct: float  # examples classified right, over those steps
+    input_wait: float  # seconds the towers waited for input, over those steps
+
+
+def clock() -> tf.Tensor:
+    """Seconds now (float64 scalar), read when the op runs inside a compiled loop.
+
+    `tf.timestamp`, except under op determinism, which refuses it: then a
+    `tf.py_function` reading Python's `time.perf_counter` (a little slower).
+    """
+    if is_op_determinism_enabled():
+        now = tf.py_function(time.perf_counter, [], tf.float64)
+        now.set_shape([])
+        return now
+    return tf.timestamp()
+
+
+def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
+    """Contiguous shard sizes of n examples over `active` towers, differing by at most one."""
+    base, extra = n // active, n % active
+    return [base + tf.cast(t < extra, n.dtype) for t in range(active)]
+
 
 class Trainer:
-    """Variable copies, optimizers and the compiled train/eval steps of one run."""
+    """Variable copies, optimizers, input staging and the compiled train/eval steps of one run."""
 
     def __init__(self, model_fn: Callable[[], keras.Model], loss_fn: towers.LossFn,
                  aggregation: Aggregation, optimizer_fn: Callable[[], keras.optimizers.Optimizer],
-                 input_shape: tuple[int, ...] | None = None):
+                 input_shape: tuple[int, ...] | None = None,
+                 staging: staging_lib.HostStaging | None = None):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
+        self.staging = staging or staging_lib.make("device", 2, self.tower_devices)
+        self._input = None  # the iterator whose batches the staging holds
         parameter_devices = aggregation.parameter_devices()
         with tf.device(parameter_devices[0]):
             self.model = model_fn()
@@ -60,12 +121,15 @@ class Trainer:
     def copy_for_tower(self, tower: int) -> towers.VariableCopy:
         return self.copies[tower] if self.aggregation.layout == REPLICATED else self.copies[0]
 
-    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """One synchronous step; returns (mean loss over the global batch, correct count)."""
-        xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
+    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation]:
+        """One synchronous step on per-tower shards.
+
+        Returns (mean loss over the global batch, correct count, an op that has
+        run once every variable copy holds this step's update).
+        """
         outputs = [towers.tower_step(self.model, self.loss_fn, self.copy_for_tower(t),
-                                     xs[t], ys[t], device)
-                   for t, device in enumerate(self.tower_devices)]
+                                     x, y, device)
+                   for t, ((x, y), device) in enumerate(zip(shards, self.tower_devices))]
         grads = self.aggregation.reduce([out.grads for out in outputs])
         optim.apply_updates(self.copies, grads)
         self._update_non_trainable(outputs)
@@ -73,7 +137,10 @@ class Trainer:
             self.global_step.assign_add(1)
             loss = tf.add_n([out.loss for out in outputs]) / self.num_towers
             correct = tf.add_n([out.correct for out in outputs])
-        return loss, correct
+        # Reads are ordered after the writes above (automatic control dependencies).
+        done = tf.group([v.value() for copy in self.copies for v in copy.variables]
+                        + [self.global_step.value()])
+        return loss, correct, done
 
     def _update_non_trainable(self, outputs: list[towers.TowerOutput]) -> None:
         """Float state (moving statistics) is averaged over towers; other state is tower 0's."""
@@ -88,34 +155,130 @@ class Trainer:
                 for var, first, f in zip(copy.non_trainable, outputs[0].non_trainable, is_float):
                     var.assign(next(mean) if f else first)
 
+    def train_loop(self, iterator: Iterator, num_steps: int) -> LoopResult:
+        """Up to `num_steps` steps on the iterator's global batches, in one compiled call.
+
+        Fewer steps run only if the iterator ends (then every batch it gave has
+        been trained on). Batches staged ahead stay staged for the next call
+        with the same iterator; given another iterator, the staging first drops
+        what the previous one staged.
+        """
+        if iterator is not self._input:
+            self.staging.clear()
+            self._input = iterator
+        began = time.perf_counter()
+        self.staging.prime(iterator)
+        primed = time.perf_counter() - began
+        out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32))
+        return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
+                          correct=float(out["correct"]),
+                          input_wait=float(out["input_wait"]) + primed)
+
+    def release_input(self) -> None:
+        """Drops whatever the current iterator has staged (the end of a `fit`)."""
+        self.staging.clear()
+        self._input = None
+
     @tf.function
-    def train_loop(self, iterator: Iterator, num_steps: tf.Tensor):
-        """`num_steps` steps in one call; returns (sum of step losses, sum of correct)."""
+    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The loop of `train_loop`: sums over the steps run, and their count."""
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+        steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
+        end = clock()
         for _ in tf.range(num_steps):
-            x, y = next(iterator)
-            loss, correct = self.train_step(x, y)
+            with tf.control_dependencies([end]):
+                begin = clock()
+            has_batch, take = self.staging.next_batch(iterator, after=begin)
+            if not has_batch:
+                break
+            shards, staged = take()
+            with tf.control_dependencies([t for shard in shards for t in shard]):
+                ready = clock()
+            loss, correct, done = self.train_step(shards)
+            with tf.control_dependencies([done]):
+                compute_end = clock()
+            with tf.control_dependencies([compute_end] + staged):
+                step_end = clock()
+            wait += (ready - begin) + (step_end - compute_end)
+            end = step_end
             loss_sum += loss
             correct_sum += correct
-        return loss_sum, correct_sum
+            steps += 1
+        return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
+                "input_wait": wait}
 
-    @tf.function
-    def _eval_step(self, x, y):
-        with tf.device(self.copies[0].device):
-            logits = self.model(x, training=False)
-            losses = self.loss_fn(y, logits)
-            loss_sum = tf.reduce_mean(losses) * tf.cast(tf.shape(y)[0], tf.float32)
-            return loss_sum, towers.count_correct(y, logits)
+    def _tower_outputs(self, x: tf.Tensor, active: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """Inference outputs of x split over the first `active` towers: [(rows, outputs)]."""
+        sizes = uneven_shard_sizes(tf.shape(x)[0], active)
+        shards = tf.split(x, tf.stack(sizes), num=active) if active > 1 else [x]
+        kwargs = towers.call_kwargs(self.model, training=False)
+        results = []
+        for t, x_t in enumerate(shards):
+            copy = self.copy_for_tower(t)
+            with tf.device(self.tower_devices[t]):
+                outputs, _ = self.model.stateless_call(
+                    [tf.identity(v) for v in copy.trainable],
+                    [tf.identity(v) for v in copy.non_trainable], tf.identity(x_t), **kwargs)
+            results.append((sizes[t], outputs))
+        return results
+
+    @tf.function(reduce_retracing=True)
+    def _eval_batch(self, x, y, active: int):
+        """(sum of per-example losses, correct count) over one batch, on `active` towers."""
+        results = self._tower_outputs(x, active)
+        sizes = [size for size, _ in results]
+        ys = tf.split(y, tf.stack(sizes), num=active) if active > 1 else [y]
+        loss_sums, corrects = [], []
+        for t, ((size, logits), y_t) in enumerate(zip(results, ys)):
+            with tf.device(self.tower_devices[t]):
+                mean = tf.reduce_mean(self.loss_fn(y_t, logits))
+                loss_sums.append(mean * tf.cast(size, mean.dtype))
+                corrects.append(towers.count_correct(y_t, logits))
+        with tf.device(self.aggregation.devices.host):
+            return tf.add_n(loss_sums), tf.add_n(corrects)
+
+    @tf.function(reduce_retracing=True)
+    def _predict_batch(self, x, active: int):
+        outputs = [out for _, out in self._tower_outputs(x, active)]
+        with tf.device(self.aggregation.devices.host):
+            return tf.concat(outputs, axis=0)
+
+    def _active_towers(self, batch_size: int) -> int:
+        return max(1, min(batch_size, self.num_towers))
 
     def evaluate(self, batches: tf.data.Dataset) -> dict[str, float]:
-        """Mean loss and accuracy of the template model over every example of `batches`."""
+        """Mean loss and accuracy over every example of `batches`, computed on the towers.
+
+        loss = (1/N) * sum over examples of the per-example loss (a tower's mean
+        loss times its example count); accuracy = correct / N.
+        """
         loss_sum = correct = count = 0.0
         for x, y in batches:
-            batch_loss, batch_correct = self._eval_step(x, y)
+            batch_loss, batch_correct = self._eval_batch(
+                x, y, self._active_towers(int(y.shape[0])))
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
             count += int(y.shape[0])
+        if not count:
+            raise ValueError("evaluate() was given no examples")
         return {"loss": loss_sum / count, "accuracy": correct / count}
+
+    def predict(self, inputs, batch_size: int | None = None) -> np.ndarray:
+        """Model outputs (inference mode) for every example, in input order, on the towers.
+
+        `inputs`: a tf.data.Dataset of batches (x, or tuples whose first item is
+        x), or an array of examples with `batch_size`.
+        """
+        if not isinstance(inputs, tf.data.Dataset):
+            if batch_size is None:
+                raise ValueError("predict() on an array needs batch_size")
+            inputs = tf.data.Dataset.from_tensor_slices(inputs).batch(batch_size)
+        outputs = []
+        for batch in inputs:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            active = self._active_towers(int(x.shape[0]))
+            outputs.append(self._predict_batch(x, active).numpy())
+        return np.concatenate(outputs, axis=0)
 
 
 @dataclasses.dataclass
@@ -126,28 +289,34 @@ class Window:
     loss_sum: float = 0.0
     correct: float = 0.0
     seconds: float = 0.0
+    input_wait: float = 0.0
 
-    def add(self, steps, loss_sum, correct, seconds):
-        self.steps += steps
-        self.loss_sum += loss_sum
-        self.correct += correct
+    def add(self, result: LoopResult, seconds: float) -> None:
+        self.steps += result.steps
+        self.loss_sum += result.loss_sum
+        self.correct += result.correct
         self.seconds += seconds
+        self.input_wait += result.input_wait
 
     def means(self, global_batch: int) -> dict[str, float]:
         return {"loss": self.loss_sum / self.steps,
                 "accuracy": self.correct / (self.steps * global_batch),
                 "examples_per_sec": self.steps * global_batch / self.seconds,
-                "step_time": self.seconds / self.steps}
+                "step_time": self.seconds / self.steps,
+                "input_wait": self.input_wait / self.steps}
 
 
 @dataclasses.dataclass
 class FitResult:
     start_step: int
-    final_step: int
+    final_step: int  # train_steps, or earlier if the input ended
     train: dict[str, float]  # metrics of the last window
     median_step_time: float | None  # seconds, over loops after the first (tracing) one
     examples_per_sec: float | None  # over loops after the first one
+    input_wait: float | None  # seconds per step, over loops after the first one
+    input_wait_fraction: float | None  # input_wait / mean step time, same loops
     loop_seconds: float  # all loops, tracing included
+    input_ended: bool = False  # the input ran out before train_steps
 
 
 def _next_boundary(step: int, every: int) -> int | None:
@@ -158,64 +327,81 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
         steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
         checkpoint_every: int = 0, summaries=None, checkpointer=None,
         learning_rate: Callable[[int], float] | None = None) -> FitResult:
-    """Runs `trainer` from its current step to `train_steps`.
+    """Runs `trainer` from its current step to `train_steps` on `batches`.
 
+    `batches` yields the global batches from the trainer's current step on;
+    the fit reads at most `train_steps - start` of them (so staging drains at
+    the end instead of holding batches no step will use) and stops early if
+    they run out. Whatever is still staged when the fit ends (or fails) is
+    dropped: a later fit starts from a fresh iterator at its own step.
     Summaries (`summaries.scalars(step, dict)`), log lines and checkpoints
     (`checkpointer.save(step)`) are injected; each falls on multiples of its
     interval (0 = never), and a checkpoint is always written at the end.
     """
     start = step = int(trainer.global_step.numpy())
-    iterator = iter(batches)
-    summary_window, log_window, last = Window(), Window(), Window()
-    per_step_times, steady_steps, steady_seconds = [], 0, 0.0
-    loop_seconds, first_loop = 0.0, True
-    while step < train_steps:
-        stops = [train_steps, step + steps_per_loop] + [
-            b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
-                        _next_boundary(step, checkpoint_every)) if b is not None]
-        num = min(stops) - step
-        began = time.perf_counter()
-        loss_sum, correct = trainer.train_loop(iterator, tf.constant(num, tf.int32))
-        loss_sum, correct = float(loss_sum), float(correct)
-        seconds = time.perf_counter() - began
-        loop_seconds += seconds
-        if not first_loop:  # the first loop includes tracing
-            per_step_times.append(seconds / num)
-            steady_steps += num
-            steady_seconds += seconds
-        first_loop = False
-        step += num
-        if not np.isfinite(loss_sum):
-            raise FloatingPointError(f"loss is {loss_sum} at step {step}")
-        for window in (summary_window, log_window):
-            window.add(num, loss_sum, correct, seconds)
-        last = Window(num, loss_sum, correct, seconds)
-        if summaries is not None and summary_every and step % summary_every == 0:
-            metrics = summary_window.means(global_batch)
-            if learning_rate is not None:
-                metrics["learning_rate"] = learning_rate(step)
-            summaries.scalars(step, metrics)
-            summary_window = Window()
-        if log_every and (step % log_every == 0 or step == train_steps):
-            metrics = log_window.means(global_batch)
-            eta = (train_steps - step) * metrics["step_time"]
-            logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  ETA %.0fs",
-                         step, train_steps, metrics["loss"], metrics["accuracy"],
-                         metrics["examples_per_sec"], eta)
-            log_window = Window()
-        if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
-            checkpointer.save(step)
+    iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
+    summary_window, log_window, steady, last = Window(), Window(), Window(), Window()
+    per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
+    try:
+        while step < train_steps:
+            stops = [train_steps, step + steps_per_loop] + [
+                b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
+                            _next_boundary(step, checkpoint_every)) if b is not None]
+            num = min(stops) - step
+            began = time.perf_counter()
+            result = trainer.train_loop(iterator, num)
+            seconds = time.perf_counter() - began
+            loop_seconds += seconds
+            if result.steps < num:
+                input_ended = True
+                logging.warning("the input ended after step %d of %d", step + result.steps,
+                                train_steps)
+            if not result.steps:
+                break
+            if not first_loop and not input_ended:  # the first loop includes tracing
+                per_step_times.append(seconds / result.steps)
+                steady.add(result, seconds)
+            first_loop = False
+            step += result.steps
+            if not np.isfinite(result.loss_sum):
+                raise FloatingPointError(f"loss is {result.loss_sum} at step {step}")
+            for window in (summary_window, log_window):
+                window.add(result, seconds)
+            last = Window()
+            last.add(result, seconds)
+            if summaries is not None and summary_every and (
+                    step % summary_every == 0 or input_ended):
+                metrics = summary_window.means(global_batch)
+                if learning_rate is not None:
+                    metrics["learning_rate"] = learning_rate(step)
+                summaries.scalars(step, metrics)
+                summary_window = Window()
+            if log_every and (step % log_every == 0 or step == train_steps or input_ended):
+                metrics = log_window.means(global_batch)
+                eta = (train_steps - step) * metrics["step_time"]
+                logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  "
+                             "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
+                             metrics["loss"], metrics["accuracy"], metrics["examples_per_sec"],
+                             1e3 * metrics["input_wait"], eta)
+                log_window = Window()
+            if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
+                checkpointer.save(step)
+            if input_ended:
+                break
+    finally:
+        trainer.release_input()
     if checkpointer is not None and step > start and not (
             checkpoint_every and step % checkpoint_every == 0):
         checkpointer.save(step)
-    median_step = None
-    if per_step_times:
-        median_step = float(np.median(per_step_times))
-    elif last.steps:
-        median_step = last.seconds / last.steps
+    if not steady.steps:
+        steady = last  # one loop only: report it, tracing included
     return FitResult(
         start_step=start, final_step=step,
         train=last.means(global_batch) if last.steps else {},
-        median_step_time=median_step,
-        examples_per_sec=(steady_steps * global_batch / steady_seconds) if steady_steps else None,
-        loop_seconds=loop_seconds)
+        median_step_time=(float(np.median(per_step_times)) if per_step_times
+                          else (steady.seconds / steady.steps if steady.steps else None)),
+        examples_per_sec=(steady.steps * global_batch / steady.seconds
+                          if steady.steps and per_step_times else None),
+        input_wait=steady.input_wait / steady.steps if steady.steps else None,
+        input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
+        loop_seconds=loop_seconds, input_ended=input_ended)
