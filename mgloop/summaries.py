@@ -2,7 +2,8 @@
 
 Layout of a logdir (tags are stable; the README lists them):
 
-    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time
+    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time,
+                      input_wait (seconds per step the towers waited for input)
     <logdir>/eval/    events: loss, accuracy (held-out split, at the end of training)
     <logdir>/summary.json
 
