@@ -14,7 +14,7 @@ The reported loss is (1/T) * sum_t loss_t, the mean loss over the global batch.
 loop (`fit`) chooses loop lengths so that summaries, logs and checkpoints fall
 on their step boundaries.
 
-Input wait, per step, is measured inside the compiled loop with `clock()`
+Input wait, per step, is measured inside the compiled loop with `staging.clock()`
 (`tf.timestamp`), as the time step t spends on its input beyond its compute:
 
     wait_t = (ready_t - begin_t) + (end_t - compute_end_t)
@@ -52,13 +52,6 @@ from mgloop import staging as staging_lib
 from mgloop import towers
 from mgloop.aggregation import REPLICATED, Aggregation
 
-try:  # not in TensorFlow's public API; without it, always use the Python clock
-    from tensorflow.python.framework.config import is_op_determinism_enabled
-except ImportError:  # pragma: no cover
-    def is_op_determinism_enabled() -> bool:
-        return True
-
-
 @dataclasses.dataclass
 class LoopResult:
     """What one call of `Trainer.train_loop` did."""
@@ -67,19 +60,6 @@ class LoopResult:
     loss_sum: float  # sum over those steps of the mean loss over the global batch
     correct: float  # examples classified right, over those steps
     input_wait: float  # seconds the towers waited for input, over those steps
-
-
-def clock() -> tf.Tensor:
-    """Seconds now (float64 scalar), read when the op runs inside a compiled loop.
-
-    `tf.timestamp`, except under op determinism, which refuses it: then a
-    `tf.py_function` reading Python's `time.perf_counter` (a little slower).
-    """
-    if is_op_determinism_enabled():
-        now = tf.py_function(time.perf_counter, [], tf.float64)
-        now.set_shape([])
-        return now
-    return tf.timestamp()
 
 
 def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
@@ -184,21 +164,21 @@ class Trainer:
         """The loop of `train_loop`: sums over the steps run, and their count."""
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
-        end = clock()
+        end = staging_lib.clock()
         for _ in tf.range(num_steps):
             with tf.control_dependencies([end]):
-                begin = clock()
+                begin = staging_lib.clock()
             has_batch, take = self.staging.next_batch(iterator, after=begin)
             if not has_batch:
                 break
             shards, staged = take()
             with tf.control_dependencies([t for shard in shards for t in shard]):
-                ready = clock()
+                ready = staging_lib.clock()
             loss, correct, done = self.train_step(shards)
             with tf.control_dependencies([done]):
-                compute_end = clock()
+                compute_end = staging_lib.clock()
             with tf.control_dependencies([compute_end] + staged):
-                step_end = clock()
+                step_end = staging_lib.clock()
             wait += (ready - begin) + (step_end - compute_end)
             end = step_end
             loss_sum += loss

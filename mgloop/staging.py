@@ -23,20 +23,41 @@ Staged batches belong to the iterator that filled them. When it ends, steps go
 on unstaging until the areas are empty (drain), so no batch is lost,
 duplicated or reordered; `clear` empties the areas when an iterator is
 abandoned (the Trainer does so when it is given another iterator and at the
-end of every `fit`).
+end of every `fit`). `clock()` is the in-graph timer the Trainer measures
+input wait with (loop.py).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Callable
 
 import tensorflow as tf
+
+try:  # not in TensorFlow's public API; without it, always use the Python clock
+    from tensorflow.python.framework.config import is_op_determinism_enabled
+except ImportError:  # pragma: no cover
+    def is_op_determinism_enabled() -> bool:
+        return True
 
 MODES = ("none", "host", "device")
 
 Shards = list[tuple[tf.Tensor, tf.Tensor]]  # (x_t, y_t) per tower, on tower t's device
 Take = Callable[[], tuple[Shards, list]]  # -> (shards, ops the step's end must wait for)
+
+
+def clock() -> tf.Tensor:
+    """Seconds now (float64 scalar), read when the op runs inside a compiled loop.
+
+    `tf.timestamp`, except under op determinism, which refuses it: then a
+    `tf.py_function` reading Python's `time.perf_counter` (a little slower).
+    """
+    if is_op_determinism_enabled():
+        now = tf.py_function(time.perf_counter, [], tf.float64)
+        now.set_shape([])
+        return now
+    return tf.timestamp()
 
 
 def split_to_towers(x: tf.Tensor, y: tf.Tensor, devices: list[str]) -> Shards:
