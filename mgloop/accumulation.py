@@ -1,10 +1,12 @@
 """`--accumulation_steps=K`: K micro-batches per update, gradients summed on each tower.
 
 A training step receives the examples of K consecutive global batches of B,
-concatenated ([K*B, ...]; micro-batch k is rows k*B .. (k+1)*B - 1). Each
-micro-batch goes through the towers as an ordinary global batch would (split into
-T shards, tower 0 first), and every unit that computes gradients (a tower; the
-host for the single-loss `colocate`) keeps running sums on its own device:
+concatenated ([K*B, ...]; micro-batch k is rows k*B .. (k+1)*B - 1), already
+split per tower by the staging (staging.tower_split): tower t holds the t-th
+shard of B/T of every micro-batch, micro-shard k first. Each micro-batch goes
+through the towers as an ordinary global batch would, and every unit that
+computes gradients (a tower; the host for the single-loss `colocate`) keeps
+running sums on its own device:
 
     G[u]    = (1/K) sum_k g[u][k]          (float32, the variables' dtype)
     loss[u] = (1/K) sum_k loss[u][k]       correct = sum_k sum_u correct[u][k]
@@ -39,22 +41,32 @@ class Pass:
     states: list[list[tf.Tensor]]  # per tower: non-trainable state after the pass
 
 
-MicroPass = Callable[[tf.Tensor, tf.Tensor, list[list[tf.Tensor]]], Pass]
+# (per-tower micro-shards xs, ys, per-tower states) -> Pass
+MicroPass = Callable[[list[tf.Tensor], list[tf.Tensor], list[list[tf.Tensor]]], Pass]
 
 
-def accumulate(micro_pass: MicroPass, x: tf.Tensor, y: tf.Tensor, steps: int,
+def _micro_shards(shards: list[tf.Tensor], steps: int) -> list[tf.Tensor]:
+    """Each tower's shard [K*b, ...] as [K, b, ...] (micro-shard k = rows k*b .. (k+1)*b - 1)."""
+    out = []
+    for shard in shards:
+        with tf.device(shard.device):
+            out.append(tf.reshape(shard, [steps, -1, *shard.shape[1:]]))
+    return out
+
+
+def accumulate(micro_pass: MicroPass, xs: list[tf.Tensor], ys: list[tf.Tensor], steps: int,
                states: list[list[tf.Tensor]], variables: list[tf.Variable],
                unit_devices: list[str]) -> Pass:
-    """Runs `micro_pass` on each of the `steps` micro-batches of (x, y); returns the means.
+    """Runs `micro_pass` on each of the `steps` micro-batches; returns the means.
 
-    `states` are the towers' non-trainable values before the step; `variables` the
-    trainable variables (shapes and dtypes of the sums), `unit_devices` where each
-    unit's sums live.
+    xs[t], ys[t] are tower t's shards of the step (K micro-shards each); `states`
+    the towers' non-trainable values before the step; `variables` the trainable
+    variables (shapes and dtypes of the sums), `unit_devices` where each unit's
+    sums live.
     """
     if steps == 1:
-        return micro_pass(x, y, states)
-    micro_x = tf.reshape(x, [steps, -1, *x.shape[1:]])
-    micro_y = tf.reshape(y, [steps, -1, *y.shape[1:]])
+        return micro_pass(xs, ys, states)
+    micro_x, micro_y = _micro_shards(xs, steps), _micro_shards(ys, steps)
     losses, corrects, grads = [], [], []
     for device in unit_devices:  # the sums start at zero on each unit's device
         with tf.device(device):
@@ -63,7 +75,7 @@ def accumulate(micro_pass: MicroPass, x: tf.Tensor, y: tf.Tensor, steps: int,
             grads.append([tf.zeros(v.shape, v.dtype) for v in variables])
 
     def body(k, losses, corrects, grads, tower_states):
-        out = micro_pass(micro_x[k], micro_y[k], tower_states)
+        out = micro_pass([x[k] for x in micro_x], [y[k] for y in micro_y], tower_states)
         new_losses, new_corrects, new_grads = [], [], []
         for u, device in enumerate(unit_devices):
             with tf.device(device):

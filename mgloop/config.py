@@ -21,6 +21,7 @@ from mgloop import devices
 from mgloop import models
 from mgloop import precision
 from mgloop import sync_batch_norm
+from mgloop import staging
 from mgloop.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -58,6 +59,10 @@ class Config:
     model: str = "mlp"
     global_batch_size: int | None = None
     batch_size_per_tower: int | None = None
+    drop_remainder: bool = True  # per epoch: see mgloop/data/epochs.py
+    # Input staging (staging.py): none | host | device, depth K.
+    staging: str = "device"
+    staging_depth: int = 2
     # Updates.
     optimizer: str = "momentum"
     learning_rate: float = 0.05
@@ -99,6 +104,8 @@ class Config:
         _check_choice("dataset", self.dataset, data.names())
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check_choice("staging", self.staging, staging.MODES)
+        _check_range("staging_depth", self.staging_depth, low=1)
         global_batch = _resolve_global_batch(
             self.global_batch_size, self.batch_size_per_tower, towers, self.devices)
         _check_range("learning_rate", self.learning_rate, low=0.0, low_open=True)

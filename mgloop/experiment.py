@@ -1,8 +1,9 @@
 """One experiment from a Config: validate, set up devices, build, train, evaluate, export.
 
 This is the Python entry point (`mgloop.run`); `python -m mgloop.train` is a
-thin absl wrapper around it. Everything is validated before the first device
-or variable exists.
+thin absl wrapper around it. Every setting is validated before the first device
+or variable exists; whether the data fits the batch (`--drop_remainder`) is
+checked as soon as the data is in memory, before any variable exists.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop import checkpoint
 from mgloop import data
+from mgloop.data import epochs
 from mgloop import devices
 from mgloop import loop
 from mgloop import models
 from mgloop import optim
+from mgloop import staging
 from mgloop import summaries
 from mgloop.config import CONFIG_FILENAME, Config
 
@@ -42,14 +45,16 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 def build_trainer(config: Config, device_set: devices.DeviceSet,
                   model_fn: Callable[[], keras.Model], loss_fn, input_shape) -> loop.Trainer:
-    """Seeds, then builds the template model, its copies and their optimizers."""
+    """Seeds, then builds the template model, its copies, their optimizers and the staging."""
     seed_everything(config.seed, config.deterministic)
     method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
     return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
                         input_shape=input_shape, grad_reduce=config.grad_reduce,
                         pack_bytes=config.pack_bytes,
                         accumulation_steps=config.accumulation_steps,
-                        mixed_precision=config.mixed_precision, batch_norm=config.batch_norm)
+                        mixed_precision=config.mixed_precision, batch_norm=config.batch_norm,
+                        staging=staging.make(config.staging, config.staging_depth,
+                                             device_set.towers, config.accumulation_steps))
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
@@ -60,12 +65,16 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     (y_true, y_pred) -> loss override `--model` and the default cross-entropy.
     """
     config = config.validated()
+    if dataset is not None:  # already in memory: check that it fits before any device exists
+        epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
     request = devices.parse(config.devices)
     device_set = devices.setup(request)
     logging.info("logdir: %s", config.logdir)
     summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
                                     dataclasses.asdict(config))
-    dataset = dataset or data.load(config.dataset, config.seed, config.data_dir)
+    if dataset is None:  # readers may start TensorFlow: after the devices, before variables
+        dataset = data.load(config.dataset, config.seed, config.data_dir)
+        epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
     if model_fn is None:
         model_fn = functools.partial(models.get(config.model), dataset.input_shape,
                                      dataset.num_classes)
@@ -79,8 +88,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         trainer.sync_replicas()
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
     start_step = int(trainer.global_step.numpy())
-    batches = dataset.step_batches(config.global_batch_size, config.accumulation_steps,
-                                   config.seed, start_step)
+    batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
+                                  config.seed, start_step, config.drop_remainder)
     train_writer = summaries.ScalarWriter(config.logdir, "train")
     schedule = optim.make_schedule(config)
     result = loop.fit(
@@ -119,6 +128,9 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": traffic,
         "exchange_seconds": exchange_seconds,
+        "input_wait": result.input_wait,
+        "input_wait_fraction": result.input_wait_fraction,
+        "input_ended": result.input_ended,
         "export_path": export_path,
     }
     summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME), summary)

@@ -14,6 +14,7 @@ from absl import flags
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
+from mgloop import staging
 from mgloop.config import LR_SCHEDULES, OPTIMIZERS, Config
 
 FLAGS = flags.FLAGS
@@ -46,6 +47,14 @@ _HELP = {
     "global_batch_size": "examples per step over all towers (default 128); "
                          "or set --batch_size_per_tower",
     "batch_size_per_tower": "examples per tower per step; global = this x towers",
+    "drop_remainder": "true: each epoch gives floor(N/B) full batches, its last N mod B "
+                      "examples unused; false: epochs run on into one another, so the last "
+                      "batch of an epoch is completed from the next (every batch is full)",
+    "staging": f"how batches reach the towers: {', '.join(staging.MODES)} (none: synchronous "
+               "feed; host: tf.data prefetch; device: host prefetch plus per-tower staging "
+               "areas)",
+    "staging_depth": "K: batches prefetched on the host (host, device) and staged on every "
+                     "tower (device); >= 1",
     "optimizer": f"one of: {', '.join(OPTIMIZERS)} (momentum: SGD with --momentum)",
     "learning_rate": "peak learning rate",
     "momentum": "momentum of --optimizer=momentum",

@@ -2,7 +2,8 @@
 
 One training step on a global batch (x, y) of B examples and T towers:
 
-    1. split (x, y) on the host into T contiguous shards of B/T, tower 0 first;
+    1. the staging (staging.py) hands tower t its contiguous shard t of B/T
+       examples, tower 0 first, already on tower t's device;
     2. tower t, on its device, computes loss_t and g[t] on shard t (towers.py);
     3. the aggregation averages: g = (1/T) * sum_t g[t], placed per variable copy;
     4. every variable copy applies g with its own optimizer (optim.py).
@@ -14,10 +15,31 @@ and averages g[t] on each tower before one exchange (accumulation.py);
 every copy when any tower's gradients are not finite (precision.py);
 --batch_norm=sync computes batch statistics over the global batch across the
 towers during step 2 (sync_batch_norm.py).
-`train_loop` runs `num_steps` such steps inside one `tf.function` call (a
+`train_loop` runs up to `num_steps` such steps inside one `tf.function` call (a
 `tf.range` loop), so Python runs once per loop, not once per step; the outer
 loop (`fit`) chooses loop lengths so that summaries, logs and checkpoints fall
 on their step boundaries.
+
+Input wait, per step, is measured inside the compiled loop with `staging.clock()`
+(`tf.timestamp`), as the time step t spends on its input beyond its compute:
+
+    wait_t = (ready_t - begin_t) + (end_t - compute_end_t)
+
+begin_t: step t starts (after step t-1 has ended); ready_t: step t's shards
+are on every tower; compute_end_t: every variable copy holds step t's update;
+end_t: that, and (under `device` staging) the batch of step t+K is staged.
+The first term is the time the towers sit idle at the start of step t
+because its input is not there (under `none` it is the whole host pipeline
+and copy); the second, the time step t is held up after its compute by
+staging a later batch. The sum is zero when input is fully hidden behind
+compute. Priming the staging areas before a loop counts as wait of that loop.
+
+Evaluation and prediction split each batch of n examples over the towers in
+contiguous uneven shards, tower 0 first: with a = min(n, T) towers in use,
+tower t < a gets floor(n/a) examples plus one if t < n mod a, so a final batch
+smaller than the tower count works. Eval sums per-example losses (a tower's
+mean loss times its example count) and correct counts over all towers and
+batches, and divides by the example count: the single-device answer.
 """
 
 from __future__ import annotations
@@ -36,26 +58,46 @@ from mgloop import accumulation
 from mgloop import optim
 from mgloop import precision
 from mgloop import sync_batch_norm
+from mgloop import staging as staging_lib
 from mgloop import towers
 from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import Traffic
 
+@dataclasses.dataclass
+class LoopResult:
+    """What one call of `Trainer.train_loop` did."""
+
+    steps: int  # steps run: fewer than asked when the input ended
+    loss_sum: float  # sum over those steps of the mean loss over the global batch
+    correct: float  # examples classified right, over those steps
+    input_wait: float  # seconds the towers waited for input, over those steps
+
+
+def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
+    """Contiguous shard sizes of n examples over `active` towers, differing by at most one."""
+    base, extra = n // active, n % active
+    return [base + tf.cast(t < extra, n.dtype) for t in range(active)]
+
 
 class Trainer:
-    """Variable copies, optimizers and the compiled train/eval steps of one run."""
+    """Variable copies, optimizers, input staging and the compiled train/eval steps of one run."""
 
     def __init__(self, model_fn: Callable[[], keras.Model], loss_fn: towers.LossFn,
                  aggregation: Aggregation, optimizer_fn: Callable[[], keras.optimizers.Optimizer],
                  input_shape: tuple[int, ...] | None = None, grad_reduce: str = "mean",
                  pack_bytes: int = 0, accumulation_steps: int = 1,
-                 mixed_precision: str = "none", batch_norm: str = "per_tower"):
+                 mixed_precision: str = "none", batch_norm: str = "per_tower",
+                 staging: staging_lib.HostStaging | None = None):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
         self.average = grad_reduce == "mean"
         self.pack_bytes = pack_bytes
         self.accumulation_steps = accumulation_steps
+        self.staging = staging or staging_lib.make("device", 2, self.tower_devices,
+                                                   accumulation_steps)
+        self._input = None  # the iterator whose batches the staging holds
         with aggregation.variable_scope(), precision.policy_scope(mixed_precision):
             self.model = model_fn()
             if not self.model.built or not self.model.variables:
@@ -118,13 +160,14 @@ class Trainer:
         return [packing.unpack(values, buckets, shapes, copy.device)
                 for values, copy in zip(reduced, self.copies)]
 
-    def train_step(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """One synchronous update; returns (mean loss over its examples, correct count).
+    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation]:
+        """One synchronous update on per-tower shards (x_t, y_t), each on its tower.
 
-        (x, y) holds the step's examples: one global batch, or with
-        --accumulation_steps=K, K consecutive global batches concatenated
-        (accumulation.py). The loss is the mean over the K micro-batches of their
-        mean loss; the correct count is over all K*B examples.
+        Returns (mean loss over the step's examples, correct count, an op that has
+        run once every variable copy holds this step's update). With
+        --accumulation_steps=K a shard holds K micro-shards of B/T examples, micro-
+        batch k being the k-th micro-shard of every tower (accumulation.py); the
+        loss is the mean over the K micro-batches of their mean loss.
         """
         with self.aggregation.step(), self._cross_tower_step():
             units = ([self.aggregation.devices.host] if self.aggregation.single_loss
@@ -136,11 +179,12 @@ class Trainer:
                 values = [self.read_for_tower(t) for t in range(self.num_towers)]
                 trainable, states = [v[0] for v in values], [v[1] for v in values]
 
-            def micro_pass(micro_x, micro_y, tower_states):
-                return self._micro_pass(trainable, tower_states, scales, micro_x, micro_y)
+            def micro_pass(micro_xs, micro_ys, tower_states):
+                return self._micro_pass(trainable, tower_states, scales, micro_xs, micro_ys)
 
-            result = accumulation.accumulate(micro_pass, x, y, self.accumulation_steps, states,
-                                             self.copies[0].trainable, units)
+            result = accumulation.accumulate(
+                micro_pass, [x for x, _ in shards], [y for _, y in shards],
+                self.accumulation_steps, states, self.copies[0].trainable, units)
             finite = self._agree_finite(result.grads, units) if scales else None
             grads = ([result.grads[0]] if self.aggregation.single_loss
                      else self.exchange(result.grads))
@@ -150,13 +194,16 @@ class Trainer:
                 correct = tf.add_n(result.corrects)
         with tf.device(self.aggregation.devices.host):
             self.global_step.assign_add(1)
-        return loss, correct
+        # Reads are ordered after the writes above (automatic control dependencies).
+        done = tf.group([v.value() for copy in self.copies for v in copy.variables]
+                        + [self.global_step.value()])
+        return loss, correct, done
 
-    def _micro_pass(self, trainable, states, scales, x, y) -> accumulation.Pass:
-        """Every tower (or the single loss) on one global batch; traffic counted per pass."""
+    def _micro_pass(self, trainable, states, scales, xs, ys) -> accumulation.Pass:
+        """Every tower (or the single loss) on one micro-batch, given as per-tower shards
+        (xs[t], ys[t]) on the towers; traffic counted per pass."""
         traffic = self.aggregation.traffic
         before = (dict(traffic.sent), dict(traffic.received))
-        xs, ys = tf.split(x, self.num_towers), tf.split(y, self.num_towers)
         if self.aggregation.single_loss:
             loss, correct, grads, new_states = self.aggregation.single_loss_step(
                 self.model, self.loss_fn, trainable, states, xs, ys,
@@ -246,16 +293,57 @@ class Trainer:
     def _cross_tower_tower(self, tower: int):
         return self.cross_tower.tower(tower) if self.cross_tower else contextlib.nullcontext()
 
+    def train_loop(self, iterator: Iterator, num_steps: int) -> LoopResult:
+        """Up to `num_steps` steps on the iterator's global batches, in one compiled call.
+
+        Fewer steps run only if the iterator ends (then every batch it gave has
+        been trained on). Batches staged ahead stay staged for the next call
+        with the same iterator; given another iterator, the staging first drops
+        what the previous one staged.
+        """
+        if iterator is not self._input:
+            self.staging.clear()
+            self._input = iterator
+        began = time.perf_counter()
+        self.staging.prime(iterator)
+        primed = time.perf_counter() - began
+        out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32))
+        return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
+                          correct=float(out["correct"]),
+                          input_wait=float(out["input_wait"]) + primed)
+
+    def release_input(self) -> None:
+        """Drops whatever the current iterator has staged (the end of a `fit`)."""
+        self.staging.clear()
+        self._input = None
+
     @tf.function
-    def train_loop(self, iterator: Iterator, num_steps: tf.Tensor):
-        """`num_steps` steps in one call; returns (sum of step losses, sum of correct)."""
+    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The loop of `train_loop`: sums over the steps run, and their count."""
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+        steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
+        end = staging_lib.clock()
         for _ in tf.range(num_steps):
-            x, y = next(iterator)
-            loss, correct = self.train_step(x, y)
+            with tf.control_dependencies([end]):
+                begin = staging_lib.clock()
+            has_batch, take = self.staging.next_batch(iterator, after=begin)
+            if not has_batch:
+                break
+            shards, staged = take()
+            with tf.control_dependencies([t for shard in shards for t in shard]):
+                ready = staging_lib.clock()
+            loss, correct, done = self.train_step(shards)
+            with tf.control_dependencies([done]):
+                compute_end = staging_lib.clock()
+            with tf.control_dependencies([compute_end] + staged):
+                step_end = staging_lib.clock()
+            wait += (ready - begin) + (step_end - compute_end)
+            end = step_end
             loss_sum += loss
             correct_sum += correct
-        return loss_sum, correct_sum
+            steps += 1
+        return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
+                "input_wait": wait}
 
     @tf.function
     def _exchange_only(self, tower_grads, repeats):
@@ -294,23 +382,78 @@ class Trainer:
             times.append((time.perf_counter() - began) / int(per_call))
         return float(np.median(times))
 
-    @tf.function
-    def _eval_step(self, x, y):
-        with tf.device(self.copies[0].device):
-            logits = self.model(x, training=False)
-            losses = self.loss_fn(y, logits)
-            loss_sum = tf.reduce_mean(losses) * tf.cast(tf.shape(y)[0], tf.float32)
-            return loss_sum, towers.count_correct(y, logits)
+    def _tower_outputs(self, x: tf.Tensor, active: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """Inference outputs of x split over the first `active` towers: [(rows, outputs)]."""
+        sizes = uneven_shard_sizes(tf.shape(x)[0], active)
+        shards = tf.split(x, tf.stack(sizes), num=active) if active > 1 else [x]
+        kwargs = towers.call_kwargs(self.model, training=False)
+        results = []
+        for t, x_t in enumerate(shards):
+            copy = self.copy_for_tower(t)
+            with tf.device(self.tower_devices[t]):
+                outputs, _ = self.model.stateless_call(
+                    [tf.identity(v) for v in copy.trainable],
+                    [tf.identity(v) for v in copy.non_trainable], tf.identity(x_t), **kwargs)
+            results.append((sizes[t], outputs))
+        return results
+
+    @tf.function(reduce_retracing=True)
+    def _eval_batch(self, x, y, active: int):
+        """(sum of per-example losses, correct count) over one batch, on `active` towers."""
+        results = self._tower_outputs(x, active)
+        sizes = [size for size, _ in results]
+        ys = tf.split(y, tf.stack(sizes), num=active) if active > 1 else [y]
+        loss_sums, corrects = [], []
+        for t, ((size, logits), y_t) in enumerate(zip(results, ys)):
+            with tf.device(self.tower_devices[t]):
+                mean = tf.reduce_mean(self.loss_fn(y_t, logits))
+                loss_sums.append(mean * tf.cast(size, mean.dtype))
+                corrects.append(towers.count_correct(y_t, logits))
+        with tf.device(self.aggregation.devices.host):
+            return tf.add_n(loss_sums), tf.add_n(corrects)
+
+    @tf.function(reduce_retracing=True)
+    def _predict_batch(self, x, active: int):
+        outputs = [out for _, out in self._tower_outputs(x, active)]
+        with tf.device(self.aggregation.devices.host):
+            return tf.concat(outputs, axis=0)
+
+    def _active_towers(self, batch_size: int) -> int:
+        return max(1, min(batch_size, self.num_towers))
 
     def evaluate(self, batches: tf.data.Dataset) -> dict[str, float]:
-        """Mean loss and accuracy of the template model over every example of `batches`."""
+        """Mean loss and accuracy over every example of `batches`, computed on the towers.
+
+        loss = (1/N) * sum over examples of the per-example loss (a tower's mean
+        loss times its example count); accuracy = correct / N.
+        """
         loss_sum = correct = count = 0.0
         for x, y in batches:
-            batch_loss, batch_correct = self._eval_step(x, y)
+            batch_loss, batch_correct = self._eval_batch(
+                x, y, self._active_towers(int(y.shape[0])))
             loss_sum += float(batch_loss)
             correct += float(batch_correct)
             count += int(y.shape[0])
+        if not count:
+            raise ValueError("evaluate() was given no examples")
         return {"loss": loss_sum / count, "accuracy": correct / count}
+
+    def predict(self, inputs, batch_size: int | None = None) -> np.ndarray:
+        """Model outputs (inference mode) for every example, in input order, on the towers.
+
+        `inputs`: a tf.data.Dataset of batches (x, or tuples whose first item is
+        x), or an array of examples with `batch_size`.
+        """
+        if not isinstance(inputs, tf.data.Dataset):
+            if batch_size is None:
+                raise ValueError("predict() on an array needs batch_size")
+            inputs = tf.data.Dataset.from_tensor_slices(inputs).batch(batch_size)
+        outputs = []
+        for batch in inputs:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            active = self._active_towers(int(x.shape[0]))
+            outputs.append(self._predict_batch(x, active).numpy())
+        return np.concatenate(outputs, axis=0)
 
 
 @dataclasses.dataclass
@@ -321,28 +464,34 @@ class Window:
     loss_sum: float = 0.0
     correct: float = 0.0
     seconds: float = 0.0
+    input_wait: float = 0.0
 
-    def add(self, steps, loss_sum, correct, seconds):
-        self.steps += steps
-        self.loss_sum += loss_sum
-        self.correct += correct
+    def add(self, result: LoopResult, seconds: float) -> None:
+        self.steps += result.steps
+        self.loss_sum += result.loss_sum
+        self.correct += result.correct
         self.seconds += seconds
+        self.input_wait += result.input_wait
 
     def means(self, global_batch: int) -> dict[str, float]:
         return {"loss": self.loss_sum / self.steps,
                 "accuracy": self.correct / (self.steps * global_batch),
                 "examples_per_sec": self.steps * global_batch / self.seconds,
-                "step_time": self.seconds / self.steps}
+                "step_time": self.seconds / self.steps,
+                "input_wait": self.input_wait / self.steps}
 
 
 @dataclasses.dataclass
 class FitResult:
     start_step: int
-    final_step: int
+    final_step: int  # train_steps, or earlier if the input ended
     train: dict[str, float]  # metrics of the last window
     median_step_time: float | None  # seconds, over loops after the first (tracing) one
     examples_per_sec: float | None  # over loops after the first one
+    input_wait: float | None  # seconds per step, over loops after the first one
+    input_wait_fraction: float | None  # input_wait / mean step time, same loops
     loop_seconds: float  # all loops, tracing included
+    input_ended: bool = False  # the input ran out before train_steps
 
 
 def _next_boundary(step: int, every: int) -> int | None:
@@ -353,64 +502,81 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
         steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
         checkpoint_every: int = 0, summaries=None, checkpointer=None,
         learning_rate: Callable[[int], float] | None = None) -> FitResult:
-    """Runs `trainer` from its current step to `train_steps`.
+    """Runs `trainer` from its current step to `train_steps` on `batches`.
 
+    `batches` yields the global batches from the trainer's current step on;
+    the fit reads at most `train_steps - start` of them (so staging drains at
+    the end instead of holding batches no step will use) and stops early if
+    they run out. Whatever is still staged when the fit ends (or fails) is
+    dropped: a later fit starts from a fresh iterator at its own step.
     Summaries (`summaries.scalars(step, dict)`), log lines and checkpoints
     (`checkpointer.save(step)`) are injected; each falls on multiples of its
     interval (0 = never), and a checkpoint is always written at the end.
     """
     start = step = int(trainer.global_step.numpy())
-    iterator = iter(batches)
-    summary_window, log_window, last = Window(), Window(), Window()
-    per_step_times, steady_steps, steady_seconds = [], 0, 0.0
-    loop_seconds, first_loop = 0.0, True
-    while step < train_steps:
-        stops = [train_steps, step + steps_per_loop] + [
-            b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
-                        _next_boundary(step, checkpoint_every)) if b is not None]
-        num = min(stops) - step
-        began = time.perf_counter()
-        loss_sum, correct = trainer.train_loop(iterator, tf.constant(num, tf.int32))
-        loss_sum, correct = float(loss_sum), float(correct)
-        seconds = time.perf_counter() - began
-        loop_seconds += seconds
-        if not first_loop:  # the first loop includes tracing
-            per_step_times.append(seconds / num)
-            steady_steps += num
-            steady_seconds += seconds
-        first_loop = False
-        step += num
-        if not np.isfinite(loss_sum):
-            raise FloatingPointError(f"loss is {loss_sum} at step {step}")
-        for window in (summary_window, log_window):
-            window.add(num, loss_sum, correct, seconds)
-        last = Window(num, loss_sum, correct, seconds)
-        if summaries is not None and summary_every and step % summary_every == 0:
-            metrics = summary_window.means(global_batch)
-            if learning_rate is not None:
-                metrics["learning_rate"] = learning_rate(step)
-            summaries.scalars(step, metrics)
-            summary_window = Window()
-        if log_every and (step % log_every == 0 or step == train_steps):
-            metrics = log_window.means(global_batch)
-            eta = (train_steps - step) * metrics["step_time"]
-            logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  ETA %.0fs",
-                         step, train_steps, metrics["loss"], metrics["accuracy"],
-                         metrics["examples_per_sec"], eta)
-            log_window = Window()
-        if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
-            checkpointer.save(step)
+    iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
+    summary_window, log_window, steady, last = Window(), Window(), Window(), Window()
+    per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
+    try:
+        while step < train_steps:
+            stops = [train_steps, step + steps_per_loop] + [
+                b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
+                            _next_boundary(step, checkpoint_every)) if b is not None]
+            num = min(stops) - step
+            began = time.perf_counter()
+            result = trainer.train_loop(iterator, num)
+            seconds = time.perf_counter() - began
+            loop_seconds += seconds
+            if result.steps < num:
+                input_ended = True
+                logging.warning("the input ended after step %d of %d", step + result.steps,
+                                train_steps)
+            if not result.steps:
+                break
+            if not first_loop and not input_ended:  # the first loop includes tracing
+                per_step_times.append(seconds / result.steps)
+                steady.add(result, seconds)
+            first_loop = False
+            step += result.steps
+            if not np.isfinite(result.loss_sum):
+                raise FloatingPointError(f"loss is {result.loss_sum} at step {step}")
+            for window in (summary_window, log_window):
+                window.add(result, seconds)
+            last = Window()
+            last.add(result, seconds)
+            if summaries is not None and summary_every and (
+                    step % summary_every == 0 or input_ended):
+                metrics = summary_window.means(global_batch)
+                if learning_rate is not None:
+                    metrics["learning_rate"] = learning_rate(step)
+                summaries.scalars(step, metrics)
+                summary_window = Window()
+            if log_every and (step % log_every == 0 or step == train_steps or input_ended):
+                metrics = log_window.means(global_batch)
+                eta = (train_steps - step) * metrics["step_time"]
+                logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  "
+                             "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
+                             metrics["loss"], metrics["accuracy"], metrics["examples_per_sec"],
+                             1e3 * metrics["input_wait"], eta)
+                log_window = Window()
+            if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
+                checkpointer.save(step)
+            if input_ended:
+                break
+    finally:
+        trainer.release_input()
     if checkpointer is not None and step > start and not (
             checkpoint_every and step % checkpoint_every == 0):
         checkpointer.save(step)
-    median_step = None
-    if per_step_times:
-        median_step = float(np.median(per_step_times))
-    elif last.steps:
-        median_step = last.seconds / last.steps
+    if not steady.steps:
+        steady = last  # one loop only: report it, tracing included
     return FitResult(
         start_step=start, final_step=step,
         train=last.means(global_batch) if last.steps else {},
-        median_step_time=median_step,
-        examples_per_sec=(steady_steps * global_batch / steady_seconds) if steady_steps else None,
-        loop_seconds=loop_seconds)
+        median_step_time=(float(np.median(per_step_times)) if per_step_times
+                          else (steady.seconds / steady.steps if steady.steps else None)),
+        examples_per_sec=(steady.steps * global_batch / steady.seconds
+                          if steady.steps and per_step_times else None),
+        input_wait=steady.input_wait / steady.steps if steady.steps else None,
+        input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
+        loop_seconds=loop_seconds, input_ended=input_ended)

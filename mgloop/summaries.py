@@ -2,7 +2,8 @@
 
 Layout of a logdir (tags are stable; the README lists them):
 
-    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time;
+    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time,
+                      input_wait (seconds per step the towers waited for input);
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
                       (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds
     <logdir>/eval/    events: loss, accuracy (held-out split, at the end of training)

@@ -51,8 +51,9 @@ def run_batches(trainer, steps_batches) -> float:
     xs = np.stack([x for x, _ in steps_batches])
     ys = np.stack([y for _, y in steps_batches])
     stream = tf.data.Dataset.from_tensor_slices((xs, ys))
-    loss_sum, _ = trainer.train_loop(iter(stream), tf.constant(len(steps_batches)))
-    return float(loss_sum)
+    result = trainer.train_loop(iter(stream), len(steps_batches))
+    assert result.steps == len(steps_batches)
+    return result.loss_sum
 
 
 def train_mgloop(config: Config, steps_batches):

@@ -13,6 +13,7 @@ import pytest
 
 import mgloop
 from mgloop import checkpoint, loop
+from mgloop.data import epochs
 from tests import helpers
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -26,7 +27,7 @@ def exported_weights(export_dir):
 
 
 def step_batches(steps, accumulation_steps=K, global_batch=MICRO_BATCH, start_step=0):
-    stream = helpers.DATASET.step_batches(global_batch, accumulation_steps, seed=3,
+    stream = epochs.step_batches(helpers.DATASET, global_batch, accumulation_steps, seed=3,
                                           start_step=start_step).take(steps)
     return [(x.numpy(), y.numpy()) for x, y in stream]
 
@@ -65,11 +66,11 @@ def test_updates_are_counted_per_step_and_the_loop_is_traced_once(logdir):
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring",
                                   global_batch_size=MICRO_BATCH, accumulation_steps=K)
     trainer = helpers.build_trainer(config)
-    batches = helpers.DATASET.step_batches(MICRO_BATCH, K, seed=3)
+    batches = epochs.step_batches(helpers.DATASET, MICRO_BATCH, K, seed=3)
     result = loop.fit(trainer, batches, 7, MICRO_BATCH * K, 3, summary_every=2)
     assert result.final_step == 7 and int(trainer.global_step.numpy()) == 7
     assert [int(c.optimizer.iterations.numpy()) for c in trainer.copies] == [7, 7]
-    assert trainer.train_loop.experimental_get_tracing_count() == 1
+    assert trainer.compiled_loop.experimental_get_tracing_count() == 1
     assert 0.0 <= result.train["accuracy"] <= 1.0  # correct counts over K x B examples
 
 

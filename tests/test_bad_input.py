@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import mgloop
-from mgloop import devices, loop
+from mgloop import data, devices, loop
 from tests import helpers
 
 
@@ -83,6 +83,12 @@ CASES = {
     "sync batch norm with independent": (
         dict(devices="cpu:2", aggregation="independent", batch_norm="sync"),
         r"^--batch_norm=sync with --aggregation=independent, which trains each replica alone"),
+    "unknown staging": (dict(staging="gpu_direct"),
+                        r"^--staging='gpu_direct' is not one of: device, host, none$"),
+    "zero staging depth": (dict(staging_depth=0),
+                           r"^--staging_depth=0 is out of range: must be >= 1$"),
+    "negative staging depth": (dict(staging_depth=-2),
+                               r"^--staging_depth=-2 is out of range: must be >= 1$"),
 }
 
 
@@ -109,6 +115,15 @@ def test_logdir_that_is_a_file(tmp_path, nothing_built):
 def test_export_dir_that_is_a_file(tmp_path, logdir, nothing_built):
     with pytest.raises(mgloop.ConfigError, match=r"^--export_dir=.* is an existing file"):
         mgloop.run(helpers.small_config(logdir, export_dir=file_path(tmp_path)))
+
+
+def test_batch_larger_than_an_epoch_with_drop_remainder(logdir, nothing_built):
+    tiny = data.synthetic.make(seed=0, num_train=10, num_eval=4)
+    with pytest.raises(mgloop.ConfigError, match=r"^--drop_remainder=true: "
+                       r"--global_batch_size=16 is larger than the 10 training examples of "
+                       r"--dataset=synthetic.*--global_batch_size <= 10 or "
+                       r"--drop_remainder=false$"):
+        mgloop.run(helpers.small_config(logdir), dataset=tiny)
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path):

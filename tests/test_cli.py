@@ -36,6 +36,8 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
     assert summary["final_train_accuracy"] > 5 * CHANCE
     assert summary["final_step"] == summary["config"]["train_steps"]
     assert summary["examples_per_sec"] > 0 and summary["median_step_time"] > 0
+    assert summary["input_wait"] >= 0 and 0 <= summary["input_wait_fraction"] < 1
+    assert summary["input_ended"] is False
     assert "ETA" in result.stderr  # progress lines
     steps = summary["config"]["train_steps"]
     every = summary["config"]["summary_every"]
@@ -43,7 +45,7 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         tags = board.wait_for(lambda t: "loss" in t.get("eval", {}) and "loss" in t.get("train", {}),
                               "/data/plugin/scalars/tags")
         assert {"loss", "accuracy", "learning_rate", "examples_per_sec",
-                "step_time"} <= set(tags["train"])
+                "step_time", "input_wait"} <= set(tags["train"])
         assert {"loss", "accuracy"} <= set(tags["eval"])
         for device, counts in summary["traffic_bytes_per_step"].items():
             tag = f"traffic/{device.replace(':', '_')}/sent_bytes"
@@ -55,6 +57,8 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         loss = board.scalars("train", "loss")
         assert [step for _, step, _ in loss] == list(range(every, steps + 1, every))
         assert loss[-1][2] < 0.5 * loss[0][2]  # the loss fell
+        waits = board.scalars("train", "input_wait")
+        assert len(waits) == len(loss) and all(0 <= w < 1 for _, _, w in waits)
         (_, eval_step, eval_accuracy), = board.scalars("eval", "accuracy")
         assert eval_step == steps
         assert abs(eval_accuracy - summary["eval_accuracy"]) < 1e-6

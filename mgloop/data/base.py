@@ -86,10 +86,15 @@ class InMemoryDataset:
         return stream.batch(global_batch, drop_remainder=True).skip(start_step)
 
     def train_batches(self, global_batch: int, seed: int, start_step: int = 0) -> tf.data.Dataset:
-        """Global batches (x [B, ...] float32, y [B]) on the host, from step `start_step` on.
+        """Global batches (x [B, ...] float32, y [B]) on the host, from step `start_step` on."""
+        return self.batches_of(self.train_indices(global_batch, seed, start_step), seed,
+                               start_step)
 
-        Batch s holds the examples train_indices gives for step s, prepared,
-        then augmented with the seed `augment_seed(seed, s)`.
+    def batches_of(self, indices: tf.data.Dataset, seed: int, start_step: int) -> tf.data.Dataset:
+        """(x, y) of a stream of index batches whose first one is step `start_step`.
+
+        Batch s holds the examples of its indices, prepared, then augmented with
+        the seed `augment_seed(seed, s)`.
         """
         x, y = self._train_tensors
 
@@ -99,23 +104,7 @@ class InMemoryDataset:
                 inputs = self.augment(inputs, augment_seed(seed, step))
             return inputs, tf.gather(y, indices)
 
-        steps = tf.data.Dataset.counter(start_step)
-        return tf.data.Dataset.zip(steps, self.train_indices(global_batch, seed, start_step)).map(
-            batch)
-
-    def step_batches(self, global_batch: int, accumulation_steps: int, seed: int,
-                     start_step: int = 0) -> tf.data.Dataset:
-        """The examples of each training step, from step `start_step` on.
-
-        Step s reads the K = accumulation_steps global batches s*K .. s*K+K-1 of
-        `train_batches`, concatenated ([K*B, ...]), so the stream stays a pure
-        function of (seed, s) and a resumed run reads what an uninterrupted one reads.
-        """
-        batches = self.train_batches(global_batch, seed, start_step * accumulation_steps)
-        if accumulation_steps == 1:
-            return batches
-        return batches.batch(accumulation_steps, drop_remainder=True).map(
-            lambda x, y: (tf.reshape(x, [-1, *x.shape[2:]]), tf.reshape(y, [-1, *y.shape[2:]])))
+        return tf.data.Dataset.zip(tf.data.Dataset.counter(start_step), indices).map(batch)
 
     def eval_batches(self, batch_size: int) -> tf.data.Dataset:
         """The eval split once, in order, prepared (never augmented); the last batch may be

@@ -1,0 +1,255 @@
+"""How global batches reach the towers: `--staging` none | host | device, depth K.
+
+Every mode hands step t the same shards: global batch t of the input, split
+into T contiguous shards of B/T examples, tower 0 first, shard i on tower i's
+device. The modes differ only in what overlaps the towers' compute:
+
+    none    nothing. Step t asks the host for batch t once step t-1 has finished;
+            the host makes it (tf.data with no prefetch, no autotuning and no
+            default optimizations, so tf.data adds no background thread of its
+            own), splits it and copies the shards; then the towers compute. The
+            Keras-style synchronous feed.
+    host    tf.data prefetch of K global batches: a host thread makes batches
+            t+1..t+K while the towers compute step t. The split and the copies
+            to the towers still happen inside step t.
+    device  host prefetch as above, plus a staging area of K shards on every
+            tower's device (TensorFlow's Stage/Unstage ops, the ones behind the
+            TF1 StagingArea). `prime` stages K batches before the first step; step
+            t unstages shard t on every tower and stages the shards of batch t+K
+            (`refill`), which runs concurrently with step t's compute, so the
+            copy of batch t+K overlaps it.
+
+Staged batches belong to the iterator that filled them. When it ends, steps go
+on unstaging until the areas are empty (drain), so no batch is lost,
+duplicated or reordered; `clear` empties the areas when an iterator is
+abandoned (the Trainer does so when it is given another iterator and at the
+end of every `fit`). `clock()` is the in-graph timer the Trainer measures
+input wait with (loop.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable
+
+import tensorflow as tf
+
+try:  # not in TensorFlow's public API; without it, always use the Python clock
+    from tensorflow.python.framework.config import is_op_determinism_enabled
+except ImportError:  # pragma: no cover
+    def is_op_determinism_enabled() -> bool:
+        return True
+
+MODES = ("none", "host", "device")
+
+Shards = list[tuple[tf.Tensor, tf.Tensor]]  # (x_t, y_t) per tower, on tower t's device
+Take = Callable[[], tuple[Shards, list]]  # -> (shards, ops the step's end must wait for)
+
+
+def clock() -> tf.Tensor:
+    """Seconds now (float64 scalar), read when the op runs inside a compiled loop.
+
+    `tf.timestamp`, except under op determinism, which refuses it: then a
+    `tf.py_function` reading Python's `time.perf_counter` (a little slower).
+    """
+    if is_op_determinism_enabled():
+        now = tf.py_function(time.perf_counter, [], tf.float64)
+        now.set_shape([])
+        return now
+    return tf.timestamp()
+
+
+def tower_split(x: tf.Tensor, towers: int, micro_batches: int = 1) -> list[tf.Tensor]:
+    """Tower t's part of a step's examples x [K*B, ...] (K = micro_batches).
+
+    K = 1: T equal contiguous shards, tower 0 first. K > 1 (accumulation): x is
+    K global batches of B concatenated, and tower t gets the t-th shard of B/T of
+    each of them, in order ([K*B/T, ...]), so that micro-batch k is the k-th
+    micro-shard of every tower.
+    """
+    if micro_batches == 1:
+        return tf.split(x, towers)
+    grouped = tf.reshape(x, [micro_batches, towers, -1, *x.shape[1:]])
+    swapped = tf.transpose(grouped, [1, 0, *range(2, grouped.shape.rank)])  # [T, K, B/T, ...]
+    per_tower = tf.reshape(swapped, [towers, -1, *x.shape[1:]])
+    return tf.unstack(per_tower, num=towers)
+
+
+def split_to_towers(x: tf.Tensor, y: tf.Tensor, devices: list[str],
+                    micro_batches: int = 1) -> Shards:
+    """The towers' parts of (x, y) (`tower_split`), each copied to its tower."""
+    xs = tower_split(x, len(devices), micro_batches)
+    ys = tower_split(y, len(devices), micro_batches)
+    shards = []
+    for device, x_t, y_t in zip(devices, xs, ys):
+        with tf.device(device):
+            shards.append((tf.identity(x_t), tf.identity(y_t)))
+    return shards
+
+
+def synchronous(batches: tf.data.Dataset) -> tf.data.Dataset:
+    """`batches` with every asynchronous stage that tf.data would add by itself turned off.
+
+    Without this, tf.data's default optimizations (e.g. map-and-batch fusion)
+    and injected prefetching compute batches ahead on background threads.
+    Explicit asynchronous stages of `batches` itself are kept.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_warm_start = False
+    optimization = options.experimental_optimization
+    optimization.apply_default_optimizations = False
+    optimization.inject_prefetch = False
+    optimization.map_parallelization = False
+    optimization.parallel_batch = False
+    optimization.seq_interleave_prefetch = False
+    return batches.with_options(options)
+
+
+class HostStaging:
+    """`none` (depth 0: synchronous) and `host` (tf.data prefetch of `depth` batches)."""
+
+    def __init__(self, mode: str, depth: int, devices: list[str], micro_batches: int = 1):
+        self.mode, self.depth, self.devices = mode, depth, list(devices)
+        self.micro_batches = micro_batches  # --accumulation_steps: batches per step
+
+    def pipeline(self, batches: tf.data.Dataset) -> tf.data.Dataset:
+        """The host side of the mode, applied to a dataset of global batches (x, y)."""
+        if self.mode == "none":
+            return synchronous(batches)
+        return batches.prefetch(self.depth)
+
+    @property
+    def staged(self) -> int:
+        """Batches held on the towers (none here)."""
+        return 0
+
+    def prime(self, iterator) -> None:
+        """Nothing is staged ahead on the towers."""
+
+    def clear(self) -> None:
+        """Nothing to clear (a host prefetch buffer goes with its iterator)."""
+
+    def next_batch(self, iterator, after: tf.Tensor) -> tuple[tf.Tensor, Take]:
+        """In a compiled loop: (has a batch?, take) once `after` has run.
+
+        `take()` (call it only if there is a batch) returns the shards on the
+        towers and the ops the step must wait for besides its compute (none).
+        """
+        with tf.control_dependencies([after]):
+            optional = iterator.get_next_as_optional()
+
+        def take():
+            x, y = optional.get_value()
+            return split_to_towers(x, y, self.devices, self.micro_batches), []
+        return optional.has_value(), take
+
+
+class DeviceStaging(HostStaging):
+    """`device`: host prefetch plus a staging area of `depth` shards on every tower."""
+
+    _ids = itertools.count()
+
+    def __init__(self, mode: str, depth: int, devices: list[str], micro_batches: int = 1):
+        super().__init__(mode, depth, devices, micro_batches)
+        uid = next(self._ids)
+        self._names = [f"mgloop_staging_{uid}_tower_{t}" for t in range(len(self.devices))]
+        self._spec = None  # element spec (x, y) of the global batches, set by prime
+        with tf.device("/device:CPU:0"):
+            # Batches held in every area (they fill and drain together).
+            self._count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                      name=f"mgloop_staged_{uid}")
+
+    def pipeline(self, batches: tf.data.Dataset) -> tf.data.Dataset:
+        return batches.prefetch(self.depth)
+
+    @property
+    def staged(self) -> int:
+        return int(self._count.numpy())
+
+    def prime(self, iterator) -> None:
+        """Stages batches until every area holds `depth` of them or the input ends."""
+        self._set_spec(iterator.element_spec)
+        for _ in range(self.depth - self.staged):
+            if not bool(self.refill(iterator)):
+                break
+
+    def clear(self) -> None:
+        """Empties every area (the staged batches are dropped)."""
+        if self._spec is None:
+            return
+        for device, name in zip(self.devices, self._names):
+            with tf.device(device):
+                tf.raw_ops.StageClear(dtypes=self._dtypes(), shared_name=name)
+        self._count.assign(0)
+
+    @tf.function
+    def refill(self, iterator) -> tf.Tensor:
+        """Stages the shards of the iterator's next batch; returns whether there was one."""
+        optional = iterator.get_next_as_optional()
+        staged = tf.constant(False)
+        if optional.has_value():
+            x, y = optional.get_value()
+            towers = len(self.devices)
+            xs = tower_split(x, towers, self.micro_batches)
+            ys = tower_split(y, towers, self.micro_batches)
+            puts = []
+            for device, name, x_t, y_t in zip(self.devices, self._names, xs, ys):
+                with tf.device(device):
+                    puts.append(tf.raw_ops.Stage(values=[x_t, y_t], shared_name=name))
+            with tf.control_dependencies(puts):
+                self._count.assign_add(1)
+                staged = tf.identity(tf.constant(True))
+        return staged
+
+    def next_batch(self, iterator, after: tf.Tensor) -> tuple[tf.Tensor, Take]:
+        has_batch = self._count.value() > 0
+
+        def take():
+            shards = []
+            with tf.control_dependencies([after]):
+                for device, name, spec in zip(self.devices, self._names, self._shard_specs()):
+                    with tf.device(device):
+                        x_t, y_t = tf.raw_ops.Unstage(dtypes=self._dtypes(), shared_name=name)
+                    x_t.set_shape(spec[0])
+                    y_t.set_shape(spec[1])
+                    shards.append((x_t, y_t))
+            with tf.control_dependencies([s for shard in shards for s in shard]):
+                self._count.assign_sub(1)
+            refilled = self.refill(iterator)  # batch t+K, concurrent with step t's compute
+            return shards, [refilled.op]
+        return has_batch, take
+
+    def _set_spec(self, spec) -> None:
+        x_spec, _ = spec
+        batch = x_spec.shape[0]
+        if batch is not None and batch % len(self.devices):
+            raise ValueError(f"a global batch of {batch} examples does not split into "
+                             f"{len(self.devices)} equal tower shards")
+        if self._spec is not None and self._spec != spec:
+            self.clear()  # batches of another shape cannot share the areas
+        self._spec = spec
+
+    def _dtypes(self) -> list[tf.DType]:
+        return [s.dtype for s in self._spec]
+
+    def _shard_specs(self) -> list[tuple[tf.TensorShape, tf.TensorShape]]:
+        towers = len(self.devices)
+
+        def shard(shape):
+            batch = shape[0]
+            return tf.TensorShape([None if batch is None else batch // towers]).concatenate(
+                shape[1:])
+        return [(shard(self._spec[0].shape), shard(self._spec[1].shape))] * towers
+
+
+def make(mode: str, depth: int, devices, micro_batches: int = 1) -> HostStaging:
+    """The staging of `mode` (one of MODES) with depth K = `depth` for the tower `devices`;
+    `micro_batches` global batches make one step (--accumulation_steps)."""
+    if mode not in MODES:
+        raise ValueError(f"staging mode {mode!r} is not one of {MODES}")
+    if depth < 1:
+        raise ValueError(f"staging depth {depth} must be >= 1")
+    cls = DeviceStaging if mode == "device" else HostStaging
+    return cls(mode, depth, list(devices), micro_batches)
