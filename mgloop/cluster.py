@@ -124,3 +124,4 @@ def start(cluster: Cluster) -> None:
         cluster=cluster_spec.as_cluster_def(), default_session_config=config, job_name=JOB,
         task_index=cluster.index, protocol="grpc")
     context.context().enable_collective_ops(server_def)
+    context.context().ensure_initialized()  # the server listens from here on

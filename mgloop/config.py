@@ -16,6 +16,7 @@ import os
 import tempfile
 
 from mgloop import aggregation
+from mgloop import cluster
 from mgloop import data
 from mgloop import devices
 from mgloop import models
@@ -84,6 +85,9 @@ class Config:
     # Repeatability.
     seed: int = 0
     deterministic: bool = False
+    # Several processes (TF_CONFIG): how long to wait for peers.
+    startup_timeout: float = 60.0  # seconds to wait for every peer's server at start
+    collective_timeout: float = 30.0  # seconds a cross-worker all-reduce waits for its peers
 
     def aggregation_options(self) -> aggregation.Options:
         return aggregation.Options(transport_dtype=self.transport_dtype,
@@ -98,7 +102,8 @@ class Config:
     def validated(self) -> "Config":
         """Checks every setting; returns a copy with machine-dependent defaults resolved."""
         request = devices.parse(self.devices)
-        towers = request.num_towers
+        workers = cluster.from_environment()
+        towers = request.num_towers * (workers.num_workers if workers else 1)
         _check_choice("aggregation", self.aggregation, aggregation.names())
         _check_choice("model", self.model, models.names())
         _check_choice("dataset", self.dataset, data.names())
@@ -106,8 +111,10 @@ class Config:
         _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _check_choice("staging", self.staging, staging.MODES)
         _check_range("staging_depth", self.staging_depth, low=1)
+        devices_flag = self.devices if workers is None else (
+            f"{self.devices} on each of {workers.num_workers} workers")
         global_batch = _resolve_global_batch(
-            self.global_batch_size, self.batch_size_per_tower, towers, self.devices)
+            self.global_batch_size, self.batch_size_per_tower, towers, devices_flag)
         _check_range("learning_rate", self.learning_rate, low=0.0, low_open=True)
         _check_range("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
         _check_range("lr_power", self.lr_power, low=0.0, low_open=True)
@@ -125,6 +132,7 @@ class Config:
                 f"--warmup_steps={self.warmup_steps} is longer than --train_steps="
                 f"{self.train_steps}; use at most {self.train_steps}")
         _check_aggregation_options(self, request)
+        _check_cluster(self, workers)
         data_dir = os.path.expanduser(self.data_dir) if self.data_dir is not None else None
         data.check(self.dataset, data_dir)
         logdir = self.logdir or _fresh_logdir()
@@ -135,6 +143,24 @@ class Config:
         return dataclasses.replace(
             self, logdir=logdir, data_dir=data_dir, global_batch_size=global_batch,
             batch_size_per_tower=global_batch // towers)
+
+
+def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
+    """What several processes cannot do (yet), refused before anything starts."""
+    _check_range("startup_timeout", config.startup_timeout, low=0.0, low_open=True)
+    _check_range("collective_timeout", config.collective_timeout, low=0.0, low_open=True)
+    if workers is None or workers.num_workers == 1:
+        return
+    where = f"across {workers.num_workers} workers (TF_CONFIG)"
+    if aggregation.get(config.aggregation).single_loss:
+        raise ConfigError(f"--aggregation={config.aggregation} {where}: the single-loss "
+                          "baseline runs in one process; use a tower-loop mode")
+    if config.batch_norm == "sync":
+        raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
+                          "worker's towers only; use --batch_norm=per_tower")
+    if config.mixed_precision == "mixed_float16":
+        raise ConfigError(f"--mixed_precision=mixed_float16 {where}: the overflow check is "
+                          "not yet agreed between workers; use mixed_bfloat16 or none")
 
 
 def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -> None:

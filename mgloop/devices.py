@@ -125,12 +125,25 @@ def configure_logical_cpus(count: int) -> None:
             "TensorFlow op runs (at the top of the script, or once in conftest.py)") from None
 
 
-def setup(request: DeviceRequest) -> DeviceSet:
-    """Creates the devices of a parsed request and returns their names."""
+def setup(request: DeviceRequest, workers=None, startup_timeout: float = 60.0) -> DeviceSet:
+    """Creates the devices of a parsed request and returns their names.
+
+    With a cluster (`mgloop.cluster.Cluster`), also starts this worker's server
+    and waits (at most `startup_timeout` seconds) for every peer; the device
+    names are then this worker's: /job:worker/replica:0/task:<i>/device:...
+    """
     if request.simulated:
         configure_logical_cpus(request.num_towers)
         logging.info("No GPU in use: %d towers are simulated on logical CPU devices.",
                      request.num_towers)
+    host = HOST_DEVICE
+    if workers is not None:
+        from mgloop import cluster
+        cluster.start(workers)
+        cluster.wait_for_peers(workers, startup_timeout)
+        host = f"{workers.task()}/device:CPU:0"
+        logging.info("worker %d of %d (%s)", workers.index, workers.num_workers,
+                     "chief" if workers.is_chief else "not the chief")
     names = [d.name for d in tf.config.list_logical_devices(request.kind.upper())]
     towers = tuple(names[i] for i in request.indices)
-    return DeviceSet(towers=towers, simulated=request.simulated)
+    return DeviceSet(towers=towers, host=host, simulated=request.simulated)

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop import checkpoint
+from mgloop import cluster
 from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
@@ -27,6 +28,7 @@ from mgloop import models
 from mgloop import optim
 from mgloop import staging
 from mgloop import summaries
+from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.config import CONFIG_FILENAME, Config
 
 SUMMARY_FILENAME = "summary.json"
@@ -44,10 +46,15 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def build_trainer(config: Config, device_set: devices.DeviceSet,
-                  model_fn: Callable[[], keras.Model], loss_fn, input_shape) -> loop.Trainer:
-    """Seeds, then builds the template model, its copies, their optimizers and the staging."""
+                  model_fn: Callable[[], keras.Model], loss_fn, input_shape,
+                  workers: cluster.Cluster | None = None) -> loop.Trainer:
+    """Seeds, then builds the template model, its copies, their optimizers and the staging.
+
+    With several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
     method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
+    if workers is not None and workers.num_workers > 1:
+        method = CrossWorker(method, workers, config.collective_timeout)
     return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
                         input_shape=input_shape, grad_reduce=config.grad_reduce,
                         pack_bytes=config.pack_bytes,
@@ -68,10 +75,13 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     if dataset is not None:  # already in memory: check that it fits before any device exists
         epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
     request = devices.parse(config.devices)
-    device_set = devices.setup(request)
+    workers = cluster.from_environment()
+    chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
+    device_set = devices.setup(request, workers, config.startup_timeout)
     logging.info("logdir: %s", config.logdir)
-    summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
-                                    dataclasses.asdict(config))
+    if chief:
+        summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
+                                        dataclasses.asdict(config))
     if dataset is None:  # readers may start TensorFlow: after the devices, before variables
         dataset = data.load(config.dataset, config.seed, config.data_dir)
         epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
@@ -79,7 +89,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         model_fn = functools.partial(models.get(config.model), dataset.input_shape,
                                      dataset.num_classes)
     trainer = build_trainer(config, device_set, model_fn, loss_fn or default_loss(),
-                            dataset.input_shape)
+                            dataset.input_shape, workers)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
         trainer.global_step, keep=config.keep_checkpoints)
@@ -87,35 +97,43 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     if restored:
         trainer.sync_replicas()
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
+    trainer.broadcast_from_chief()  # several processes: every worker starts from worker 0's
     start_step = int(trainer.global_step.numpy())
     batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
                                   config.seed, start_step, config.drop_remainder)
-    train_writer = summaries.ScalarWriter(config.logdir, "train")
+    if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
+        part = functools.partial(staging.worker_part, workers=workers.num_workers,
+                                 index=workers.index, micro_batches=config.accumulation_steps)
+        batches = batches.map(lambda x, y: (part(x), part(y)))
+    train_writer = summaries.ScalarWriter(config.logdir, "train") if chief else None
     schedule = optim.make_schedule(config)
     result = loop.fit(
         trainer, batches, config.train_steps,
         config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
         summary_every=config.summary_every, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, summaries=train_writer,
-        checkpointer=checkpointer, learning_rate=lambda step: float(schedule(step)))
+        checkpointer=checkpointer if chief else None,
+        learning_rate=lambda step: float(schedule(step)))
     exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
     traffic = trainer.aggregation.traffic.as_dict()
-    train_writer.scalars(result.final_step, summaries.aggregation_scalars(traffic,
-                                                                          exchange_seconds))
-    train_writer.close()
     eval_metrics = trainer.evaluate(dataset.eval_batches(config.global_batch_size))
-    eval_writer = summaries.ScalarWriter(config.logdir, "eval")
-    eval_writer.scalars(result.final_step, eval_metrics)
-    eval_writer.close()
     logging.info("eval at step %d: loss %.4f accuracy %.3f", result.final_step,
                  eval_metrics["loss"], eval_metrics["accuracy"])
+    if chief:
+        train_writer.scalars(result.final_step,
+                             summaries.aggregation_scalars(traffic, exchange_seconds))
+        train_writer.close()
+        eval_writer = summaries.ScalarWriter(config.logdir, "eval")
+        eval_writer.scalars(result.final_step, eval_metrics)
+        eval_writer.close()
     export_path = None
-    if config.export_dir:
+    if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)
         logging.info("exported the template model to %s", export_path)
     summary = {
         "config": dataclasses.asdict(config),
-        "num_towers": device_set.num_towers,
+        "num_towers": device_set.num_towers * (workers.num_workers if workers else 1),
+        "num_workers": workers.num_workers if workers else 1,
         "tower_devices": list(device_set.towers),
         "simulated_devices": device_set.simulated,
         "start_step": result.start_step,
@@ -133,5 +151,6 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         "input_ended": result.input_ended,
         "export_path": export_path,
     }
-    summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME), summary)
+    if chief:
+        summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME), summary)
     return summary

@@ -72,6 +72,9 @@ _HELP = {
     "keep_checkpoints": "how many recent checkpoints to keep",
     "export_dir": "save the template model here as model.keras (Keras native format)",
     "seed": "seed of data, initialisation and shuffling",
+    "startup_timeout": "several processes (TF_CONFIG): seconds to wait for every peer at start",
+    "collective_timeout": "several processes: seconds a cross-worker all-reduce waits for its "
+                          "peers before the run fails (a dead worker is an error, not a hang)",
     "deterministic": "TensorFlow op determinism: bit-repeatable runs",
 }
 

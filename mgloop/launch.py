@@ -2,8 +2,9 @@
 
 Starts N local `mgloop.train` worker processes on free loopback ports, each with
 its own TF_CONFIG, streams their output line by line with a `[worker i]`
-prefix, and exits with the first non-zero exit code (stopping the others),
-after saying which worker failed and how. For a real cluster, set TF_CONFIG
+prefix, and exits with the first non-zero exit code after saying which worker failed
+and how. The others then stop by themselves (their collectives time out after
+--collective_timeout) or are terminated after --grace_seconds. For a real cluster, set TF_CONFIG
 on each host and run `python -m mgloop.train` there (README).
 """
 
@@ -24,7 +25,9 @@ from absl import flags
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")
 flags.DEFINE_string("devices_per_worker", "cpu:2", "--devices of every worker")
-flags.DEFINE_float("grace_seconds", 10.0, "after a failure, how long the others get to stop")
+flags.DEFINE_float("grace_seconds", 60.0,
+                   "after a failure, how long the others get to stop by themselves (their "
+                   "collectives time out) before they are terminated")
 
 
 def free_ports(count: int) -> list[int]:
@@ -92,18 +95,20 @@ def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
     if failed is not None:
         index, code = failed
         with lock:
-            out.write(f"[launch] worker {index} {how_it_ended(code)}; stopping the others\n")
+            out.write(f"[launch] worker {index} {how_it_ended(code)}; waiting up to "
+                      f"{grace:.0f}s for the others to stop\n")
             out.flush()
-        for process in workers:
-            if process.poll() is None:
-                process.terminate()
         deadline = time.monotonic() + grace
         for process in workers:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
     for thread in streams:
         thread.join(timeout=5)
     if failed is None:

@@ -126,6 +126,22 @@ class Trainer:
         """Copies variable copy 0 (e.g. just restored) into every other copy."""
         towers.copy_first_to_rest(self.copies)
 
+    @property
+    def workers(self):
+        """The cluster of a cross-worker aggregation (aggregation/cross_worker.py), else None."""
+        return getattr(self.aggregation, "cluster", None)
+
+    def broadcast_from_chief(self) -> None:
+        """Several processes: every worker takes worker 0's variables, optimizer state and
+        step, then copies them into its replicas (run at start, after any restore)."""
+        if self.workers is None:
+            return
+        first = self.copies[0]
+        variables = (first.variables + [towers.backing(v) for v in first.optimizer.variables]
+                     + [self.global_step])
+        tf.function(lambda: self.aggregation.broadcast_from_chief(variables))()
+        self.sync_replicas()
+
     def copy_for_tower(self, tower: int) -> towers.VariableCopy:
         return self.copies[self.copy_index(tower)]
 
@@ -192,6 +208,9 @@ class Trainer:
             with tf.device(self.aggregation.devices.host):
                 loss = tf.add_n(result.losses) / len(units)
                 correct = tf.add_n(result.corrects)
+        if self.workers is not None:  # the step's metrics over every worker's towers
+            loss = self.aggregation.all_workers_sum(loss) / self.workers.num_workers
+            correct = self.aggregation.all_workers_sum(correct)
         with tf.device(self.aggregation.devices.host):
             self.global_step.assign_add(1)
         # Reads are ordered after the writes above (automatic control dependencies).

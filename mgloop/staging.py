@@ -76,6 +76,15 @@ def tower_split(x: tf.Tensor, towers: int, micro_batches: int = 1) -> list[tf.Te
     return tf.unstack(per_tower, num=towers)
 
 
+def worker_part(x: tf.Tensor, workers: int, index: int, micro_batches: int = 1) -> tf.Tensor:
+    """Worker `index`'s part of a step's examples x [K*B, ...]: for each of the K
+    global batches, its contiguous B/W slice ([K*B/W, ...]). Its towers then split
+    it with `tower_split`, so global tower w*T + t gets what tower w*T + t of one
+    process with W*T towers would."""
+    grouped = tf.reshape(x, [micro_batches, workers, -1, *x.shape[1:]])
+    return tf.reshape(grouped[:, index], [-1, *x.shape[1:]])
+
+
 def split_to_towers(x: tf.Tensor, y: tf.Tensor, devices: list[str],
                     micro_batches: int = 1) -> Shards:
     """The towers' parts of (x, y) (`tower_split`), each copied to its tower."""

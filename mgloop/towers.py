@@ -54,7 +54,7 @@ class TowerOutput:
     non_trainable: list[tf.Tensor]  # updated non-trainable state
 
 
-def _backing(variable) -> tf.Variable:
+def backing(variable) -> tf.Variable:
     """The tf.Variable behind a Keras variable (the object TensorFlow places)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
 
@@ -62,8 +62,8 @@ def _backing(variable) -> tf.Variable:
 def make_copies(template: keras.Model, devices: list[str]) -> list[VariableCopy]:
     """Copy 0 is the template's own variables (built on devices[0]); then one per device."""
     first = VariableCopy(devices[0],
-                         [_backing(v) for v in template.trainable_variables],
-                         [_backing(v) for v in template.non_trainable_variables])
+                         [backing(v) for v in template.trainable_variables],
+                         [backing(v) for v in template.non_trainable_variables])
     copies = [first]
     for index, device in enumerate(devices[1:], start=1):
         with tf.device(device):
@@ -83,7 +83,7 @@ def copy_first_to_rest(copies: list[VariableCopy]) -> None:
     for copy in copies[1:]:
         slots = copy.optimizer.variables if copy.optimizer else []
         for target, source in zip(copy.variables + slots, first.variables + first_slots):
-            target.assign(_backing(source).read_value())
+            target.assign(backing(source).read_value())
 
 
 def mean_loss(loss_fn: LossFn, y: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:

@@ -1,7 +1,8 @@
 """`python -m mgloop.train [--flag=value ...] [--flagfile=FILE]`: train one experiment.
 
 Bad settings end the process with exit code 2 and one line on stderr, before
-any device or variable is created.
+any device or variable is created. With several processes (TF_CONFIG), a worker
+that loses its peers (a collective times out) ends with exit code 3 and one line.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def main(argv):
     except ConfigError as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+            tf.errors.CancelledError, tf.errors.AbortedError) as error:
+        if not os.environ.get("TF_CONFIG"):
+            raise
+        first = next((line for line in str(error).splitlines() if line.strip()), "")
+        print(f"mgloop.train: error: lost the other workers ({type(error).__name__}: "
+              f"{first.strip()}); the last checkpoint in --logdir is kept: restart every "
+              "worker to resume", file=sys.stderr)
+        sys.exit(3)
     logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
                  summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
