@@ -66,3 +66,20 @@ def test_launcher_says_how_a_worker_ended():
     spec = json.loads(launch.tf_config(["h:1", "h:2"], 1))
     assert cluster.from_environment({"TF_CONFIG": json.dumps(spec)}) == cluster.Cluster(
         ("h:1", "h:2"), 1)
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    (dict(global_batch_size=12), r"^--global_batch_size=12 does not split into 8 equal tower "
+                                 r"shards \(--devices=cpu:4 on each of 2 workers\)"),
+    (dict(aggregation="colocate"), r"^--aggregation=colocate across 2 workers"),
+    (dict(batch_norm="sync"), r"^--batch_norm=sync across 2 workers"),
+    (dict(mixed_precision="mixed_float16"), r"^--mixed_precision=mixed_float16 across 2 workers"),
+    (dict(collective_timeout=0), r"^--collective_timeout=0 is out of range"),
+])
+def test_what_several_workers_cannot_do_is_refused(overrides, pattern, monkeypatch, tmp_path):
+    from tests import helpers
+    monkeypatch.setenv("TF_CONFIG", launch.tf_config(["127.0.0.1:1", "127.0.0.1:2"], 0))
+    settings = dict(devices="cpu:4", global_batch_size=16)
+    settings.update(overrides)
+    with pytest.raises(ConfigError, match=pattern):
+        helpers.small_config(str(tmp_path / "run"), **settings).validated()
