@@ -48,8 +48,8 @@ import benchlib  # noqa: E402
 
 DEFAULT_DATASET = {"mlp": "synthetic", "cnn": "synthetic", "big_mlp": "random_binary",
                    "resnet20": "synthetic_cifar", "minigooglenet": "synthetic_cifar"}
-DEFAULT_GLOBAL_BATCH = {"mlp": 128, "cnn": 128, "big_mlp": 64, "resnet20": 64,
-                        "minigooglenet": 64}
+DEFAULT_GLOBAL_BATCH = {"mlp": 128, "cnn": 128, "big_mlp": 512, "resnet20": 128,
+                        "minigooglenet": 128}
 MIRRORED = "mirrored_ctl"
 SINGLE = "single_device"
 
@@ -60,7 +60,8 @@ flags.DEFINE_list("towers", ["4"], "tower counts (logical CPU devices); every mu
 flags.DEFINE_list("modes", ["ps_cpu", "reduce_broadcast", "ring", SINGLE, MIRRORED,
                             "mirrored_fit", "split_concat"],
                   "mgloop --aggregation modes and baselines: "
-                  f"{', '.join(bench_systems.BASELINES)}")
+                  f"{', '.join(bench_systems.BASELINES)}; MODE@T runs MODE with T towers only "
+                  "(e.g. ps_cpu@1 for the speedup without running every system on 1 tower)")
 flags.DEFINE_integer("global_batch_size", None, "global batch of every system (default per "
                      f"model: {DEFAULT_GLOBAL_BATCH})")
 flags.DEFINE_string("dataset", None, f"dataset (default per model: {DEFAULT_DATASET})")
@@ -123,12 +124,13 @@ class Worker:
 def system_names(modes: list[str], towers: list[int]) -> list[tuple[str, str, int]]:
     """(name, system, towers) of every system: the single-device step once, the others per T."""
     out = []
-    for mode in modes:
+    for entry in modes:
+        mode, _, only = entry.partition("@")
         system = mode if mode in bench_systems.BASELINES else bench_systems.MGLOOP_PREFIX + mode
         if mode == SINGLE:
             out.append((SINGLE, SINGLE, 1))
             continue
-        for count in towers:
+        for count in ([int(only)] if only else towers):
             out.append((f"{system}@{count}", system, count))
     return out
 
@@ -138,7 +140,7 @@ def measure_model(model: str, output_dir: str) -> dict:
     global_batch = _FLAGS.global_batch_size or DEFAULT_GLOBAL_BATCH.get(model, 128)
     towers = [int(t) for t in _FLAGS.towers]
     systems = system_names(_FLAGS.modes, towers)
-    logical = max(towers)
+    logical = max(count for _, _, count in systems)
     os.makedirs(os.path.join(output_dir, "workers"), exist_ok=True)
     workers = {}
     try:
@@ -291,7 +293,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from mgloop import aggregation
-    for mode in _FLAGS.modes:
+    for mode in (entry.partition("@")[0] for entry in _FLAGS.modes):
         if mode not in bench_systems.BASELINES and mode not in aggregation.names():
             raise app.UsageError(f"--modes: {mode!r} is neither an mgloop aggregation "
                                  f"({', '.join(aggregation.names())}) nor a baseline "

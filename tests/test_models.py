@@ -47,7 +47,8 @@ def test_big_mlp_has_the_posts_41_million_parameters():
 def test_resnet20_and_minigooglenet_sizes():
     resnet = models.get("resnet20")((32, 32, 3), 10)
     assert resnet.count_params() == resnet20_parameters() == 274_042
-    convs = [l for l in resnet.layers if isinstance(l, keras.layers.Conv2D) and l.kernel_size != (1, 1)]
+    convs = [layer for layer in resnet.layers
+             if isinstance(layer, keras.layers.Conv2D) and layer.kernel_size != (1, 1)]
     assert len(convs) + 1 == 20  # 19 3x3 convolutions and the Dense layer
     googlenet = models.get("minigooglenet")((32, 32, 3), 10)
     assert googlenet.count_params() == 1_656_250  # documented in mgloop/models/minigooglenet.py
