@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop.aggregation import ring
+from mgloop.devices import DeviceSet
 
 
 @pytest.mark.parametrize("elements,chunks", [(10, 4), (3, 4), (0, 2), (8, 8), (7, 1)])
@@ -24,7 +25,8 @@ def test_ring_mean_equals_numpy_and_is_identical_everywhere(towers, shape):
     for device, value in zip(devices, values):
         with tf.device(device):
             placed.append(tf.constant(value))
-    results = ring.ring_all_reduce_mean(placed, devices)
+    method = ring.Ring(DeviceSet(towers=tuple(devices)))
+    results = ring.sharded_ring_all_reduce(method, placed, devices, shards=1, average=True)
     expected = np.mean(values, axis=0)
     for device, result in zip(devices, results):
         assert result.device.endswith(device.split("/")[-1])
