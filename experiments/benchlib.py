@@ -14,15 +14,18 @@ import time
 import numpy as np
 
 
-def build(model: str, global_batch: int, **settings):
-    """(trainer, iterator) for one configuration; settings are Config fields."""
+def build(model: str, global_batch: int, dataset_object=None, **settings):
+    """(trainer, iterator) for one configuration; settings are Config fields.
+
+    `dataset_object`: an already loaded dataset of `settings["dataset"]` (default: load it).
+    """
     import tensorflow as tf  # noqa: F401  (after the caller configured devices)
     from mgloop import data, devices, experiment, models
     from mgloop.config import Config
     config = Config(model=model, global_batch_size=global_batch, train_steps=10 ** 9,
                     logdir=os.path.join("/tmp", "mgloop-bench"), **settings).validated()
     device_set = devices.setup(devices.parse(config.devices))
-    dataset = data.load(config.dataset, config.seed, config.data_dir)
+    dataset = dataset_object or data.load(config.dataset, config.seed, config.data_dir)
     trainer = experiment.build_trainer(
         config, device_set, lambda: models.get(model)(dataset.input_shape, dataset.num_classes),
         experiment.default_loss(), dataset.input_shape)

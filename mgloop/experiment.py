@@ -24,6 +24,7 @@ from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
 from mgloop import loop
+from mgloop import losses
 from mgloop import models
 from mgloop import optim
 from mgloop import staging
@@ -34,9 +35,10 @@ from mgloop.config import CONFIG_FILENAME, Config
 SUMMARY_FILENAME = "summary.json"
 
 
-def default_loss() -> keras.losses.Loss:
-    """Cross-entropy on logits against integer labels, mean over the examples."""
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+def default_loss():
+    """Cross-entropy on logits against integer labels, per example (mgloop.losses):
+    softmax over K > 1 logits, sigmoid for a single logit."""
+    return losses.cross_entropy
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

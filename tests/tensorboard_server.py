@@ -28,13 +28,21 @@ class TensorBoard:
         with urllib.request.urlopen(f"{self.base_url}{path}{query}", timeout=10) as response:
             return json.loads(response.read())
 
-    def wait_for(self, predicate, path: str, timeout: float = 90.0, **params):
-        """Polls `path` until predicate(json) holds (TensorBoard loads event files lazily)."""
+    def post(self, path: str, body: dict):
+        request = urllib.request.Request(f"{self.base_url}{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def wait_for(self, predicate, path: str, timeout: float = 90.0, body: dict | None = None,
+                 **params):
+        """Polls `path` (a POST of `body` if given) until predicate(json) holds (TensorBoard
+        loads event files lazily)."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
             try:
-                last = self.get(path, **params)
+                last = self.get(path, **params) if body is None else self.post(path, body)
                 if predicate(last):
                     return last
             except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):

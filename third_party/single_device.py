@@ -5,6 +5,10 @@ Re-creates the plain TensorFlow 2 custom training loop of the Keras guide
 batch, the mean loss, `optimizer.apply_gradients`. It knows nothing of towers,
 which is why mgloop's equivalence tests use it as the reference: N towers must
 compute what this computes on the same global batch.
+
+`make_train_loop` runs `num_steps` such steps inside one `tf.function` call
+(a `tf.range` loop over an iterator, as mgloop's `Trainer.train_loop` does),
+so the benchmark compares the two with the same Python cost per loop.
 """
 
 from __future__ import annotations
@@ -13,19 +17,23 @@ import keras
 import tensorflow as tf
 
 
+def _step(model: keras.Model, loss_fn, optimizer: keras.optimizers.Optimizer, x, y):
+    with tf.GradientTape() as tape:
+        predictions = model(x, training=True)
+        loss = tf.reduce_mean(loss_fn(y, predictions))
+        if model.losses:
+            loss += tf.add_n(model.losses)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
 def make_train_step(model: keras.Model, loss_fn, optimizer: keras.optimizers.Optimizer):
     """Returns step(x, y) -> mean loss, updating `model` in place."""
 
     @tf.function
     def step(x, y):
-        with tf.GradientTape() as tape:
-            predictions = model(x, training=True)
-            loss = tf.reduce_mean(loss_fn(y, predictions))
-            if model.losses:
-                loss += tf.add_n(model.losses)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+        return _step(model, loss_fn, optimizer, x, y)
 
     return step
 
@@ -55,3 +63,17 @@ def make_mixed_precision_train_step(model: keras.Model, loss_fn,
         return loss
 
     return step
+
+
+def make_train_loop(model: keras.Model, loss_fn, optimizer: keras.optimizers.Optimizer):
+    """Returns loop(iterator, num_steps) -> sum of the step losses: `num_steps` steps, one call."""
+
+    @tf.function
+    def loop(iterator, num_steps):
+        loss_sum = tf.constant(0.0)
+        for _ in tf.range(num_steps):
+            x, y = next(iterator)
+            loss_sum += _step(model, loss_fn, optimizer, x, y)
+        return loss_sum
+
+    return loop

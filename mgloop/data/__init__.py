@@ -1,8 +1,9 @@
 """Datasets by `--dataset` name; each loader returns an `InMemoryDataset`.
 
-`synthetic` is generated from the seed; `cifar10` and `mnist` read their files
-from `--data_dir`, whose layout `check` verifies with plain Python (headers and
-sizes, no TensorFlow) during `Config.validated()`.
+`synthetic`, `synthetic_cifar` and `random_binary` are generated from the seed;
+`cifar10` and `mnist` read their files from `--data_dir`, whose layout `check`
+verifies with plain Python (headers and sizes, no TensorFlow) during
+`Config.validated()`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Callable
 
 from mgloop.data import cifar10
 from mgloop.data import mnist
+from mgloop.data import random_binary
 from mgloop.data import synthetic
 from mgloop.data.base import InMemoryDataset
 from mgloop.errors import ConfigError
@@ -27,6 +29,9 @@ class _Source:
 
 _SOURCES: dict[str, _Source] = {
     "synthetic": _Source(lambda seed, data_dir: synthetic.make(seed)),
+    "synthetic_cifar": _Source(lambda seed, data_dir: synthetic.make(
+        seed, num_train=4096, input_shape=synthetic.CIFAR_SHAPE, name="synthetic_cifar")),
+    "random_binary": _Source(lambda seed, data_dir: random_binary.make(seed)),
     "cifar10": _Source(lambda seed, data_dir: cifar10.load(data_dir), cifar10.check_files,
                        "data_batch_1.bin .. data_batch_5.bin and test_batch.bin"),
     "mnist": _Source(lambda seed, data_dir: mnist.load(data_dir), mnist.check_files,

@@ -37,5 +37,8 @@ def get(name: str) -> ModelBuilder:
         raise ConfigError(f"--model={name!r} is not one of: {', '.join(names())}") from None
 
 
+from mgloop.models import big_mlp  # noqa: E402,F401
 from mgloop.models import cnn  # noqa: E402,F401
+from mgloop.models import minigooglenet  # noqa: E402,F401
 from mgloop.models import mlp  # noqa: E402,F401
+from mgloop.models import resnet20  # noqa: E402,F401

@@ -1,0 +1,197 @@
+"""The systems of the side-by-side benchmark, each built in its own process, timed loop by loop.
+
+A system is built from a `Spec` (model, dataset, towers, global batch, loop
+length) and offers `run()`: one timed loop of `spec.steps` training steps,
+returning its wall-clock seconds (the loop's last result is read back, so
+the time covers the whole loop). Every system reads the same host input
+pipeline (the dataset's `train_batches` for the seed, prefetch 2), starts
+from the seed's initial weights and trains with the same optimizer, schedule
+and loss (mgloop.optim.make_optimizer, mgloop.losses.cross_entropy).
+
+    mgloop:<mode>   mgloop's Trainer with --aggregation=<mode>: train_loop, one compiled
+                    call of `steps` steps (a tf.range loop)
+    single_device   third_party.single_device.make_train_loop on CPU:0, the whole global
+                    batch, `steps` steps per compiled call
+    mirrored_ctl    third_party.mirrored_strategy.CustomLoop: strategy.run inside a
+                    tf.function, `steps` steps per call (a tf.range loop)
+    mirrored_fit    Keras fit under MirroredStrategy, steps_per_execution = steps: one
+                    epoch of `steps` steps is one execution, timed from the epoch's start
+                    to its end (fit is called once; an epoch waits for the harness)
+    split_concat    Keras fit of third_party.keras_fit.SplitConcat (multi_gpu_model),
+                    timed the same way
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import queue
+import sys
+import threading
+import time
+
+BASELINES = ("single_device", "mirrored_ctl", "mirrored_fit", "split_concat")
+MGLOOP_PREFIX = "mgloop:"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    system: str  # "mgloop:<mode>" or one of BASELINES
+    model: str
+    dataset: str
+    towers: int
+    global_batch: int
+    steps: int  # steps per timed loop
+    seed: int = 0
+    optimizer: str = "momentum"
+    learning_rate: float = 0.01
+    cross_device_ops: str = "reduce_to_one"  # MirroredStrategy baselines
+
+
+def _repo_on_path() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def _config(spec: Spec, aggregation: str = "ps_cpu"):
+    from mgloop.config import Config
+    return Config(model=spec.model, dataset=spec.dataset, devices=f"cpu:{spec.towers}",
+                  aggregation=aggregation, global_batch_size=spec.global_batch,
+                  optimizer=spec.optimizer, learning_rate=spec.learning_rate,
+                  train_steps=10 ** 9, seed=spec.seed,
+                  logdir=os.path.join("/tmp", "mgloop-bench")).validated()
+
+
+class _Parts:
+    """What every baseline shares: devices, dataset, model/optimizer functions, input stream."""
+
+    def __init__(self, spec: Spec, dataset=None):
+        from mgloop import data, devices, experiment, models, optim
+        self.config = _config(spec)
+        self.devices = list(devices.setup(devices.parse(self.config.devices)).towers)
+        self.dataset = dataset or data.load(spec.dataset, spec.seed)
+        self.loss_fn = experiment.default_loss()
+        self.optimizer_fn = functools.partial(optim.make_optimizer, self.config)
+        builder = models.get(spec.model)
+        self.model_fn = functools.partial(builder, self.dataset.input_shape,
+                                          self.dataset.num_classes)
+        self.seed = functools.partial(experiment.seed_everything, spec.seed, False)
+
+    def batches(self, spec: Spec):
+        return self.dataset.train_batches(spec.global_batch, spec.seed).prefetch(2)
+
+
+class CompiledLoop:
+    """A system whose loop is one tf.function call: loop(iterator, steps) -> a tensor."""
+
+    def __init__(self, loop, iterator, steps: int, model=None, owner=None):
+        import tensorflow as tf
+        self.loop, self.iterator, self.model = loop, iterator, model
+        self.owner = owner  # keeps the object of a bound tf.function method alive
+        self.steps = tf.constant(steps, tf.int32)
+        self.last_loss_sum = None
+
+    def run(self) -> float:
+        began = time.perf_counter()
+        result = self.loop(self.iterator, self.steps)
+        result = result[0] if isinstance(result, (tuple, list)) else result
+        self.last_loss_sum = float(result)  # waits for the loop to finish
+        return time.perf_counter() - began
+
+    def close(self) -> None:
+        pass
+
+
+class _StopFit(Exception):
+    pass
+
+
+class FitLoop:
+    """Keras `fit` called once, paced by the harness: each epoch (= one timed loop) waits to start.
+
+    fit runs in a thread; a callback blocks at the start of every epoch until
+    `run()` asks for one, and reports the time from the epoch's start to its
+    end, so fit's once-per-call set-up (iterator, callbacks, tracing) is
+    outside the timing, as a long training run amortises it.
+    """
+
+    def __init__(self, model, batches, steps: int):
+        import keras
+        self.model = model
+        self._go, self._done = queue.Queue(), queue.Queue()
+        self.last_logs = None
+        runner = self
+
+        class Pace(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if not runner._go.get():
+                    raise _StopFit
+                runner._began = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                runner._done.put((time.perf_counter() - runner._began, dict(logs or {})))
+
+        def fit():
+            try:
+                model.fit(batches, epochs=10 ** 9, steps_per_epoch=steps, verbose=0,
+                          shuffle=False, callbacks=[Pace()])
+            except _StopFit:
+                pass
+            except BaseException as error:  # surfaces in run()
+                self._done.put((error, None))
+
+        self._thread = threading.Thread(target=fit, daemon=True)
+        self._thread.start()
+
+    def run(self) -> float:
+        self._go.put(True)
+        seconds, logs = self._done.get()
+        if isinstance(seconds, BaseException):
+            raise seconds
+        self.last_logs = logs
+        return seconds
+
+    def close(self) -> None:
+        self._go.put(False)
+        self._thread.join(timeout=60)
+
+
+def build(spec: Spec, dataset=None):
+    """The system of `spec`, built (not yet traced) in this process."""
+    _repo_on_path()
+    import tensorflow as tf
+    if spec.system.startswith(MGLOOP_PREFIX):
+        import benchlib
+        trainer, iterator = benchlib.build(
+            spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
+            devices=f"cpu:{spec.towers}", aggregation=spec.system[len(MGLOOP_PREFIX):],
+            optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed)
+        return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer)
+    parts = _Parts(spec, dataset)
+    parts.seed()
+    if spec.system == "single_device":
+        from third_party import single_device
+        with tf.device(parts.devices[0]):
+            model = parts.model_fn()
+            loop = single_device.make_train_loop(model, parts.loss_fn, parts.optimizer_fn())
+        return CompiledLoop(loop, iter(parts.batches(spec)), spec.steps, model)
+    from third_party import keras_fit, mirrored_strategy
+    if spec.system == "mirrored_ctl":
+        strategy = mirrored_strategy.make_strategy(parts.devices, spec.cross_device_ops)
+        custom = mirrored_strategy.CustomLoop(strategy, parts.model_fn, parts.loss_fn,
+                                              parts.optimizer_fn, spec.global_batch)
+        return CompiledLoop(custom.train_loop, custom.distribute(parts.batches(spec)),
+                            spec.steps, custom.model, custom)
+    if spec.system == "mirrored_fit":
+        strategy = mirrored_strategy.make_strategy(parts.devices, spec.cross_device_ops)
+        model = keras_fit.mirrored_fit_model(strategy, parts.model_fn, parts.loss_fn,
+                                             parts.optimizer_fn, steps_per_execution=spec.steps)
+        return FitLoop(model, parts.batches(spec), spec.steps)
+    if spec.system == "split_concat":
+        model = keras_fit.split_concat_model(parts.model_fn, parts.loss_fn, parts.optimizer_fn,
+                                             parts.devices, steps_per_execution=spec.steps)
+        return FitLoop(model, parts.batches(spec), spec.steps)
+    raise ValueError(f"unknown system {spec.system!r}: use mgloop:<mode> or one of "
+                     f"{', '.join(BASELINES)}")

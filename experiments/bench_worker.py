@@ -1,0 +1,90 @@
+"""One benchmark system in its own process, driven line by line over stdin/stdout.
+
+    python experiments/bench_worker.py      (started by experiments/bench.py)
+
+Protocol (one JSON object per line; replies are prefixed by `@@bench ` so that
+anything else a library prints to stdout is ignored):
+
+    in:  {"spec": {...bench_systems.Spec fields...}, "logical_devices": N}
+    out: {"ready": true, "build_seconds": s, "baseline_rss_kib": r}
+    in:  "run"                 out: {"seconds": s}        one timed loop
+    in:  {"trace": DIR}        out: {"seconds": s}        one loop under tf.profiler, into DIR
+    in:  "stop"                out: {"peak_rss_kib": p}   then exits
+
+Memory: `baseline_rss_kib` is the resident set after TensorFlow started with
+its devices and the dataset was loaded, before the system was built;
+`peak_rss_kib` is the process's peak resident set (getrusage ru_maxrss,
+KiB on Linux) at the end, which covers building, tracing and every loop.
+One process per system, so each peak is that system's alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+PREFIX = "@@bench "
+
+
+def reply(payload: dict) -> None:
+    sys.stdout.write(PREFIX + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def current_rss_kib() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.readline())
+    from mgloop import data, devices
+    devices.configure_logical_cpus(request["logical_devices"])
+    import bench_systems
+    import tensorflow as tf
+    spec = bench_systems.Spec(**request["spec"])
+    dataset = data.load(spec.dataset, spec.seed)
+    dataset._train_tensors  # the host copy every system reads, made before the baseline
+    baseline = current_rss_kib()
+    began = time.perf_counter()
+    system = bench_systems.build(spec, dataset)
+    reply({"ready": True, "build_seconds": time.perf_counter() - began,
+           "baseline_rss_kib": baseline})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command == "run":
+            reply({"seconds": system.run()})
+        elif isinstance(command, dict) and "trace" in command:
+            tf.profiler.experimental.start(command["trace"])
+            seconds = system.run()
+            tf.profiler.experimental.stop()
+            reply({"seconds": seconds})
+        elif command == "stop":
+            system.close()
+            reply({"peak_rss_kib": peak_rss_kib()})
+            return
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as error:  # noqa: BLE001 (reported to the harness, which stops)
+        reply({"error": f"{type(error).__name__}: {error}",
+               "traceback": traceback.format_exc()[-4000:]})
+        sys.exit(1)

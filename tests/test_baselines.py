@@ -1,0 +1,60 @@
+"""The benchmark's baselines compute what mgloop computes: same initial weights, same batch,
+one step, the same mean loss over the global batch and the same updated weights."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
+
+import bench_systems  # noqa: E402
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def built(system, model, towers, dataset="synthetic", global_batch=16):
+    spec = bench_systems.Spec(system=system, model=model, dataset=dataset, towers=towers,
+                              global_batch=global_batch, steps=1, seed=5, learning_rate=0.1)
+    return bench_systems.build(spec)
+
+
+def weights(system):
+    return [np.asarray(w) for w in system.model.get_weights()]
+
+
+def step_loss(system):
+    """The one step's loss: the compiled loops return the sum over steps, fit logs the mean."""
+    return system.last_loss_sum if hasattr(system, "last_loss_sum") else system.last_logs["loss"]
+
+
+@pytest.mark.parametrize("model,towers", [("mlp", 4), ("cnn", 2)])
+def test_baselines_equal_mgloop_on_one_step(model, towers):
+    reference = built("mgloop:ps_cpu", model, towers)
+    initial = weights(reference)
+    reference.run()
+    expected_loss, expected_weights = step_loss(reference), weights(reference)
+    assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(expected_weights, initial))
+    for name in bench_systems.BASELINES:
+        system = built(name, model, 1 if name == "single_device" else towers)
+        try:
+            for a, b in zip(weights(system), initial):  # the seed's initial weights
+                np.testing.assert_array_equal(a, b)
+            system.run()
+            np.testing.assert_allclose(step_loss(system), expected_loss, rtol=RTOL,
+                                       err_msg=name)
+            for a, b in zip(weights(system), expected_weights):
+                np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)
+        finally:
+            system.close()
+
+
+def test_mirrored_replicas_stay_identical():
+    system = built("mirrored_ctl", "mlp", 4)
+    system.run()
+    for variable in system.model.trainable_variables:
+        copies = [np.asarray(v) for v in variable.value.values]
+        assert len(copies) == 4
+        for copy in copies[1:]:
+            np.testing.assert_array_equal(copy, copies[0])
