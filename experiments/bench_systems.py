@@ -96,6 +96,8 @@ class CompiledLoop:
     def run(self) -> float:
         began = time.perf_counter()
         result = self.loop(self.iterator, self.steps)
+        if hasattr(result, "loss_sum"):  # mgloop's Trainer.train_loop: a LoopResult
+            result = result.loss_sum
         result = result[0] if isinstance(result, (tuple, list)) else result
         self.last_loss_sum = float(result)  # waits for the loop to finish
         return time.perf_counter() - began
