@@ -17,6 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
+from mgloop import monitor  # noqa: E402
 from mgloop.errors import ConfigError  # noqa: E402
 
 mgloop_flags.define_flags()
@@ -28,10 +29,13 @@ def main(argv):
     tf.get_logger().setLevel("WARNING")  # TensorFlow's own INFO lines (checkpoint sharding)
     config = mgloop_flags.config_from_flags()
     try:
-        summary = experiment.run(config)
+        summary = experiment.run(config, command_line=list(sys.argv))
     except ConfigError as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except monitor.LogdirLost as error:
+        print(f"mgloop.train: error: {error}", file=sys.stderr)
+        sys.exit(1)
     logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
                  summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
