@@ -71,7 +71,8 @@ def replica_divergence(copies) -> float:
     for copy in copies[1:]:
         for mine, first in zip(copy.trainable, copies[0].trainable):
             with tf.device(copy.device):
-                diff = tf.reduce_max(tf.abs(tf.convert_to_tensor(mine) - tf.convert_to_tensor(first)))
+                diff = tf.reduce_max(tf.abs(tf.convert_to_tensor(mine)
+                                            - tf.convert_to_tensor(first)))
             largest = max(largest, float(diff))
     return largest
 

@@ -6,7 +6,7 @@ Layout of a logdir (tags are stable; the README lists them):
                       input_wait (seconds per step the towers waited for input);
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
                       (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds
-    <logdir>/eval/    events: loss, accuracy (held-out split, at the end of training)
+    <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
     <logdir>/         events of the root run: HParams session, text config and command_line,
                       final/train_loss, final/eval_accuracy, final/examples_per_sec
     <logdir>/summary.json

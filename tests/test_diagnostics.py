@@ -93,6 +93,33 @@ def test_lost_logdir_is_one_clear_error_and_the_checkpoint_is_kept(tmp_path, mon
     assert "\n" not in message and f"--logdir={logdir} disappeared" in message
     rescue = message.split("resume with --logdir=")[1]
     assert os.path.dirname(rescue) == str(tmp_path)
-    step = int(tf.train.load_variable(
-        tf.train.latest_checkpoint(os.path.join(rescue, "checkpoints")), "step/.ATTRIBUTES/VARIABLE_VALUE"))
+    latest = tf.train.latest_checkpoint(os.path.join(rescue, "checkpoints"))
+    step = int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
     assert step >= 10
+
+
+def scalar_events(folder):
+    """{tag: [(step, value)]} of the event files in `folder`."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("events"):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+                for value in event.summary.value:
+                    out.setdefault(value.tag, []).append(
+                        (event.step, float(tf.make_ndarray(value.tensor))))
+    return out
+
+
+def test_profile_eval_and_loss_scale_in_a_short_run(logdir):
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring", train_steps=6,
+                                  steps_per_loop=6, summary_every=3, eval_every=2,
+                                  profile_steps="2,4", mixed_precision="mixed_float16")
+    mgloop.run(config, dataset=helpers.DATASET, command_line=["train", "--flag"])
+    traces = [os.path.join(root, f) for root, _, files in
+              os.walk(os.path.join(logdir, "plugins", "profile")) for f in files]
+    assert any(t.endswith(".xplane.pb") and os.path.getsize(t) > 0 for t in traces)
+    assert [step for step, _ in scalar_events(os.path.join(logdir, "eval"))["accuracy"]] == [
+        2, 4, 6]
+    train = scalar_events(os.path.join(logdir, "train"))
+    assert [value for _, value in train["loss_scale"]] == [2.0 ** 15] * 2  # no overflow
+    assert "replica/divergence" not in train and "tower_0/loss" not in train  # off by default
