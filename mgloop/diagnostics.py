@@ -5,16 +5,15 @@ from the T towers' gradients g_t (after accumulation and loss unscaling, before
 the exchange) and mean shard losses loss_t:
 
     tower_t/loss       loss_t
-    tower_t/grad_norm  ||g_t||                      (global norm, on tower t's device)
+    tower_t/grad_norm  ||g_t||                      (global norm over every variable)
     grad/norm_ratio    ||(1/T) sum_t g_t|| / ((1/T) sum_t ||g_t||)
-    grad/cosine_mean   mean over pairs i < j of cos(g_i, g_j)
-                       = (||sum_t u_t||^2 - T) / (T (T - 1)),  u_t = g_t / ||g_t||  (T > 1)
+    grad/cosine_mean   mean over pairs i != j of cos(g_i, g_j)  (T > 1)
 
 The norm ratio is 1 when every tower's gradient points the same way and
 about 1/sqrt(T) when they are independent noise (the signal-to-noise view of
-large-batch studies). The sums over towers are formed on the host: each tower
-sends g_t and u_t there once per step (2P bytes per tower, outside the traffic
-counts, which are the aggregation's). The loop sums these over its steps and the
+large-batch studies). All come from the towers' Gram matrix, formed on the
+host: each tower sends its flattened gradient there once per step (P bytes per
+tower, outside the traffic counts, which are the aggregation's). The loop sums these over its steps and the
 outer loop writes their mean over each summary window.
 
 Outside the step, at summary time: `replica_divergence` (max |v_c - v_0| over
@@ -31,8 +30,9 @@ import tensorflow as tf
 
 
 def stat_names(num_towers: int) -> list[str]:
-    """Names of the in-step statistics, in the order `gradient_stats` returns them."""
-    names = [f"tower_{t}/{what}" for t in range(num_towers) for what in ("loss", "grad_norm")]
+    """Names of the entries of the vector `gradient_stats` returns, in order."""
+    names = [f"tower_{t}/loss" for t in range(num_towers)]
+    names += [f"tower_{t}/grad_norm" for t in range(num_towers)]
     names.append("grad/norm_ratio")
     if num_towers > 1:
         names.append("grad/cosine_mean")
@@ -40,29 +40,32 @@ def stat_names(num_towers: int) -> list[str]:
 
 
 def gradient_stats(losses: list[tf.Tensor], grads: list[list[tf.Tensor]],
-                   tower_devices: list[str], host: str) -> list[tf.Tensor]:
-    """The statistics of `stat_names(T)` for one step, as float32 scalars on the host."""
+                   tower_devices: list[str], host: str) -> tf.Tensor:
+    """The statistics of `stat_names(T)` for one step: one float32 vector on the host.
+
+    Each tower flattens its gradient into one vector f_t on its device; on the host
+    the Gram matrix G = F F^T of the stacked F = [f_0; ...; f_{T-1}] gives them all
+    (a handful of ops, whatever the model), with n_t = ||g_t|| = sqrt(G_tt):
+    norm_ratio = sqrt(sum_ij G_ij) / sum_t n_t, and
+    cosine_mean = (sum_ij G_ij / (n_i n_j) - T) / (T (T - 1)).
+    """
     num = len(tower_devices)
-    norms, units = [], []
+    flats = []
     for g, device in zip(grads, tower_devices):
         with tf.device(device):
-            g = [tf.cast(x, tf.float32) for x in g]
-            norm = tf.linalg.global_norm(g)
-            inverse = tf.math.divide_no_nan(1.0, norm)
-            norms.append(norm)
-            units.append([x * inverse for x in g])
+            flats.append(tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in g], 0))
     with tf.device(host):
-        out = []
-        for t in range(num):
-            out += [tf.cast(losses[t], tf.float32), tf.identity(norms[t])]
-        mean_grad = [tf.add_n(list(parts)) / num for parts in zip(*grads)]
-        mean_norm = tf.add_n(norms) / num
-        out.append(tf.math.divide_no_nan(tf.linalg.global_norm(mean_grad), mean_norm))
+        stacked = tf.stack(flats)
+        gram = tf.matmul(stacked, stacked, transpose_b=True)
+        norms = tf.sqrt(tf.linalg.diag_part(gram))
+        ratio = tf.math.divide_no_nan(tf.sqrt(tf.maximum(tf.reduce_sum(gram), 0.0)),
+                                      tf.reduce_sum(norms))
+        parts = [tf.cast(tf.stack(losses), tf.float32), norms, ratio[None]]
         if num > 1:
-            unit_sum = [tf.add_n(list(parts)) for parts in zip(*units)]
-            squared = tf.square(tf.linalg.global_norm(unit_sum))
-            out.append((squared - num) / (num * (num - 1)))
-    return out
+            inverse = tf.math.divide_no_nan(1.0, norms)[:, None]
+            unit_sum = tf.matmul(inverse, tf.matmul(gram, inverse), transpose_a=True)
+            parts.append((tf.reshape(unit_sum, [1]) - num) / (num * (num - 1)))
+        return tf.concat(parts, 0)
 
 
 def replica_divergence(copies) -> float:

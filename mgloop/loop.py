@@ -171,12 +171,12 @@ class Trainer:
         return [packing.unpack(values, buckets, shapes, copy.device)
                 for values, copy in zip(reduced, self.copies)]
 
-    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, list[tf.Tensor]]:
+    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, tf.Tensor | None]:
         """One synchronous update on per-tower shards (x_t, y_t), each on its tower.
 
         Returns (mean loss over the step's examples, correct count, an op that has
         run once every variable copy holds this step's update, the step's values of
-        `stat_names` on the host: empty without --diagnostics). With
+        `stat_names` as one vector on the host: None without --diagnostics). With
         --accumulation_steps=K a shard holds K micro-shards of B/T examples, micro-
         batch k being the k-th micro-shard of every tower (accumulation.py); the
         loss is the mean over the K micro-batches of their mean loss.
@@ -200,7 +200,7 @@ class Trainer:
             finite = self._agree_finite(result.grads, units) if scales else None
             stats = (diagnostics_lib.gradient_stats(result.losses, result.grads, units,
                                                     self.aggregation.devices.host)
-                     if self.stat_names else [])
+                     if self.stat_names else None)
             grads = ([result.grads[0]] if self.aggregation.single_loss
                      else self.exchange(result.grads))
             if self.last_grads is not None:
@@ -332,7 +332,7 @@ class Trainer:
                           correct=float(out["correct"]),
                           input_wait=float(out["input_wait"]) + primed,
                           stats={name: float(value)
-                                 for name, value in zip(self.stat_names, out["stats"])})
+                                 for name, value in zip(self.stat_names, out["stats"].numpy())})
 
     def release_input(self) -> None:
         """Drops whatever the current iterator has staged (the end of a `fit`)."""
@@ -343,7 +343,7 @@ class Trainer:
     def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
         """The loop of `train_loop`: sums over the steps run, and their count."""
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-        stat_sums = [tf.constant(0.0) for _ in self.stat_names]
+        stat_sums = tf.zeros([len(self.stat_names)])
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
         for _ in tf.range(num_steps):
@@ -364,7 +364,8 @@ class Trainer:
             end = step_end
             loss_sum += loss
             correct_sum += correct
-            stat_sums = [total + value for total, value in zip(stat_sums, stats)]
+            if stats is not None:
+                stat_sums += stats
             steps += 1
         return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
                 "input_wait": wait, "stats": stat_sums}
