@@ -26,6 +26,7 @@ class Checkpointer:
 
     def __init__(self, directory: str, model: keras.Model, optimizer, step: tf.Variable,
                  keep: int):
+        self._directory = directory
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
         self._manager = tf.train.CheckpointManager(self._checkpoint, directory, max_to_keep=keep)
 
@@ -51,6 +52,11 @@ class Checkpointer:
         return path
 
     def save(self, step: int) -> str:
+        """Saves; refuses (FileNotFoundError) if the folder holding `directory` is gone
+        (TensorFlow would silently recreate a deleted logdir)."""
+        parent = os.path.dirname(os.path.normpath(self._directory))
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"{parent} is gone")
         return self._manager.save(checkpoint_number=step)
 
 

@@ -82,6 +82,11 @@ class Config:
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     export_dir: str | None = None
+    # Inspection (diagnostics.py): TensorBoard beyond the basic scalars.
+    diagnostics: bool = False  # per-tower loss/grad norm, gradient agreement, divergence
+    eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
+    histogram_every: int = 0  # steps between weight and gradient histograms (0: none)
+    profile_steps: str | None = None  # "A,B": profiler trace of steps A+1 .. B
     # Repeatability.
     seed: int = 0
     deterministic: bool = False
@@ -126,6 +131,7 @@ class Config:
         _check_range("log_every", self.log_every, low=0)
         _check_range("checkpoint_every", self.checkpoint_every, low=0)
         _check_range("keep_checkpoints", self.keep_checkpoints, low=1)
+        _check_inspection(self)
         _check_range("seed", self.seed, low=0)
         if self.warmup_steps > self.train_steps:
             raise ConfigError(
@@ -199,6 +205,32 @@ def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -
                           "gradients of variables that live on different devices; use ps_cpu, "
                           "ps_device or a replicated mode, or --pack_bytes=0")
     method.check(request, config.aggregation_options())
+
+
+def _check_inspection(config: Config) -> None:
+    """--diagnostics, --eval_every, --histogram_every, --profile_steps."""
+    _check_range("eval_every", config.eval_every, low=0)
+    _check_range("histogram_every", config.histogram_every, low=0)
+    if config.diagnostics and aggregation.get(config.aggregation).single_loss:
+        raise ConfigError(f"--diagnostics with --aggregation={config.aggregation}, which "
+                          "computes one loss and one gradient, none per tower; use a per-tower "
+                          "mode or leave --diagnostics off")
+    if config.profile_steps is not None:
+        parse_profile_steps(config.profile_steps, config.train_steps)
+
+
+def parse_profile_steps(value: str, train_steps: int) -> tuple[int, int]:
+    """--profile_steps="A,B" -> (A, B) with 0 <= A < B <= train_steps."""
+    parts = value.split(",")
+    try:
+        first, last = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        first = last = None
+    if first is None or not 0 <= first < last <= train_steps:
+        raise ConfigError(f"--profile_steps={value!r} must be two steps A,B with "
+                          f"0 <= A < B <= --train_steps={train_steps} (the trace covers steps "
+                          "A+1 .. B)")
+    return first, last
 
 
 def _check_choice(flag: str, value: str, choices) -> None:

@@ -8,6 +8,7 @@ checked as soon as the data is in memory, before any variable exists.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -26,11 +27,12 @@ from mgloop import devices
 from mgloop import loop
 from mgloop import losses
 from mgloop import models
+from mgloop import monitor as monitor_lib
 from mgloop import optim
 from mgloop import staging
 from mgloop import summaries
 from mgloop.aggregation.cross_worker import CrossWorker
-from mgloop.config import CONFIG_FILENAME, Config
+from mgloop.config import CONFIG_FILENAME, Config, parse_profile_steps
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -63,15 +65,19 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                         accumulation_steps=config.accumulation_steps,
                         mixed_precision=config.mixed_precision, batch_norm=config.batch_norm,
                         staging=staging.make(config.staging, config.staging_depth,
-                                             device_set.towers, config.accumulation_steps))
+                                             device_set.towers, config.accumulation_steps),
+                        diagnostics=config.diagnostics,
+                        keep_last_grads=config.histogram_every > 0)
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
-        loss_fn=None, dataset: data.InMemoryDataset | None = None) -> dict:
+        loss_fn=None, dataset: data.InMemoryDataset | None = None,
+        command_line: list[str] | None = None) -> dict:
     """Trains per `config` and returns the summary (also written to <logdir>/summary.json).
 
     `model_fn` (no arguments, returns a Keras model of logits) and `loss_fn`
     (y_true, y_pred) -> loss override `--model` and the default cross-entropy.
+    `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
     """
     config = config.validated()
     if dataset is not None:  # already in memory: check that it fits before any device exists
@@ -107,34 +113,61 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         part = functools.partial(staging.worker_part, workers=workers.num_workers,
                                  index=workers.index, micro_batches=config.accumulation_steps)
         batches = batches.map(lambda x, y: (part(x), part(y)))
-    train_writer = summaries.ScalarWriter(config.logdir, "train") if chief else None
+    total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
+    if chief:
+        summaries.write_run_record(config.logdir, dataclasses.asdict(config), total_towers,
+                                   command_line)
+    writer = summaries.ScalarWriter if chief else summaries.NullWriter  # the chief writes
+    train_writer, eval_writer = writer(config.logdir, "train"), writer(config.logdir, "eval")
     schedule = optim.make_schedule(config)
-    result = loop.fit(
-        trainer, batches, config.train_steps,
-        config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
-        summary_every=config.summary_every, log_every=config.log_every,
-        checkpoint_every=config.checkpoint_every, summaries=train_writer,
-        checkpointer=checkpointer if chief else None,
-        learning_rate=lambda step: float(schedule(step)))
-    exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
-    traffic = trainer.aggregation.traffic.as_dict()
-    eval_metrics = trainer.evaluate(dataset.eval_batches(config.global_batch_size))
+    monitor = monitor_lib.Monitor(
+        trainer, train_writer, eval_writer,
+        lambda: trainer.evaluate(dataset.eval_batches(config.global_batch_size)),
+        eval_every=config.eval_every, histogram_every=config.histogram_every,
+        divergence=config.diagnostics,
+        profile_steps=(parse_profile_steps(config.profile_steps, config.train_steps)
+                       if config.profile_steps and chief else None),
+        profile_dir=config.logdir)
+
+    def save_rescue(folder):
+        return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,
+                                       trainer.copies[0].optimizer, trainer.global_step,
+                                       keep=1).save(int(trainer.global_step.numpy()))
+
+    guard = (monitor_lib.logdir_guard(config.logdir, save_rescue) if chief
+             else contextlib.nullcontext())
+    with guard:
+        try:
+            result = loop.fit(
+                trainer, batches, config.train_steps,
+                config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
+                summary_every=config.summary_every, log_every=config.log_every,
+                checkpoint_every=config.checkpoint_every, summaries=train_writer,
+                checkpointer=checkpointer if chief else None,
+                learning_rate=lambda step: float(schedule(step)), monitor=monitor)
+        finally:
+            monitor.stop_profile()
+        exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
+        traffic = trainer.aggregation.traffic.as_dict()
+        train_writer.scalars(result.final_step, summaries.aggregation_scalars(traffic,
+                                                                              exchange_seconds))
+        eval_metrics = monitor.eval_at(result.final_step)
+        train_writer.close()
+        eval_writer.close()
+        if chief:
+            summaries.write_final_metrics(config.logdir, result.final_step, {
+                "final/train_loss": result.train.get("loss"),
+                "final/eval_accuracy": eval_metrics["accuracy"],
+                "final/examples_per_sec": result.examples_per_sec})
     logging.info("eval at step %d: loss %.4f accuracy %.3f", result.final_step,
                  eval_metrics["loss"], eval_metrics["accuracy"])
-    if chief:
-        train_writer.scalars(result.final_step,
-                             summaries.aggregation_scalars(traffic, exchange_seconds))
-        train_writer.close()
-        eval_writer = summaries.ScalarWriter(config.logdir, "eval")
-        eval_writer.scalars(result.final_step, eval_metrics)
-        eval_writer.close()
     export_path = None
     if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)
         logging.info("exported the template model to %s", export_path)
     summary = {
         "config": dataclasses.asdict(config),
-        "num_towers": device_set.num_towers * (workers.num_workers if workers else 1),
+        "num_towers": total_towers,
         "num_workers": workers.num_workers if workers else 1,
         "tower_devices": list(device_set.towers),
         "simulated_devices": device_set.simulated,
@@ -154,5 +187,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         "export_path": export_path,
     }
     if chief:
-        summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME), summary)
+        with monitor_lib.logdir_guard(config.logdir, save_rescue):
+            summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME),
+                                            summary)
     return summary

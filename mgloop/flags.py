@@ -71,6 +71,11 @@ _HELP = {
     "checkpoint_every": "steps between checkpoints (0: only at the end of training)",
     "keep_checkpoints": "how many recent checkpoints to keep",
     "export_dir": "save the template model here as model.keras (Keras native format)",
+    "diagnostics": "per-tower loss and gradient norm, gradient agreement (cosine, norm ratio) "
+                   "and replica divergence in TensorBoard, every --summary_every steps",
+    "eval_every": "steps between evaluations on the held-out split (0: only at the end)",
+    "histogram_every": "steps between weight and gradient histograms (0: none)",
+    "profile_steps": "A,B: write a profiler trace of steps A+1 .. B into <logdir>/plugins/profile",
     "seed": "seed of data, initialisation and shuffling",
     "startup_timeout": "several processes (TF_CONFIG): seconds to wait for every peer at start",
     "collective_timeout": "several processes: seconds a cross-worker all-reduce waits for its "

@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop import accumulation
+from mgloop import diagnostics as diagnostics_lib
 from mgloop import optim
 from mgloop import precision
 from mgloop import sync_batch_norm
@@ -72,6 +73,7 @@ class LoopResult:
     loss_sum: float  # sum over those steps of the mean loss over the global batch
     correct: float  # examples classified right, over those steps
     input_wait: float  # seconds the towers waited for input, over those steps
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # --diagnostics sums
 
 
 def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
@@ -88,7 +90,8 @@ class Trainer:
                  input_shape: tuple[int, ...] | None = None, grad_reduce: str = "mean",
                  pack_bytes: int = 0, accumulation_steps: int = 1,
                  mixed_precision: str = "none", batch_norm: str = "per_tower",
-                 staging: staging_lib.HostStaging | None = None):
+                 staging: staging_lib.HostStaging | None = None, diagnostics: bool = False,
+                 keep_last_grads: bool = False):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
@@ -113,6 +116,14 @@ class Trainer:
             sync_batch_norm.install(self.model)
         with tf.device(aggregation.devices.host):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # --diagnostics: per-step gradient statistics (diagnostics.py), traced only when on.
+        self.stat_names = (diagnostics_lib.stat_names(self.num_towers)
+                           if diagnostics and not aggregation.single_loss else [])
+        self.last_grads = None  # histograms: the gradient copy 0 applied in the last step
+        if keep_last_grads:
+            with tf.device(self.copies[0].device):
+                self.last_grads = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                                   for v in self.copies[0].trainable]
 
     @property
     def num_towers(self) -> int:
@@ -176,11 +187,12 @@ class Trainer:
         return [packing.unpack(values, buckets, shapes, copy.device)
                 for values, copy in zip(reduced, self.copies)]
 
-    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation]:
+    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, tf.Tensor | None]:
         """One synchronous update on per-tower shards (x_t, y_t), each on its tower.
 
         Returns (mean loss over the step's examples, correct count, an op that has
-        run once every variable copy holds this step's update). With
+        run once every variable copy holds this step's update, the step's values of
+        `stat_names` as one vector on the host: None without --diagnostics). With
         --accumulation_steps=K a shard holds K micro-shards of B/T examples, micro-
         batch k being the k-th micro-shard of every tower (accumulation.py); the
         loss is the mean over the K micro-batches of their mean loss.
@@ -202,8 +214,15 @@ class Trainer:
                 micro_pass, [x for x, _ in shards], [y for _, y in shards],
                 self.accumulation_steps, states, self.copies[0].trainable, units)
             finite = self._agree_finite(result.grads, units) if scales else None
+            stats = (diagnostics_lib.gradient_stats(result.losses, result.grads, units,
+                                                    self.aggregation.devices.host)
+                     if self.stat_names else None)
             grads = ([result.grads[0]] if self.aggregation.single_loss
                      else self.exchange(result.grads))
+            if self.last_grads is not None:
+                for keep, g in zip(self.last_grads, grads[0]):
+                    with tf.device(keep.device):
+                        keep.assign(tf.cast(g, keep.dtype))
             self._apply(grads, self._reduce_non_trainable(result.states), finite)
             with tf.device(self.aggregation.devices.host):
                 loss = tf.add_n(result.losses) / len(units)
@@ -215,8 +234,9 @@ class Trainer:
             self.global_step.assign_add(1)
         # Reads are ordered after the writes above (automatic control dependencies).
         done = tf.group([v.value() for copy in self.copies for v in copy.variables]
-                        + [self.global_step.value()])
-        return loss, correct, done
+                        + [self.global_step.value()]
+                        + ([v.value() for v in self.last_grads] if self.last_grads else []))
+        return loss, correct, done, stats
 
     def _micro_pass(self, trainable, states, scales, xs, ys) -> accumulation.Pass:
         """Every tower (or the single loss) on one micro-batch, given as per-tower shards
@@ -329,7 +349,9 @@ class Trainer:
         out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32))
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
                           correct=float(out["correct"]),
-                          input_wait=float(out["input_wait"]) + primed)
+                          input_wait=float(out["input_wait"]) + primed,
+                          stats={name: float(value)
+                                 for name, value in zip(self.stat_names, out["stats"].numpy())})
 
     def release_input(self) -> None:
         """Drops whatever the current iterator has staged (the end of a `fit`)."""
@@ -340,6 +362,7 @@ class Trainer:
     def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
         """The loop of `train_loop`: sums over the steps run, and their count."""
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+        stat_sums = tf.zeros([len(self.stat_names)])
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
         for _ in tf.range(num_steps):
@@ -351,7 +374,7 @@ class Trainer:
             shards, staged = take()
             with tf.control_dependencies([t for shard in shards for t in shard]):
                 ready = staging_lib.clock()
-            loss, correct, done = self.train_step(shards)
+            loss, correct, done, stats = self.train_step(shards)
             with tf.control_dependencies([done]):
                 compute_end = staging_lib.clock()
             with tf.control_dependencies([compute_end] + staged):
@@ -360,9 +383,11 @@ class Trainer:
             end = step_end
             loss_sum += loss
             correct_sum += correct
+            if stats is not None:
+                stat_sums += stats
             steps += 1
         return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
-                "input_wait": wait}
+                "input_wait": wait, "stats": stat_sums}
 
     @tf.function
     def _exchange_only(self, tower_grads, repeats):
@@ -484,8 +509,11 @@ class Window:
     correct: float = 0.0
     seconds: float = 0.0
     input_wait: float = 0.0
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def add(self, result: LoopResult, seconds: float) -> None:
+        for name, value in result.stats.items():
+            self.stats[name] = self.stats.get(name, 0.0) + value
         self.steps += result.steps
         self.loss_sum += result.loss_sum
         self.correct += result.correct
@@ -497,7 +525,8 @@ class Window:
                 "accuracy": self.correct / (self.steps * global_batch),
                 "examples_per_sec": self.steps * global_batch / self.seconds,
                 "step_time": self.seconds / self.steps,
-                "input_wait": self.input_wait / self.steps}
+                "input_wait": self.input_wait / self.steps,
+                **{name: total / self.steps for name, total in self.stats.items()}}
 
 
 @dataclasses.dataclass
@@ -520,7 +549,7 @@ def _next_boundary(step: int, every: int) -> int | None:
 def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,
         steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
         checkpoint_every: int = 0, summaries=None, checkpointer=None,
-        learning_rate: Callable[[int], float] | None = None) -> FitResult:
+        learning_rate: Callable[[int], float] | None = None, monitor=None) -> FitResult:
     """Runs `trainer` from its current step to `train_steps` on `batches`.
 
     `batches` yields the global batches from the trainer's current step on;
@@ -531,6 +560,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     Summaries (`summaries.scalars(step, dict)`), log lines and checkpoints
     (`checkpointer.save(step)`) are injected; each falls on multiples of its
     interval (0 = never), and a checkpoint is always written at the end.
+    `monitor` (diagnostics.Monitor) adds loop boundaries (`stops(step)`), runs
+    `before_loop(step)` / `after_loop(step)` around each loop, and adds scalars
+    to each summary (`scalars(step)`).
     """
     start = step = int(trainer.global_step.numpy())
     iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
@@ -541,6 +573,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
             stops = [train_steps, step + steps_per_loop] + [
                 b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
                             _next_boundary(step, checkpoint_every)) if b is not None]
+            if monitor is not None:
+                stops += [b for b in monitor.stops(step) if b > step]
+                monitor.before_loop(step)
             num = min(stops) - step
             began = time.perf_counter()
             result = trainer.train_loop(iterator, num)
@@ -568,6 +603,8 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 metrics = summary_window.means(global_batch)
                 if learning_rate is not None:
                     metrics["learning_rate"] = learning_rate(step)
+                if monitor is not None:
+                    metrics.update(monitor.scalars(step))
                 summaries.scalars(step, metrics)
                 summary_window = Window()
             if log_every and (step % log_every == 0 or step == train_steps or input_ended):
@@ -580,6 +617,8 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 log_window = Window()
             if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
                 checkpointer.save(step)
+            if monitor is not None:
+                monitor.after_loop(step)
             if input_ended:
                 break
     finally:

@@ -6,8 +6,13 @@ Layout of a logdir (tags are stable; the README lists them):
                       input_wait (seconds per step the towers waited for input);
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
                       (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds
-    <logdir>/eval/    events: loss, accuracy (held-out split, at the end of training)
+    <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
+    <logdir>/         events of the root run: HParams session, text config and command_line,
+                      final/train_loss, final/eval_accuracy, final/examples_per_sec
     <logdir>/summary.json
+
+Diagnostic tags (tower_i/..., grad/..., replica/divergence, loss_scale, memory/...,
+histograms) are listed in diagnostics.py and monitor.py.
 
 Train scalars are means over the steps since the previous summary.
 """
@@ -18,23 +23,90 @@ import json
 import os
 import tempfile
 
+import numpy as np
 import tensorflow as tf
+from tensorboard.plugins.hparams import api as hparams_api
+
+# The hyperparameters of the HParams table (Config fields) and its metrics (root-run scalars).
+HPARAM_FIELDS = ("aggregation", "num_towers", "staging", "staging_depth", "global_batch_size",
+                 "learning_rate", "optimizer", "model", "transport_dtype", "pack_bytes",
+                 "accumulation_steps", "mixed_precision", "batch_norm", "dataset", "seed")
+FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_sec")
 
 
 class ScalarWriter:
     """Writes dicts of Python floats as scalars of one run folder (`train`, `eval`)."""
 
     def __init__(self, logdir: str, run: str):
-        self._writer = tf.summary.create_file_writer(os.path.join(logdir, run))
+        self._folder = os.path.join(logdir, run)
+        self._writer = tf.summary.create_file_writer(self._folder)
+
+    def _check_folder(self) -> None:
+        """TensorFlow would write on into deleted files (or recreate folders) silently."""
+        if not os.path.isdir(self._folder):
+            raise FileNotFoundError(f"the summary folder {self._folder} is gone")
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        self._check_folder()
         with self._writer.as_default(step=step):
             for tag, value in values.items():
                 tf.summary.scalar(tag, value)
         self._writer.flush()
 
+    def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
+        self._check_folder()
+        with self._writer.as_default(step=step):
+            for tag, value in values.items():
+                tf.summary.histogram(tag, value)
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
+
+
+class NullWriter:
+    """A writer that writes nothing: what workers other than the chief get."""
+
+    def __init__(self, logdir: str = "", run: str = ""):
+        pass
+
+    def scalars(self, step, values) -> None:
+        pass
+
+    def histograms(self, step, values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def write_run_record(logdir: str, config: dict, num_towers: int,
+                     command_line: list[str] | None) -> None:
+    """Root run of `logdir`: the HParams session start (hyperparameters of the table) and
+    the text `config` (resolved configuration, JSON) and `command_line`."""
+    values = dict(config, num_towers=num_towers)
+    hparams = {name: values[name] for name in HPARAM_FIELDS}
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default(step=0):
+        hparams_api.hparams_config(
+            hparams=[hparams_api.HParam(name) for name in HPARAM_FIELDS],
+            metrics=[hparams_api.Metric(tag) for tag in FINAL_METRICS])
+        hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
+        tf.summary.text("config", "```\n" + json.dumps(config, indent=2, sort_keys=True)
+                        + "\n```")
+        if command_line is not None:
+            tf.summary.text("command_line", "`" + " ".join(command_line) + "`")
+    writer.close()
+
+
+def write_final_metrics(logdir: str, step: int, values: dict[str, float | None]) -> None:
+    """The HParams table's metrics (FINAL_METRICS), as scalars of the root run."""
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default(step=step):
+        for tag in FINAL_METRICS:
+            if values.get(tag) is not None:
+                tf.summary.scalar(tag, values[tag])
+    writer.close()
 
 
 def aggregation_scalars(traffic: dict[str, dict[str, int]],

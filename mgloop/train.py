@@ -18,6 +18,7 @@ import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
+from mgloop import monitor  # noqa: E402
 from mgloop.errors import ConfigError  # noqa: E402
 
 mgloop_flags.define_flags()
@@ -29,10 +30,13 @@ def main(argv):
     tf.get_logger().setLevel("WARNING")  # TensorFlow's own INFO lines (checkpoint sharding)
     config = mgloop_flags.config_from_flags()
     try:
-        summary = experiment.run(config)
+        summary = experiment.run(config, command_line=list(sys.argv))
     except ConfigError as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except monitor.LogdirLost as error:
+        print(f"mgloop.train: error: {error}", file=sys.stderr)
+        sys.exit(1)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.CancelledError, tf.errors.AbortedError) as error:
         if not os.environ.get("TF_CONFIG"):

@@ -89,6 +89,17 @@ CASES = {
                            r"^--staging_depth=0 is out of range: must be >= 1$"),
     "negative staging depth": (dict(staging_depth=-2),
                                r"^--staging_depth=-2 is out of range: must be >= 1$"),
+    "diagnostics without towers": (dict(aggregation="colocate", diagnostics=True),
+                                   r"^--diagnostics with --aggregation=colocate, which computes "
+                                   r"one loss"),
+    "negative eval interval": (dict(eval_every=-1), r"^--eval_every=-1 is out of range"),
+    "negative histogram interval": (dict(histogram_every=-2),
+                                    r"^--histogram_every=-2 is out of range"),
+    "profile steps reversed": (dict(profile_steps="4,2"),
+                               r"^--profile_steps='4,2' must be two steps A,B with 0 <= A < B "
+                               r"<= --train_steps=5"),
+    "profile steps past the end": (dict(profile_steps="1,9"), r"^--profile_steps='1,9' must be"),
+    "profile steps malformed": (dict(profile_steps="3"), r"^--profile_steps='3' must be"),
 }
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -27,7 +28,8 @@ def summary_of(logdir):
 
 def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
     logdir = str(tmp_path / "default")
-    result = train(f"--logdir={logdir}")
+    result = train(f"--logdir={logdir}", "--diagnostics", "--histogram_every=200",
+                   "--eval_every=200")
     summary = summary_of(logdir)
     if summary["simulated_devices"]:
         assert summary["num_towers"] == 2
@@ -59,9 +61,36 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         assert loss[-1][2] < 0.5 * loss[0][2]  # the loss fell
         waits = board.scalars("train", "input_wait")
         assert len(waits) == len(loss) and all(0 <= w < 1 for _, _, w in waits)
-        (_, eval_step, eval_accuracy), = board.scalars("eval", "accuracy")
-        assert eval_step == steps
-        assert abs(eval_accuracy - summary["eval_accuracy"]) < 1e-6
+        evals = board.scalars("eval", "accuracy")
+        assert [step for _, step, _ in evals] == [200, steps]  # --eval_every=200
+        assert abs(evals[-1][2] - summary["eval_accuracy"]) < 1e-6
+        towers = summary["num_towers"]
+        tower_losses = [board.scalars("train", f"tower_{t}/loss") for t in range(towers)]
+        for t in range(towers):  # the mean of the towers' losses is the global batch's loss
+            assert len(board.scalars("train", f"tower_{t}/grad_norm")) == len(loss)
+        assert sum(tl[-1][2] for tl in tower_losses) / towers == pytest.approx(loss[-1][2],
+                                                                             rel=1e-5)
+        if towers > 1:
+            assert all(-1 <= c <= 1 for _, _, c in board.scalars("train", "grad/cosine_mean"))
+        assert all(0 < r <= 1 for _, _, r in board.scalars("train", "grad/norm_ratio"))
+        assert {d for _, _, d in board.scalars("train", "replica/divergence")} == {0.0}
+        assert board.scalars("train", "memory/host/peak_rss_bytes")[-1][2] > 0
+        histogram = board.get("/data/plugin/histograms/histograms", run="train",
+                              tag="gradients/mlp/dense/kernel")
+        assert [step for _, step, _ in histogram] == [200, steps]
+        counts = [sum(count for _, _, count in buckets) for _, _, buckets in histogram]
+        assert counts[0] == counts[1] > 100  # every element of the kernel, each time
+        groups = board.get("/data/plugin/hparams/session_groups", request=json.dumps(
+            {"startIndex": 0, "sliceSize": 10, "allowedStatuses": ["STATUS_UNKNOWN"]}))
+        (group,) = groups["sessionGroups"]
+        assert group["hparams"]["aggregation"] == summary["config"]["aggregation"]
+        assert group["hparams"]["num_towers"] == towers
+        metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
+        assert metrics["final/eval_accuracy"] == pytest.approx(summary["eval_accuracy"])
+        assert metrics["final/examples_per_sec"] == pytest.approx(summary["examples_per_sec"],
+                                                                  rel=1e-6)
+        (command,) = board.get("/data/plugin/text/text", run=".", tag="command_line")
+        assert shlex.join(["--diagnostics", "--histogram_every=200"]) in command["text"]
 
 
 def test_four_ring_towers_learn(tmp_path):

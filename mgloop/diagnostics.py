@@ -1,0 +1,101 @@
+"""What a run shows about its towers beyond loss and speed (`--diagnostics` and friends).
+
+In the compiled step (only when `--diagnostics` is on; nothing is traced otherwise),
+from the T towers' gradients g_t (after accumulation and loss unscaling, before
+the exchange) and mean shard losses loss_t:
+
+    tower_t/loss       loss_t
+    tower_t/grad_norm  ||g_t||                      (global norm over every variable)
+    grad/norm_ratio    ||(1/T) sum_t g_t|| / ((1/T) sum_t ||g_t||)
+    grad/cosine_mean   mean over pairs i != j of cos(g_i, g_j)  (T > 1)
+
+The norm ratio is 1 when every tower's gradient points the same way and
+about 1/sqrt(T) when they are independent noise (the signal-to-noise view of
+large-batch studies). All come from the towers' Gram matrix, formed on the
+host: each tower sends its flattened gradient there once per step (P bytes per
+tower, outside the traffic counts, which are the aggregation's). The loop sums these over its steps and the
+outer loop writes their mean over each summary window.
+
+Outside the step, at summary time: `replica_divergence` (max |v_c - v_0| over
+every replica c and variable element; 0 for the shared layout and for every
+synchronous replicated mode, growing under `independent`) and `memory_scalars`.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import tensorflow as tf
+
+
+def stat_names(num_towers: int) -> list[str]:
+    """Names of the entries of the vector `gradient_stats` returns, in order."""
+    names = [f"tower_{t}/loss" for t in range(num_towers)]
+    names += [f"tower_{t}/grad_norm" for t in range(num_towers)]
+    names.append("grad/norm_ratio")
+    if num_towers > 1:
+        names.append("grad/cosine_mean")
+    return names
+
+
+def gradient_stats(losses: list[tf.Tensor], grads: list[list[tf.Tensor]],
+                   tower_devices: list[str], host: str) -> tf.Tensor:
+    """The statistics of `stat_names(T)` for one step: one float32 vector on the host.
+
+    Each tower flattens its gradient into one vector f_t on its device; on the host
+    the Gram matrix G = F F^T of the stacked F = [f_0; ...; f_{T-1}] gives them all
+    (a handful of ops, whatever the model), with n_t = ||g_t|| = sqrt(G_tt):
+    norm_ratio = sqrt(sum_ij G_ij) / sum_t n_t, and
+    cosine_mean = (sum_ij G_ij / (n_i n_j) - T) / (T (T - 1)).
+    """
+    num = len(tower_devices)
+    flats = []
+    for g, device in zip(grads, tower_devices):
+        with tf.device(device):
+            flats.append(tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in g], 0))
+    with tf.device(host):
+        stacked = tf.stack(flats)
+        gram = tf.matmul(stacked, stacked, transpose_b=True)
+        norms = tf.sqrt(tf.linalg.diag_part(gram))
+        ratio = tf.math.divide_no_nan(tf.sqrt(tf.maximum(tf.reduce_sum(gram), 0.0)),
+                                      tf.reduce_sum(norms))
+        parts = [tf.cast(tf.stack(losses), tf.float32), norms, ratio[None]]
+        if num > 1:
+            inverse = tf.math.divide_no_nan(1.0, norms)[:, None]
+            unit_sum = tf.matmul(inverse, tf.matmul(gram, inverse), transpose_a=True)
+            parts.append((tf.reshape(unit_sum, [1]) - num) / (num * (num - 1)))
+        return tf.concat(parts, 0)
+
+
+def replica_divergence(copies) -> float:
+    """max over copies c > 0 and trainable elements of |v_c - v_0| (0.0 with one copy)."""
+    largest = 0.0
+    for copy in copies[1:]:
+        for mine, first in zip(copy.trainable, copies[0].trainable):
+            with tf.device(copy.device):
+                diff = tf.reduce_max(tf.abs(tf.convert_to_tensor(mine)
+                                            - tf.convert_to_tensor(first)))
+            largest = max(largest, float(diff))
+    return largest
+
+
+def memory_scalars(tower_devices: list[str]) -> dict[str, float]:
+    """Peak bytes per device where TensorFlow reports them (GPUs), else the host's peak RSS.
+
+    `memory/<DEVICE>/peak_bytes` from tf.config.experimental.get_memory_info;
+    `memory/host/peak_rss_bytes` from getrusage (ru_maxrss: KiB on Linux, bytes on macOS).
+    """
+    values = {}
+    for device in tower_devices:
+        if "GPU" not in device.upper():
+            continue
+        try:
+            info = tf.config.experimental.get_memory_info(device)
+        except (ValueError, tf.errors.OpError):
+            continue
+        values[f"memory/{device.split('device:')[-1].replace(':', '_')}/peak_bytes"] = float(
+            info["peak"])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    values["memory/host/peak_rss_bytes"] = float(rss if sys.platform == "darwin" else rss * 1024)
+    return values

@@ -1,0 +1,125 @@
+"""--diagnostics: per-tower statistics in the step, replica divergence, and a lost logdir."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mgloop
+from mgloop import diagnostics, experiment, monitor, summaries
+from tests import helpers
+
+
+def tower_gradients(trainer, x, y):
+    """Each tower's gradient of its shard's mean loss, on the template's current weights."""
+    grads, losses = [], []
+    for x_t, y_t in zip(np.split(x, trainer.num_towers), np.split(y, trainer.num_towers)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(experiment.default_loss()(y_t, trainer.model(x_t)))
+        grads.append(np.concatenate([g.numpy().ravel() for g in
+                                     tape.gradient(loss, trainer.model.trainable_variables)]))
+        losses.append(float(loss))
+    return grads, losses
+
+
+@pytest.mark.parametrize("aggregation", ["ring", "ps_cpu"])
+def test_step_statistics_equal_numpy_on_the_towers_gradients(logdir, aggregation):
+    trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:4",
+                                                         aggregation=aggregation,
+                                                         diagnostics=True))
+    (x, y), = helpers.batches(1)
+    grads, losses = tower_gradients(trainer, x, y)
+    result = trainer.train_loop(iter(tf.data.Dataset.from_tensors((x, y))), 1)
+    norms = [np.linalg.norm(g) for g in grads]
+    for t in range(4):
+        assert result.stats[f"tower_{t}/loss"] == pytest.approx(losses[t], rel=1e-5)
+        assert result.stats[f"tower_{t}/grad_norm"] == pytest.approx(norms[t], rel=1e-5)
+    cosines = [g_i @ g_j / (norms[i] * norms[j])
+               for i, g_i in enumerate(grads) for j, g_j in enumerate(grads) if i < j]
+    assert result.stats["grad/cosine_mean"] == pytest.approx(np.mean(cosines), abs=1e-5)
+    ratio = np.linalg.norm(np.mean(grads, axis=0)) / np.mean(norms)
+    assert result.stats["grad/norm_ratio"] == pytest.approx(ratio, rel=1e-5)
+    assert 0 < ratio < 1 and max(cosines) < 0.99  # different shards: not all aligned
+
+
+def test_identical_shards_agree_perfectly(logdir):
+    trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:4",
+                                                         aggregation="ring", diagnostics=True))
+    steps = [(np.concatenate([x[:4]] * 4), np.concatenate([y[:4]] * 4))  # one shard, 4 times
+             for x, y in helpers.batches(3)]
+    result = trainer.train_loop(iter(tf.data.Dataset.from_tensor_slices(
+        (np.stack([x for x, _ in steps]), np.stack([y for _, y in steps])))), 3)
+    means = {name: total / result.steps for name, total in result.stats.items()}  # sums: 3 steps
+    assert means["grad/cosine_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert means["grad/norm_ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert len({means[f"tower_{t}/grad_norm"] for t in range(4)}) == 1
+
+
+def test_diagnostics_off_trace_nothing(logdir):
+    trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:2"))
+    result = trainer.train_loop(iter(tf.data.Dataset.from_tensor_slices(
+        tuple(np.stack(a) for a in zip(*helpers.batches(2))))), 2)
+    assert result.stats == {} and trainer.stat_names == []
+
+
+@pytest.mark.parametrize("aggregation,diverges", [("ring", False), ("independent", True)])
+def test_replica_divergence(logdir, aggregation, diverges):
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation=aggregation,
+                                  diagnostics=True)
+    trainer, _ = helpers.train_mgloop(config, helpers.batches(3))
+    divergence = diagnostics.replica_divergence(trainer.copies)
+    if diverges:
+        assert divergence > 1e-4
+    else:
+        assert divergence == 0.0
+
+
+def test_lost_logdir_is_one_clear_error_and_the_checkpoint_is_kept(tmp_path, monkeypatch):
+    logdir = str(tmp_path / "run")
+    original = summaries.ScalarWriter.scalars
+
+    def remove_logdir_at_step_10(self, step, values):
+        if step == 10 and os.path.isdir(logdir):
+            shutil.rmtree(logdir)
+        original(self, step, values)
+    monkeypatch.setattr(summaries.ScalarWriter, "scalars", remove_logdir_at_step_10)
+    config = helpers.small_config(logdir, devices="cpu:2", train_steps=20, steps_per_loop=5,
+                                  summary_every=5, checkpoint_every=5)
+    with pytest.raises(monitor.LogdirLost) as raised:
+        mgloop.run(config, dataset=helpers.DATASET)
+    message = str(raised.value)
+    assert "\n" not in message and f"--logdir={logdir} disappeared" in message
+    rescue = message.split("resume with --logdir=")[1]
+    assert os.path.dirname(rescue) == str(tmp_path)
+    latest = tf.train.latest_checkpoint(os.path.join(rescue, "checkpoints"))
+    step = int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert step >= 10
+
+
+def scalar_events(folder):
+    """{tag: [(step, value)]} of the event files in `folder`."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("events"):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+                for value in event.summary.value:
+                    out.setdefault(value.tag, []).append(
+                        (event.step, float(tf.make_ndarray(value.tensor))))
+    return out
+
+
+def test_profile_eval_and_loss_scale_in_a_short_run(logdir):
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring", train_steps=6,
+                                  steps_per_loop=6, summary_every=3, eval_every=2,
+                                  profile_steps="2,4", mixed_precision="mixed_float16")
+    mgloop.run(config, dataset=helpers.DATASET, command_line=["train", "--flag"])
+    traces = [os.path.join(root, f) for root, _, files in
+              os.walk(os.path.join(logdir, "plugins", "profile")) for f in files]
+    assert any(t.endswith(".xplane.pb") and os.path.getsize(t) > 0 for t in traces)
+    assert [step for step, _ in scalar_events(os.path.join(logdir, "eval"))["accuracy"]] == [
+        2, 4, 6]
+    train = scalar_events(os.path.join(logdir, "train"))
+    assert [value for _, value in train["loss_scale"]] == [2.0 ** 15] * 2  # no overflow
+    assert "replica/divergence" not in train and "tower_0/loss" not in train  # off by default
