@@ -95,7 +95,7 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
 
 def test_four_ring_towers_learn(tmp_path):
     logdir = str(tmp_path / "ring4")
-    train("--devices=cpu:4", "--aggregation=ring", f"--logdir={logdir}")
+    train("--devices=cpu:4", "--aggregation=ring", "--train_steps=150", f"--logdir={logdir}")
     summary = summary_of(logdir)
     assert summary["num_towers"] == 4 and summary["config"]["aggregation"] == "ring"
     assert summary["eval_accuracy"] > 5 * CHANCE

@@ -23,7 +23,7 @@ def single_device(trainer):
     """The template model on all 19 examples at once, on one device."""
     with tf.device("/device:CPU:0"):
         logits = trainer.model(EVAL_X, training=False).numpy()
-    losses = experiment.default_loss()(EVAL_Y, logits).numpy()  # the mean over 19
+    losses = np.mean(experiment.default_loss()(EVAL_Y, logits).numpy())  # the mean over 19
     accuracy = np.mean(np.argmax(logits, axis=-1) == EVAL_Y)
     return logits, float(losses), float(accuracy)
 
@@ -46,7 +46,7 @@ def test_eval_of_fewer_examples_than_towers(logdir):
         batches = tf.data.Dataset.from_tensor_slices((EVAL_X[:n], EVAL_Y[:n])).batch(BATCH)
         with tf.device("/device:CPU:0"):
             logits = trainer.model(EVAL_X[:n], training=False)
-        expected = float(experiment.default_loss()(EVAL_Y[:n], logits))
+        expected = float(np.mean(experiment.default_loss()(EVAL_Y[:n], logits)))
         np.testing.assert_allclose(trainer.evaluate(batches)["loss"], expected, rtol=1e-6)
 
 
