@@ -34,6 +34,19 @@ def reference():
     return get
 
 
+@pytest.fixture(scope="module")
+def initial():
+    """Initial weights per model (the seed fixes them), built once."""
+    cache = {}
+
+    def get(model, logdir):
+        if model not in cache:
+            trainer, _ = helpers.train_mgloop(helpers.small_config(logdir, model=model), [])
+            cache[model] = helpers.copy_weights(trainer)[0]
+        return cache[model]
+    return get
+
+
 def assert_weights_close(actual, expected):
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
@@ -53,7 +66,7 @@ GRID = ([(mode, model, towers) for mode in CORE_MODES
 
 
 @pytest.mark.parametrize("mode,model,towers", GRID)
-def test_towers_equal_single_device(mode, towers, model, reference, logdir):
+def test_towers_equal_single_device(mode, towers, model, reference, initial, logdir):
     config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode, model=model,
                                   hierarchy_groups=hierarchy_for(towers))
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
@@ -65,9 +78,7 @@ def test_towers_equal_single_device(mode, towers, model, reference, logdir):
         assert_weights_close(weights, expected_weights)
     np.testing.assert_allclose(loss_sum, expected_loss_sum, rtol=RTOL)
     # The weights moved: equality with the reference is not equality with the start.
-    initial = helpers.train_mgloop(helpers.small_config(logdir, model=model), [])[0]
-    assert any(np.abs(w - w0).max() > 1e-3
-               for w, w0 in zip(copies[0], helpers.copy_weights(initial)[0]))
+    assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(copies[0], initial(model, logdir)))
 
 
 @pytest.mark.parametrize("towers,pack_bytes", [(2, 3000), (4, 10 ** 6)])
@@ -85,18 +96,18 @@ def test_packed_exchange_equals_single_device(mode, towers, pack_bytes, referenc
 @pytest.mark.parametrize("dtype,tolerance", [("float16", 4e-3), ("bfloat16", 3e-2)])
 @pytest.mark.parametrize("mode", ["reduce_broadcast", "ring", "hierarchical"])
 def test_compressed_transport_is_close_to_single_device(mode, dtype, tolerance, reference,
-                                                        logdir):
+                                                        initial, logdir):
     """Each value is rounded to the transport dtype at most once per hop (2 (T-1) hops on
     the ring for T=4): relative error of the total update <= hops x unit roundoff
     (float16: 6 x 2^-11 ~ 3e-3; bfloat16: 6 x 2^-8 ~ 2.3e-2), with a little headroom."""
     config = helpers.small_config(logdir, devices="cpu:4", aggregation=mode,
                                   transport_dtype=dtype, optimizer="sgd")
     trainer, _ = helpers.train_mgloop(config, helpers.batches(STEPS))
-    initial = helpers.copy_weights(helpers.train_mgloop(helpers.small_config(logdir), [])[0])[0]
+    start = initial("mlp", logdir)
     expected_weights, _ = reference(config)
-    expected = np.concatenate([(e - w0).ravel() for e, w0 in zip(expected_weights, initial)])
+    expected = np.concatenate([(e - w0).ravel() for e, w0 in zip(expected_weights, start)])
     for weights in helpers.copy_weights(trainer):
-        actual = np.concatenate([(a - w0).ravel() for a, w0 in zip(weights, initial)])
+        actual = np.concatenate([(a - w0).ravel() for a, w0 in zip(weights, start)])
         error = np.linalg.norm(actual - expected) / np.linalg.norm(expected)
         assert 0 < error < tolerance  # compressed (not exact), yet close
 
