@@ -24,6 +24,7 @@ from mgloop import cluster
 from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
+from mgloop import controller
 from mgloop import loop
 from mgloop import losses
 from mgloop import models
@@ -138,7 +139,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
              else contextlib.nullcontext())
     with guard:
         try:
-            result = loop.fit(
+            result = controller.fit(
                 trainer, batches, config.train_steps,
                 config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
                 summary_every=config.summary_every, log_every=config.log_every,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop import checkpoint, loop
+from mgloop import checkpoint, controller
 from mgloop.data import epochs
 from tests import helpers
 
@@ -67,7 +67,7 @@ def test_updates_are_counted_per_step_and_the_loop_is_traced_once(logdir):
                                   global_batch_size=MICRO_BATCH, accumulation_steps=K)
     trainer = helpers.build_trainer(config)
     batches = epochs.step_batches(helpers.DATASET, MICRO_BATCH, K, seed=3)
-    result = loop.fit(trainer, batches, 7, MICRO_BATCH * K, 3, summary_every=2)
+    result = controller.fit(trainer, batches, 7, MICRO_BATCH * K, 3, summary_every=2)
     assert result.final_step == 7 and int(trainer.global_step.numpy()) == 7
     assert [int(c.optimizer.iterations.numpy()) for c in trainer.copies] == [7, 7]
     assert trainer.compiled_loop.experimental_get_tracing_count() == 1

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import mgloop
-from mgloop import experiment, loop
+from mgloop import controller, experiment
 from tests import helpers
 
 
@@ -80,6 +80,6 @@ def test_moving_statistics_are_averaged_and_replicas_stay_identical(logdir):
 
 def test_loop_is_traced_once_for_every_loop_length(logdir):
     trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:2"))
-    result = loop.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
+    result = controller.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
     assert result.final_step == 17 and int(trainer.global_step.numpy()) == 17
     assert trainer.compiled_loop.experimental_get_tracing_count() == 1

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import loop, towers
+from mgloop import controller, towers
 from mgloop.data import InMemoryDataset, epochs
 from tests import helpers
 
@@ -80,7 +80,7 @@ def staged_trainer(logdir, mode, depth, **overrides):
 def fit(trainer, train_steps, steps_per_loop, **kwargs):
     start = int(trainer.global_step.numpy())
     batches = epochs.train_batches(DATA, GLOBAL_BATCH, SEED, start)
-    return loop.fit(trainer, batches, train_steps, GLOBAL_BATCH, steps_per_loop, **kwargs)
+    return controller.fit(trainer, batches, train_steps, GLOBAL_BATCH, steps_per_loop, **kwargs)
 
 
 def assert_batches_equal(actual, expected):
@@ -148,7 +148,7 @@ def test_loss_trajectories_identical_across_staging_modes(logdir):
                                       staging=mode, staging_depth=2)
         trainer = helpers.build_trainer(config)
         recorder = Recorder()
-        loop.fit(trainer, helpers.DATASET.train_batches(helpers.GLOBAL_BATCH, config.seed),
+        controller.fit(trainer, helpers.DATASET.train_batches(helpers.GLOBAL_BATCH, config.seed),
                  train_steps=6, global_batch=helpers.GLOBAL_BATCH, steps_per_loop=4,
                  summary_every=1, summaries=recorder)
         trajectories[mode] = [recorder.losses[step] for step in range(1, 7)]

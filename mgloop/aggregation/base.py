@@ -70,6 +70,15 @@ class Traffic:
         self.sent.clear()
         self.received.clear()
 
+    def snapshot(self) -> "Traffic":
+        return Traffic(dict(self.sent), dict(self.received))
+
+    def restore(self, snapshot: "Traffic") -> None:
+        """Sets the counts back to `snapshot`'s, in place (the object may be shared)."""
+        self.clear()
+        self.sent.update(snapshot.sent)
+        self.received.update(snapshot.received)
+
     def as_dict(self) -> dict[str, dict[str, int]]:
         devices = sorted(set(self.sent) | set(self.received))
         return {d: {"sent": self.sent.get(d, 0), "received": self.received.get(d, 0)}

@@ -1,0 +1,162 @@
+"""The outer loop: runs a Trainer's compiled loops from its step to `train_steps`.
+
+Python runs here once per compiled loop (`Trainer.train_loop`), never per step.
+`fit` chooses each loop's length so that summaries, log lines, checkpoints and
+the monitor's events fall exactly on their step boundaries, sums the loops'
+results into windows (since the last summary, since the last log line), and
+reports steady-state speed over the loops after the first, which includes
+tracing. Summaries, checkpoints and the monitor are injected, as in Orbit's
+controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from mgloop.loop import LoopResult, Trainer
+
+
+@dataclasses.dataclass
+class Window:
+    """Running sums of a metric window (since the last summary or log line)."""
+
+    steps: int = 0
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    seconds: float = 0.0
+    input_wait: float = 0.0
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, result: LoopResult, seconds: float) -> None:
+        for name, value in result.stats.items():
+            self.stats[name] = self.stats.get(name, 0.0) + value
+        self.steps += result.steps
+        self.loss_sum += result.loss_sum
+        self.correct += result.correct
+        self.seconds += seconds
+        self.input_wait += result.input_wait
+
+    def means(self, global_batch: int) -> dict[str, float]:
+        return {"loss": self.loss_sum / self.steps,
+                "accuracy": self.correct / (self.steps * global_batch),
+                "examples_per_sec": self.steps * global_batch / self.seconds,
+                "step_time": self.seconds / self.steps,
+                "input_wait": self.input_wait / self.steps,
+                **{name: total / self.steps for name, total in self.stats.items()}}
+
+
+@dataclasses.dataclass
+class FitResult:
+    start_step: int
+    final_step: int  # train_steps, or earlier if the input ended
+    train: dict[str, float]  # metrics of the last window
+    median_step_time: float | None  # seconds, over loops after the first (tracing) one
+    examples_per_sec: float | None  # over loops after the first one
+    input_wait: float | None  # seconds per step, over loops after the first one
+    input_wait_fraction: float | None  # input_wait / mean step time, same loops
+    loop_seconds: float  # all loops, tracing included
+    input_ended: bool = False  # the input ran out before train_steps
+
+
+def _next_boundary(step: int, every: int) -> int | None:
+    return (step // every + 1) * every if every > 0 else None
+
+
+def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,
+        steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
+        checkpoint_every: int = 0, summaries=None, checkpointer=None,
+        learning_rate: Callable[[int], float] | None = None, monitor=None) -> FitResult:
+    """Runs `trainer` from its current step to `train_steps` on `batches`.
+
+    `batches` yields the global batches from the trainer's current step on;
+    the fit reads at most `train_steps - start` of them (so staging drains at
+    the end instead of holding batches no step will use) and stops early if
+    they run out. Whatever is still staged when the fit ends (or fails) is
+    dropped: a later fit starts from a fresh iterator at its own step.
+    Summaries (`summaries.scalars(step, dict)`), log lines and checkpoints
+    (`checkpointer.save(step)`) are injected; each falls on multiples of its
+    interval (0 = never), and a checkpoint is always written at the end.
+    `monitor` (diagnostics.Monitor) adds loop boundaries (`stops(step)`), runs
+    `before_loop(step)` / `after_loop(step)` around each loop, and adds scalars
+    to each summary (`scalars(step)`).
+    """
+    start = step = int(trainer.global_step.numpy())
+    iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
+    summary_window, log_window, steady, last = Window(), Window(), Window(), Window()
+    per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
+    try:
+        while step < train_steps:
+            stops = [train_steps, step + steps_per_loop] + [
+                b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
+                            _next_boundary(step, checkpoint_every)) if b is not None]
+            if monitor is not None:
+                stops += [b for b in monitor.stops(step) if b > step]
+                monitor.before_loop(step)
+            num = min(stops) - step
+            began = time.perf_counter()
+            result = trainer.train_loop(iterator, num)
+            seconds = time.perf_counter() - began
+            loop_seconds += seconds
+            if result.steps < num:
+                input_ended = True
+                logging.warning("the input ended after step %d of %d", step + result.steps,
+                                train_steps)
+            if not result.steps:
+                break
+            if not first_loop and not input_ended:  # the first loop includes tracing
+                per_step_times.append(seconds / result.steps)
+                steady.add(result, seconds)
+            first_loop = False
+            step += result.steps
+            if not np.isfinite(result.loss_sum):
+                raise FloatingPointError(f"loss is {result.loss_sum} at step {step}")
+            for window in (summary_window, log_window):
+                window.add(result, seconds)
+            last = Window()
+            last.add(result, seconds)
+            if summaries is not None and summary_every and (
+                    step % summary_every == 0 or input_ended):
+                metrics = summary_window.means(global_batch)
+                if learning_rate is not None:
+                    metrics["learning_rate"] = learning_rate(step)
+                if monitor is not None:
+                    metrics.update(monitor.scalars(step))
+                summaries.scalars(step, metrics)
+                summary_window = Window()
+            if log_every and (step % log_every == 0 or step == train_steps or input_ended):
+                metrics = log_window.means(global_batch)
+                eta = (train_steps - step) * metrics["step_time"]
+                logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  "
+                             "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
+                             metrics["loss"], metrics["accuracy"], metrics["examples_per_sec"],
+                             1e3 * metrics["input_wait"], eta)
+                log_window = Window()
+            if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
+                checkpointer.save(step)
+            if monitor is not None:
+                monitor.after_loop(step)
+            if input_ended:
+                break
+    finally:
+        trainer.release_input()
+    if checkpointer is not None and step > start and not (
+            checkpoint_every and step % checkpoint_every == 0):
+        checkpointer.save(step)
+    if not steady.steps:
+        steady = last  # one loop only: report it, tracing included
+    return FitResult(
+        start_step=start, final_step=step,
+        train=last.means(global_batch) if last.steps else {},
+        median_step_time=(float(np.median(per_step_times)) if per_step_times
+                          else (steady.seconds / steady.steps if steady.steps else None)),
+        examples_per_sec=(steady.steps * global_batch / steady.seconds
+                          if steady.steps and per_step_times else None),
+        input_wait=steady.input_wait / steady.steps if steady.steps else None,
+        input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
+        loop_seconds=loop_seconds, input_ended=input_ended)
