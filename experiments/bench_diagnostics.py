@@ -3,12 +3,20 @@
     python experiments/bench_diagnostics.py --model=mlp --devices=cpu:2
 
 Two trainers in this process, identical but for `--diagnostics` (per-tower loss
-and gradient norm, gradient cosine and norm ratio inside the compiled step). A
-timed repeat is one compiled loop of `--summary_every` steps, as `fit` runs it
-between summaries; for the `on` trainer it also includes what happens at each
-summary: replica divergence, the memory scalars and the loss scale (the
-Monitor's `scalars`). Repeats are interleaved (off, on, off, on, ...).
-Reported: median seconds per step over the repeats, and on / off.
+and gradient norm, gradient cosine and norm ratio, computed in the compiled
+step on the last step of each summary window). A timed repeat is one compiled
+loop of `--summary_every` steps, as `fit` runs it between summaries; for the
+`on` trainer it also includes what happens at each summary: the memory scalars
+and the loss scale (the Monitor's `scalars`).
+Repeats are interleaved in pairs, the order alternating (off, on, on, off, ...).
+Reported: median seconds per step over the repeats, and on / off as the median
+over the pairs of each pair's ratio (drift of the shared machine between
+pairs cancels), with the ratio's median absolute deviation.
+
+Then the step-time breakdown (--breakdown_every): one step alone under the
+profiler (breakdown.profile_phases) against one step alone without it, on the
+`off` trainer, interleaved; the difference is what one breakdown costs, and
+divided by --breakdown_every, what it costs per step.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -31,20 +40,23 @@ flags.DEFINE_string("aggregation", "reduce_broadcast", "aggregation")
 flags.DEFINE_integer("global_batch_size", 128, "global batch")
 flags.DEFINE_integer("summary_every", 20, "steps per timed loop (one summary window)")
 flags.DEFINE_integer("warmup", 3, "untimed loops per system before timing")
-flags.DEFINE_integer("repeats", 25, "timed loops per system, interleaved")
+flags.DEFINE_integer("repeats", 41, "timed loops per system, interleaved in pairs")
+flags.DEFINE_integer("breakdown_every", 1000, "steps between profiled steps, to state the "
+                     "breakdown's cost per step")
+flags.DEFINE_integer("breakdown_repeats", 7, "profiled and plain single steps, interleaved")
 
 
 def main(argv):
     del argv
     from mgloop import devices
     devices.configure_logical_cpus(int(_FLAGS.devices.split(":")[1]))
-    from mgloop import monitor
+    from mgloop import breakdown, monitor
     systems = {}
     for name, on in (("off", False), ("on", True)):
         trainer, iterator = benchlib.build(_FLAGS.model, _FLAGS.global_batch_size,
                                            devices=_FLAGS.devices,
                                            aggregation=_FLAGS.aggregation, diagnostics=on)
-        watch = monitor.Monitor(trainer, None, None, None, divergence=on) if on else None
+        watch = monitor.Monitor(trainer, None, None, None) if on else None
         systems[name] = (trainer, iterator, watch)
     steps = _FLAGS.summary_every
 
@@ -59,17 +71,47 @@ def main(argv):
         for _ in range(_FLAGS.warmup):
             window(trainer, iterator, watch)
     times = {name: [] for name in systems}
-    for _ in range(_FLAGS.repeats):
-        for name, system in systems.items():
-            times[name].append(window(*system))
+    for repeat in range(_FLAGS.repeats):
+        for name in (("off", "on") if repeat % 2 == 0 else ("on", "off")):
+            times[name].append(window(*systems[name]))
     off, _ = benchlib.median_and_mad(times["off"])
+    ratio, ratio_mad = benchlib.median_and_mad(
+        [on / off_ for on, off_ in zip(times["on"], times["off"])])
     rows = []
     for name in systems:
         median, mad = benchlib.median_and_mad(times[name])
-        rows.append(dict(name=name, ms=1e3 * median, mad=1e3 * mad, ratio=median / off))
+        rows.append(dict(name=name, ms=1e3 * median, mad=1e3 * mad,
+                         ratio=1.0 if name == "off" else ratio,
+                         ratio_mad=0.0 if name == "off" else ratio_mad))
     print(" ".join(sys.argv))
     print(benchlib.markdown(rows, [("name", "diagnostics", "s"), ("ms", "ms/step", ".3f"),
-                                   ("mad", "MAD ms", ".3f"), ("ratio", "on / off", ".3f")]))
+                                   ("mad", "MAD ms", ".3f"),
+                                   ("ratio", "on / off (paired median)", ".3f"),
+                                   ("ratio_mad", "± MAD", ".3f")]))
+
+    trainer, iterator, _ = systems["off"]
+    single = {"plain": [], "profiled": []}
+    phases = []
+
+    def one_step():
+        trainer.train_loop(iterator, 1)
+
+    for _ in range(_FLAGS.breakdown_repeats):
+        began = time.perf_counter()
+        one_step()
+        single["plain"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        phases.append(breakdown.profile_phases(one_step))
+        single["profiled"].append(time.perf_counter() - began)
+    plain, _ = benchlib.median_and_mad(single["plain"])
+    profiled, _ = benchlib.median_and_mad(single["profiled"])
+    cost = profiled - plain
+    print(f"\none step alone: {1e3 * plain:.2f} ms plain, {1e3 * profiled:.2f} ms profiled and "
+          f"read (median of {_FLAGS.breakdown_repeats}); a breakdown costs {1e3 * cost:.1f} ms, "
+          f"at --breakdown_every={_FLAGS.breakdown_every} {1e3 * cost / _FLAGS.breakdown_every:.3f}"
+          f" ms/step = {cost / _FLAGS.breakdown_every / off:.3f} of the off step")
+    print("profiled phases (ms, median): " + "  ".join(
+        f"{name} {1e3 * float(np.median([p[name] for p in phases])):.3f}" for name in phases[0]))
 
 
 if __name__ == "__main__":

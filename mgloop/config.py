@@ -87,6 +87,7 @@ class Config:
     eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
     histogram_every: int = 0  # steps between weight and gradient histograms (0: none)
     profile_steps: str | None = None  # "A,B": profiler trace of steps A+1 .. B
+    breakdown_every: int = 0  # steps between profiled steps for the step-time breakdown
     # Repeatability.
     seed: int = 0
     deterministic: bool = False
@@ -208,9 +209,10 @@ def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -
 
 
 def _check_inspection(config: Config) -> None:
-    """--diagnostics, --eval_every, --histogram_every, --profile_steps."""
+    """--diagnostics, --eval_every, --histogram_every, --profile_steps, --breakdown_every."""
     _check_range("eval_every", config.eval_every, low=0)
     _check_range("histogram_every", config.histogram_every, low=0)
+    _check_range("breakdown_every", config.breakdown_every, low=0)
     if config.diagnostics and aggregation.get(config.aggregation).single_loss:
         raise ConfigError(f"--diagnostics with --aggregation={config.aggregation}, which "
                           "computes one loss and one gradient, none per tower; use a per-tower "

@@ -31,11 +31,11 @@ class Window:
     correct: float = 0.0
     seconds: float = 0.0
     input_wait: float = 0.0
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # the last sample
 
     def add(self, result: LoopResult, seconds: float) -> None:
-        for name, value in result.stats.items():
-            self.stats[name] = self.stats.get(name, 0.0) + value
+        if result.stats:
+            self.stats = dict(result.stats)
         self.steps += result.steps
         self.loss_sum += result.loss_sum
         self.correct += result.correct
@@ -48,7 +48,7 @@ class Window:
                 "examples_per_sec": self.steps * global_batch / self.seconds,
                 "step_time": self.seconds / self.steps,
                 "input_wait": self.input_wait / self.steps,
-                **{name: total / self.steps for name, total in self.stats.items()}}
+                **self.stats}
 
 
 @dataclasses.dataclass
@@ -100,7 +100,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 monitor.before_loop(step)
             num = min(stops) - step
             began = time.perf_counter()
-            result = trainer.train_loop(iterator, num)
+            # --diagnostics: gradient statistics of the last step of each summary window only
+            sample = bool(summary_every) and (step + num) % summary_every == 0
+            result = trainer.train_loop(iterator, num, sample_stats=sample)
             seconds = time.perf_counter() - began
             loop_seconds += seconds
             if result.steps < num:

@@ -9,16 +9,22 @@ the exchange) and mean shard losses loss_t:
     grad/norm_ratio    ||(1/T) sum_t g_t|| / ((1/T) sum_t ||g_t||)
     grad/cosine_mean   mean over pairs i != j of cos(g_i, g_j)  (T > 1)
 
+and, once every copy holds the step's update,
+
+    replica/divergence max over replicas c > 0 and variable elements of |v_c - v_0|
+                       (0 for the shared layout and for every synchronous
+                       replicated mode; growing under `independent`)
+
 The norm ratio is 1 when every tower's gradient points the same way and
 about 1/sqrt(T) when they are independent noise (the signal-to-noise view of
-large-batch studies). All come from the towers' Gram matrix, formed on the
-host: each tower sends its flattened gradient there once per step (P bytes per
-tower, outside the traffic counts, which are the aggregation's). The loop sums these over its steps and the
-outer loop writes their mean over each summary window.
+large-batch studies). All gradient statistics come from the towers' Gram
+matrix, formed on the host: each tower sends its flattened gradient there
+(P bytes per tower, outside the traffic counts, which are the aggregation's).
+They are a sample: computed on the last step of each summary window only (the
+compiled loop runs that step apart, `loop.Trainer.compiled_loop`, so the
+window's other steps are the step without them) and written as they are.
 
-Outside the step, at summary time: `replica_divergence` (max |v_c - v_0| over
-every replica c and variable element; 0 for the shared layout and for every
-synchronous replicated mode, growing under `independent`) and `memory_scalars`.
+At summary time, outside the step: `memory_scalars`.
 """
 
 from __future__ import annotations
@@ -36,12 +42,13 @@ def stat_names(num_towers: int) -> list[str]:
     names.append("grad/norm_ratio")
     if num_towers > 1:
         names.append("grad/cosine_mean")
-    return names
+    return names + ["replica/divergence"]
 
 
 def gradient_stats(losses: list[tf.Tensor], grads: list[list[tf.Tensor]],
                    tower_devices: list[str], host: str) -> tf.Tensor:
-    """The statistics of `stat_names(T)` for one step: one float32 vector on the host.
+    """The statistics of `stat_names(T)` but the last (divergence) for one step: one
+    float32 vector on the host.
 
     Each tower flattens its gradient into one vector f_t on its device; on the host
     the Gram matrix G = F F^T of the stacked F = [f_0; ...; f_{T-1}] gives them all
@@ -68,16 +75,19 @@ def gradient_stats(losses: list[tf.Tensor], grads: list[list[tf.Tensor]],
         return tf.concat(parts, 0)
 
 
-def replica_divergence(copies) -> float:
-    """max over copies c > 0 and trainable elements of |v_c - v_0| (0.0 with one copy)."""
-    largest = 0.0
+def replica_divergence(copies) -> tf.Tensor:
+    """max over copies c > 0 and trainable elements of |v_c - v_0|, a float32 scalar
+    (0 with one copy): each copy's maximum on its device, their maximum on copy 0's."""
+    if len(copies) < 2:
+        return tf.constant(0.0)
+    maxima = []
     for copy in copies[1:]:
-        for mine, first in zip(copy.trainable, copies[0].trainable):
-            with tf.device(copy.device):
-                diff = tf.reduce_max(tf.abs(tf.convert_to_tensor(mine)
-                                            - tf.convert_to_tensor(first)))
-            largest = max(largest, float(diff))
-    return largest
+        with tf.device(copy.device):
+            maxima.append(tf.reduce_max(tf.stack([
+                tf.cast(tf.reduce_max(tf.abs(mine.value() - first.value())), tf.float32)
+                for mine, first in zip(copy.trainable, copies[0].trainable)])))
+    with tf.device(copies[0].device):
+        return tf.reduce_max(tf.stack(maxima))
 
 
 def memory_scalars(tower_devices: list[str]) -> dict[str, float]:

@@ -125,10 +125,9 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         trainer, train_writer, eval_writer,
         lambda: trainer.evaluate(dataset.eval_batches(config.global_batch_size)),
         eval_every=config.eval_every, histogram_every=config.histogram_every,
-        divergence=config.diagnostics,
         profile_steps=(parse_profile_steps(config.profile_steps, config.train_steps)
                        if config.profile_steps and chief else None),
-        profile_dir=config.logdir)
+        profile_dir=config.logdir, breakdown_every=config.breakdown_every if chief else 0)
 
     def save_rescue(folder):
         return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,

@@ -54,6 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop import accumulation
+from mgloop.breakdown import PHASES  # the step's name scopes, by which a profile is read
 from mgloop import diagnostics as diagnostics_lib
 from mgloop import optim
 from mgloop import precision
@@ -71,7 +72,8 @@ class LoopResult:
     loss_sum: float  # sum over those steps of the mean loss over the global batch
     correct: float  # examples classified right, over those steps
     input_wait: float  # seconds the towers waited for input, over those steps
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # --diagnostics sums
+    # --diagnostics: the `stat_names` values of the loop's last step, if it was sampled
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
@@ -185,12 +187,14 @@ class Trainer:
         return [packing.unpack(values, buckets, shapes, copy.device)
                 for values, copy in zip(reduced, self.copies)]
 
-    def train_step(self, shards) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, tf.Tensor | None]:
+    def train_step(self, shards, with_stats: bool = True
+                   ) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, tf.Tensor | None]:
         """One synchronous update on per-tower shards (x_t, y_t), each on its tower.
 
         Returns (mean loss over the step's examples, correct count, an op that has
         run once every variable copy holds this step's update, the step's values of
-        `stat_names` as one vector on the host: None without --diagnostics). With
+        `stat_names` as one vector on the host: None without --diagnostics or
+        `with_stats`, whereupon nothing of them is traced). With
         --accumulation_steps=K a shard holds K micro-shards of B/T examples, micro-
         batch k being the k-th micro-shard of every tower (accumulation.py); the
         loss is the mean over the K micro-batches of their mean loss.
@@ -199,29 +203,35 @@ class Trainer:
             units = ([self.aggregation.devices.host] if self.aggregation.single_loss
                      else self.tower_devices)
             scales = self._loss_scales_for(units)
-            if self.aggregation.single_loss:
-                trainable, states = self._read_for_single_loss()
-            else:
-                values = [self.read_for_tower(t) for t in range(self.num_towers)]
-                trainable, states = [v[0] for v in values], [v[1] for v in values]
+            with tf.name_scope(PHASES[0]):  # the towers read what they compute with
+                if self.aggregation.single_loss:
+                    trainable, states = self._read_for_single_loss()
+                else:
+                    values = [self.read_for_tower(t) for t in range(self.num_towers)]
+                    trainable, states = [v[0] for v in values], [v[1] for v in values]
 
             def micro_pass(micro_xs, micro_ys, tower_states):
                 return self._micro_pass(trainable, tower_states, scales, micro_xs, micro_ys)
 
-            result = accumulation.accumulate(
-                micro_pass, [x for x, _ in shards], [y for _, y in shards],
-                self.accumulation_steps, states, self.copies[0].trainable, units)
+            with tf.name_scope(PHASES[0]):
+                result = accumulation.accumulate(
+                    micro_pass, [x for x, _ in shards], [y for _, y in shards],
+                    self.accumulation_steps, states, self.copies[0].trainable, units)
             finite = self._agree_finite(result.grads, units) if scales else None
             stats = (diagnostics_lib.gradient_stats(result.losses, result.grads, units,
                                                     self.aggregation.devices.host)
-                     if self.stat_names else None)
-            grads = ([result.grads[0]] if self.aggregation.single_loss
-                     else self.exchange(result.grads))
+                     if self.stat_names and with_stats else None)
+            with tf.name_scope(PHASES[1]):
+                grads = ([result.grads[0]] if self.aggregation.single_loss
+                         else self.exchange(result.grads))
             if self.last_grads is not None:
                 for keep, g in zip(self.last_grads, grads[0]):
                     with tf.device(keep.device):
                         keep.assign(tf.cast(g, keep.dtype))
-            self._apply(grads, self._reduce_non_trainable(result.states), finite)
+            with tf.name_scope(PHASES[1]):
+                states = self._reduce_non_trainable(result.states)
+            with tf.name_scope(PHASES[2]):
+                self._apply(grads, states, finite)
             with tf.device(self.aggregation.devices.host):
                 loss = tf.add_n(result.losses) / len(units)
                 correct = tf.add_n(result.corrects)
@@ -234,6 +244,11 @@ class Trainer:
         done = tf.group([v.value() for copy in self.copies for v in copy.variables]
                         + [self.global_step.value()]
                         + ([v.value() for v in self.last_grads] if self.last_grads else []))
+        if stats is not None:
+            with tf.control_dependencies([done]):  # after every copy's update
+                divergence = diagnostics_lib.replica_divergence(self.copies)
+            with tf.device(self.aggregation.devices.host):
+                stats = tf.concat([stats, divergence[None]], 0)
         return loss, correct, done, stats
 
     def _micro_pass(self, trainable, states, scales, xs, ys) -> accumulation.Pass:
@@ -330,13 +345,17 @@ class Trainer:
     def _cross_tower_tower(self, tower: int):
         return self.cross_tower.tower(tower) if self.cross_tower else contextlib.nullcontext()
 
-    def train_loop(self, iterator: Iterator, num_steps: int) -> LoopResult:
+    def train_loop(self, iterator: Iterator, num_steps: int,
+                   sample_stats: bool = True) -> LoopResult:
         """Up to `num_steps` steps on the iterator's global batches, in one compiled call.
 
         Fewer steps run only if the iterator ends (then every batch it gave has
         been trained on). Batches staged ahead stay staged for the next call
         with the same iterator; given another iterator, the staging first drops
-        what the previous one staged.
+        what the previous one staged. With --diagnostics and `sample_stats`, the
+        gradient statistics are computed on the loop's last step alone (a
+        sample, as summaries are: the other steps skip them, so their cost is
+        one step's per loop) and returned in `stats`.
         """
         if iterator is not self._input:
             self.staging.clear()
@@ -344,12 +363,14 @@ class Trainer:
         began = time.perf_counter()
         self.staging.prime(iterator)
         primed = time.perf_counter() - began
-        out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32))
+        out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
+                                 tf.constant(sample_stats and bool(self.stat_names)))
+        sampled = int(out["stat_samples"])
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
                           correct=float(out["correct"]),
                           input_wait=float(out["input_wait"]) + primed,
-                          stats={name: float(value)
-                                 for name, value in zip(self.stat_names, out["stats"].numpy())})
+                          stats={name: float(value) / sampled for name, value
+                                 in zip(self.stat_names, out["stats"].numpy())} if sampled else {})
 
     def release_input(self) -> None:
         """Drops whatever the current iterator has staged (the end of a `fit`)."""
@@ -357,35 +378,59 @@ class Trainer:
         self._input = None
 
     @tf.function
-    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
-        """The loop of `train_loop`: sums over the steps run, and their count."""
+    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor,
+                      sample_stats: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The loop of `train_loop`: sums over the steps run, and their count.
+
+        With --diagnostics and `sample_stats`, the last step runs after the
+        `tf.range` loop, traced a second time with the statistics: the loop's
+        other steps are exactly the step without them (no per-step cost).
+        """
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-        stat_sums = tf.zeros([len(self.stat_names)])
+        stat_sums, stat_samples = tf.zeros([len(self.stat_names)]), tf.constant(0)
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
-        for _ in tf.range(num_steps):
+        last_apart = tf.logical_and(sample_stats, bool(self.stat_names))
+        for _ in tf.range(num_steps - tf.cast(last_apart, tf.int32)):
             with tf.control_dependencies([end]):
                 begin = staging_lib.clock()
             has_batch, take = self.staging.next_batch(iterator, after=begin)
             if not has_batch:
                 break
-            shards, staged = take()
-            with tf.control_dependencies([t for shard in shards for t in shard]):
-                ready = staging_lib.clock()
-            loss, correct, done, stats = self.train_step(shards)
-            with tf.control_dependencies([done]):
-                compute_end = staging_lib.clock()
-            with tf.control_dependencies([compute_end] + staged):
-                step_end = staging_lib.clock()
-            wait += (ready - begin) + (step_end - compute_end)
-            end = step_end
+            loss, correct, step_wait, end, _ = self._timed_step(take, begin, with_stats=False)
+            wait += step_wait
             loss_sum += loss
             correct_sum += correct
-            if stats is not None:
-                stat_sums += stats
             steps += 1
+        if self.stat_names:  # traced only with --diagnostics
+            if last_apart and steps == num_steps - 1:
+                with tf.control_dependencies([end]):
+                    begin = staging_lib.clock()
+                has_batch, take = self.staging.next_batch(iterator, after=begin)
+                if has_batch:
+                    loss, correct, step_wait, end, stats = self._timed_step(take, begin,
+                                                                            with_stats=True)
+                    wait += step_wait
+                    loss_sum += loss
+                    correct_sum += correct
+                    stat_sums += stats
+                    stat_samples += 1
+                    steps += 1
         return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
-                "input_wait": wait, "stats": stat_sums}
+                "input_wait": wait, "stats": stat_sums, "stat_samples": stat_samples}
+
+    def _timed_step(self, take, begin: tf.Tensor, with_stats: bool):
+        """One step on the batch `take()` gives, begun at `begin`: (loss, correct, its input
+        wait (see the top of this module), its end time, its statistics or None)."""
+        shards, staged = take()
+        with tf.control_dependencies([t for shard in shards for t in shard]):
+            ready = staging_lib.clock()
+        loss, correct, done, stats = self.train_step(shards, with_stats)
+        with tf.control_dependencies([done]):
+            compute_end = staging_lib.clock()
+        with tf.control_dependencies([compute_end] + staged):
+            step_end = staging_lib.clock()
+        return loss, correct, (ready - begin) + (step_end - compute_end), step_end, stats
 
     @tf.function
     def _exchange_only(self, tower_grads, repeats):

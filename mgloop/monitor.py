@@ -3,14 +3,16 @@
 `Monitor` ends loops where it needs a boundary and acts there:
 
 - every --summary_every steps, scalars beside the window means: `loss_scale`
-  (mixed_float16), `replica/divergence` (--diagnostics; diagnostics.replica_divergence,
-  eager at summary time), `memory/...` (diagnostics.memory_scalars);
+  (mixed_float16) and `memory/...` (diagnostics.memory_scalars);
 - every --eval_every steps: `eval/loss`, `eval/accuracy` on the held-out split;
 - every --histogram_every steps: histograms `weights/<name>` of the template
   (variable copy 0) and `gradients/<name>`, the gradient copy 0 applied in the
   last step of the loop;
 - --profile_steps=A,B: loops end at A and B; tf.profiler traces steps A+1 .. B
-  into <logdir>/plugins/profile.
+  into <logdir>/plugins/profile;
+- every --breakdown_every steps: step k*N runs alone in its loop under the
+  profiler and `breakdown/...` scalars split its time into compute, aggregation
+  and apply (breakdown.py); skipped while a --profile_steps trace is running.
 
 `logdir_guard` turns a logdir that disappears mid-run into one clear error,
 after saving the checkpoint of the current step beside where the logdir was.
@@ -27,6 +29,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
+from mgloop import breakdown
 from mgloop import diagnostics
 from mgloop import loop
 
@@ -38,28 +41,43 @@ class LogdirLost(RuntimeError):
 class Monitor:
     def __init__(self, trainer: loop.Trainer, train_writer, eval_writer,
                  evaluate: Callable[[], dict[str, float]], eval_every: int = 0,
-                 histogram_every: int = 0, divergence: bool = False,
-                 profile_steps: tuple[int, int] | None = None, profile_dir: str | None = None):
+                 histogram_every: int = 0,
+                 profile_steps: tuple[int, int] | None = None, profile_dir: str | None = None,
+                 breakdown_every: int = 0):
         self.trainer = trainer
         self.train_writer, self.eval_writer = train_writer, eval_writer
         self.evaluate = evaluate
         self.eval_every, self.histogram_every = eval_every, histogram_every
-        self.divergence = divergence
         self.profile_steps, self.profile_dir = profile_steps, profile_dir
         self.profiling = False
+        self.breakdown_every = breakdown_every
+        self.breakdown: breakdown.PhaseProfile | None = None  # profiling the current loop
         self.last_eval: tuple[int, dict[str, float]] | None = None
 
     def stops(self, step: int) -> list[int]:
         out = [(step // every + 1) * every for every in (self.eval_every, self.histogram_every)
                if every > 0]
+        if self.breakdown_every:  # the profiled step runs alone in its loop
+            following = (step // self.breakdown_every + 1) * self.breakdown_every
+            out += [following - 1, following]
         return out + list(self.profile_steps or ())
 
     def before_loop(self, step: int) -> None:
         if self.profile_steps and step == self.profile_steps[0] and not self.profiling:
             tf.profiler.experimental.start(self.profile_dir)
             self.profiling = True
+        if (self.breakdown_every and (step + 1) % self.breakdown_every == 0
+                and not self.profiling):
+            self.breakdown = breakdown.PhaseProfile()
+            self.breakdown.start()
 
     def after_loop(self, step: int) -> None:
+        if self.breakdown is not None:
+            session, self.breakdown = self.breakdown, None
+            seconds = session.stop()
+            self.train_writer.scalars(step, {f"breakdown/{k}": v for k, v in seconds.items()})
+            logging.info("step %d breakdown (profiled): %s", step, "  ".join(
+                f"{k} {1e3 * v:.2f} ms" for k, v in seconds.items()))
         if self.profiling and step >= self.profile_steps[1]:
             self.stop_profile()
         if self.eval_every and step % self.eval_every == 0:
@@ -72,8 +90,6 @@ class Monitor:
         scale = self.trainer.loss_scale()
         if scale is not None:
             values["loss_scale"] = scale
-        if self.divergence:
-            values["replica/divergence"] = diagnostics.replica_divergence(self.trainer.copies)
         return values
 
     def eval_at(self, step: int) -> dict[str, float]:
@@ -92,6 +108,10 @@ class Monitor:
         self.train_writer.histograms(step, values)
 
     def stop_profile(self) -> None:
+        if self.breakdown is not None:  # the run failed inside a profiled step
+            tf.profiler.experimental.stop()
+            self.breakdown.discard()
+            self.breakdown = None
         if self.profiling:
             self.profiling = False
             tf.profiler.experimental.stop()

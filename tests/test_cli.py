@@ -29,7 +29,7 @@ def summary_of(logdir):
 def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
     logdir = str(tmp_path / "default")
     result = train(f"--logdir={logdir}", "--diagnostics", "--histogram_every=200",
-                   "--eval_every=200")
+                   "--eval_every=200", "--breakdown_every=200")
     summary = summary_of(logdir)
     if summary["simulated_devices"]:
         assert summary["num_towers"] == 2
@@ -66,10 +66,14 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         assert abs(evals[-1][2] - summary["eval_accuracy"]) < 1e-6
         towers = summary["num_towers"]
         tower_losses = [board.scalars("train", f"tower_{t}/loss") for t in range(towers)]
-        for t in range(towers):  # the mean of the towers' losses is the global batch's loss
-            assert len(board.scalars("train", f"tower_{t}/grad_norm")) == len(loss)
-        assert sum(tl[-1][2] for tl in tower_losses) / towers == pytest.approx(loss[-1][2],
-                                                                             rel=1e-5)
+        for t in range(towers):  # a sample (the window's last step) at every summary
+            assert [s for _, s, _ in tower_losses[t]] == [s for _, s, _ in loss]
+            assert all(v > 0 for _, _, v in board.scalars("train", f"tower_{t}/grad_norm"))
+        for phase in ("compute", "aggregation", "apply"):  # --breakdown_every=200
+            times = board.scalars("train", f"breakdown/{phase}")
+            assert [s for _, s, _ in times] == [200, steps]
+            assert all(0 < t <= span for (_, _, t), (_, _, span) in
+                       zip(times, board.scalars("train", "breakdown/step")))
         if towers > 1:
             assert all(-1 <= c <= 1 for _, _, c in board.scalars("train", "grad/cosine_mean"))
         assert all(0 < r <= 1 for _, _, r in board.scalars("train", "grad/norm_ratio"))

@@ -1,7 +1,9 @@
 """--diagnostics: per-tower statistics in the step, replica divergence, and a lost logdir."""
 
+import glob
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -29,8 +31,11 @@ def test_step_statistics_equal_numpy_on_the_towers_gradients(logdir, aggregation
     trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:4",
                                                          aggregation=aggregation,
                                                          diagnostics=True))
-    (x, y), = helpers.batches(1)
-    grads, losses = tower_gradients(trainer, x, y)
+    (x0, y0), (x, y) = helpers.batches(2)
+    unsampled = trainer.train_loop(iter(tf.data.Dataset.from_tensors((x0, y0))), 1,
+                                   sample_stats=False)
+    assert unsampled.stats == {}  # not asked: not computed
+    grads, losses = tower_gradients(trainer, x, y)  # on the weights after the first step
     result = trainer.train_loop(iter(tf.data.Dataset.from_tensors((x, y))), 1)
     norms = [np.linalg.norm(g) for g in grads]
     for t in range(4):
@@ -42,6 +47,12 @@ def test_step_statistics_equal_numpy_on_the_towers_gradients(logdir, aggregation
     ratio = np.linalg.norm(np.mean(grads, axis=0)) / np.mean(norms)
     assert result.stats["grad/norm_ratio"] == pytest.approx(ratio, rel=1e-5)
     assert 0 < ratio < 1 and max(cosines) < 0.99  # different shards: not all aligned
+    # The same two steps in one loop: the sample is the last step's, not the first's.
+    twin = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:4",
+                                                      aggregation=aggregation, diagnostics=True))
+    both = twin.train_loop(iter(tf.data.Dataset.from_tensor_slices(
+        (np.stack([x0, x]), np.stack([y0, y])))), 2)
+    assert both.stats == pytest.approx(result.stats, rel=1e-5)
 
 
 def test_identical_shards_agree_perfectly(logdir):
@@ -51,10 +62,32 @@ def test_identical_shards_agree_perfectly(logdir):
              for x, y in helpers.batches(3)]
     result = trainer.train_loop(iter(tf.data.Dataset.from_tensor_slices(
         (np.stack([x for x, _ in steps]), np.stack([y for _, y in steps])))), 3)
-    means = {name: total / result.steps for name, total in result.stats.items()}  # sums: 3 steps
+    means = result.stats  # of the last step of the 3
     assert means["grad/cosine_mean"] == pytest.approx(1.0, abs=1e-5)
     assert means["grad/norm_ratio"] == pytest.approx(1.0, abs=1e-5)
     assert len({means[f"tower_{t}/grad_norm"] for t in range(4)}) == 1
+
+
+@pytest.mark.parametrize("staging", ["none", "device"])
+def test_the_sampled_last_step_trains_as_the_others(logdir, staging):
+    """Statistics on: the last step of a loop runs apart; steps, losses and weights are
+    those of a run without them, including a loop cut short by the end of the input."""
+    stream = helpers.batches(5)
+    data = tf.data.Dataset.from_tensor_slices(tuple(np.stack(a) for a in zip(*stream)))
+    runs = []
+    for on in (False, True):
+        trainer = helpers.build_trainer(helpers.small_config(
+            logdir, devices="cpu:2", aggregation="ring", diagnostics=on, staging=staging))
+        iterator = iter(trainer.staging.pipeline(data))
+        first, second = trainer.train_loop(iterator, 3), trainer.train_loop(iterator, 3)
+        runs.append((first, second, [v.numpy() for v in trainer.copies[0].trainable]))
+        assert (first.steps, second.steps) == (3, 2)  # the input ends in the second loop
+        assert bool(first.stats) == on and second.stats == {}  # its last step never came
+    (off_1, off_2, off_weights), (on_1, on_2, on_weights) = runs
+    assert on_1.loss_sum == pytest.approx(off_1.loss_sum, rel=1e-6)
+    assert on_2.loss_sum == pytest.approx(off_2.loss_sum, rel=1e-6)
+    for mine, theirs in zip(on_weights, off_weights):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
 
 
 def test_diagnostics_off_trace_nothing(logdir):
@@ -68,8 +101,15 @@ def test_diagnostics_off_trace_nothing(logdir):
 def test_replica_divergence(logdir, aggregation, diverges):
     config = helpers.small_config(logdir, devices="cpu:4", aggregation=aggregation,
                                   diagnostics=True)
-    trainer, _ = helpers.train_mgloop(config, helpers.batches(3))
-    divergence = diagnostics.replica_divergence(trainer.copies)
+    trainer = helpers.build_trainer(config)
+    steps = helpers.batches(3)
+    result = trainer.train_loop(iter(tf.data.Dataset.from_tensor_slices(
+        tuple(np.stack(a) for a in zip(*steps)))), 3)
+    divergence = result.stats["replica/divergence"]  # after the loop's last update
+    largest = max(np.max(np.abs(mine.numpy() - first.numpy())) for copy in trainer.copies[1:]
+                  for mine, first in zip(copy.trainable, trainer.copies[0].trainable))
+    assert divergence == pytest.approx(largest, rel=1e-6)
+    assert float(diagnostics.replica_divergence(trainer.copies)) == divergence  # eager too
     if diverges:
         assert divergence > 1e-4
     else:
@@ -110,10 +150,12 @@ def scalar_events(folder):
     return out
 
 
-def test_profile_eval_and_loss_scale_in_a_short_run(logdir):
+def test_profile_eval_and_loss_scale_in_a_short_run(logdir, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where breakdown traces go
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring", train_steps=6,
                                   steps_per_loop=6, summary_every=3, eval_every=2,
-                                  profile_steps="2,4", mixed_precision="mixed_float16")
+                                  profile_steps="2,4", mixed_precision="mixed_float16",
+                                  breakdown_every=2)
     mgloop.run(config, dataset=helpers.DATASET, command_line=["train", "--flag"])
     traces = [os.path.join(root, f) for root, _, files in
               os.walk(os.path.join(logdir, "plugins", "profile")) for f in files]
@@ -123,3 +165,6 @@ def test_profile_eval_and_loss_scale_in_a_short_run(logdir):
     train = scalar_events(os.path.join(logdir, "train"))
     assert [value for _, value in train["loss_scale"]] == [2.0 ** 15] * 2  # no overflow
     assert "replica/divergence" not in train and "tower_0/loss" not in train  # off by default
+    # Steps 2 and 6 profiled alone for the breakdown; step 4 not: --profile_steps' trace runs.
+    assert [step for step, _ in train["breakdown/compute"]] == [2, 6]
+    assert not glob.glob(str(tmp_path / "mgloop-breakdown-*"))  # the traces are removed
