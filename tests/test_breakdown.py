@@ -39,8 +39,8 @@ def test_phase_seconds_of_a_synthetic_trace():
     assert seconds["compute"] == pytest.approx(50 * ps)
     assert seconds["aggregation"] == pytest.approx(20 * ps)
     assert seconds["apply"] == pytest.approx(40 * ps)  # 100..110 on the host, 120..150 on GPU
-    assert seconds["step"] == pytest.approx(150 * ps)  # first phase op 0 .. last 150
-    assert seconds["other"] == pytest.approx((150 - 65 - 10 - 30) * ps)
+    assert seconds["step"] == pytest.approx(205 * ps)  # first op 0 .. last op (add) 205
+    assert seconds["other"] == pytest.approx((205 - 65 - 10 - 30) * ps)
 
 
 def test_phase_of_takes_the_first_phase_scope():
