@@ -30,7 +30,8 @@ MultiWorkerMirroredStrategy with the same workers, and to the single-device
 step (same global batch), the peak resident set (ru_maxrss, summed over a
 system's processes) and its ratio to the single-device run's, and the mean loss
 of the first loop (every system starts from the same weights on the same
-batches, so these agree; a warning says when not); per one-process mgloop mode
+batches, so these agree; a warning says when not; bench.json also has every
+loop's, warm-up first); per one-process mgloop mode
 measured with 1 and N towers, the speedup eps(N)/eps(1) and the efficiency
 speedup/N (same global batch: on logical CPU devices sharing the same cores
 the ideal speedup is 1, on N GPUs it is N). Outputs in --output_dir:
@@ -137,16 +138,16 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
         ready = {name: system.receive() for name, system in systems.items()}
         logging.info("%s: %d systems built", model, len(systems))
         names = list(systems)
-        first_loss = {}
+        losses = {name: [] for name in names}  # every loop's, warm-up first
         for _ in range(_FLAGS.warmup):
             for name in names:
-                first_loss.setdefault(name, systems[name].ask("run")["loss"])
+                losses[name].append(systems[name].ask("run")["loss"])
         times = {name: [] for name in names}
         for repeat in range(_FLAGS.repeats):
             shift = repeat % len(names)
             for name in names[shift:] + names[:shift]:
                 reply = systems[name].ask("run")
-                first_loss.setdefault(name, reply["loss"])
+                losses[name].append(reply["loss"])
                 times[name].append(reply["seconds"] / _FLAGS.steps)
         if _FLAGS.profile:
             for name in names:
@@ -178,7 +179,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
             "examples_per_sec": eps_median, "mad_examples_per_sec": eps_mad,
             "step_ms": 1e3 * step_median, "mad_step_ms": 1e3 * step_mad,
             "step_ms_repeats": [1e3 * t for t in step_times],
-            "first_loop_loss": first_loss[name],
+            "first_loop_loss": losses[name][0], "loop_losses": losses[name],
             "build_seconds": ready[name]["build_seconds"],
             "baseline_rss_mib": ready[name]["baseline_rss_kib"] / 1024,
             "peak_rss_mib": peaks[name] / 1024})
