@@ -97,6 +97,9 @@ flags.DEFINE_float("learning_rate", 0.01, "learning rate of every system")
 flags.DEFINE_enum("cross_device_ops", None, ["reduce_to_one", "hierarchical_copy", "default"],
                   "MirroredStrategy's cross-device ops (the baselines; default: reduce_to_one "
                   "with --device_kind=cpu, TensorFlow's default, NCCL, with gpu)")
+flags.DEFINE_integer("pack_bytes", 0, "mgloop's --pack_bytes for every mgloop system: "
+                     "gradients fused into buckets of about this size before the exchange (one "
+                     "cross-worker collective per bucket); 0: one per gradient tensor")
 flags.DEFINE_bool("profile", False, "after timing, trace one loop of every system with "
                   "tf.profiler into <output_dir>/profile/<model>/<system>")
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "
@@ -130,7 +133,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
                 global_batch=global_batch, steps=_FLAGS.steps, seed=_FLAGS.seed,
                 optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
                 cross_device_ops=cross_device_ops(), workers=entry.workers,
-                device_kind=_FLAGS.device_kind)
+                device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes)
             systems[entry.name] = bench_processes.System(
                 entry.name, spec.__dict__, entry.workers, logical,
                 os.path.join(output_dir, "workers", f"{model}-{safe(entry.name)}"),
@@ -348,7 +351,7 @@ def main(argv):
                             "modes": list(_FLAGS.modes), "optimizer": _FLAGS.optimizer,
                             "learning_rate": _FLAGS.learning_rate,
                             "cross_device_ops": cross_device_ops(),
-                            "device_kind": _FLAGS.device_kind},
+                            "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes},
                "results": results}
     table = markdown(results, command)
     for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", table)):

@@ -66,6 +66,7 @@ class Spec:
     learning_rate: float = 0.01
     cross_device_ops: str = "reduce_to_one"  # MirroredStrategy baselines
     workers: int = 1  # processes; `towers` devices each
+    pack_bytes: int = 0  # mgloop's --pack_bytes (mgloop systems)
     device_kind: str = "cpu"  # "cpu": logical CPU devices; "gpu": gpu:0..towers-1
 
 
@@ -233,7 +234,8 @@ def build(spec: Spec, dataset=None, runtime=None):
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
             devices=devices_flag(spec), aggregation=spec.system[len(MGLOOP_PREFIX):],
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
-            collective_timeout=COLLECTIVE_TIMEOUT, workers=workers, device_set=device_set)
+            collective_timeout=COLLECTIVE_TIMEOUT, pack_bytes=spec.pack_bytes, workers=workers,
+            device_set=device_set)
         return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer,
                             trainer.aggregation.devices.towers)
     parts = _Parts(spec, dataset)
