@@ -15,15 +15,19 @@ a loop is the chief's wall-clock time of it (every step ends in a collective
 across workers, so no worker finishes a loop much before the others); resident
 set sizes are summed over the processes (the system's host memory); the build
 time is the slowest worker's; `devices` lists every worker's devices, so the
-split a system actually ran on is on record.
+split a system actually ran on is on record. When one process of a system
+fails, waiting for another's reply stops within a second with the failed
+process's log tail (a survivor would otherwise wait for its collectives).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 
 from mgloop.launch import free_ports, tf_config
 
@@ -45,23 +49,42 @@ class Worker:
         self.process = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "bench_worker.py")], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, text=True, env=environ, cwd=ROOT)
+        self._replies = queue.Queue()  # parsed replies; None once stdout has ended
+        threading.Thread(target=self._read, daemon=True).start()
         self.send(request)
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.startswith("@@bench "):
+                self._replies.put(json.loads(line[len("@@bench "):]))
+        self._replies.put(None)
 
     def send(self, command) -> None:
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
 
-    def receive(self) -> dict:
-        for line in self.process.stdout:
-            if line.startswith("@@bench "):
-                reply = json.loads(line[len("@@bench "):])
-                if "error" in reply:
-                    raise RuntimeError(f"{self.name}: {reply['error']}\n{reply['traceback']}")
-                return reply
+    def exited(self) -> RuntimeError:
         self.process.wait()
         with open(self.log_path) as handle:
             tail = handle.read()[-3000:]
-        raise RuntimeError(f"{self.name}: worker exited ({self.process.returncode}): {tail}")
+        return RuntimeError(f"{self.name}: worker exited ({self.process.returncode}): {tail}")
+
+    def receive(self, peers: list["Worker"] = ()) -> dict:
+        """The next reply; raises if this worker ends first, or one of `peers` (the other
+        processes of its system, whose collectives it may be waiting for) fails."""
+        while True:
+            try:
+                reply = self._replies.get(timeout=1.0)
+            except queue.Empty:
+                for peer in peers:
+                    if peer.process.poll() not in (None, 0):
+                        raise peer.exited()
+                continue
+            if reply is None:
+                raise self.exited()
+            if "error" in reply:
+                raise RuntimeError(f"{self.name}: {reply['error']}\n{reply['traceback']}")
+            return reply
 
     def ask(self, command) -> dict:
         self.send(command)
@@ -101,7 +124,8 @@ class System:
             raise
 
     def receive(self) -> dict:
-        replies = [worker.receive() for worker in self.workers]
+        replies = [worker.receive([peer for peer in self.workers if peer is not worker])
+                   for worker in self.workers]
         combined = dict(replies[0])
         for key in SUMMED:
             if key in combined:
