@@ -2,26 +2,41 @@
 
     python experiments/bench.py --models=mlp --towers=1,4 \
         --modes=ps_cpu,reduce_broadcast,single_device,mirrored_ctl,mirrored_fit,split_concat
+    python experiments/bench.py --models=mlp \
+        --modes=ring@2x2,reduce_broadcast@2x2,ring@2x1,multi_worker_mirrored@2x1,ring@4
 
 Every selected system (experiments/bench_systems.py) runs the same model on
-the same logical CPU devices and the same global batch, each in its own
-worker process (experiments/bench_worker.py), so each peak resident set is
-its own. The workers are built once, then asked for one timed loop of
-`--steps` steps at a time: `--warmup` untimed loops each (tracing, caches),
-then `--repeats` rounds in which every system runs one loop, in an order
-rotated by one each round, so that machine drift and position hit every
-system alike. Only one worker computes at any moment.
+the same devices (--device_kind: logical CPU devices, or GPUs) and the same
+global batch, each in its own worker process (experiments/bench_worker.py), so
+each peak resident set is its own. `--modes` entries (experiments/bench_plan.py):
+MODE runs on every T of --towers, MODE@T on T devices, MODE@WxT as W worker
+processes of T devices each, with TF_CONFIG on loopback ports (mgloop's
+cross-worker mode, or MultiWorkerMirroredStrategy: multi_worker_mirrored@WxT);
+bad entries are refused with one line before any process starts.
 
-Reported per system: median examples/sec over the repeats and its median
+The workers are built once, then asked for one timed loop of `--steps` steps
+at a time: `--warmup` untimed loops each (tracing, caches), then `--repeats`
+rounds in which every system runs one loop, in an order rotated by one each
+round, so that machine drift and position hit every system alike. Only one
+system computes at any moment; the W processes of a multi-worker system all
+receive each command and run the loop together, its time being the chief's
+(experiments/bench_processes.py).
+
+Reported per system: the split it ran on (W processes x T devices, read back
+from the workers), median examples/sec over the repeats and its median
 absolute deviation (MAD), the median step time, its ratio to
-MirroredStrategy's custom loop with the same towers and to the single-device
-step (same global batch), the peak resident set (ru_maxrss) and its ratio to
-the single-device run's; per mgloop mode measured with 1 and N towers, the
-speedup eps(N)/eps(1) and the efficiency speedup/N (same global batch: on
-logical CPU devices sharing the same cores the ideal speedup is 1, on N
-GPUs it is N). Outputs in --output_dir: bench.json, bench.md and TensorBoard
-logs (one run per system with its hparams and metrics, for the HParams
-dashboard; per-repeat examples/sec as scalars).
+MirroredStrategy's custom loop with the same towers in total, to
+MultiWorkerMirroredStrategy with the same workers, and to the single-device
+step (same global batch), the peak resident set (ru_maxrss, summed over a
+system's processes) and its ratio to the single-device run's, and the mean loss
+of the first loop (every system starts from the same weights on the same
+batches, so these agree; a warning says when not; bench.json also has every
+loop's, warm-up first); per one-process mgloop mode
+measured with 1 and N towers, the speedup eps(N)/eps(1) and the efficiency
+speedup/N (same global batch: on logical CPU devices sharing the same cores
+the ideal speedup is 1, on N GPUs it is N). Outputs in --output_dir:
+bench.json, bench.md and TensorBoard logs (one run per system with its hparams
+and metrics, for the HParams dashboard; per-repeat examples/sec as scalars).
 """
 
 from __future__ import annotations
@@ -30,7 +45,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 
@@ -43,6 +57,8 @@ sys.path.insert(0, ROOT)
 from absl import app, flags, logging  # noqa: E402
 import numpy as np  # noqa: E402
 
+import bench_plan  # noqa: E402
+import bench_processes  # noqa: E402
 import bench_systems  # noqa: E402
 import benchlib  # noqa: E402
 
@@ -51,17 +67,24 @@ DEFAULT_DATASET = {"mlp": "synthetic", "cnn": "synthetic", "big_mlp": "random_bi
 DEFAULT_GLOBAL_BATCH = {"mlp": 128, "cnn": 128, "big_mlp": 512, "resnet20": 128,
                         "minigooglenet": 128}
 MIRRORED = "mirrored_ctl"
-SINGLE = "single_device"
+MULTI_WORKER_MIRRORED = bench_systems.MULTI_WORKER_MIRRORED
+SINGLE = bench_plan.SINGLE
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["mlp"], "models to measure, one after another")
-flags.DEFINE_list("towers", ["4"], "tower counts (logical CPU devices); every multi-device "
-                  "system runs with each")
+flags.DEFINE_list("towers", ["4"], "tower counts (devices of one process); every "
+                  "multi-device system given without @ runs with each")
 flags.DEFINE_list("modes", ["ps_cpu", "reduce_broadcast", "ring", SINGLE, MIRRORED,
                             "mirrored_fit", "split_concat"],
                   "mgloop --aggregation modes and baselines: "
-                  f"{', '.join(bench_systems.BASELINES)}; MODE@T runs MODE with T towers only "
-                  "(e.g. ps_cpu@1 for the speedup without running every system on 1 tower)")
+                  f"{', '.join(bench_systems.BASELINES + bench_systems.MULTI_WORKER_BASELINES)}"
+                  "; MODE@T runs MODE with T towers only (e.g. ps_cpu@1 for the speedup "
+                  "without running every system on 1 tower); MODE@WxT runs W worker processes "
+                  "of T devices each (e.g. ring@2x2, multi_worker_mirrored@2x1)")
+flags.DEFINE_enum("device_kind", "cpu", bench_plan.DEVICE_KINDS,
+                  "cpu: every process splits the host CPU into logical devices; gpu: a "
+                  "process of T devices uses gpu:0..T-1 (a multi-worker system's worker w its "
+                  "own GPUs w*T..w*T+T-1) and MirroredStrategy its default cross-device ops")
 flags.DEFINE_integer("global_batch_size", None, "global batch of every system (default per "
                      f"model: {DEFAULT_GLOBAL_BATCH})")
 flags.DEFINE_string("dataset", None, f"dataset (default per model: {DEFAULT_DATASET})")
@@ -71,8 +94,12 @@ flags.DEFINE_integer("warmup", 2, "untimed loops per system before timing")
 flags.DEFINE_integer("repeats", 7, "timed loops per system, interleaved")
 flags.DEFINE_string("optimizer", "momentum", "optimizer of every system (mgloop's names)")
 flags.DEFINE_float("learning_rate", 0.01, "learning rate of every system")
-flags.DEFINE_enum("cross_device_ops", "reduce_to_one", ["reduce_to_one", "hierarchical_copy"],
-                  "MirroredStrategy's cross-device ops (the baselines)")
+flags.DEFINE_enum("cross_device_ops", None, ["reduce_to_one", "hierarchical_copy", "default"],
+                  "MirroredStrategy's cross-device ops (the baselines; default: reduce_to_one "
+                  "with --device_kind=cpu, TensorFlow's default, NCCL, with gpu)")
+flags.DEFINE_integer("pack_bytes", 0, "mgloop's --pack_bytes for every mgloop system: "
+                     "gradients fused into buckets of about this size before the exchange (one "
+                     "cross-worker collective per bucket); 0: one per gradient tensor")
 flags.DEFINE_bool("profile", False, "after timing, trace one loop of every system with "
                   "tf.profiler into <output_dir>/profile/<model>/<system>")
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "
@@ -80,154 +107,149 @@ flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (def
 flags.DEFINE_integer("seed", 0, "seed of data and initial weights")
 
 
-class Worker:
-    """One system's worker process; `ask` sends a command and waits for its reply."""
-
-    def __init__(self, name: str, spec: bench_systems.Spec, logical_devices: int, log_path: str):
-        self.name = name
-        self.log_path = log_path
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        self._log = open(log_path, "w")
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "bench_worker.py")], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, text=True, env=env, cwd=ROOT)
-        self._send({"spec": spec.__dict__, "logical_devices": logical_devices})
-
-    def _send(self, command) -> None:
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-
-    def receive(self) -> dict:
-        for line in self.process.stdout:
-            if line.startswith("@@bench "):
-                reply = json.loads(line[len("@@bench "):])
-                if "error" in reply:
-                    raise RuntimeError(f"{self.name}: {reply['error']}\n{reply['traceback']}")
-                return reply
-        self.process.wait()
-        with open(self.log_path) as handle:
-            tail = handle.read()[-3000:]
-        raise RuntimeError(f"{self.name}: worker exited ({self.process.returncode}): {tail}")
-
-    def ask(self, command) -> dict:
-        self._send(command)
-        return self.receive()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self._log.close()
+def safe(name: str) -> str:
+    return name.replace(":", "_").replace("@", "_")
 
 
-def system_names(modes: list[str], towers: list[int]) -> list[tuple[str, str, int]]:
-    """(name, system, towers) of every system: the single-device step once, the others per T."""
-    out = []
-    for entry in modes:
-        mode, _, only = entry.partition("@")
-        system = mode if mode in bench_systems.BASELINES else bench_systems.MGLOOP_PREFIX + mode
-        if mode == SINGLE:
-            out.append((SINGLE, SINGLE, 1))
-            continue
-        for count in ([int(only)] if only else towers):
-            out.append((f"{system}@{count}", system, count))
-    return out
+def global_batch_of(model: str) -> int:
+    return _FLAGS.global_batch_size or DEFAULT_GLOBAL_BATCH.get(model, 128)
 
 
-def measure_model(model: str, output_dir: str) -> dict:
+def cross_device_ops() -> str:
+    return _FLAGS.cross_device_ops or ("default" if _FLAGS.device_kind == "gpu"
+                                       else "reduce_to_one")
+
+
+def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> dict:
     dataset = _FLAGS.dataset or DEFAULT_DATASET.get(model, "synthetic")
-    global_batch = _FLAGS.global_batch_size or DEFAULT_GLOBAL_BATCH.get(model, 128)
-    towers = [int(t) for t in _FLAGS.towers]
-    systems = system_names(_FLAGS.modes, towers)
-    logical = max(count for _, _, count in systems)
+    global_batch = global_batch_of(model)
+    logical = max(entry.towers for entry in plan) if _FLAGS.device_kind == "cpu" else 1
     os.makedirs(os.path.join(output_dir, "workers"), exist_ok=True)
-    workers = {}
+    systems = {}
     try:
-        for name, system, count in systems:
-            spec = bench_systems.Spec(system=system, model=model, dataset=dataset, towers=count,
-                                      global_batch=global_batch, steps=_FLAGS.steps,
-                                      seed=_FLAGS.seed, optimizer=_FLAGS.optimizer,
-                                      learning_rate=_FLAGS.learning_rate,
-                                      cross_device_ops=_FLAGS.cross_device_ops)
-            log = os.path.join(output_dir, "workers",
-                               f"{model}-{name.replace(':', '_').replace('@', '_')}.log")
-            workers[name] = Worker(name, spec, logical, log)
-        ready = {name: worker.receive() for name, worker in workers.items()}
-        logging.info("%s: %d systems built", model, len(workers))
-        names = list(workers)
+        for entry in plan:
+            spec = bench_systems.Spec(
+                system=entry.system, model=model, dataset=dataset, towers=entry.towers,
+                global_batch=global_batch, steps=_FLAGS.steps, seed=_FLAGS.seed,
+                optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
+                cross_device_ops=cross_device_ops(), workers=entry.workers,
+                device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes)
+            systems[entry.name] = bench_processes.System(
+                entry.name, spec.__dict__, entry.workers, logical,
+                os.path.join(output_dir, "workers", f"{model}-{safe(entry.name)}"),
+                _FLAGS.device_kind)
+        ready = {name: system.receive() for name, system in systems.items()}
+        logging.info("%s: %d systems built", model, len(systems))
+        names = list(systems)
+        losses = {name: [] for name in names}  # every loop's, warm-up first
         for _ in range(_FLAGS.warmup):
             for name in names:
-                workers[name].ask("run")
+                losses[name].append(systems[name].ask("run")["loss"])
         times = {name: [] for name in names}
         for repeat in range(_FLAGS.repeats):
             shift = repeat % len(names)
             for name in names[shift:] + names[:shift]:
-                times[name].append(workers[name].ask("run")["seconds"] / _FLAGS.steps)
+                reply = systems[name].ask("run")
+                losses[name].append(reply["loss"])
+                times[name].append(reply["seconds"] / _FLAGS.steps)
         if _FLAGS.profile:
             for name in names:
-                trace_dir = os.path.join(output_dir, "profile", model,
-                                         name.replace(":", "_").replace("@", "_"))
-                workers[name].ask({"trace": trace_dir})
-        peaks = {name: workers[name].ask("stop")["peak_rss_kib"] for name in names}
+                systems[name].ask({"trace": os.path.join(output_dir, "profile", model,
+                                                         safe(name))})
+        peaks = {name: systems[name].ask("stop")["peak_rss_kib"] for name in names}
     finally:
-        for worker in workers.values():
-            worker.close()
+        for system in systems.values():
+            system.close()
     rows = []
-    for name, system, count in systems:
+    for entry in plan:
+        name = entry.name
+        devices = ready[name]["devices"]  # per process: what the system computes on
+        split = f"{len(devices)}x{len(devices[0])}"
+        if split != entry.split or any(len(d) != len(devices[0]) for d in devices):
+            raise RuntimeError(f"{name} ran on {[len(d) for d in devices]} devices per process, "
+                               f"not {entry.split}: {devices}")
         step_times = np.asarray(times[name])
         eps = global_batch / step_times
         eps_median, eps_mad = benchlib.median_and_mad(eps)
         step_median, step_mad = benchlib.median_and_mad(step_times)
         rows.append({
-            "model": model, "name": name, "system": system, "towers": count,
-            "kind": "mgloop" if system.startswith(bench_systems.MGLOOP_PREFIX) else "baseline",
+            "model": model, "name": name, "system": entry.system, "towers": entry.total_towers,
+            "workers": entry.workers, "towers_per_worker": entry.towers, "split": split,
+            "devices": devices,
+            "kind": "mgloop" if entry.system.startswith(bench_systems.MGLOOP_PREFIX)
+            else "baseline",
             "dataset": dataset, "global_batch": global_batch,
             "examples_per_sec": eps_median, "mad_examples_per_sec": eps_mad,
             "step_ms": 1e3 * step_median, "mad_step_ms": 1e3 * step_mad,
             "step_ms_repeats": [1e3 * t for t in step_times],
+            "first_loop_loss": losses[name][0], "loop_losses": losses[name],
             "build_seconds": ready[name]["build_seconds"],
             "baseline_rss_mib": ready[name]["baseline_rss_kib"] / 1024,
             "peak_rss_mib": peaks[name] / 1024})
     add_ratios(rows)
+    check_first_losses(rows)
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "rows": rows,
-            "speedup": speedups(rows, towers)}
+            "speedup": speedups(rows)}
+
+
+def check_first_losses(rows: list[dict], rtol: float = 1e-3) -> None:
+    """Every system starts from the seed's weights on the same batches: warns if the mean
+    losses of their first loops disagree (then the systems do not compute the same thing)."""
+    reference = rows[0]
+    for row in rows[1:]:
+        if abs(row["first_loop_loss"] - reference["first_loop_loss"]) > rtol * abs(
+                reference["first_loop_loss"]):
+            logging.warning("%s: first loop's loss %.6f, but %s's is %.6f", row["name"],
+                            row["first_loop_loss"], reference["name"],
+                            reference["first_loop_loss"])
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Step-time ratios to mirrored_ctl (same towers) and single_device; memory ratio to single."""
+    """Step-time ratios to mirrored_ctl (same towers in total), to multi_worker_mirrored (same
+    workers; multi-worker rows) and to single_device; memory ratio to single_device."""
     mirrored = {r["towers"]: r for r in rows if r["system"] == MIRRORED}
+    multi_worker = {r["workers"]: r for r in rows if r["system"] == MULTI_WORKER_MIRRORED}
     single = next((r for r in rows if r["system"] == SINGLE), None)
     for row in rows:
         base = mirrored.get(row["towers"])
         row["step_ratio_to_mirrored"] = row["step_ms"] / base["step_ms"] if base else None
+        base = multi_worker.get(row["workers"]) if row["workers"] > 1 else None
+        row["step_ratio_to_multi_worker_mirrored"] = (row["step_ms"] / base["step_ms"]
+                                                      if base else None)
         row["step_ratio_to_single"] = row["step_ms"] / single["step_ms"] if single else None
         row["peak_rss_ratio_to_single"] = (row["peak_rss_mib"] / single["peak_rss_mib"]
                                            if single else None)
 
 
-def speedups(rows: list[dict], towers: list[int]) -> list[dict]:
-    """Per mgloop mode measured on 1 tower: speedup eps(T)/eps(1) and efficiency speedup/T."""
+def speedups(rows: list[dict]) -> list[dict]:
+    """Per one-process mgloop mode measured on 1 tower: speedup eps(T)/eps(1), efficiency
+    speedup/T."""
     out = []
-    for row in rows:
+    alone = [r for r in rows if r["workers"] == 1]
+    for row in alone:
         if row["kind"] != "mgloop" or row["towers"] == 1:
             continue
-        one = next((r for r in rows if r["system"] == row["system"] and r["towers"] == 1), None)
+        one = next((r for r in alone if r["system"] == row["system"] and r["towers"] == 1),
+                   None)
         if one is None:
             continue
         speedup = row["examples_per_sec"] / one["examples_per_sec"]
-        out.append({"model": row["model"], "system": row["system"], "towers": row["towers"],
-                    "speedup": speedup, "efficiency": speedup / row["towers"]})
+        out.append({"model": row["model"], "name": row["name"], "system": row["system"],
+                    "towers": row["towers"], "speedup": speedup,
+                    "efficiency": speedup / row["towers"]})
     return out
 
 
-TABLE = [("name", "system", "s"), ("examples_per_sec", "examples/sec (median)", ".0f"),
+TABLE = [("name", "system", "s"), ("split", "processes x devices", "s"),
+         ("examples_per_sec", "examples/sec (median)", ".0f"),
          ("mad_examples_per_sec", "± MAD", ".0f"), ("step_ms", "step (ms)", ".2f"),
          ("step_ratio_to_mirrored", "step ÷ mirrored_ctl", ".2f"),
+         ("step_ratio_to_multi_worker_mirrored", "step ÷ multi_worker_mirrored", ".2f"),
          ("step_ratio_to_single", "step ÷ single_device", ".2f"),
          ("peak_rss_mib", "peak RSS (MiB)", ".0f"),
-         ("peak_rss_ratio_to_single", "RSS ÷ single_device", ".2f")]
-SPEEDUP_TABLE = [("system", "mgloop mode", "s"), ("towers", "towers", "d"),
+         ("peak_rss_ratio_to_single", "RSS ÷ single_device", ".2f"),
+         ("first_loop_loss", "loss, 1st loop", ".4f")]
+SPEEDUP_TABLE = [("name", "mgloop mode", "s"), ("towers", "towers", "d"),
                  ("speedup", "speedup vs 1 tower", ".2f"), ("efficiency", "efficiency", ".2f")]
 
 
@@ -238,6 +260,10 @@ def markdown(results: list[dict], command: str) -> str:
                   f"{result['global_batch']}, {_FLAGS.steps} steps per loop, {_FLAGS.repeats} "
                   f"interleaved repeats after {_FLAGS.warmup} warm-up loops)", "",
                   benchlib.markdown(result["rows"], TABLE), ""]
+        if any(row["workers"] > 1 for row in result["rows"]):
+            lines += ["WxT: W processes (workers, TF_CONFIG on loopback) of T devices each; a "
+                      "multi-worker system's step time is its chief's, its RSS the sum over "
+                      "its processes.", ""]
         if result["speedup"]:
             lines += [benchlib.markdown(result["speedup"], SPEEDUP_TABLE), ""]
     return "\n".join(lines)
@@ -252,20 +278,22 @@ def write_tensorboard(results: list[dict], logdir: str) -> None:
         "model": hp.HParam("model", hp.Discrete(sorted({r["model"] for r in rows}))),
         "system": hp.HParam("system", hp.Discrete(sorted({r["system"] for r in rows}))),
         "towers": hp.HParam("towers", hp.Discrete(sorted({r["towers"] for r in rows}))),
+        "workers": hp.HParam("workers", hp.Discrete(sorted({r["workers"] for r in rows}))),
         "global_batch": hp.HParam("global_batch",
                                   hp.Discrete(sorted({r["global_batch"] for r in rows}))),
         "steps_per_loop": hp.HParam("steps_per_loop", hp.Discrete([_FLAGS.steps])),
     }
     metrics = ["examples_per_sec", "mad_examples_per_sec", "step_ms", "step_ratio_to_mirrored",
-               "step_ratio_to_single", "peak_rss_mib", "peak_rss_ratio_to_single"]
+               "step_ratio_to_multi_worker_mirrored", "step_ratio_to_single", "peak_rss_mib",
+               "peak_rss_ratio_to_single", "first_loop_loss"]
     with tf.summary.create_file_writer(logdir).as_default():
         hp.hparams_config(hparams=list(params.values()),
                           metrics=[hp.Metric(m, display_name=m) for m in metrics])
     for row in rows:
-        run = os.path.join(logdir, row["model"], row["name"].replace(":", "_").replace("@", "_"))
+        run = os.path.join(logdir, row["model"], safe(row["name"]))
         with tf.summary.create_file_writer(run).as_default():
             hp.hparams({params["model"]: row["model"], params["system"]: row["system"],
-                        params["towers"]: row["towers"],
+                        params["towers"]: row["towers"], params["workers"]: row["workers"],
                         params["global_batch"]: row["global_batch"],
                         params["steps_per_loop"]: _FLAGS.steps},
                        trial_id=f"{row['model']}/{row['name']}")
@@ -289,25 +317,41 @@ def machine() -> dict:
             "load_average": os.getloadavg(), "date": datetime.datetime.now().isoformat()}
 
 
+def make_plan() -> list[bench_plan.Entry]:
+    """The systems to measure, checked against the flags and this machine (PlanError)."""
+    from mgloop import aggregation
+    plan = bench_plan.entries(_FLAGS.modes, [int(t) for t in _FLAGS.towers],
+                              {name: aggregation.get(name).single_loss
+                               for name in aggregation.names()})
+    visible_gpus = 0
+    if _FLAGS.device_kind == "gpu":
+        import tensorflow as tf
+        visible_gpus = len(tf.config.list_physical_devices("GPU"))
+    bench_plan.check_devices(plan, _FLAGS.device_kind, visible_gpus)
+    for model in _FLAGS.models:
+        bench_plan.check_batch(plan, global_batch_of(model), model)
+    return plan
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from mgloop import aggregation
-    for mode in (entry.partition("@")[0] for entry in _FLAGS.modes):
-        if mode not in bench_systems.BASELINES and mode not in aggregation.names():
-            raise app.UsageError(f"--modes: {mode!r} is neither an mgloop aggregation "
-                                 f"({', '.join(aggregation.names())}) nor a baseline "
-                                 f"({', '.join(bench_systems.BASELINES)})")
+    try:
+        plan = make_plan()
+    except bench_plan.PlanError as error:  # before any worker process starts
+        print(f"bench.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-bench-")
     os.makedirs(output_dir, exist_ok=True)
     command = "python " + " ".join(sys.argv)
-    results = [measure_model(model, output_dir) for model in _FLAGS.models]
+    results = [measure_model(model, output_dir, plan) for model in _FLAGS.models]
     payload = {"command": command, "machine": machine(),
                "settings": {"steps": _FLAGS.steps, "warmup": _FLAGS.warmup,
                             "repeats": _FLAGS.repeats, "towers": [int(t) for t in _FLAGS.towers],
                             "modes": list(_FLAGS.modes), "optimizer": _FLAGS.optimizer,
                             "learning_rate": _FLAGS.learning_rate,
-                            "cross_device_ops": _FLAGS.cross_device_ops},
+                            "cross_device_ops": cross_device_ops(),
+                            "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes},
                "results": results}
     table = markdown(results, command)
     for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", table)):

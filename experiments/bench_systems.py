@@ -19,6 +19,20 @@ and loss (mgloop.optim.make_optimizer, mgloop.losses.cross_entropy).
                     to its end (fit is called once; an epoch waits for the harness)
     split_concat    Keras fit of third_party.keras_fit.SplitConcat (multi_gpu_model),
                     timed the same way
+    multi_worker_mirrored
+                    third_party.multi_worker_mirrored.CustomLoop in each of the
+                    `workers` processes: MultiWorkerMirroredStrategy, strategy.run inside
+                    a tf.function, `steps` steps per call (a tf.range loop)
+
+With `workers` > 1 the system is one process per worker, each with its own
+TF_CONFIG (experiments/bench_processes.py): `start` then starts the worker's
+gRPC server before anything else touches TensorFlow (mgloop: mgloop.cluster via
+devices.setup; the baseline: by creating the strategy, which must come first),
+and mgloop's workers are built as `mgloop.train` builds them (cross-worker
+aggregation, variables broadcast from worker 0, each worker's contiguous part of
+every global batch). `devices` of a built system lists the devices it computes
+on in this process; `last_loss` is the mean over its last loop's steps of the
+step's loss over the global batch.
 """
 
 from __future__ import annotations
@@ -31,8 +45,12 @@ import sys
 import threading
 import time
 
-BASELINES = ("single_device", "mirrored_ctl", "mirrored_fit", "split_concat")
+BASELINES = ("single_device", "mirrored_ctl", "mirrored_fit", "split_concat")  # one process
+MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+MULTI_WORKER_BASELINES = (MULTI_WORKER_MIRRORED,)  # one process per worker
 MGLOOP_PREFIX = "mgloop:"
+STARTUP_TIMEOUT = 120.0  # seconds a worker waits for its peers at start
+COLLECTIVE_TIMEOUT = 120.0  # seconds a cross-worker collective waits (a peer died: an error)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +65,16 @@ class Spec:
     optimizer: str = "momentum"
     learning_rate: float = 0.01
     cross_device_ops: str = "reduce_to_one"  # MirroredStrategy baselines
+    workers: int = 1  # processes; `towers` devices each
+    pack_bytes: int = 0  # mgloop's --pack_bytes (mgloop systems)
+    device_kind: str = "cpu"  # "cpu": logical CPU devices; "gpu": gpu:0..towers-1
+
+
+def devices_flag(spec: Spec) -> str:
+    """mgloop's --devices for the spec's devices of one process."""
+    if spec.device_kind == "gpu":
+        return "gpu:" + ",".join(str(i) for i in range(spec.towers))
+    return f"cpu:{spec.towers}"
 
 
 def _repo_on_path() -> None:
@@ -57,7 +85,7 @@ def _repo_on_path() -> None:
 
 def _config(spec: Spec, aggregation: str = "ps_cpu"):
     from mgloop.config import Config
-    return Config(model=spec.model, dataset=spec.dataset, devices=f"cpu:{spec.towers}",
+    return Config(model=spec.model, dataset=spec.dataset, devices=devices_flag(spec),
                   aggregation=aggregation, global_batch_size=spec.global_batch,
                   optimizer=spec.optimizer, learning_rate=spec.learning_rate,
                   train_steps=10 ** 9, seed=spec.seed,
@@ -86,12 +114,18 @@ class _Parts:
 class CompiledLoop:
     """A system whose loop is one tf.function call: loop(iterator, steps) -> a tensor."""
 
-    def __init__(self, loop, iterator, steps: int, model=None, owner=None):
+    def __init__(self, loop, iterator, steps: int, model=None, owner=None, devices=()):
         import tensorflow as tf
         self.loop, self.iterator, self.model = loop, iterator, model
         self.owner = owner  # keeps the object of a bound tf.function method alive
+        self.devices = list(devices)
+        self.num_steps = steps
         self.steps = tf.constant(steps, tf.int32)
         self.last_loss_sum = None
+
+    @property
+    def last_loss(self) -> float:
+        return self.last_loss_sum / self.num_steps
 
     def run(self) -> float:
         began = time.perf_counter()
@@ -119,9 +153,10 @@ class FitLoop:
     outside the timing, as a long training run amortises it.
     """
 
-    def __init__(self, model, batches, steps: int):
+    def __init__(self, model, batches, steps: int, devices=()):
         import keras
         self.model = model
+        self.devices = list(devices)
         self._go, self._done = queue.Queue(), queue.Queue()
         self.last_logs = None
         runner = self
@@ -155,45 +190,84 @@ class FitLoop:
         self.last_logs = logs
         return seconds
 
+    @property
+    def last_loss(self) -> float:
+        return float(self.last_logs["loss"])  # fit's mean over the epoch's steps
+
     def close(self) -> None:
         self._go.put(False)
         self._thread.join(timeout=60)
 
 
-def build(spec: Spec, dataset=None):
-    """The system of `spec`, built (not yet traced) in this process."""
+def start(spec: Spec):
+    """What must come before any other TensorFlow work in this process (None for most).
+
+    Multi-worker systems (TF_CONFIG set by the harness): mgloop's cluster and
+    devices, with its gRPC server started and its peers reached; or the
+    MultiWorkerMirroredStrategy, whose creation starts the server.
+    """
+    _repo_on_path()
+    if spec.workers == 1:
+        return None
+    if spec.system == MULTI_WORKER_MIRRORED:
+        from third_party import multi_worker_mirrored
+        return multi_worker_mirrored.make_strategy(COLLECTIVE_TIMEOUT)
+    if spec.system.startswith(MGLOOP_PREFIX):
+        from mgloop import cluster, devices
+        workers = cluster.from_environment()
+        if workers is None or workers.num_workers != spec.workers:
+            raise ValueError(f"{spec.system} with {spec.workers} workers needs a TF_CONFIG of "
+                             f"{spec.workers} workers")
+        return workers, devices.setup(devices.parse(devices_flag(spec)), workers,
+                                      STARTUP_TIMEOUT)
+    raise ValueError(f"{spec.system} runs in one process, not {spec.workers}")
+
+
+def build(spec: Spec, dataset=None, runtime=None):
+    """The system of `spec`, built (not yet traced) in this process; `runtime` from `start`."""
     _repo_on_path()
     import tensorflow as tf
     if spec.system.startswith(MGLOOP_PREFIX):
         import benchlib
+        workers, device_set = runtime if runtime is not None else (None, None)
         trainer, iterator = benchlib.build(
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
-            devices=f"cpu:{spec.towers}", aggregation=spec.system[len(MGLOOP_PREFIX):],
-            optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed)
-        return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer)
+            devices=devices_flag(spec), aggregation=spec.system[len(MGLOOP_PREFIX):],
+            optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
+            collective_timeout=COLLECTIVE_TIMEOUT, pack_bytes=spec.pack_bytes, workers=workers,
+            device_set=device_set)
+        return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer,
+                            trainer.aggregation.devices.towers)
     parts = _Parts(spec, dataset)
     parts.seed()
+    if spec.system == MULTI_WORKER_MIRRORED:
+        from third_party import multi_worker_mirrored
+        custom = multi_worker_mirrored.CustomLoop(runtime, parts.model_fn, parts.loss_fn,
+                                                  parts.optimizer_fn, spec.global_batch)
+        return CompiledLoop(custom.train_loop, custom.distribute(parts.batches(spec)),
+                            spec.steps, custom.model, custom, custom.local_devices)
     if spec.system == "single_device":
         from third_party import single_device
         with tf.device(parts.devices[0]):
             model = parts.model_fn()
             loop = single_device.make_train_loop(model, parts.loss_fn, parts.optimizer_fn())
-        return CompiledLoop(loop, iter(parts.batches(spec)), spec.steps, model)
+        return CompiledLoop(loop, iter(parts.batches(spec)), spec.steps, model,
+                            devices=parts.devices[:1])
     from third_party import keras_fit, mirrored_strategy
     if spec.system == "mirrored_ctl":
         strategy = mirrored_strategy.make_strategy(parts.devices, spec.cross_device_ops)
         custom = mirrored_strategy.CustomLoop(strategy, parts.model_fn, parts.loss_fn,
                                               parts.optimizer_fn, spec.global_batch)
         return CompiledLoop(custom.train_loop, custom.distribute(parts.batches(spec)),
-                            spec.steps, custom.model, custom)
+                            spec.steps, custom.model, custom, strategy.extended.worker_devices)
     if spec.system == "mirrored_fit":
         strategy = mirrored_strategy.make_strategy(parts.devices, spec.cross_device_ops)
         model = keras_fit.mirrored_fit_model(strategy, parts.model_fn, parts.loss_fn,
                                              parts.optimizer_fn, steps_per_execution=spec.steps)
-        return FitLoop(model, parts.batches(spec), spec.steps)
+        return FitLoop(model, parts.batches(spec), spec.steps, strategy.extended.worker_devices)
     if spec.system == "split_concat":
         model = keras_fit.split_concat_model(parts.model_fn, parts.loss_fn, parts.optimizer_fn,
                                              parts.devices, steps_per_execution=spec.steps)
-        return FitLoop(model, parts.batches(spec), spec.steps)
+        return FitLoop(model, parts.batches(spec), spec.steps, parts.devices)
     raise ValueError(f"unknown system {spec.system!r}: use mgloop:<mode> or one of "
-                     f"{', '.join(BASELINES)}")
+                     f"{', '.join(BASELINES + MULTI_WORKER_BASELINES)}")

@@ -6,10 +6,18 @@ Protocol (one JSON object per line; replies are prefixed by `@@bench ` so that
 anything else a library prints to stdout is ignored):
 
     in:  {"spec": {...bench_systems.Spec fields...}, "logical_devices": N}
-    out: {"ready": true, "build_seconds": s, "baseline_rss_kib": r}
-    in:  "run"                 out: {"seconds": s}        one timed loop
-    in:  {"trace": DIR}        out: {"seconds": s}        one loop under tf.profiler, into DIR
-    in:  "stop"                out: {"peak_rss_kib": p}   then exits
+    out: {"ready": true, "build_seconds": s, "baseline_rss_kib": r, "devices": [...]}
+    in:  "run"                 out: {"seconds": s, "loss": l}   one timed loop
+    in:  {"trace": DIR}        out: {"seconds": s, "loss": l}   one loop under tf.profiler
+                                                   (worker i of several: into DIR/worker<i>)
+    in:  {"save_weights": DIR} out: {"path": P}   the model's weights to DIR/weights-<i>.npz
+    in:  "stop"                out: {"peak_rss_kib": p}         then exits
+
+`loss` is the mean over the loop's steps of the step's loss over the global
+batch; `devices` the devices the system computes on in this process; <i> in
+the weights file is the worker's TF_CONFIG index (0 without TF_CONFIG).
+A multi-worker system's processes (TF_CONFIG set) start their gRPC server
+first (bench_systems.start), before anything else touches TensorFlow.
 
 Memory: `baseline_rss_kib` is the resident set after TensorFlow started with
 its devices and the dataset was loaded, before the system was built;
@@ -57,24 +65,35 @@ def main() -> None:
     from mgloop import data, devices
     devices.configure_logical_cpus(request["logical_devices"])
     import bench_systems
-    import tensorflow as tf
     spec = bench_systems.Spec(**request["spec"])
+    runtime = bench_systems.start(spec)
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if spec.workers > 1 else None
+    import numpy as np
+    import tensorflow as tf
     dataset = data.load(spec.dataset, spec.seed)
     dataset._train_tensors  # the host copy every system reads, made before the baseline
     baseline = current_rss_kib()
     began = time.perf_counter()
-    system = bench_systems.build(spec, dataset)
+    system = bench_systems.build(spec, dataset, runtime)
     reply({"ready": True, "build_seconds": time.perf_counter() - began,
-           "baseline_rss_kib": baseline})
+           "baseline_rss_kib": baseline, "devices": list(system.devices)})
     for line in sys.stdin:
         command = json.loads(line)
         if command == "run":
-            reply({"seconds": system.run()})
+            reply({"seconds": system.run(), "loss": system.last_loss})
         elif isinstance(command, dict) and "trace" in command:
-            tf.profiler.experimental.start(command["trace"])
+            tf.profiler.experimental.start(
+                command["trace"] if task is None else os.path.join(command["trace"],
+                                                                   f"worker{task}"))
             seconds = system.run()
             tf.profiler.experimental.stop()
-            reply({"seconds": seconds})
+            reply({"seconds": seconds, "loss": system.last_loss})
+        elif isinstance(command, dict) and "save_weights" in command:
+            path = os.path.join(command["save_weights"], f"weights-{task or 0}.npz")
+            with open(path + ".tmp", "wb") as handle:
+                np.savez(handle, *[np.asarray(w) for w in system.model.get_weights()])
+            os.replace(path + ".tmp", path)
+            reply({"path": path})
         elif command == "stop":
             system.close()
             reply({"peak_rss_kib": peak_rss_kib()})

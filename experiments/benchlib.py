@@ -8,28 +8,40 @@ compiled loop of `steps` steps after untimed warm-up loops.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 import numpy as np
 
 
-def build(model: str, global_batch: int, dataset_object=None, **settings):
+def build(model: str, global_batch: int, dataset_object=None, workers=None, device_set=None,
+          **settings):
     """(trainer, iterator) for one configuration; settings are Config fields.
 
     `dataset_object`: an already loaded dataset of `settings["dataset"]` (default: load it).
+    Several processes: `workers` (mgloop.cluster.Cluster) and `device_set` (from
+    devices.setup with that cluster, its server started): the trainer is wrapped in
+    the cross-worker stage, takes worker 0's variables, and reads this worker's
+    contiguous part of every global batch, as mgloop.train does.
     """
     import tensorflow as tf  # noqa: F401  (after the caller configured devices)
-    from mgloop import data, devices, experiment, models
+    from mgloop import data, devices, experiment, models, staging
     from mgloop.config import Config
     config = Config(model=model, global_batch_size=global_batch, train_steps=10 ** 9,
                     logdir=os.path.join("/tmp", "mgloop-bench"), **settings).validated()
-    device_set = devices.setup(devices.parse(config.devices))
+    if device_set is None:
+        device_set = devices.setup(devices.parse(config.devices))
     dataset = dataset_object or data.load(config.dataset, config.seed, config.data_dir)
     trainer = experiment.build_trainer(
         config, device_set, lambda: models.get(model)(dataset.input_shape, dataset.num_classes),
-        experiment.default_loss(), dataset.input_shape)
+        experiment.default_loss(), dataset.input_shape, workers)
     batches = dataset.train_batches(config.global_batch_size, config.seed)
+    if workers is not None and workers.num_workers > 1:
+        trainer.broadcast_from_chief()
+        part = functools.partial(staging.worker_part, workers=workers.num_workers,
+                                 index=workers.index)
+        batches = batches.map(lambda x, y: (part(x), part(y)))
     return trainer, iter(trainer.staging.pipeline(batches))
 
 

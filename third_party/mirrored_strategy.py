@@ -23,7 +23,8 @@ On logical CPU devices the strategy gets the device names explicitly and
 MirroredStrategy used for CPU devices before collective ops became its
 default). TensorFlow 2.21's default choice for these devices,
 CollectiveAllReduce, fails inside a `tf.range` loop on CPU devices;
-`HierarchicalCopyAllReduce` also runs and is selectable.
+`HierarchicalCopyAllReduce` also runs and is selectable. On GPUs, `default`
+leaves the choice to TensorFlow (NCCL all-reduce), as a user would.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import keras
 import tensorflow as tf
 
 HOST = "/device:CPU:0"
-CROSS_DEVICE_OPS = ("reduce_to_one", "hierarchical_copy")
+CROSS_DEVICE_OPS = ("reduce_to_one", "hierarchical_copy", "default")
 
 
 def make_strategy(devices: list[str], cross_device_ops: str = "reduce_to_one",
@@ -43,6 +44,8 @@ def make_strategy(devices: list[str], cross_device_ops: str = "reduce_to_one",
         ops = tf.distribute.ReductionToOneDevice(reduce_to_device=host)
     elif cross_device_ops == "hierarchical_copy":
         ops = tf.distribute.HierarchicalCopyAllReduce(num_packs=1)
+    elif cross_device_ops == "default":
+        ops = None  # TensorFlow's choice for these devices
     else:
         raise ValueError(f"cross_device_ops={cross_device_ops!r} is not one of "
                          f"{', '.join(CROSS_DEVICE_OPS)}")
