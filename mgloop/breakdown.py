@@ -1,28 +1,33 @@
-"""Step-time breakdown of one profiled step: compute, aggregation, apply (`--breakdown_every`).
+"""Step-time breakdown of one profiled step: input, compute, aggregation, apply.
 
-The three phases of a step run inside one compiled function, interleaved
-across devices, where Python cannot time them. So every `--breakdown_every`
-steps the outer loop runs one step alone under `tf.profiler` (into a temp
-folder, removed after), and this module reads the trace (the XSpace protobuf
-the profiler writes) and attributes every executed TensorFlow op to the phase
-whose name scope it was built in (`loop.PHASES`: `compute` = forward, loss and
-gradients on the towers; `aggregation` = the gradient exchange and the
-averaging of non-trainable state; `apply` = the optimizer updates). For each
-phase it reports the wall time during which at least one of its ops ran on
-any device (the union of their intervals):
+The phases of a step run inside one compiled function, interleaved across
+devices, where Python cannot time them. So every `--breakdown_every` steps
+the outer loop runs one step alone under `tf.profiler` (into a temp folder,
+removed after), and this module reads the trace (the XSpace protobuf the
+profiler writes) and attributes every executed TensorFlow op to the phase
+whose name scope it was built in (`PHASES`, the scopes of `loop.Trainer`):
+`input` = taking the batch and staging a later one (staging.py); `compute` =
+reading the variables, forward, loss and gradients on the towers;
+`aggregation` = the gradient exchange and the averaging of non-trainable
+state; `apply` = the optimizer updates. For each phase it reports the wall
+time during which at least one of its ops ran on any device (the union of
+their intervals):
 
-    breakdown/compute, breakdown/aggregation, breakdown/apply   (seconds)
-    breakdown/step    from the first op's start to the last op's end (every op
-                      of the profiled call: the step with its input ops)
-    breakdown/other   step minus the union of the three phases: time in which
-                      no phase op ran (input, scheduling, the step's
-                      bookkeeping ops such as the global step and loss sums)
+    breakdown/input, breakdown/compute, breakdown/aggregation, breakdown/apply
+    breakdown/step    from the first op's start to the last op's end, over the
+                      ops of the step (its phases, and the rest of its scope
+                      `STEP_SCOPE`: not the priming of staging areas, say)
+    breakdown/other   step minus the union of the phases: time in which no
+                      phase op ran (scheduling, the step's bookkeeping ops
+                      such as the global step and the loss sums)
 
-Phases overlap when the exchange of one variable starts while another's
-gradient is computed, so compute + aggregation + apply + other can exceed step.
+Phases overlap (the exchange of one variable runs while another's gradient is
+computed; a later batch is staged during the compute), so their sum with
+`other` can exceed `step`.
 The profiler adds its own cost per op: compare phases within a step and
-between runs, not with the unprofiled `step_time`. Input wait is measured on
-every step without the profiler (`input_wait`, loop.py).
+between runs, not with the unprofiled `step_time`. How long the towers wait for
+input is measured on every step without the profiler (`input_wait`, loop.py):
+`breakdown/input` is the input ops' busy time, overlapped or not.
 
 CPU ops appear in the trace as events named "<op name>:<op type>"; GPU
 kernels as events carrying a `tf_op` stat of that form (read the same way;
@@ -41,7 +46,8 @@ from typing import Callable, Iterable
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-PHASES = ("compute", "aggregation", "apply")
+PHASES = ("input", "compute", "aggregation", "apply")
+STEP_SCOPE = "mgloop_step"  # around each step's ops, phases included
 _OP_EVENT = re.compile(r"([^\s:]+):(\w+)")  # "<op name>:<op type>"
 _UNIQUE_SUFFIX = re.compile(r"_\d+$")
 # Op-level host events (level 2), no Python tracing, device kernels where there are GPUs.
@@ -127,17 +133,18 @@ def phase_seconds(space: xplane_pb2.XSpace, phases: tuple[str, ...] = PHASES
                   ) -> dict[str, float]:
     """Busy seconds per phase, the step's span and the time outside every phase (see top)."""
     intervals = {phase: [] for phase in phases}
-    every_op = []
+    step_ops = []
     for name, start, end in op_intervals(space):
-        every_op.append((start, end))
         phase = phase_of(name, phases)
         if phase is not None:
             intervals[phase].append((start, end))
+        if phase is not None or phase_of(name, (STEP_SCOPE,)):
+            step_ops.append((start, end))
     everything = [i for phase in phases for i in intervals[phase]]
     if not everything:
         raise ValueError("the profiled step has no op in the phases "
                          f"{', '.join(phases)}: nothing to break down")
-    span = max(end for _, end in every_op) - min(start for start, _ in every_op)
+    span = max(end for _, end in step_ops) - min(start for start, _ in step_ops)
     out = {phase: _union_length(intervals[phase]) * 1e-12 for phase in phases}
     out["step"] = span * 1e-12
     out["other"] = (span - _union_length(everything)) * 1e-12

@@ -76,7 +76,7 @@ _HELP = {
     "eval_every": "steps between evaluations on the held-out split (0: only at the end)",
     "histogram_every": "steps between weight and gradient histograms (0: none)",
     "profile_steps": "A,B: write a profiler trace of steps A+1 .. B into <logdir>/plugins/profile",
-    "breakdown_every": "steps between profiled steps whose time is split into compute, "
+    "breakdown_every": "steps between profiled steps whose time is split into input, compute, "
                        "aggregation and apply (breakdown/... scalars; 0: none)",
     "seed": "seed of data, initialisation and shuffling",
     "startup_timeout": "several processes (TF_CONFIG): seconds to wait for every peer at start",

@@ -48,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop import accumulation
-from mgloop.breakdown import PHASES  # the step's name scopes, by which a profile is read
+from mgloop.breakdown import PHASES, STEP_SCOPE  # name scopes by which a profile is read
 from mgloop import diagnostics as diagnostics_lib
 from mgloop import inference
 from mgloop import optim
@@ -192,7 +192,7 @@ class Trainer(inference.TowerInference):
             units = ([self.aggregation.devices.host] if self.aggregation.single_loss
                      else self.tower_devices)
             scales = self._loss_scales_for(units)
-            with tf.name_scope(PHASES[0]):  # the towers read what they compute with
+            with tf.name_scope(PHASES[1]):  # the towers read what they compute with
                 if self.aggregation.single_loss:
                     trainable, states = self._read_for_single_loss()
                 else:
@@ -202,7 +202,7 @@ class Trainer(inference.TowerInference):
             def micro_pass(micro_xs, micro_ys, tower_states):
                 return self._micro_pass(trainable, tower_states, scales, micro_xs, micro_ys)
 
-            with tf.name_scope(PHASES[0]):
+            with tf.name_scope(PHASES[1]):
                 result = accumulation.accumulate(
                     micro_pass, [x for x, _ in shards], [y for _, y in shards],
                     self.accumulation_steps, states, self.copies[0].trainable, units)
@@ -210,16 +210,16 @@ class Trainer(inference.TowerInference):
             stats = (diagnostics_lib.gradient_stats(result.losses, result.grads, units,
                                                     self.aggregation.devices.host)
                      if self.stat_names and with_stats else None)
-            with tf.name_scope(PHASES[1]):
+            with tf.name_scope(PHASES[2]):
                 grads = ([result.grads[0]] if self.aggregation.single_loss
                          else self.exchange(result.grads))
             if self.last_grads is not None:
                 for keep, g in zip(self.last_grads, grads[0]):
                     with tf.device(keep.device):
                         keep.assign(tf.cast(g, keep.dtype))
-            with tf.name_scope(PHASES[1]):
-                states = self._reduce_non_trainable(result.states)
             with tf.name_scope(PHASES[2]):
+                states = self._reduce_non_trainable(result.states)
+            with tf.name_scope(PHASES[3]):
                 self._apply(grads, states, finite)
             with tf.device(self.aggregation.devices.host):
                 loss = tf.add_n(result.losses) / len(units)
@@ -383,7 +383,8 @@ class Trainer(inference.TowerInference):
         for _ in tf.range(num_steps - tf.cast(last_apart, tf.int32)):
             with tf.control_dependencies([end]):
                 begin = staging_lib.clock()
-            has_batch, take = self.staging.next_batch(iterator, after=begin)
+            with tf.name_scope(PHASES[0]):
+                has_batch, take = self.staging.next_batch(iterator, after=begin)
             if not has_batch:
                 break
             loss, correct, step_wait, end, _ = self._timed_step(take, begin, with_stats=False)
@@ -395,7 +396,8 @@ class Trainer(inference.TowerInference):
             if last_apart and steps == num_steps - 1:
                 with tf.control_dependencies([end]):
                     begin = staging_lib.clock()
-                has_batch, take = self.staging.next_batch(iterator, after=begin)
+                with tf.name_scope(PHASES[0]):
+                    has_batch, take = self.staging.next_batch(iterator, after=begin)
                 if has_batch:
                     loss, correct, step_wait, end, stats = self._timed_step(take, begin,
                                                                             with_stats=True)
@@ -411,15 +413,17 @@ class Trainer(inference.TowerInference):
     def _timed_step(self, take, begin: tf.Tensor, with_stats: bool):
         """One step on the batch `take()` gives, begun at `begin`: (loss, correct, its input
         wait (see the top of this module), its end time, its statistics or None)."""
-        shards, staged = take()
-        with tf.control_dependencies([t for shard in shards for t in shard]):
-            ready = staging_lib.clock()
-        loss, correct, done, stats = self.train_step(shards, with_stats)
-        with tf.control_dependencies([done]):
-            compute_end = staging_lib.clock()
-        with tf.control_dependencies([compute_end] + staged):
-            step_end = staging_lib.clock()
-        return loss, correct, (ready - begin) + (step_end - compute_end), step_end, stats
+        with tf.name_scope(STEP_SCOPE):
+            with tf.name_scope(PHASES[0]):
+                shards, staged = take()
+            with tf.control_dependencies([t for shard in shards for t in shard]):
+                ready = staging_lib.clock()
+            loss, correct, done, stats = self.train_step(shards, with_stats)
+            with tf.control_dependencies([done]):
+                compute_end = staging_lib.clock()
+            with tf.control_dependencies([compute_end] + staged):
+                step_end = staging_lib.clock()
+            return loss, correct, (ready - begin) + (step_end - compute_end), step_end, stats
 
     @tf.function
     def _exchange_only(self, tower_grads, repeats):

@@ -28,7 +28,8 @@ def test_phase_seconds_of_a_synthetic_trace():
     add_event(host, one, "ExecutorState::Process", 0, 500)  # runtime, not an op
     add_event(host, one, "while/body/aggregation/AddN:AddN", 45, 20)  # 45..65, overlaps compute
     add_event(host, one, "while/body/apply/sgd/Sub:Sub", 100, 10)
-    add_event(host, two, "while/body/add:AddV2", 200, 5)  # outside every phase
+    add_event(host, two, "while/body/mgloop_step/add:AddV2", 200, 5)  # the step, no phase
+    add_event(host, one, "prime/Stage:Stage", 900, 5)  # outside the step
     gpu = space.planes.add(name="/device:GPU:0")  # kernels name their op in a tf_op stat
     gpu.stat_metadata[1].id = 1
     gpu.stat_metadata[1].name = "tf_op"
@@ -39,7 +40,7 @@ def test_phase_seconds_of_a_synthetic_trace():
     assert seconds["compute"] == pytest.approx(50 * ps)
     assert seconds["aggregation"] == pytest.approx(20 * ps)
     assert seconds["apply"] == pytest.approx(40 * ps)  # 100..110 on the host, 120..150 on GPU
-    assert seconds["step"] == pytest.approx(205 * ps)  # first op 0 .. last op (add) 205
+    assert seconds["step"] == pytest.approx(205 * ps)  # first op 0 .. last step op 205
     assert seconds["other"] == pytest.approx((205 - 65 - 10 - 30) * ps)
 
 
@@ -58,7 +59,7 @@ def test_a_profiled_step_is_broken_down(logdir, aggregation):
     steps = helpers.batches(2)
     helpers.run_batches(trainer, steps[:1])  # traced outside the profile
     seconds = breakdown.profile_phases(lambda: helpers.run_batches(trainer, steps[1:]))
-    assert seconds["compute"] > 0 and seconds["apply"] > 0
+    assert seconds["input"] > 0 and seconds["compute"] > 0 and seconds["apply"] > 0
     assert max(seconds[p] for p in breakdown.PHASES) <= seconds["step"]
     assert 0 <= seconds["other"] <= seconds["step"]
     if aggregation == "ring":

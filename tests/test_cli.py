@@ -69,7 +69,7 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         for t in range(towers):  # a sample (the window's last step) at every summary
             assert [s for _, s, _ in tower_losses[t]] == [s for _, s, _ in loss]
             assert all(v > 0 for _, _, v in board.scalars("train", f"tower_{t}/grad_norm"))
-        for phase in ("compute", "aggregation", "apply"):  # --breakdown_every=200
+        for phase in ("input", "compute", "aggregation", "apply"):  # --breakdown_every=200
             times = board.scalars("train", f"breakdown/{phase}")
             assert [s for _, s, _ in times] == [200, steps]
             assert all(0 < t <= span for (_, _, t), (_, _, span) in
