@@ -132,7 +132,8 @@ class Aggregation(abc.ABC):
 
     def reduce_with_metrics(self, tower_values: Sequence[Gradients],
                             variables: Sequence[tf.Variable], average: bool,
-                            metrics: Sequence[tf.Tensor]) -> tuple[list[Gradients], list[tf.Tensor]]:
+                            metrics: Sequence[tf.Tensor]
+                            ) -> tuple[list[Gradients], list[tf.Tensor]]:
         """(`reduce(...)`, `metrics` summed over every process of the job).
 
         `metrics` are this process's values (e.g. the step's mean loss and
