@@ -98,8 +98,8 @@ flags.DEFINE_enum("cross_device_ops", None, ["reduce_to_one", "hierarchical_copy
                   "MirroredStrategy's cross-device ops (the baselines; default: reduce_to_one "
                   "with --device_kind=cpu, TensorFlow's default, NCCL, with gpu)")
 flags.DEFINE_integer("pack_bytes", 0, "mgloop's --pack_bytes for every mgloop system: "
-                     "gradients fused into buckets of about this size before the exchange (one "
-                     "cross-worker collective per bucket); 0: one per gradient tensor")
+                     "gradients fused into buckets of about this size before the local "
+                     "exchange (across workers mgloop always makes one collective per dtype)")
 flags.DEFINE_bool("profile", False, "after timing, trace one loop of every system with "
                   "tf.profiler into <output_dir>/profile/<model>/<system>")
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "

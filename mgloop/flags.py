@@ -27,7 +27,8 @@ _HELP = {
     "hierarchy_groups": "groups of towers for --aggregation=hierarchical (divides the towers)",
     "ring_shards": "parallel rings for --aggregation=ring (tf_cnn_benchmarks' xring#k)",
     "pack_bytes": "fuse gradients into buckets of at most this many bytes before the "
-                  "exchange (0: off)",
+                  "exchange inside a process (0: off); between workers they always travel "
+                  "as one buffer per dtype",
     "transport_dtype": "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
                        "accumulated in float32",
     "accumulation_steps": "micro-batches per update: each tower sums its gradients over K "

@@ -163,18 +163,23 @@ class Trainer(inference.TowerInference):
         return tuple([self.aggregation.send(value, v.device, device) for value, v in zip(vals, vs)]
                      for vals, vs in zip(values, variables))
 
-    def exchange(self, tower_grads: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
-        """The aggregation of the towers' gradients, packed into buckets if asked."""
+    def exchange(self, tower_grads: list[list[tf.Tensor]], metrics: list[tf.Tensor]
+                 ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor]]:
+        """The aggregation of the towers' gradients (packed into buckets if asked), and this
+        process's `metrics` summed over every worker, in the same exchange
+        (`Aggregation.reduce_with_metrics`; as given in one process)."""
         variables = self.copies[0].trainable
         if not self.pack_bytes:
-            return self.aggregation.reduce(tower_grads, variables, self.average)
+            return self.aggregation.reduce_with_metrics(tower_grads, variables, self.average,
+                                                        metrics)
         buckets = packing.plan(tower_grads[0], self.pack_bytes)
         packed = [packing.pack(grads, buckets, device)
                   for grads, device in zip(tower_grads, self.tower_devices)]
-        reduced = self.aggregation.reduce(packed, [variables[b[0]] for b in buckets], self.average)
+        reduced, metrics = self.aggregation.reduce_with_metrics(
+            packed, [variables[b[0]] for b in buckets], self.average, metrics)
         shapes = [v.shape for v in variables]
         return [packing.unpack(values, buckets, shapes, copy.device)
-                for values, copy in zip(reduced, self.copies)]
+                for values, copy in zip(reduced, self.copies)], metrics
 
     def train_step(self, shards, with_stats: bool = True
                    ) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, tf.Tensor | None]:
@@ -210,9 +215,14 @@ class Trainer(inference.TowerInference):
             stats = (diagnostics_lib.gradient_stats(result.losses, result.grads, units,
                                                     self.aggregation.devices.host)
                      if self.stat_names and with_stats else None)
-            with tf.name_scope(PHASES[2]):
-                grads = ([result.grads[0]] if self.aggregation.single_loss
-                         else self.exchange(result.grads))
+            with tf.device(self.aggregation.devices.host):  # this worker's towers
+                loss = tf.add_n(result.losses) / len(units)
+                correct = tf.add_n(result.corrects)
+            with tf.name_scope(PHASES[2]):  # across workers, the metrics ride with the grads
+                if self.aggregation.single_loss:
+                    grads = [result.grads[0]]
+                else:
+                    grads, (loss, correct) = self.exchange(result.grads, [loss, correct])
             if self.last_grads is not None:
                 for keep, g in zip(self.last_grads, grads[0]):
                     with tf.device(keep.device):
@@ -221,12 +231,9 @@ class Trainer(inference.TowerInference):
                 states = self._reduce_non_trainable(result.states)
             with tf.name_scope(PHASES[3]):
                 self._apply(grads, states, finite)
+        if self.workers is not None:  # the mean over workers of their towers' mean loss
             with tf.device(self.aggregation.devices.host):
-                loss = tf.add_n(result.losses) / len(units)
-                correct = tf.add_n(result.corrects)
-        if self.workers is not None:  # the step's metrics over every worker's towers
-            loss = self.aggregation.all_workers_sum(loss) / self.workers.num_workers
-            correct = self.aggregation.all_workers_sum(correct)
+                loss = loss / self.workers.num_workers
         with tf.device(self.aggregation.devices.host):
             self.global_step.assign_add(1)
         # Reads are ordered after the writes above (automatic control dependencies).
@@ -427,10 +434,13 @@ class Trainer(inference.TowerInference):
 
     @tf.function
     def _exchange_only(self, tower_grads, repeats):
-        """`repeats` exchanges of the given per-tower gradients in one call (nothing else)."""
+        """`repeats` exchanges of the given per-tower gradients in one call (nothing else),
+        each with two stand-in metrics, as the step's exchange carries its loss and count."""
+        with tf.device(self.aggregation.devices.host):
+            metrics = [tf.constant(0.0), tf.constant(0.0)]
         done = tf.constant(0)
         for _ in tf.range(repeats):
-            with tf.control_dependencies(tf.nest.flatten(self.exchange(tower_grads))):
+            with tf.control_dependencies(tf.nest.flatten(self.exchange(tower_grads, metrics))):
                 done += 1
         return done
 

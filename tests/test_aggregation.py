@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mgloop import cluster, devices, experiment
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import canonical
 from tests import helpers
@@ -51,6 +52,58 @@ def test_packing_plan_keeps_order_and_bound():
                               "/device:CPU:1")
     for a, r in zip(arrays, restored):
         np.testing.assert_array_equal(a, r.numpy())
+
+
+def test_packing_by_dtype_groups_every_tensor_of_a_dtype_in_one_bucket():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7, dtype=np.int64),
+              np.float32(0.5), np.arange(4, dtype=np.float64), np.array([[3], [4]], np.int64)]
+    values = [tf.constant(a) for a in arrays]
+    buckets = packing.plan_by_dtype(values)
+    assert buckets == [[0, 2], [1, 4], [3]]  # dtypes in order of first appearance
+    packed = packing.pack(values, buckets, "/device:CPU:0")
+    assert [p.shape.as_list() for p in packed] == [[7], [3], [4]]
+    restored = packing.unpack(packed, buckets, [v.shape for v in values], "/device:CPU:1")
+    for a, r in zip(arrays, restored):
+        assert r.dtype == a.dtype
+        np.testing.assert_array_equal(a, r.numpy())
+
+
+def test_cross_worker_stage_makes_one_collective_per_step(logdir, monkeypatch):
+    """The stage between workers, in-process: the collective is replaced by a peer that
+    contributed the same sums (x2), so the mean gradient, hence the weights, equal one
+    worker's, the loss is the same and the correct count doubles; a step makes ONE
+    collective carrying the gradients and both metrics, counted as 2(W-1)/W of its bytes."""
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring")
+    batches = helpers.batches(1)
+    stream = tf.data.Dataset.from_tensor_slices(
+        (np.stack([x for x, _ in batches]), np.stack([y for _, y in batches])))
+    alone = helpers.build_trainer(config)
+    alone_result = alone.train_loop(iter(stream), 1)
+    device_set = devices.setup(devices.parse(config.devices))
+    peers = cluster.Cluster(("localhost:1", "localhost:2"), index=0)
+    trainer = experiment.build_trainer(config.validated(), device_set, helpers.model_fn("mlp"),
+                                       experiment.default_loss(), helpers.DATASET.input_shape,
+                                       workers=peers)
+    collectives = []
+
+    def identical_peer(value):
+        collectives.append(value.shape.as_list())
+        return value * 2
+
+    monkeypatch.setattr(trainer.aggregation, "all_workers_sum", identical_peer)
+    result = trainer.train_loop(iter(stream), 1)
+    p = parameter_bytes(trainer)
+    assert collectives == [[p // 4 + 2]]  # every gradient, the loss and the count; traced once
+    local, crossing = alone.aggregation.traffic, trainer.aggregation.traffic
+    between_workers = (p + 8) * 2 * (2 - 1) // 2  # sent, and received, by copy 0's device
+    assert crossing.received["CPU:0"] - local.received["CPU:0"] == between_workers
+    assert crossing.sent["CPU:0"] - local.sent["CPU:0"] == between_workers + p  # + to copy 1
+    assert crossing.received["CPU:1"] - local.received["CPU:1"] == p
+    assert result.loss_sum == alone_result.loss_sum  # (2 l) / 2 and 2 s / (2 T): exact
+    assert result.correct == 2 * alone_result.correct
+    for copy, alone_copy in zip(trainer.copies, alone.copies):
+        for a, b in zip(copy.trainable, alone_copy.trainable):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 def test_ring_moves_two_times_t_minus_one_over_t_of_the_gradient(logdir):

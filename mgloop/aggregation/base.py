@@ -130,6 +130,18 @@ class Aggregation(abc.ABC):
           variable copy c (len(out) == len(parameter_devices())).
         """
 
+    def reduce_with_metrics(self, tower_values: Sequence[Gradients],
+                            variables: Sequence[tf.Variable], average: bool,
+                            metrics: Sequence[tf.Tensor]
+                            ) -> tuple[list[Gradients], list[tf.Tensor]]:
+        """(`reduce(...)`, `metrics` summed over every process of the job).
+
+        `metrics` are this process's values (e.g. the step's mean loss and
+        correct count). In one process they come back as given; the cross-worker
+        stage (cross_worker.py) sums them in the gradients' own collective.
+        """
+        return self.reduce(tower_values, variables, average), list(metrics)
+
     def scale(self, total: tf.Tensor, average: bool) -> tf.Tensor:
         return total * (1.0 / self.num_towers) if average else total
 

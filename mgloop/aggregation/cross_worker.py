@@ -9,7 +9,15 @@ With W workers of T towers each (W*T towers in all, tower order worker-major),
     3. each worker scales by 1/(W*T) and sends the result to its other copies.
 
 So g = (1/(W*T)) sum over all towers, the same mean as one process with W*T
-towers. Every collective has a timeout, so a worker whose peer died raises
+towers. Step 2 is one collective per dtype, whatever `--pack_bytes` is (that
+setting packs the local stage): the local sums are flattened and concatenated
+into one buffer on the copy 0 device (packing.plan_by_dtype), summed, and split
+back into their shapes, because over gRPC a collective's fixed round trip costs
+far more than its bytes. The step's metrics (its mean loss and correct count,
+`reduce_with_metrics`) ride in the same buffer, so a float32 model's training
+step makes ONE collective between workers. Each worker sends and receives
+2(W-1)/W of the buffer's bytes (a ring all-reduce), as counted in `traffic`.
+Every collective has a timeout, so a worker whose peer died raises
 DeadlineExceeded instead of waiting forever. Group and instance keys come from
 counters that every worker advances in the same order, because every worker
 builds and traces the same functions in the same order.
@@ -21,6 +29,7 @@ import itertools
 
 import tensorflow as tf
 
+from mgloop.aggregation import packing
 from mgloop.aggregation.base import Aggregation, canonical
 from mgloop.cluster import Cluster
 
@@ -55,7 +64,7 @@ class CrossWorker(Aggregation):
         return self.local.variable_scope()
 
     def all_workers_sum(self, value: tf.Tensor) -> tf.Tensor:
-        """sum over workers of `value` (on this worker's copy 0 device)."""
+        """sum over workers of `value` (on this worker's copy 0 device): one collective."""
         if self.cluster.num_workers == 1:
             return value
         with tf.device(self.device):
@@ -65,26 +74,42 @@ class CrossWorker(Aggregation):
                 merge_op="Add", final_op="Id", communication_hint="auto",
                 timeout_seconds=self.timeout)
 
-    def reduce(self, tower_values, variables, average=True):
-        local_sums = self.local.reduce(tower_values, variables, average=False)
+    def all_workers_sum_packed(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
+        """sum over workers of each of `values`, on the copy 0 device: one collective per
+        dtype, each counted as 2(W-1)/W of its bytes sent and received by this worker."""
         workers = self.cluster.num_workers
+        buckets = packing.plan_by_dtype(values)
         totals = []
-        for value in local_sums[0]:
-            num_bytes = value.shape.num_elements() * value.dtype.size * 2 * (workers - 1) // workers
+        for flat in packing.pack(values, buckets, self.device):
+            num_bytes = flat.shape.num_elements() * flat.dtype.size * 2 * (workers - 1) // workers
             self.traffic.add(canonical(self.device), sent=num_bytes, received=num_bytes)
-            total = self.all_workers_sum(value)
-            with tf.device(self.device):
-                totals.append(self.scale(total, average))
+            totals.append(self.all_workers_sum(flat))
+        return packing.unpack(totals, buckets, [v.shape for v in values], self.device)
+
+    def reduce(self, tower_values, variables, average=True):
+        return self.reduce_with_metrics(tower_values, variables, average, [])[0]
+
+    def reduce_with_metrics(self, tower_values, variables, average, metrics):
+        """Local sums and this worker's `metrics` in one collective (per dtype) between workers."""
+        local_sums = self.local.reduce(tower_values, variables, average=False)[0]
+        summed = self.all_workers_sum_packed(list(local_sums) + list(metrics))
+        with tf.device(self.device):
+            totals = [self.scale(total, average) for total in summed[:len(local_sums)]]
         out = [totals]
         for copy_device in self.parameter_devices()[1:]:
             out.append([self.send(t, self.device, copy_device) for t in totals])
-        return out
+        return out, summed[len(local_sums):]
 
     def broadcast_from_chief(self, variables: list[tf.Variable]) -> None:
-        """Makes `variables` equal to worker 0's: a sum to which only the chief contributes."""
+        """Makes `variables` equal to worker 0's: a sum to which only the chief contributes
+        (one collective per dtype)."""
         chief = tf.constant(1.0 if self.cluster.is_chief else 0.0)
+        mine = []
         for variable in variables:
             with tf.device(variable.device):
                 value = variable.read_value()
-                mine = value * tf.cast(chief, value.dtype)
-            variable.assign(self.all_workers_sum(mine))
+                mine.append(value * tf.cast(chief, value.dtype))
+        counted = self.traffic.snapshot()  # start-up, not a step: keep the step's counts
+        for variable, value in zip(variables, self.all_workers_sum_packed(mine)):
+            variable.assign(value)
+        self.traffic.restore(counted)

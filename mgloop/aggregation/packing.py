@@ -7,6 +7,8 @@ each bucket is exchanged as one tensor, and the results are split back into
 the original shapes. Buckets hold whole tensors of one dtype, in variable
 order; a tensor larger than `pack_bytes` is a bucket by itself (never cut).
 Packing changes no value: the exchange sums the same numbers element-wise.
+The stage between workers (cross_worker.py) always packs, one bucket per dtype
+(`plan_by_dtype`), since there a collective's fixed cost dwarfs its bytes.
 """
 
 from __future__ import annotations
@@ -31,8 +33,19 @@ def plan(values: list[tf.Tensor], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
+def plan_by_dtype(values: list[tf.Tensor]) -> list[list[int]]:
+    """Indices of `values` per dtype (one bucket each, of any size), in order of first appearance.
+
+    The cross-worker stage's plan: the fewest collectives whatever `--pack_bytes` is."""
+    buckets: dict[tf.DType, list[int]] = {}
+    for index, value in enumerate(values):
+        buckets.setdefault(value.dtype, []).append(index)
+    return list(buckets.values())
+
+
 def pack(values: list[tf.Tensor], buckets: list[list[int]], device: str) -> list[tf.Tensor]:
-    """One 1-D tensor per bucket, on `device`."""
+    """One 1-D tensor per bucket (its tensors flattened and concatenated in bucket order),
+    on `device`."""
     with tf.device(device):
         return [tf.concat([tf.reshape(values[i], [-1]) for i in bucket], axis=0)
                 for bucket in buckets]
