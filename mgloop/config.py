@@ -162,6 +162,10 @@ def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     if aggregation.get(config.aggregation).single_loss:
         raise ConfigError(f"--aggregation={config.aggregation} {where}: the single-loss "
                           "baseline runs in one process; use a tower-loop mode")
+    if not aggregation.get(config.aggregation).exchanges:
+        raise ConfigError(f"--aggregation={config.aggregation} {where}: its replicas exchange "
+                          "nothing, so there is nothing to sum between workers; use a mode "
+                          "that averages gradients")
     if config.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")

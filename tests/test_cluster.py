@@ -72,6 +72,7 @@ def test_launcher_says_how_a_worker_ended():
     (dict(global_batch_size=12), r"^--global_batch_size=12 does not split into 8 equal tower "
                                  r"shards \(--devices=cpu:4 on each of 2 workers\)"),
     (dict(aggregation="colocate"), r"^--aggregation=colocate across 2 workers"),
+    (dict(aggregation="independent"), r"^--aggregation=independent across 2 workers"),
     (dict(batch_norm="sync"), r"^--batch_norm=sync across 2 workers"),
     (dict(mixed_precision="mixed_float16"), r"^--mixed_precision=mixed_float16 across 2 workers"),
     (dict(collective_timeout=0), r"^--collective_timeout=0 is out of range"),
