@@ -46,9 +46,9 @@ DEFAULT_MIN_BYTES = 16 * 2 ** 20  # the Config default of --ordered_sum_bytes
 
 
 def applies(aggregation: Aggregation) -> bool:
-    """Whether the towers' gradients meet at one home each, in the host's memory."""
+    """Whether several towers' gradients meet at one home each, in the host's memory."""
     return (aggregation.layout == SHARED and aggregation.sums_at_home
-            and aggregation.devices.simulated)
+            and aggregation.devices.simulated and aggregation.num_towers > 1)
 
 
 def num_bytes(variable) -> int:
