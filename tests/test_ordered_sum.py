@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests import helpers
@@ -10,9 +11,10 @@ from tests.test_equivalence import assert_weights_close
 STEPS = 5
 
 
-def test_ordered_sum_of_every_variable_equals_single_device(logdir):
+@pytest.mark.parametrize("mode", ["ps_cpu", "ps_spread"])  # one home; a home per variable
+def test_ordered_sum_of_every_variable_equals_single_device(mode, logdir):
     """Threshold 1 byte: every gradient takes the ordered path, on 4 towers."""
-    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ps_cpu",
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation=mode,
                                   ordered_sum_bytes=1)
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
     order = trainer._ordered_sum()
