@@ -39,6 +39,9 @@ class Pass:
     corrects: list[tf.Tensor]  # per unit: examples classified right (scalar float32)
     grads: list[list[tf.Tensor]]  # per unit, per trainable variable, on the unit's device
     states: list[list[tf.Tensor]]  # per tower: non-trainable state after the pass
+    # variable index -> sum over towers of its gradient, on its home (ordered_sum.py);
+    # those variables' entries in `grads` are not to be summed again
+    sums: dict[int, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 
 # (per-tower micro-shards xs, ys, per-tower states) -> Pass

@@ -106,10 +106,11 @@ def read_trace(folder: str) -> xplane_pb2.XSpace:
 
 
 def phase_of(op_name: str, phases: tuple[str, ...] = PHASES) -> str | None:
-    """The first name-scope segment of `op_name` that is a phase, e.g.
-    "while/body/_1/compute/tower_0/MatMul" -> "compute"; None outside the phases. A scope
-    entered again in the same graph is made unique by TensorFlow ("compute_1")."""
-    for segment in op_name.split("/"):
+    """The innermost name-scope segment of `op_name` that is a phase, e.g.
+    "while/body/_1/compute/tower_0/MatMul" -> "compute", ".../compute/aggregation/add" ->
+    "aggregation"; None outside the phases. A scope entered again in the same graph is
+    made unique by TensorFlow ("compute_1")."""
+    for segment in reversed(op_name.split("/")):
         segment = _UNIQUE_SUFFIX.sub("", segment)
         if segment in phases:
             return segment

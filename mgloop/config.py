@@ -20,6 +20,7 @@ from mgloop import cluster
 from mgloop import data
 from mgloop import devices
 from mgloop import models
+from mgloop import ordered_sum
 from mgloop import precision
 from mgloop import sync_batch_norm
 from mgloop import staging
@@ -49,6 +50,9 @@ class Config:
     ring_shards: int = 1  # parallel rings of --aggregation=ring
     pack_bytes: int = 0  # fuse gradients into buckets of at most this many bytes; 0: off
     transport_dtype: str = "float32"  # dtype of gradients in flight; sums stay float32
+    # shared layout on logical CPU towers: gradients of variables of at least this many
+    # bytes are summed tower by tower (ordered_sum.py); 0: off
+    ordered_sum_bytes: int = ordered_sum.DEFAULT_MIN_BYTES
     # Accumulation, precision and batch norm (apply across modes).
     accumulation_steps: int = 1  # micro-batches (global batches) per update
     mixed_precision: str = "none"  # none | mixed_float16 | mixed_bfloat16
@@ -180,6 +184,7 @@ def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -
     _check_choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
     _check_choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
     _check_range("pack_bytes", config.pack_bytes, low=0)
+    _check_range("ordered_sum_bytes", config.ordered_sum_bytes, low=0)
     _check_range("accumulation_steps", config.accumulation_steps, low=1)
     _check_choice("mixed_precision", config.mixed_precision, precision.POLICIES)
     _check_choice("batch_norm", config.batch_norm, sync_batch_norm.MODES)

@@ -68,7 +68,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                         staging=staging.make(config.staging, config.staging_depth,
                                              device_set.towers, config.accumulation_steps),
                         diagnostics=config.diagnostics,
-                        keep_last_grads=config.histogram_every > 0)
+                        keep_last_grads=config.histogram_every > 0,
+                        ordered_sum_bytes=config.ordered_sum_bytes)
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,

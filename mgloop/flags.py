@@ -29,6 +29,11 @@ _HELP = {
     "pack_bytes": "fuse gradients into buckets of at most this many bytes before the "
                   "exchange inside a process (0: off); between workers they always travel "
                   "as one buffer per dtype",
+    "ordered_sum_bytes": "shared layout (ps_*) on logical CPU towers: the gradients of each "
+                         "variable of at least this many bytes are summed tower by tower, "
+                         "tower t's backward pass starting once tower t-1's were added, so "
+                         "two copies of them are alive instead of T + 1 (the towers' backward "
+                         "passes no longer overlap); 0: off",
     "transport_dtype": "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
                        "accumulated in float32",
     "accumulation_steps": "micro-batches per update: each tower sums its gradients over K "

@@ -52,6 +52,7 @@ from mgloop.breakdown import PHASES, STEP_SCOPE  # name scopes by which a profil
 from mgloop import diagnostics as diagnostics_lib
 from mgloop import inference
 from mgloop import optim
+from mgloop import ordered_sum
 from mgloop import precision
 from mgloop import sync_batch_norm
 from mgloop import staging as staging_lib
@@ -80,13 +81,15 @@ class Trainer(inference.TowerInference):
                  pack_bytes: int = 0, accumulation_steps: int = 1,
                  mixed_precision: str = "none", batch_norm: str = "per_tower",
                  staging: staging_lib.HostStaging | None = None, diagnostics: bool = False,
-                 keep_last_grads: bool = False):
+                 keep_last_grads: bool = False,
+                 ordered_sum_bytes: int = ordered_sum.DEFAULT_MIN_BYTES):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
         self.average = grad_reduce == "mean"
         self.pack_bytes = pack_bytes
         self.accumulation_steps = accumulation_steps
+        self.ordered_sum_bytes = ordered_sum_bytes
         self.staging = staging or staging_lib.make("device", 2, self.tower_devices,
                                                    accumulation_steps)
         self._input = None  # the iterator whose batches the staging holds
@@ -163,12 +166,17 @@ class Trainer(inference.TowerInference):
         return tuple([self.aggregation.send(value, v.device, device) for value, v in zip(vals, vs)]
                      for vals, vs in zip(values, variables))
 
-    def exchange(self, tower_grads: list[list[tf.Tensor]], metrics: list[tf.Tensor]
+    def exchange(self, tower_grads: list[list[tf.Tensor]], metrics: list[tf.Tensor],
+                 sums: dict[int, tf.Tensor] | None = None
                  ) -> tuple[list[list[tf.Tensor]], list[tf.Tensor]]:
         """The aggregation of the towers' gradients (packed into buckets if asked), and this
         process's `metrics` summed over every worker, in the same exchange
-        (`Aggregation.reduce_with_metrics`; as given in one process)."""
+        (`Aggregation.reduce_with_metrics`; as given in one process); the variables in
+        `sums` already summed over the towers (ordered_sum.py, one process only)."""
         variables = self.copies[0].trainable
+        if sums:  # the aggregation's metrics come back as given (one process)
+            return (ordered_sum.reduce(self.aggregation, tower_grads, variables, sums,
+                                       self.average), list(metrics))
         if not self.pack_bytes:
             return self.aggregation.reduce_with_metrics(tower_grads, variables, self.average,
                                                         metrics)
@@ -222,7 +230,8 @@ class Trainer(inference.TowerInference):
                 if self.aggregation.single_loss:
                     grads = [result.grads[0]]
                 else:
-                    grads, (loss, correct) = self.exchange(result.grads, [loss, correct])
+                    grads, (loss, correct) = self.exchange(result.grads, [loss, correct],
+                                                             result.sums)
             if self.last_grads is not None:
                 for keep, g in zip(self.last_grads, grads[0]):
                     with tf.device(keep.device):
@@ -258,15 +267,19 @@ class Trainer(inference.TowerInference):
                 scales[0] if scales else None)
             out = accumulation.Pass([loss], [correct], [grads], new_states)
         else:
-            outputs = []
+            outputs, order = [], self._ordered_sum()
             for t, device in enumerate(self.tower_devices):
                 with self._cross_tower_tower(t):
                     outputs.append(towers.tower_step(
                         self.model, self.loss_fn, trainable[t], states[t], xs[t], ys[t], device,
-                        scales[t] if scales else None))
+                        scales[t] if scales else None, order.gate() if order else ()))
+                if order:
+                    with tf.name_scope(PHASES[2]):  # the sum's part of the exchange
+                        order.add(outputs[-1].grads, device)
             out = accumulation.Pass([o.loss for o in outputs], [o.correct for o in outputs],
                                     [o.grads for o in outputs],
-                                    [o.non_trainable for o in outputs])
+                                    [o.non_trainable for o in outputs],
+                                    order.sums if order else {})
         repeats = self.accumulation_steps - 1  # the pass is traced once and runs K times
         for device in (set(traffic.sent) | set(traffic.received)) if repeats else ():
             traffic.add(device,
@@ -274,6 +287,19 @@ class Trainer(inference.TowerInference):
                         received=repeats * (traffic.received.get(device, 0) -
                                             before[1].get(device, 0)))
         return out
+
+    def _ordered_sum(self) -> ordered_sum.OrderedSum | None:
+        """Large gradients summed tower by tower (ordered_sum.py), where that bounds memory:
+        not when every tower's gradients must be kept anyway (accumulation sums, the
+        diagnostics' Gram matrix, packed buckets) nor with synchronised batch norm, whose
+        backward passes meet in collectives and so cannot run one after another."""
+        if (not self.ordered_sum_bytes or not ordered_sum.applies(self.aggregation)
+                or self.accumulation_steps > 1 or self.stat_names or self.pack_bytes
+                or self.cross_tower is not None):
+            return None
+        order = ordered_sum.OrderedSum(self.aggregation, self.copies[0].trainable,
+                                       self.ordered_sum_bytes)
+        return order if order.indices else None
 
     def _read_for_single_loss(self):
         """The shared copy's values on the host, and its state sent to every tower."""

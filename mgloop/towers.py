@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable
+from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
@@ -119,7 +119,8 @@ def read(variables: list[tf.Variable]) -> list[tf.Tensor]:
 
 def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor],
                non_trainable: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor,
-               device: str, loss_scale: tf.Tensor | None = None) -> TowerOutput:
+               device: str, loss_scale: tf.Tensor | None = None,
+               backward_after: Sequence[tf.Tensor] = ()) -> TowerOutput:
     """Forward, loss and gradients of one tower on its shard, all on `device`.
 
     `trainable` and `non_trainable` are the values of the variable copy the
@@ -127,6 +128,8 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
     as float32 (a mixed-precision model computes them in float16/bfloat16).
     With a `loss_scale` S (on `device`), the tape differentiates S * loss_t and
     the gradients are divided by S again: g[t] = d(S loss_t)/dv / S.
+    The backward pass starts only after the tensors `backward_after` exist
+    (ordered_sum.py: the previous towers' large gradients have been added).
     """
     with tf.device(device):
         x, y = tf.identity(x), tf.identity(y)  # the shard's copy onto the tower
@@ -139,8 +142,9 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
             if model_losses:
                 loss += tf.add_n([tf.cast(l, loss.dtype) for l in model_losses])
             scaled = loss if loss_scale is None else loss * loss_scale
-        grads = tape.gradient(scaled, trainable,
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        with tf.control_dependencies(backward_after):
+            grads = tape.gradient(scaled, trainable,
+                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
         if loss_scale is not None:
             grads = [g / loss_scale for g in grads]
         return TowerOutput(loss, count_correct(y, logits), grads, list(new_non_trainable))

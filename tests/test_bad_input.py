@@ -63,6 +63,8 @@ CASES = {
     "packing across devices": (dict(aggregation="ps_spread", pack_bytes=1024),
                                r"^--pack_bytes=1024 with --aggregation=ps_spread: a bucket"),
     "negative packing": (dict(pack_bytes=-1), r"^--pack_bytes=-1 is out of range"),
+    "negative ordered sum": (dict(ordered_sum_bytes=-1),
+                             r"^--ordered_sum_bytes=-1 is out of range: must be >= 0"),
     "ring shards elsewhere": (dict(aggregation="ps_cpu", ring_shards=2),
                               r"^--ring_shards=2 applies to --aggregation=ring only"),
     "groups not dividing": (dict(aggregation="hierarchical", devices="cpu:4", hierarchy_groups=3),

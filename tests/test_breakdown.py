@@ -44,12 +44,13 @@ def test_phase_seconds_of_a_synthetic_trace():
     assert seconds["other"] == pytest.approx((205 - 65 - 10 - 30) * ps)
 
 
-def test_phase_of_takes_the_first_phase_scope():
+def test_phase_of_takes_the_innermost_phase_scope():
     assert breakdown.phase_of("while/body/_1/compute/tower_0/dense/MatMul") == "compute"
     assert breakdown.phase_of("aggregation/apply_ring/AddN") == "aggregation"
     assert breakdown.phase_of("while/body/_1/global_step/AssignAdd") is None
     assert breakdown.phase_of("gradient_tape/while/compute_1/dense_1/MatMul") == "compute"
     assert breakdown.phase_of("while/dense_1/apply_fn/MatMul") is None
+    assert breakdown.phase_of("while/compute/tower_1/aggregation/add") == "aggregation"
 
 
 @pytest.mark.parametrize("aggregation", ["ring", "independent"])

@@ -92,6 +92,9 @@ class Aggregation(abc.ABC):
     layout: ClassVar[str]  # SHARED: one variable copy; REPLICATED: one per tower
     exchanges: ClassVar[bool] = True  # False: no gradient exchange to compress or pack
     single_loss: ClassVar[bool] = False  # True: one loss over all towers (colocate.py)
+    # True: `reduce` sums each variable's tower values on `home_of(variable)` and scales
+    # them there, so a caller may form that sum itself (ordered_sum.py).
+    sums_at_home: ClassVar[bool] = False
 
     def __init__(self, devices: DeviceSet, options: Options = Options()):
         self.devices = devices

@@ -25,6 +25,7 @@ from mgloop.aggregation.base import SHARED, Aggregation, canonical
 
 class _ParameterServer(Aggregation):
     layout = SHARED
+    sums_at_home = True
 
     def parameter_devices(self):
         return [self.devices.host]
