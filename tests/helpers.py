@@ -74,7 +74,11 @@ def train_reference_model(config: Config, steps_batches, make_model=None):
     Built under `config.mixed_precision`'s policy; with mixed_float16 the
     optimizer is Keras's LossScaleOptimizer (the Keras mixed-precision guide loop).
     """
-    config = dataclasses.replace(config, devices="cpu:1").validated()
+    # One device: the aggregation's own settings are the defaults (they mean nothing here).
+    neutral = {name: Config.__dataclass_fields__[name].default
+               for name in ("aggregation", "hierarchy_groups", "ring_shards", "pack_bytes",
+                            "transport_dtype", "ordered_sum_bytes")}
+    config = dataclasses.replace(config, devices="cpu:1", **neutral).validated()
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):
         with precision.policy_scope(config.mixed_precision):

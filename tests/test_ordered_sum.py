@@ -43,7 +43,11 @@ def step_peak_bytes(trainer, batch) -> int:
 
 def test_ordered_sum_holds_two_copies_of_a_large_gradient_instead_of_all(logdir):
     """4 towers: the unordered sum needs all 4 gradients of the 6 MiB kernel at once (AddN's
-    inputs); the ordered one the running sum and one tower's gradient. Same weights."""
+    inputs); the ordered one the running sum and one tower's gradient. Same weights.
+
+    Two kernels fewer in principle; the peak is asserted at least one kernel lower,
+    because the allocator's peak counts whole chunks (it hands out a free chunk of
+    up to twice the request), and that slack depends on what earlier tests left."""
     batches = helpers.batches(2)
     trainers = {}
     for threshold in (0, 2 ** 20):
@@ -57,6 +61,6 @@ def test_ordered_sum_holds_two_copies_of_a_large_gradient_instead_of_all(logdir)
     kernel_bytes = kernel.shape.num_elements() * 4
     peaks = {threshold: step_peak_bytes(trainer, batches[1])
              for threshold, trainer in trainers.items()}
-    assert peaks[0] - peaks[2 ** 20] >= 1.5 * kernel_bytes, peaks
+    assert peaks[0] - peaks[2 ** 20] >= kernel_bytes, peaks
     for unordered, ordered in zip(*(helpers.copy_weights(t)[0] for t in trainers.values())):
         np.testing.assert_allclose(ordered, unordered, rtol=1e-5, atol=1e-6)
