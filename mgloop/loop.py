@@ -456,7 +456,10 @@ class Trainer(inference.TowerInference):
                 compute_end = staging_lib.clock()
             with tf.control_dependencies([compute_end] + staged):
                 step_end = staging_lib.clock()
-            return loss, correct, (ready - begin) + (step_end - compute_end), step_end, stats
+            # tf.timestamp reads the wall clock, which the system may set back by a few
+            # microseconds between two reads: a term is never less than 0.
+            wait = tf.maximum(ready - begin, 0.0) + tf.maximum(step_end - compute_end, 0.0)
+            return loss, correct, wait, step_end, stats
 
     @tf.function
     def _exchange_only(self, tower_grads, repeats):
