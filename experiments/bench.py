@@ -100,6 +100,8 @@ flags.DEFINE_enum("cross_device_ops", None, ["reduce_to_one", "hierarchical_copy
 flags.DEFINE_integer("pack_bytes", 0, "mgloop's --pack_bytes for every mgloop system: "
                      "gradients fused into buckets of about this size before the local "
                      "exchange (across workers mgloop always makes one collective per dtype)")
+flags.DEFINE_integer("ordered_sum_bytes", None, "mgloop's --ordered_sum_bytes for every mgloop "
+                     "system (default: mgloop's; 0: off)")
 flags.DEFINE_bool("profile", False, "after timing, trace one loop of every system with "
                   "tf.profiler into <output_dir>/profile/<model>/<system>")
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "
@@ -133,7 +135,8 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
                 global_batch=global_batch, steps=_FLAGS.steps, seed=_FLAGS.seed,
                 optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
                 cross_device_ops=cross_device_ops(), workers=entry.workers,
-                device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes)
+                device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes,
+                ordered_sum_bytes=_FLAGS.ordered_sum_bytes)
             systems[entry.name] = bench_processes.System(
                 entry.name, spec.__dict__, entry.workers, logical,
                 os.path.join(output_dir, "workers", f"{model}-{safe(entry.name)}"),
@@ -351,7 +354,8 @@ def main(argv):
                             "modes": list(_FLAGS.modes), "optimizer": _FLAGS.optimizer,
                             "learning_rate": _FLAGS.learning_rate,
                             "cross_device_ops": cross_device_ops(),
-                            "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes},
+                            "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes,
+                            "ordered_sum_bytes": _FLAGS.ordered_sum_bytes},
                "results": results}
     table = markdown(results, command)
     for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", table)):

@@ -67,6 +67,7 @@ class Spec:
     cross_device_ops: str = "reduce_to_one"  # MirroredStrategy baselines
     workers: int = 1  # processes; `towers` devices each
     pack_bytes: int = 0  # mgloop's --pack_bytes (mgloop systems)
+    ordered_sum_bytes: int | None = None  # mgloop's --ordered_sum_bytes (None: its default)
     device_kind: str = "cpu"  # "cpu": logical CPU devices; "gpu": gpu:0..towers-1
 
 
@@ -235,7 +236,8 @@ def build(spec: Spec, dataset=None, runtime=None):
             devices=devices_flag(spec), aggregation=spec.system[len(MGLOOP_PREFIX):],
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
             collective_timeout=COLLECTIVE_TIMEOUT, pack_bytes=spec.pack_bytes, workers=workers,
-            device_set=device_set)
+            device_set=device_set, **({} if spec.ordered_sum_bytes is None
+                                      else {"ordered_sum_bytes": spec.ordered_sum_bytes}))
         return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer,
                             trainer.aggregation.devices.towers)
     parts = _Parts(spec, dataset)
