@@ -22,7 +22,7 @@ from tests import helpers
 
 SETTINGS = ["--model=mlp", "--global_batch_size=512", "--steps_per_loop=10", "--log_every=10",
             "--checkpoint_every=10", "--summary_every=0", "--deterministic", "--seed=3",
-            "--learning_rate=0.05", "--collective_timeout=10", "--aggregation=ring"]
+            "--learning_rate=0.05", "--collective_timeout=30", "--aggregation=ring"]
 STEPS = 60
 
 
