@@ -387,12 +387,11 @@ class Trainer(inference.TowerInference):
         primed = time.perf_counter() - began
         out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
                                  tf.constant(sample_stats and bool(self.stat_names)))
-        sampled = int(out["stat_samples"])
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
                           correct=float(out["correct"]),
                           input_wait=float(out["input_wait"]) + primed,
-                          stats={name: float(value) / sampled for name, value
-                                 in zip(self.stat_names, out["stats"].numpy())} if sampled else {})
+                          stats=(dict(zip(self.stat_names, out["stats"].numpy().tolist()))
+                                 if bool(out["sampled"]) else {}))
 
     def release_input(self) -> None:
         """Drops whatever the current iterator has staged (the end of a `fit`)."""
@@ -404,20 +403,16 @@ class Trainer(inference.TowerInference):
                       sample_stats: tf.Tensor) -> dict[str, tf.Tensor]:
         """The loop of `train_loop`: sums over the steps run, and their count.
 
-        With --diagnostics and `sample_stats`, the last step runs after the
-        `tf.range` loop, traced a second time with the statistics: the loop's
-        other steps are exactly the step without them (no per-step cost).
+        With `sample_stats` (true only with --diagnostics), the last step runs
+        after the `tf.range` loop, traced a second time with the statistics: the
+        loop's other steps are exactly the step without them (no per-step cost).
         """
         loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-        stat_sums, stat_samples = tf.zeros([len(self.stat_names)]), tf.constant(0)
+        stats_last, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
-        last_apart = tf.logical_and(sample_stats, bool(self.stat_names))
-        for _ in tf.range(num_steps - tf.cast(last_apart, tf.int32)):
-            with tf.control_dependencies([end]):
-                begin = staging_lib.clock()
-            with tf.name_scope(PHASES[0]):
-                has_batch, take = self.staging.next_batch(iterator, after=begin)
+        for _ in tf.range(num_steps - tf.cast(sample_stats, tf.int32)):
+            begin, has_batch, take = self._next_batch(iterator, after=end)
             if not has_batch:
                 break
             loss, correct, step_wait, end, _ = self._timed_step(take, begin, with_stats=False)
@@ -426,22 +421,26 @@ class Trainer(inference.TowerInference):
             correct_sum += correct
             steps += 1
         if self.stat_names:  # traced only with --diagnostics
-            if last_apart and steps == num_steps - 1:
-                with tf.control_dependencies([end]):
-                    begin = staging_lib.clock()
-                with tf.name_scope(PHASES[0]):
-                    has_batch, take = self.staging.next_batch(iterator, after=begin)
+            if sample_stats and steps == num_steps - 1:
+                begin, has_batch, take = self._next_batch(iterator, after=end)
                 if has_batch:
-                    loss, correct, step_wait, end, stats = self._timed_step(take, begin,
-                                                                            with_stats=True)
+                    loss, correct, step_wait, end, stats_last = self._timed_step(
+                        take, begin, with_stats=True)
                     wait += step_wait
                     loss_sum += loss
                     correct_sum += correct
-                    stat_sums += stats
-                    stat_samples += 1
+                    sampled = tf.constant(True)
                     steps += 1
         return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
-                "input_wait": wait, "stats": stat_sums, "stat_samples": stat_samples}
+                "input_wait": wait, "stats": stats_last, "sampled": sampled}
+
+    def _next_batch(self, iterator, after: tf.Tensor):
+        """(the step's begin time, read once `after` has run; has a batch?; take)."""
+        with tf.control_dependencies([after]):
+            begin = staging_lib.clock()
+        with tf.name_scope(PHASES[0]):
+            has_batch, take = self.staging.next_batch(iterator, after=begin)
+        return begin, has_batch, take
 
     def _timed_step(self, take, begin: tf.Tensor, with_stats: bool):
         """One step on the batch `take()` gives, begun at `begin`: (loss, correct, its input
