@@ -97,6 +97,8 @@ CASES = {
     "negative eval interval": (dict(eval_every=-1), r"^--eval_every=-1 is out of range"),
     "negative histogram interval": (dict(histogram_every=-2),
                                     r"^--histogram_every=-2 is out of range"),
+    "negative breakdown interval": (dict(breakdown_every=-1),
+                                    r"^--breakdown_every=-1 is out of range"),
     "profile steps reversed": (dict(profile_steps="4,2"),
                                r"^--profile_steps='4,2' must be two steps A,B with 0 <= A < B "
                                r"<= --train_steps=5"),
