@@ -12,7 +12,6 @@ receives per step (counted from the algorithm while the step is traced).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -52,29 +51,23 @@ def main(argv):
     rows = []
     for mode in _FLAGS.modes:
         trainer = built[mode][0]
-        median, mad = benchlib.median_and_mad(times[mode])
         traffic = trainer.aggregation.traffic.as_dict()
         exchange = trainer.time_exchange(repeats=_FLAGS.repeats)
         rows.append({
-            "mode": mode, "examples_per_sec": _FLAGS.global_batch_size / median,
-            "mad_examples_per_sec": _FLAGS.global_batch_size * mad / median ** 2,
-            "ratio": median / base, "exchange_ms": None if exchange is None else 1e3 * exchange,
+            "mode": mode, **benchlib.speed(times[mode], _FLAGS.global_batch_size, base),
+            "exchange_ms": None if exchange is None else 1e3 * exchange,
             "max_sent_kib": max((c["sent"] for c in traffic.values()), default=0) / 1024,
             "max_received_kib": max((c["received"] for c in traffic.values()), default=0) / 1024,
             "traffic": traffic})
-    print(f"model {_FLAGS.model}, devices {_FLAGS.devices}, global batch "
-          f"{_FLAGS.global_batch_size}, {_FLAGS.steps} steps/loop, {_FLAGS.repeats} interleaved "
-          f"repeats; command: python {' '.join(sys.argv)}")
-    print(benchlib.markdown(rows, [
-        ("mode", "mode", "s"), ("examples_per_sec", "examples/sec (median)", ".0f"),
-        ("mad_examples_per_sec", "± MAD", ".0f"), ("ratio", "step-time ratio", ".2f"),
-        ("exchange_ms", "exchange alone (ms)", ".3f"),
-        ("max_sent_kib", "max sent/device/step (KiB)", ".1f"),
-        ("max_received_kib", "max received/device/step (KiB)", ".1f")]))
-    if _FLAGS.json_out:
-        with open(_FLAGS.json_out, "w") as handle:
-            json.dump(rows, handle, indent=2)
-
+    benchlib.report(
+        f"model {_FLAGS.model}, devices {_FLAGS.devices}, global batch "
+        f"{_FLAGS.global_batch_size}, {_FLAGS.steps} steps/loop, {_FLAGS.repeats} interleaved "
+        f"repeats; command: python {' '.join(sys.argv)}", rows, [
+            ("mode", "mode", "s"), ("examples_per_sec", "examples/sec (median)", ".0f"),
+            ("mad_examples_per_sec", "± MAD", ".0f"), ("ratio", "step-time ratio", ".2f"),
+            ("exchange_ms", "exchange alone (ms)", ".3f"),
+            ("max_sent_kib", "max sent/device/step (KiB)", ".1f"),
+            ("max_received_kib", "max received/device/step (KiB)", ".1f")], _FLAGS.json_out)
 
 if __name__ == "__main__":
     app.run(main)

@@ -17,7 +17,6 @@ process per system, is experiments/bench.py's.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -69,29 +68,22 @@ def main(argv):
     for threshold in thresholds:
         trainer, iterator = built[threshold]
         order = trainer._ordered_sum()
-        median, mad = benchlib.median_and_mad(times[threshold])
         rows.append({
             "ordered_sum_bytes": threshold,
             "ordered_variables": len(order.indices) if order else 0,
-            "examples_per_sec": _FLAGS.global_batch_size / median,
-            "mad_examples_per_sec": _FLAGS.global_batch_size * mad / median ** 2,
-            "step_ms": 1e3 * median, "ratio": median / base,
+            **benchlib.speed(times[threshold], _FLAGS.global_batch_size, base),
             "loop_peak_mib": loop_peak_mib(trainer, iterator, _FLAGS.steps),
             "step_ms_repeats": [1e3 * t for t in times[threshold]]})
-    print(f"model {_FLAGS.model}, {_FLAGS.aggregation} on {_FLAGS.devices}, global batch "
-          f"{_FLAGS.global_batch_size}, {_FLAGS.steps} steps/loop, {_FLAGS.repeats} interleaved "
-          f"repeats; command: python {' '.join(sys.argv)}")
-    print(benchlib.markdown(rows, [
-        ("ordered_sum_bytes", "--ordered_sum_bytes", "d"),
-        ("ordered_variables", "variables summed in order", "d"),
-        ("examples_per_sec", "examples/sec (median)", ".0f"),
-        ("mad_examples_per_sec", "± MAD", ".0f"), ("step_ms", "step (ms)", ".1f"),
-        ("ratio", "step-time ratio", ".2f"),
-        ("loop_peak_mib", "allocator peak above start (MiB)", ".0f")]))
-    if _FLAGS.json_out:
-        with open(_FLAGS.json_out, "w") as handle:
-            json.dump(rows, handle, indent=2)
-
+    benchlib.report(
+        f"model {_FLAGS.model}, {_FLAGS.aggregation} on {_FLAGS.devices}, global batch "
+        f"{_FLAGS.global_batch_size}, {_FLAGS.steps} steps/loop, {_FLAGS.repeats} interleaved "
+        f"repeats; command: python {' '.join(sys.argv)}", rows, [
+            ("ordered_sum_bytes", "--ordered_sum_bytes", "d"),
+            ("ordered_variables", "variables summed in order", "d"),
+            ("examples_per_sec", "examples/sec (median)", ".0f"),
+            ("mad_examples_per_sec", "± MAD", ".0f"), ("step_ms", "step (ms)", ".1f"),
+            ("ratio", "step-time ratio", ".2f"),
+            ("loop_peak_mib", "allocator peak above start (MiB)", ".0f")], _FLAGS.json_out)
 
 if __name__ == "__main__":
     app.run(main)

@@ -10,7 +10,6 @@ of each system's median step time to the first system's.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -55,16 +54,13 @@ def main(argv):
     devices.configure_logical_cpus(
         max(devices.parse(s.split("/")[0]).num_towers for s in _FLAGS.systems))
     rows = [row for model in _FLAGS.models for row in measure(model, _FLAGS.systems)]
-    print(f"global batch {_FLAGS.global_batch_size}, {_FLAGS.steps} steps/loop, "
-          f"{_FLAGS.repeats} interleaved repeats; command: python {' '.join(sys.argv)}")
-    print(benchlib.markdown(rows, [
-        ("model", "model", "s"), ("system", "system", "s"),
-        ("median_ms", "median step (ms)", ".3f"), ("mad_ms", "MAD (ms)", ".3f"),
-        ("examples_per_sec", "examples/sec", ".0f"), ("ratio", "step-time ratio", ".2f")]))
-    if _FLAGS.json_out:
-        with open(_FLAGS.json_out, "w") as handle:
-            json.dump(rows, handle, indent=2)
-
+    benchlib.report(
+        f"global batch {_FLAGS.global_batch_size}, {_FLAGS.steps} steps/loop, "
+        f"{_FLAGS.repeats} interleaved repeats; command: python {' '.join(sys.argv)}", rows, [
+            ("model", "model", "s"), ("system", "system", "s"),
+            ("median_ms", "median step (ms)", ".3f"), ("mad_ms", "MAD (ms)", ".3f"),
+            ("examples_per_sec", "examples/sec", ".0f"), ("ratio", "step-time ratio", ".2f")],
+        _FLAGS.json_out)
 
 if __name__ == "__main__":
     app.run(main)

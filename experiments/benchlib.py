@@ -9,6 +9,7 @@ compiled loop of `steps` steps after untimed warm-up loops.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 
@@ -78,3 +79,22 @@ def markdown(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
         cells = [format(row[k], f) if row.get(k) is not None else "–" for k, _, f in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def speed(times, global_batch: int, base: float) -> dict:
+    """Per-step `times` (seconds) as the median examples/sec with its MAD (propagated from
+    the step time's), the median step in ms, and the step-time ratio to `base` seconds."""
+    median, mad = median_and_mad(times)
+    return {"examples_per_sec": global_batch / median,
+            "mad_examples_per_sec": global_batch * mad / median ** 2,
+            "step_ms": 1e3 * median, "ratio": median / base}
+
+
+def report(header: str, rows: list[dict], columns: list[tuple[str, str, str]],
+           json_out: str | None = None) -> None:
+    """Prints `header` and the markdown table of `rows`; writes `rows` as JSON if asked."""
+    print(header)
+    print(markdown(rows, columns))
+    if json_out:
+        with open(json_out, "w") as handle:
+            json.dump(rows, handle, indent=2)
