@@ -102,6 +102,8 @@ flags.DEFINE_integer("pack_bytes", 0, "mgloop's --pack_bytes for every mgloop sy
                      "exchange (across workers mgloop always makes one collective per dtype)")
 flags.DEFINE_integer("ordered_sum_bytes", None, "mgloop's --ordered_sum_bytes for every mgloop "
                      "system (default: mgloop's; 0: off)")
+flags.DEFINE_integer("sufficient_factor_bytes", None, "mgloop's --sufficient_factor_bytes for "
+                     "every mgloop system (default: mgloop's; 0: off)")
 flags.DEFINE_bool("profile", False, "after timing, trace one loop of every system with "
                   "tf.profiler into <output_dir>/profile/<model>/<system>")
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "
@@ -136,7 +138,8 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
                 optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
                 cross_device_ops=cross_device_ops(), workers=entry.workers,
                 device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes,
-                ordered_sum_bytes=_FLAGS.ordered_sum_bytes)
+                ordered_sum_bytes=_FLAGS.ordered_sum_bytes,
+                sufficient_factor_bytes=_FLAGS.sufficient_factor_bytes)
             systems[entry.name] = bench_processes.System(
                 entry.name, spec.__dict__, entry.workers, logical,
                 os.path.join(output_dir, "workers", f"{model}-{safe(entry.name)}"),
@@ -355,7 +358,8 @@ def main(argv):
                             "learning_rate": _FLAGS.learning_rate,
                             "cross_device_ops": cross_device_ops(),
                             "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes,
-                            "ordered_sum_bytes": _FLAGS.ordered_sum_bytes},
+                            "ordered_sum_bytes": _FLAGS.ordered_sum_bytes,
+                            "sufficient_factor_bytes": _FLAGS.sufficient_factor_bytes},
                "results": results}
     table = markdown(results, command)
     for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", table)):

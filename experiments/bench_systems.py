@@ -68,6 +68,7 @@ class Spec:
     workers: int = 1  # processes; `towers` devices each
     pack_bytes: int = 0  # mgloop's --pack_bytes (mgloop systems)
     ordered_sum_bytes: int | None = None  # mgloop's --ordered_sum_bytes (None: its default)
+    sufficient_factor_bytes: int | None = None  # mgloop's --sufficient_factor_bytes (None: default)
     device_kind: str = "cpu"  # "cpu": logical CPU devices; "gpu": gpu:0..towers-1
 
 
@@ -224,6 +225,9 @@ def start(spec: Spec):
     raise ValueError(f"{spec.system} runs in one process, not {spec.workers}")
 
 
+MGLOOP_THRESHOLDS = ("ordered_sum_bytes", "sufficient_factor_bytes")  # None: mgloop's default
+
+
 def build(spec: Spec, dataset=None, runtime=None):
     """The system of `spec`, built (not yet traced) in this process; `runtime` from `start`."""
     _repo_on_path()
@@ -236,8 +240,8 @@ def build(spec: Spec, dataset=None, runtime=None):
             devices=devices_flag(spec), aggregation=spec.system[len(MGLOOP_PREFIX):],
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
             collective_timeout=COLLECTIVE_TIMEOUT, pack_bytes=spec.pack_bytes, workers=workers,
-            device_set=device_set, **({} if spec.ordered_sum_bytes is None
-                                      else {"ordered_sum_bytes": spec.ordered_sum_bytes}))
+            device_set=device_set, **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS
+                                      if getattr(spec, name) is not None})
         return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer,
                             trainer.aggregation.devices.towers)
     parts = _Parts(spec, dataset)

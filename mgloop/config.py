@@ -21,6 +21,7 @@ from mgloop import data
 from mgloop import devices
 from mgloop import models
 from mgloop import ordered_sum
+from mgloop import sufficient_factors
 from mgloop import precision
 from mgloop import sync_batch_norm
 from mgloop import staging
@@ -53,6 +54,9 @@ class Config:
     # shared layout on logical CPU towers: gradients of variables of at least this many
     # bytes are summed tower by tower (ordered_sum.py); 0: off
     ordered_sum_bytes: int = ordered_sum.DEFAULT_MIN_BYTES
+    # the same towers: a dense kernel of at least this many bytes gets its gradient as one
+    # product of the towers' factors at its home (sufficient_factors.py); 0: off
+    sufficient_factor_bytes: int = sufficient_factors.DEFAULT_MIN_BYTES
     # Accumulation, precision and batch norm (apply across modes).
     accumulation_steps: int = 1  # micro-batches (global batches) per update
     mixed_precision: str = "none"  # none | mixed_float16 | mixed_bfloat16
@@ -185,6 +189,7 @@ def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -
     _check_choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
     _check_range("pack_bytes", config.pack_bytes, low=0)
     _check_range("ordered_sum_bytes", config.ordered_sum_bytes, low=0)
+    _check_range("sufficient_factor_bytes", config.sufficient_factor_bytes, low=0)
     _check_range("accumulation_steps", config.accumulation_steps, low=1)
     _check_choice("mixed_precision", config.mixed_precision, precision.POLICIES)
     _check_choice("batch_norm", config.batch_norm, sync_batch_norm.MODES)

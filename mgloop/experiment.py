@@ -69,7 +69,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                                              device_set.towers, config.accumulation_steps),
                         diagnostics=config.diagnostics,
                         keep_last_grads=config.histogram_every > 0,
-                        ordered_sum_bytes=config.ordered_sum_bytes)
+                        ordered_sum_bytes=config.ordered_sum_bytes,
+                        sufficient_factor_bytes=config.sufficient_factor_bytes)
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,

@@ -34,6 +34,11 @@ _HELP = {
                          "tower t's backward pass starting once tower t-1's were added, so "
                          "two copies of them are alive instead of T + 1 (the towers' backward "
                          "passes no longer overlap); 0: off",
+    "sufficient_factor_bytes": "shared layout (ps_*) on logical CPU towers: a variable of at "
+                               "least this many bytes used by one plain matmul z = x W per "
+                               "tower (a float32 Dense kernel) gets its summed gradient as "
+                               "one product X^T dZ of the towers' inputs and output gradients "
+                               "at its home, instead of one full-size gradient per tower; 0: off",
     "transport_dtype": "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
                        "accumulated in float32",
     "accumulation_steps": "micro-batches per update: each tower sums its gradients over K "

@@ -44,15 +44,16 @@ import time
 from typing import Callable, Iterator
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from mgloop import accumulation
 from mgloop.breakdown import PHASES, STEP_SCOPE  # name scopes by which a profile is read
 from mgloop import diagnostics as diagnostics_lib
+from mgloop import exchange_timing
 from mgloop import inference
 from mgloop import optim
 from mgloop import ordered_sum
+from mgloop import sufficient_factors
 from mgloop import precision
 from mgloop import sync_batch_norm
 from mgloop import staging as staging_lib
@@ -82,7 +83,8 @@ class Trainer(inference.TowerInference):
                  mixed_precision: str = "none", batch_norm: str = "per_tower",
                  staging: staging_lib.HostStaging | None = None, diagnostics: bool = False,
                  keep_last_grads: bool = False,
-                 ordered_sum_bytes: int = ordered_sum.DEFAULT_MIN_BYTES):
+                 ordered_sum_bytes: int = ordered_sum.DEFAULT_MIN_BYTES,
+                 sufficient_factor_bytes: int = sufficient_factors.DEFAULT_MIN_BYTES):
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         self.loss_fn = loss_fn
@@ -90,6 +92,7 @@ class Trainer(inference.TowerInference):
         self.pack_bytes = pack_bytes
         self.accumulation_steps = accumulation_steps
         self.ordered_sum_bytes = ordered_sum_bytes
+        self.sufficient_factor_bytes = sufficient_factor_bytes
         self.staging = staging or staging_lib.make("device", 2, self.tower_devices,
                                                    accumulation_steps)
         self._input = None  # the iterator whose batches the staging holds
@@ -204,7 +207,8 @@ class Trainer(inference.TowerInference):
         with self.aggregation.step(), self._cross_tower_step():
             units = ([self.aggregation.devices.host] if self.aggregation.single_loss
                      else self.tower_devices)
-            scales = self._loss_scales_for(units)
+            scales = (precision.read_loss_scales(self.loss_scales, self.aggregation, units,
+                                                 self.copy_index) if self.loss_scales else None)
             with tf.name_scope(PHASES[1]):  # the towers read what they compute with
                 if self.aggregation.single_loss:
                     trainable, states = self._read_for_single_loss()
@@ -212,17 +216,22 @@ class Trainer(inference.TowerInference):
                     values = [self.read_for_tower(t) for t in range(self.num_towers)]
                     trainable, states = [v[0] for v in values], [v[1] for v in values]
 
+            sampled = bool(self.stat_names and with_stats)  # needs every tower's gradients
+
             def micro_pass(micro_xs, micro_ys, tower_states):
-                return self._micro_pass(trainable, tower_states, scales, micro_xs, micro_ys)
+                return self._micro_pass(trainable, tower_states, scales, micro_xs, micro_ys,
+                                        sampled)
 
             with tf.name_scope(PHASES[1]):
                 result = accumulation.accumulate(
                     micro_pass, [x for x, _ in shards], [y for _, y in shards],
                     self.accumulation_steps, states, self.copies[0].trainable, units)
-            finite = self._agree_finite(result.grads, units) if scales else None
+            finite = (precision.agree_finite(result.grads, units, self.aggregation,
+                                             [copy.device for copy in self.copies])
+                      if scales else None)
             stats = (diagnostics_lib.gradient_stats(result.losses, result.grads, units,
                                                     self.aggregation.devices.host)
-                     if self.stat_names and with_stats else None)
+                     if sampled else None)
             with tf.device(self.aggregation.devices.host):  # this worker's towers
                 loss = tf.add_n(result.losses) / len(units)
                 correct = tf.add_n(result.corrects)
@@ -256,9 +265,11 @@ class Trainer(inference.TowerInference):
                 stats = tf.concat([stats, divergence[None]], 0)
         return loss, correct, done, stats
 
-    def _micro_pass(self, trainable, states, scales, xs, ys) -> accumulation.Pass:
+    def _micro_pass(self, trainable, states, scales, xs, ys, sampled: bool = False
+                    ) -> accumulation.Pass:
         """Every tower (or the single loss) on one micro-batch, given as per-tower shards
-        (xs[t], ys[t]) on the towers; traffic counted per pass."""
+        (xs[t], ys[t]) on the towers; traffic counted per pass. `sampled`: the step
+        samples the diagnostics, so every tower's gradients are kept."""
         traffic = self.aggregation.traffic
         before = (dict(traffic.sent), dict(traffic.received))
         if self.aggregation.single_loss:
@@ -267,19 +278,24 @@ class Trainer(inference.TowerInference):
                 scales[0] if scales else None)
             out = accumulation.Pass([loss], [correct], [grads], new_states)
         else:
-            outputs, order = [], self._ordered_sum()
+            outputs = []
+            order, factors = self._ordered_sum(sampled), self._sufficient_factors(sampled)
             for t, device in enumerate(self.tower_devices):
                 with self._cross_tower_tower(t):
                     outputs.append(towers.tower_step(
                         self.model, self.loss_fn, trainable[t], states[t], xs[t], ys[t], device,
-                        scales[t] if scales else None, order.gate() if order else ()))
-                if order:
-                    with tf.name_scope(PHASES[2]):  # the sum's part of the exchange
+                        scales[t] if scales else None, order.gate() if order else (),
+                        factors))
+                with tf.name_scope(PHASES[2]):  # the sums' part of the exchange
+                    if factors:
+                        factors.add(outputs[-1].factors, device)
+                    if order:
                         order.add(outputs[-1].grads, device)
+            with tf.name_scope(PHASES[2]):
+                sums = {**(order.sums if order else {}), **(factors.sums() if factors else {})}
             out = accumulation.Pass([o.loss for o in outputs], [o.correct for o in outputs],
                                     [o.grads for o in outputs],
-                                    [o.non_trainable for o in outputs],
-                                    order.sums if order else {})
+                                    [o.non_trainable for o in outputs], sums)
         repeats = self.accumulation_steps - 1  # the pass is traced once and runs K times
         for device in (set(traffic.sent) | set(traffic.received)) if repeats else ():
             traffic.add(device,
@@ -288,18 +304,33 @@ class Trainer(inference.TowerInference):
                                             before[1].get(device, 0)))
         return out
 
-    def _ordered_sum(self) -> ordered_sum.OrderedSum | None:
-        """Large gradients summed tower by tower (ordered_sum.py), where that bounds memory:
-        not when every tower's gradients must be kept anyway (accumulation sums, the
-        diagnostics' Gram matrix, packed buckets) nor with synchronised batch norm, whose
-        backward passes meet in collectives and so cannot run one after another."""
-        if (not self.ordered_sum_bytes or not ordered_sum.applies(self.aggregation)
-                or self.accumulation_steps > 1 or self.stat_names or self.pack_bytes
-                or self.cross_tower is not None):
+    def _sums_at_home(self, sampled: bool) -> bool:
+        """Whether the towers' gradients of a variable may be summed at its home as they
+        come (ordered_sum.py, sufficient_factors.py): not when every tower's gradients
+        must be kept anyway (accumulation sums, the diagnostics' Gram matrix on a
+        `sampled` step, packed buckets) nor with synchronised batch norm, whose backward
+        passes meet in collectives and so cannot run one after another."""
+        return (ordered_sum.applies(self.aggregation) and self.accumulation_steps == 1
+                and not sampled and not self.pack_bytes and self.cross_tower is None)
+
+    def _ordered_sum(self, sampled: bool = False) -> ordered_sum.OrderedSum | None:
+        """Large gradients summed tower by tower (ordered_sum.py), where that bounds memory."""
+        if not self.ordered_sum_bytes or not self._sums_at_home(sampled):
             return None
         order = ordered_sum.OrderedSum(self.aggregation, self.copies[0].trainable,
                                        self.ordered_sum_bytes)
         return order if order.indices else None
+
+    def _sufficient_factors(self, sampled: bool = False
+                            ) -> sufficient_factors.SufficientFactors | None:
+        """Large dense kernels' gradients as one product of the towers' factors
+        (sufficient_factors.py), under the same conditions as the ordered sum."""
+        if (not self.sufficient_factor_bytes or not self._sums_at_home(sampled)
+                or self.loss_scales):  # the finite check reads every tower's gradients
+            return None
+        factors = sufficient_factors.SufficientFactors(
+            self.aggregation, self.copies[0].trainable, self.sufficient_factor_bytes)
+        return factors if factors.candidates else None
 
     def _read_for_single_loss(self):
         """The shared copy's values on the host, and its state sent to every tower."""
@@ -308,29 +339,6 @@ class Trainer(inference.TowerInference):
         states = [[self.aggregation.send(v, host, device) for v in state]
                   for device in self.tower_devices]
         return trainable, states
-
-    def _loss_scales_for(self, units: list[str]) -> list[tf.Tensor] | None:
-        """Each unit's loss scale, read from the copy it computes with, on its device."""
-        if not self.loss_scales:
-            return None
-        scales = []
-        for t, device in enumerate(units):
-            source = self.loss_scales[self.copy_index(t)]
-            scales.append(self.aggregation.send(source.read(), source.device, device))
-        return scales
-
-    def _agree_finite(self, unit_grads, units: list[str]) -> list[tf.Tensor]:
-        """AND over units of "all my gradients are finite", formed on the host, sent to
-        every copy: one unit's overflow skips the update on every copy."""
-        host = self.aggregation.devices.host
-        flags = []
-        for grads, device in zip(unit_grads, units):
-            with tf.device(device):
-                flag = precision.all_finite(grads)
-            flags.append(self.aggregation.send(flag, device, host))
-        with tf.device(host):
-            agreed = tf.reduce_all(tf.stack(flags))
-        return [self.aggregation.send(agreed, host, copy.device) for copy in self.copies]
 
     def _apply(self, grads_per_copy, states_per_copy, finite_per_copy) -> None:
         """Each copy applies its gradients and takes its new state (if all towers were finite)."""
@@ -460,41 +468,6 @@ class Trainer(inference.TowerInference):
             wait = tf.maximum(ready - begin, 0.0) + tf.maximum(step_end - compute_end, 0.0)
             return loss, correct, wait, step_end, stats
 
-    @tf.function
-    def _exchange_only(self, tower_grads, repeats):
-        """`repeats` exchanges of the given per-tower gradients in one call (nothing else),
-        each with two stand-in metrics, as the step's exchange carries its loss and count."""
-        with tf.device(self.aggregation.devices.host):
-            metrics = [tf.constant(0.0), tf.constant(0.0)]
-        done = tf.constant(0)
-        for _ in tf.range(repeats):
-            with tf.control_dependencies(tf.nest.flatten(self.exchange(tower_grads, metrics))):
-                done += 1
-        return done
-
     def time_exchange(self, repeats: int = 5, per_call: int = 20) -> float | None:
-        """Median seconds of one gradient exchange alone (no tower compute, no update).
-
-        The exchange runs inside the compiled step, where Python cannot time it;
-        this runs the same exchange by itself on stand-in gradients, `per_call`
-        times inside one compiled call (so the call's own overhead is shared),
-        and returns the median over `repeats` calls of call time / per_call.
-        None for a single-loss mode, which has no exchange of its own.
-        """
-        if self.aggregation.single_loss:
-            return None
-        stand_ins = []  # random gradients, made once on each tower (not timed)
-        for device in self.tower_devices:
-            with tf.device(device):
-                stand_ins.append([tf.random.normal(v.shape, dtype=v.dtype)
-                                  for v in self.copies[0].trainable])
-        counted = self.aggregation.traffic.snapshot()
-        per_call = tf.constant(per_call)
-        int(self._exchange_only(stand_ins, per_call))  # trace and warm up
-        self.aggregation.traffic.restore(counted)  # keep the step's counts, not the stand-in's
-        times = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            int(self._exchange_only(stand_ins, per_call))
-            times.append((time.perf_counter() - began) / int(per_call))
-        return float(np.median(times))
+        """Median seconds of one gradient exchange alone (exchange_timing.py)."""
+        return exchange_timing.time_exchange(self, repeats, per_call)

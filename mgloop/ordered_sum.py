@@ -76,6 +76,8 @@ class OrderedSum:
     def add(self, grads: Sequence[tf.Tensor], device: str) -> None:
         """Adds one tower's gradients (on `device`) of the large variables into their sums."""
         for i in self.indices:
+            if grads[i] is None:  # factored (sufficient_factors.py): no gradient of its own
+                continue
             home = self.aggregation.home_of(self.variables[i])
             received = self.aggregation.send(grads[i], device, home)
             with tf.device(home):

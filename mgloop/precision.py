@@ -110,3 +110,29 @@ class DynamicLossScale:
 
         with tf.device(self.device):
             tf.cond(finite, apply, skip)
+
+
+def read_loss_scales(loss_scales: list["DynamicLossScale"], aggregation, units: list[str],
+                     copy_index) -> list[tf.Tensor]:
+    """Each unit's loss scale S, read from the copy it computes with (`copy_index(t)`),
+    sent to the unit's device."""
+    scales = []
+    for t, device in enumerate(units):
+        source = loss_scales[copy_index(t)]
+        scales.append(aggregation.send(source.read(), source.device, device))
+    return scales
+
+
+def agree_finite(unit_grads: list[list[tf.Tensor]], units: list[str], aggregation,
+                 copy_devices: list[str]) -> list[tf.Tensor]:
+    """AND over units of "all my gradients are finite", formed on the host, sent to
+    every copy's device: one unit's overflow skips the update on every copy."""
+    host = aggregation.devices.host
+    flags = []
+    for grads, device in zip(unit_grads, units):
+        with tf.device(device):
+            flag = all_finite(grads)
+        flags.append(aggregation.send(flag, device, host))
+    with tf.device(host):
+        agreed = tf.reduce_all(tf.stack(flags))
+    return [aggregation.send(agreed, host, device) for device in copy_devices]

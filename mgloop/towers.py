@@ -20,6 +20,7 @@ statistics) for the aggregation to average.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Callable, Sequence
@@ -28,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from mgloop import precision
+from mgloop import sufficient_factors
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -50,8 +52,10 @@ class VariableCopy:
 class TowerOutput:
     loss: tf.Tensor  # scalar: mean loss over the tower's shard
     correct: tf.Tensor  # scalar float32: examples of the shard classified right
-    grads: list[tf.Tensor]  # per trainable variable, on the tower's device
+    grads: list[tf.Tensor | None]  # per trainable variable, on the tower's device; None if factored
     non_trainable: list[tf.Tensor]  # updated non-trainable state
+    # variable index -> (x_t, dz_t), its gradient's factors (sufficient_factors.py)
+    factors: dict[int, tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=dict)
 
 
 def backing(variable) -> tf.Variable:
@@ -120,7 +124,9 @@ def read(variables: list[tf.Variable]) -> list[tf.Tensor]:
 def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor],
                non_trainable: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor,
                device: str, loss_scale: tf.Tensor | None = None,
-               backward_after: Sequence[tf.Tensor] = ()) -> TowerOutput:
+               backward_after: Sequence[tf.Tensor] = (),
+               factor: "sufficient_factors.SufficientFactors | None" = None
+               ) -> TowerOutput:
     """Forward, loss and gradients of one tower on its shard, all on `device`.
 
     `trainable` and `non_trainable` are the values of the variable copy the
@@ -130,10 +136,14 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
     the gradients are divided by S again: g[t] = d(S loss_t)/dv / S.
     The backward pass starts only after the tensors `backward_after` exist
     (ordered_sum.py: the previous towers' large gradients have been added).
+    For the variables `factor` finds used by one matrix product z_t = x_t W, the
+    tower returns the factors (x_t, dz_t / S) instead of g[t][W] = x_t^T dz_t / S
+    (sufficient_factors.py; their `grads` entries are None).
     """
     with tf.device(device):
         x, y = tf.identity(x), tf.identity(y)  # the shard's copy onto the tower
-        with tf.GradientTape() as tape:
+        forward = factor.tower() if factor else contextlib.nullcontext()
+        with tf.GradientTape() as tape, forward:
             tape.watch(trainable)
             logits, new_non_trainable, model_losses = template.stateless_call(
                 trainable, non_trainable, x, return_losses=True, **call_kwargs(template, True))
@@ -142,9 +152,15 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
             if model_losses:
                 loss += tf.add_n([tf.cast(l, loss.dtype) for l in model_losses])
             scaled = loss if loss_scale is None else loss * loss_scale
+        products = forward.products(trainable) if factor else {}
         with tf.control_dependencies(backward_after):
-            grads = tape.gradient(scaled, trainable,
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            if products:
+                grads, factors = forward.gradients(scaled, trainable, products)
+            else:
+                grads, factors = tape.gradient(
+                    scaled, trainable, unconnected_gradients=tf.UnconnectedGradients.ZERO), {}
         if loss_scale is not None:
-            grads = [g / loss_scale for g in grads]
-        return TowerOutput(loss, count_correct(y, logits), grads, list(new_non_trainable))
+            grads = [None if g is None else g / loss_scale for g in grads]
+            factors = {i: (x, dz / loss_scale) for i, (x, dz) in factors.items()}
+        return TowerOutput(loss, count_correct(y, logits), grads, list(new_non_trainable),
+                           factors)

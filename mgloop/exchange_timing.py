@@ -1,0 +1,52 @@
+"""The gradient exchange timed by itself, apart from the step that contains it.
+
+The exchange runs inside the compiled step, where Python cannot time it.
+`time_exchange` runs the trainer's own exchange (`Trainer.exchange`: the
+aggregation, packing if asked, and the step's two metrics riding along) on
+stand-in gradients of the variables' shapes, made once on each tower, `per_call`
+times inside one compiled call so that the call's own overhead is shared, and
+returns the median over `repeats` calls of call time / per_call. The traffic the
+stand-in exchange records is taken back, so the counts stay the step's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+
+def time_exchange(trainer, repeats: int = 5, per_call: int = 20) -> float | None:
+    """Median seconds of one exchange alone (no tower compute, no update); None for a
+    single-loss mode, which has no exchange of its own."""
+    if trainer.aggregation.single_loss:
+        return None
+    stand_ins = []  # random gradients, made once on each tower (not timed)
+    for device in trainer.tower_devices:
+        with tf.device(device):
+            stand_ins.append([tf.random.normal(v.shape, dtype=v.dtype)
+                              for v in trainer.copies[0].trainable])
+
+    @tf.function
+    def exchanges(tower_grads, count):
+        """`count` exchanges of `tower_grads` in one call, each with two stand-in metrics."""
+        with tf.device(trainer.aggregation.devices.host):
+            metrics = [tf.constant(0.0), tf.constant(0.0)]
+        done = tf.constant(0)
+        for _ in tf.range(count):
+            with tf.control_dependencies(tf.nest.flatten(trainer.exchange(tower_grads,
+                                                                          metrics))):
+                done += 1
+        return done
+
+    counted = trainer.aggregation.traffic.snapshot()
+    count = tf.constant(per_call)
+    int(exchanges(stand_ins, count))  # trace and warm up
+    trainer.aggregation.traffic.restore(counted)  # keep the step's counts, not the stand-in's
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        int(exchanges(stand_ins, count))
+        times.append((time.perf_counter() - began) / per_call)
+    return float(np.median(times))

@@ -1,0 +1,165 @@
+"""--sufficient_factor_bytes: dense kernels' gradients as one product of the towers' factors."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mgloop import sufficient_factors
+from mgloop.aggregation.base import canonical
+from tests import helpers
+from tests.test_equivalence import assert_weights_close
+from tests.test_ordered_sum import WIDE, step_peak_bytes, wide_model
+
+STEPS = 5
+TOWERS = 4
+
+
+def kernel_indices(trainer) -> list[int]:
+    return [i for i, v in enumerate(trainer.copies[0].trainable) if v.shape.rank == 2]
+
+
+def sent_by_tower(trainer, tower: int) -> int:
+    """Bytes tower `tower`'s device sent in one traced step."""
+    return trainer.aggregation.traffic.sent.get(canonical(trainer.tower_devices[tower]), 0)
+
+
+@pytest.mark.parametrize("mode", ["ps_cpu", "ps_spread"])  # one home; a home per variable
+def test_factored_kernels_train_like_a_single_device(mode, logdir):
+    """Threshold 1 byte: every kernel of the MLP takes the factored path on 4 towers; the
+    weights and losses are those of one device on the whole batch."""
+    config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation=mode,
+                                  sufficient_factor_bytes=1, ordered_sum_bytes=0)
+    trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
+    assert trainer._sufficient_factors().candidates == kernel_indices(trainer)
+    expected_weights, expected_loss_sum = helpers.train_reference(config, helpers.batches(STEPS))
+    assert_weights_close(helpers.copy_weights(trainer)[0], expected_weights)
+    np.testing.assert_allclose(loss_sum, expected_loss_sum, rtol=1e-5)
+
+
+def test_a_tower_sends_its_factors_instead_of_its_kernel_gradients(logdir):
+    """ps_cpu: the last tower sends, per step, b (m + n) elements per kernel (x_t and dz_t)
+    instead of m n, and every bias gradient as before (its reads come from the home)."""
+    per_tower = helpers.GLOBAL_BATCH // TOWERS
+    sent = {}
+    for threshold in (0, 1):
+        config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation="ps_cpu",
+                                      sufficient_factor_bytes=threshold, ordered_sum_bytes=0)
+        trainer, _ = helpers.train_mgloop(config, helpers.batches(1))
+        sent[threshold] = sent_by_tower(trainer, TOWERS - 1)
+    variables = trainer.copies[0].trainable
+    kernels = [variables[i] for i in kernel_indices(trainer)]
+    full = sum(k.shape.num_elements() for k in kernels) * 4
+    factors = sum(per_tower * (k.shape[0] + k.shape[1]) for k in kernels) * 4
+    assert sent[0] - sent[1] == full - factors
+    assert factors < full
+
+
+def regularized_model():
+    """A kernel with an L2 penalty: its value has a second consumer (the penalty), so its
+    gradient is not the matmul's alone and it must not be factored."""
+    return keras.Sequential([keras.Input(helpers.DATASET.input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(32, activation="relu",
+                                                kernel_regularizer=keras.regularizers.L2(0.1)),
+                             keras.layers.Dense(helpers.DATASET.num_classes)])
+
+
+def test_a_kernel_with_a_second_use_keeps_its_own_gradient(logdir):
+    """Only the unregularized kernel is factored: the traffic saved is that kernel's, and
+    the weights match the single-device reference (which fails if the penalty's gradient
+    were dropped)."""
+    per_tower = helpers.GLOBAL_BATCH // TOWERS
+    sent, trainers = {}, {}
+    for threshold in (0, 1):
+        config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation="ps_cpu",
+                                      sufficient_factor_bytes=threshold, ordered_sum_bytes=0)
+        trainers[threshold] = helpers.build_trainer(config, make_model=regularized_model)
+        helpers.run_batches(trainers[threshold], helpers.batches(STEPS))
+        sent[threshold] = sent_by_tower(trainers[threshold], TOWERS - 1)
+    last = trainers[1].copies[0].trainable[2]  # the output layer's kernel: factored
+    m, n = last.shape
+    assert sent[0] - sent[1] == (m * n - per_tower * (m + n)) * 4
+    model, _ = helpers.train_reference_model(config, helpers.batches(STEPS),
+                                             make_model=regularized_model)
+    assert_weights_close(helpers.copy_weights(trainers[1])[0],
+                         [v.numpy() for v in model.trainable_variables])
+
+
+def test_factored_kernel_allocates_one_gradient_instead_of_one_per_tower(logdir):
+    """4 towers, the ordered sum off in both: the plain sum needs the 4 towers' 6 MiB
+    gradients of the wide kernel at once; the factored one only its product at home
+    (the towers' own x_t^T dz_t are pruned from the step). At least two kernels lower
+    (three in principle; the allocator's peak counts whole chunks). Same weights."""
+    batches = helpers.batches(2)
+    trainers = {}
+    for threshold in (0, 2 ** 20):
+        config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation="ps_cpu",
+                                      sufficient_factor_bytes=threshold, ordered_sum_bytes=0)
+        trainers[threshold] = helpers.build_trainer(config, make_model=wide_model)
+        helpers.run_batches(trainers[threshold], batches[:1])  # trace, build the slots
+    assert trainers[0]._sufficient_factors() is None
+    assert trainers[2 ** 20]._sufficient_factors().candidates == [0]  # the wide kernel alone
+    kernel = trainers[0].copies[0].trainable[0]
+    assert kernel.shape[1] == WIDE
+    kernel_bytes = kernel.shape.num_elements() * 4
+    peaks = {threshold: step_peak_bytes(trainer, batches[1])
+             for threshold, trainer in trainers.items()}
+    assert peaks[0] - peaks[2 ** 20] >= 2 * kernel_bytes, peaks
+    for plain, factored in zip(*(helpers.copy_weights(t)[0] for t in trainers.values())):
+        np.testing.assert_allclose(factored, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_the_towers_matmul_gradient_is_tensorflows(transpose_a, transpose_b):
+    """Every MatMul of a factoring tower's forward pass takes mgloop's gradient: for an
+    unfactored product, TensorFlow's (the tape's) in each transpose case; for a factored
+    one, the same dx by (W dz^T)^T and no dW."""
+    rng = np.random.default_rng(0)
+    a = tf.constant(rng.normal(size=(5, 3) if transpose_a else (3, 5)), tf.float32)
+    b = tf.constant(rng.normal(size=(4, 5) if transpose_b else (5, 4)), tf.float32)
+    weights = tf.constant(rng.normal(size=(3, 4)), tf.float32)
+
+    def loss_of(a, b):
+        return tf.reduce_sum(tf.tanh(tf.matmul(a, b, transpose_a=transpose_a,
+                                               transpose_b=transpose_b)) * weights)
+
+    with tf.GradientTape() as tape:
+        tape.watch([a, b])
+        loss = loss_of(a, b)
+    expected = tape.gradient(loss, [a, b])
+
+    @tf.function
+    def overridden(a, b, factored: bool):
+        graph = tf.compat.v1.get_default_graph()
+        with graph.gradient_override_map({"MatMul": sufficient_factors.MATMUL_GRADIENT}):
+            loss = loss_of(a, b)
+        product, = [op for op in graph.get_operations() if op.type == "MatMul"]
+        if factored:
+            sufficient_factors._factored_products.add(product.name)
+        try:
+            return tf.gradients(loss, [a, b])
+        finally:
+            sufficient_factors._factored_products.clear()
+
+    for got, want in zip(overridden(a, b, False), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if not transpose_a and not transpose_b:  # the factored product's form: z = x W
+        dx, dw = overridden(a, b, True)
+        np.testing.assert_allclose(dx, expected[0], rtol=1e-5, atol=1e-6)
+        assert dw is None
+
+
+def test_diagnostics_keep_factoring_off_the_sampled_step(logdir):
+    """--diagnostics: the sampled step keeps every tower's gradients (its statistics need
+    them), the other steps factor; training still matches the single device."""
+    config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation="ps_cpu",
+                                  sufficient_factor_bytes=1, ordered_sum_bytes=0,
+                                  diagnostics=True, summary_every=STEPS)
+    trainer = helpers.build_trainer(config)
+    assert trainer._sufficient_factors(sampled=True) is None
+    assert trainer._sufficient_factors(sampled=False) is not None
+    loss_sum = helpers.run_batches(trainer, helpers.batches(STEPS))
+    expected_weights, expected_loss_sum = helpers.train_reference(config, helpers.batches(STEPS))
+    assert_weights_close(helpers.copy_weights(trainer)[0], expected_weights)
+    np.testing.assert_allclose(loss_sum, expected_loss_sum, rtol=1e-5)
