@@ -114,6 +114,9 @@ class Trainer(inference.TowerInference):
         # --diagnostics: per-step gradient statistics (diagnostics.py), traced only when on.
         self.stat_names = (diagnostics_lib.stat_names(self.num_towers)
                            if diagnostics and not aggregation.single_loss else [])
+        # indices of the trainable variables whose gradients the last traced step summed
+        # in tower order (ordered_sum.py) or from their factors (sufficient_factors.py)
+        self.large_gradients: dict[str, list[int]] = {"ordered": [], "factored": []}
         self.last_grads = None  # histograms: the gradient copy 0 applied in the last step
         if keep_last_grads:
             with tf.device(self.copies[0].device):
@@ -293,6 +296,9 @@ class Trainer(inference.TowerInference):
                         order.add(outputs[-1].grads, device)
             with tf.name_scope(PHASES[2]):
                 sums = {**(order.sums if order else {}), **(factors.sums() if factors else {})}
+            if not sampled:  # what the ordinary step does with large gradients
+                self.large_gradients = {"ordered": sorted(order.sums) if order else [],
+                                        "factored": sorted(factors.received) if factors else []}
             out = accumulation.Pass([o.loss for o in outputs], [o.correct for o in outputs],
                                     [o.grads for o in outputs],
                                     [o.non_trainable for o in outputs], sums)

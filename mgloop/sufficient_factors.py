@@ -60,10 +60,11 @@ def _matmul_gradient(op: tf.Operation, grad: tf.Tensor):
     """MatMul's gradient (TensorFlow's formulas), but for a factored product z = x W:
     dx = (W dz^T)^T, and no dW (its sum is formed from the factors).
 
-    TensorFlow's dx = dz W^T multiplies by a transposed right operand, which on
-    this machine's CPUs takes 2.7 times as long for b = 128 rows of big_mlp's
-    second layer as the same product with W on the left (and 1.6 times for
-    B = 512): a cost every tower pays on its own b rows (experiments/RESULTS.md).
+    TensorFlow's dx = dz W^T multiplies by a transposed right operand. On this
+    machine's CPUs, for big_mlp's second layer, four towers' products of 128 rows
+    take 2.9 times as long that way as with W on the left, and one product of 512
+    rows 1.9 times (experiments/bench_matmul_backward.py; RESULTS.md): T towers
+    pay TensorFlow's form on b rows each, which costs more than on B rows at once.
     """
     a, b = tf.math.conj(op.inputs[0]), tf.math.conj(op.inputs[1])
     transpose_a, transpose_b = op.get_attr("transpose_a"), op.get_attr("transpose_b")

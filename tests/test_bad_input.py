@@ -65,6 +65,8 @@ CASES = {
     "negative packing": (dict(pack_bytes=-1), r"^--pack_bytes=-1 is out of range"),
     "negative ordered sum": (dict(ordered_sum_bytes=-1),
                              r"^--ordered_sum_bytes=-1 is out of range: must be >= 0"),
+    "negative sufficient factors": (dict(sufficient_factor_bytes=-1),
+                                    r"^--sufficient_factor_bytes=-1 is out of range: must be >= 0"),
     "ring shards elsewhere": (dict(aggregation="ps_cpu", ring_shards=2),
                               r"^--ring_shards=2 applies to --aggregation=ring only"),
     "groups not dividing": (dict(aggregation="hierarchical", devices="cpu:4", hierarchy_groups=3),

@@ -31,7 +31,7 @@ def test_factored_kernels_train_like_a_single_device(mode, logdir):
     config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation=mode,
                                   sufficient_factor_bytes=1, ordered_sum_bytes=0)
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
-    assert trainer._sufficient_factors().candidates == kernel_indices(trainer)
+    assert trainer.large_gradients == {"factored": kernel_indices(trainer), "ordered": []}
     expected_weights, expected_loss_sum = helpers.train_reference(config, helpers.batches(STEPS))
     assert_weights_close(helpers.copy_weights(trainer)[0], expected_weights)
     np.testing.assert_allclose(loss_sum, expected_loss_sum, rtol=1e-5)
@@ -64,19 +64,24 @@ def regularized_model():
                              keras.layers.Dense(helpers.DATASET.num_classes)])
 
 
-def test_a_kernel_with_a_second_use_keeps_its_own_gradient(logdir):
+@pytest.mark.parametrize("ordered_sum_bytes", [0, 1])
+def test_a_kernel_with_a_second_use_keeps_its_own_gradient(ordered_sum_bytes, logdir):
     """Only the unregularized kernel is factored: the traffic saved is that kernel's, and
     the weights match the single-device reference (which fails if the penalty's gradient
-    were dropped)."""
+    were dropped). With the ordered sum on too, it takes every variable not factored."""
     per_tower = helpers.GLOBAL_BATCH // TOWERS
     sent, trainers = {}, {}
     for threshold in (0, 1):
         config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation="ps_cpu",
-                                      sufficient_factor_bytes=threshold, ordered_sum_bytes=0)
+                                      sufficient_factor_bytes=threshold,
+                                      ordered_sum_bytes=ordered_sum_bytes)
         trainers[threshold] = helpers.build_trainer(config, make_model=regularized_model)
         helpers.run_batches(trainers[threshold], helpers.batches(STEPS))
         sent[threshold] = sent_by_tower(trainers[threshold], TOWERS - 1)
-    last = trainers[1].copies[0].trainable[2]  # the output layer's kernel: factored
+    # variables: regularized kernel, its bias, output kernel, its bias
+    assert trainers[1].large_gradients == {
+        "factored": [2], "ordered": [0, 1, 3] if ordered_sum_bytes else []}
+    last = trainers[1].copies[0].trainable[2]
     m, n = last.shape
     assert sent[0] - sent[1] == (m * n - per_tower * (m + n)) * 4
     model, _ = helpers.train_reference_model(config, helpers.batches(STEPS),
@@ -97,8 +102,8 @@ def test_factored_kernel_allocates_one_gradient_instead_of_one_per_tower(logdir)
                                       sufficient_factor_bytes=threshold, ordered_sum_bytes=0)
         trainers[threshold] = helpers.build_trainer(config, make_model=wide_model)
         helpers.run_batches(trainers[threshold], batches[:1])  # trace, build the slots
-    assert trainers[0]._sufficient_factors() is None
-    assert trainers[2 ** 20]._sufficient_factors().candidates == [0]  # the wide kernel alone
+    assert trainers[0].large_gradients["factored"] == []
+    assert trainers[2 ** 20].large_gradients["factored"] == [0]  # the wide kernel alone
     kernel = trainers[0].copies[0].trainable[0]
     assert kernel.shape[1] == WIDE
     kernel_bytes = kernel.shape.num_elements() * 4
