@@ -12,20 +12,22 @@ so the sum the aggregation forms on W's home is one product of the stacked facto
 
     sum_t g[t][W] = X^T dZ,      X = concat_t x_t (B x m),  dZ = concat_t dz_t (B x n),
 
-and the average (1/T) X^T dZ (`reduce`). `SufficientFactors` asks each tower's
-tape for dz_t instead of g[t][W] (the tower's own x_t^T dz_t is then never run:
-TensorFlow prunes the unused op from the compiled step), sends x_t and dz_t to
-home(W) and multiplies there once. Per tower that moves b(m + n) elements
+and the average (1/T) X^T dZ (`reduce`). Each tower's backward pass
+(`TowerForward.gradients`, by `tf.gradients`) is asked for dz_t instead of
+g[t][W], so the tower's own x_t^T dz_t is never built; `SufficientFactors`
+sends x_t and dz_t to home(W) and multiplies there once. Per tower that moves b(m + n) elements
 instead of mn and allocates no m x n gradient: for big_mlp's 8000 x 4000 kernel
 on 4 towers of 128 rows, 6 MB instead of 128 MB each, and one 128 MB sum in
 all instead of four gradients and their sum. It is the same arithmetic as one
 device's backward pass on the whole batch (one product of inner dimension B),
 where T products of inner dimension b write T full-size results through one
 memory. The terms are added inside one matrix product rather than by AddN, which
-can change the last bits of float32.
+can change the last bits of float32. The towers' MatMul ops take mgloop's
+gradient (`_matmul_gradient`): TensorFlow's formulas, except that a factored
+product's input gradient is formed as dx = (W dz^T)^T, not as dz W^T.
 
-Which variables: those of at least `min_bytes` bytes whose value, in tower 0's
-traced forward pass, has exactly one consumer, a `MatMul` without transposes
+Which variables: those of at least `min_bytes` bytes whose value, in each
+tower's traced forward pass, has exactly one consumer, a `MatMul` without transposes
 that takes it as its second operand (a Keras `Dense` on float32; not one under
 mixed precision, whose kernel passes through a Cast, nor one with a weight
 regulariser, whose loss is a second consumer). Found by reading the traced graph
@@ -142,7 +144,7 @@ class TowerForward:
 class SufficientFactors:
     """Collects every tower's factors of the large dense kernels and multiplies them at home.
 
-    Use, for each tower in order: trace its forward pass in `tower(device)` and its
+    Use, for each tower in order: trace its forward pass in `tower()` and its
     backward pass by that TowerForward's `gradients` (towers.tower_step), then `add`
     its factors; finally `sums()` for the aggregation (ordered_sum.reduce).
     """
@@ -154,15 +156,18 @@ class SufficientFactors:
         self.candidates = [i for i, v in enumerate(self.variables)
                            if v.shape.rank == 2 and num_bytes(v) >= min_bytes]
         self.received: dict[int, list[tuple[tf.Tensor, tf.Tensor]]] = {}
+        self.factored: set[int] | None = None  # what the first tower added factored
 
     def tower(self) -> TowerForward:
         return TowerForward(self)
 
     def add(self, factors: Factors, device: str) -> None:
         """Sends one tower's factors (x_t, dz_t), on `device`, to their variables' homes."""
-        if self.received and set(factors) != set(self.received):
+        if self.factored is None:
+            self.factored = set(factors)
+        elif set(factors) != self.factored:  # the towers run one template: cannot happen
             raise RuntimeError(f"towers factored different variables: {sorted(factors)} "
-                               f"against {sorted(self.received)}")
+                               f"against {sorted(self.factored)}")
         for i, (x, dz) in factors.items():
             home = self.aggregation.home_of(self.variables[i])
             self.received.setdefault(i, []).append(
