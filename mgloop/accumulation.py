@@ -39,8 +39,8 @@ class Pass:
     corrects: list[tf.Tensor]  # per unit: examples classified right (scalar float32)
     grads: list[list[tf.Tensor]]  # per unit, per trainable variable, on the unit's device
     states: list[list[tf.Tensor]]  # per tower: non-trainable state after the pass
-    # variable index -> sum over towers of its gradient, on its home (ordered_sum.py);
-    # those variables' entries in `grads` are not to be summed again
+    # variable index -> sum over towers of its gradient, formed on its home as the towers
+    # came (ordered_sum.py, sufficient_factors.py); not to be summed again from `grads`
     sums: dict[int, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 

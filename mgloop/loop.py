@@ -178,7 +178,8 @@ class Trainer(inference.TowerInference):
         """The aggregation of the towers' gradients (packed into buckets if asked), and this
         process's `metrics` summed over every worker, in the same exchange
         (`Aggregation.reduce_with_metrics`; as given in one process); the variables in
-        `sums` already summed over the towers (ordered_sum.py, one process only)."""
+        `sums` already summed over the towers at their homes (ordered_sum.py,
+        sufficient_factors.py; one process only), only scaled."""
         variables = self.copies[0].trainable
         if sums:  # the aggregation's metrics come back as given (one process)
             return (ordered_sum.reduce(self.aggregation, tower_grads, variables, sums,

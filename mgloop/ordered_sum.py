@@ -90,7 +90,8 @@ class OrderedSum:
 def reduce(aggregation: Aggregation, tower_grads: Sequence[Sequence[tf.Tensor]],
            variables: Sequence[tf.Variable], sums: dict[int, tf.Tensor],
            average: bool) -> list[list[tf.Tensor]]:
-    """The aggregation's reduce, the variables in `sums` scaled from their ordered sums.
+    """The aggregation's reduce, the variables in `sums` scaled from the sums already formed
+    at their homes (ordered here, or from sufficient factors: sufficient_factors.py).
 
     Returns [g] (one shared copy): g[v] = scale(sums[v]) on home(v) for v in `sums`,
     the aggregation's reduce of the towers' gradients for the others.

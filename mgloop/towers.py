@@ -23,13 +23,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from mgloop import precision
-from mgloop import sufficient_factors
+
+if TYPE_CHECKING:
+    from mgloop.sufficient_factors import SufficientFactors
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -125,7 +127,7 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
                non_trainable: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor,
                device: str, loss_scale: tf.Tensor | None = None,
                backward_after: Sequence[tf.Tensor] = (),
-               factor: "sufficient_factors.SufficientFactors | None" = None
+               factor: SufficientFactors | None = None
                ) -> TowerOutput:
     """Forward, loss and gradients of one tower on its shard, all on `device`.
 
