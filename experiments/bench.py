@@ -115,6 +115,11 @@ def safe(name: str) -> str:
     return name.replace(":", "_").replace("@", "_")
 
 
+def mgloop_thresholds() -> dict[str, int | None]:
+    """--ordered_sum_bytes and --sufficient_factor_bytes as given (None: mgloop's default)."""
+    return {name: getattr(_FLAGS, name) for name in bench_systems.MGLOOP_THRESHOLDS}
+
+
 def global_batch_of(model: str) -> int:
     return _FLAGS.global_batch_size or DEFAULT_GLOBAL_BATCH.get(model, 128)
 
@@ -138,8 +143,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
                 optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
                 cross_device_ops=cross_device_ops(), workers=entry.workers,
                 device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes,
-                ordered_sum_bytes=_FLAGS.ordered_sum_bytes,
-                sufficient_factor_bytes=_FLAGS.sufficient_factor_bytes)
+                **mgloop_thresholds())
             systems[entry.name] = bench_processes.System(
                 entry.name, spec.__dict__, entry.workers, logical,
                 os.path.join(output_dir, "workers", f"{model}-{safe(entry.name)}"),
@@ -358,8 +362,7 @@ def main(argv):
                             "learning_rate": _FLAGS.learning_rate,
                             "cross_device_ops": cross_device_ops(),
                             "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes,
-                            "ordered_sum_bytes": _FLAGS.ordered_sum_bytes,
-                            "sufficient_factor_bytes": _FLAGS.sufficient_factor_bytes},
+                            **mgloop_thresholds()},
                "results": results}
     table = markdown(results, command)
     for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", table)):

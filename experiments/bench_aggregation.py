@@ -31,10 +31,7 @@ flags.DEFINE_string("devices", "cpu:4", "the same devices for every mode")
 flags.DEFINE_list("modes", ALL_CPU_MODES, "aggregation modes; the first is the ratios' baseline")
 flags.DEFINE_integer("pack_bytes", 0, "--pack_bytes for every mode that exchanges gradients")
 flags.DEFINE_integer("global_batch_size", 128, "global batch, the same for every mode")
-flags.DEFINE_integer("steps", 50, "steps per timed loop")
-flags.DEFINE_integer("warmup", 2, "untimed loops per mode before timing")
-flags.DEFINE_integer("repeats", 9, "timed loops per mode, interleaved")
-flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+benchlib.define_timing_flags("mode", steps=50, warmup=2, repeats=9)
 
 
 def main(argv):

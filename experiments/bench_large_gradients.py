@@ -43,10 +43,7 @@ flags.DEFINE_list("variants", ["0:0", "16777216:0", "16777216:16777216"],
                   "the first is the ratios' baseline")
 flags.DEFINE_bool("one_device", False, "also the same mode on cpu:1 (the tower tax's baseline)")
 flags.DEFINE_integer("global_batch_size", 512, "global batch, the same for every variant")
-flags.DEFINE_integer("steps", 2, "steps per timed loop")
-flags.DEFINE_integer("warmup", 1, "untimed loops per variant before timing")
-flags.DEFINE_integer("repeats", 5, "timed loops per variant, interleaved")
-flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+benchlib.define_timing_flags("variant", steps=2, warmup=1, repeats=5)
 
 ONE_DEVICE = "cpu:1"
 

@@ -25,10 +25,7 @@ flags.DEFINE_list("models", ["mlp"], "models to measure")
 flags.DEFINE_list("systems", ["cpu:1/ring", "cpu:4/ring"],
                   "devices/aggregation pairs; the first is the baseline of the ratios")
 flags.DEFINE_integer("global_batch_size", 128, "global batch, the same for every system")
-flags.DEFINE_integer("steps", 50, "steps per timed loop")
-flags.DEFINE_integer("warmup", 2, "untimed loops per system before timing")
-flags.DEFINE_integer("repeats", 9, "timed loops per system, interleaved")
-flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+benchlib.define_timing_flags("system", steps=50, warmup=2, repeats=9)
 
 
 def measure(model: str, systems: list[str]) -> list[dict]:

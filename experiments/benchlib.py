@@ -16,6 +16,16 @@ import time
 import numpy as np
 
 
+def define_timing_flags(unit: str, steps: int, warmup: int, repeats: int) -> None:
+    """--steps, --warmup and --repeats (the arguments of `interleaved`) and --json_out,
+    each `unit` (system, mode, variant) being one of the systems timed."""
+    from absl import flags
+    flags.DEFINE_integer("steps", steps, "steps per timed loop")
+    flags.DEFINE_integer("warmup", warmup, f"untimed loops per {unit} before timing")
+    flags.DEFINE_integer("repeats", repeats, f"timed loops per {unit}, interleaved")
+    flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+
+
 def build(model: str, global_batch: int, dataset_object=None, workers=None, device_set=None,
           **settings):
     """(trainer, iterator) for one configuration; settings are Config fields.
