@@ -9,6 +9,15 @@ Worker 0 is the chief. Each worker starts TensorFlow's in-process gRPC server
 for its own address with collective ops enabled (`start`), after which its
 devices are named /job:worker/replica:0/task:<index>/device:..., and
 `CollectiveReduceV2` ops whose group spans the workers run over gRPC.
+
+TensorFlow's server listens on every interface of the machine (0.0.0.0:<port>,
+hard-coded in its GrpcServer::Init; no ServerDef, ConfigProto field or
+environment variable changes the host), not only on the host named in
+TF_CONFIG, and it authenticates no one: whoever reaches the port can take part
+in the job's collectives. So the ports must be on a private network
+(README), and `start` first checks, one ConfigError line each, that this
+worker's TF_CONFIG host is an address of this machine (`check_own_address`)
+and that its port is free.
 """
 
 from __future__ import annotations
@@ -104,13 +113,52 @@ def wait_for_peers(cluster: Cluster, timeout: float) -> None:
                 time.sleep(0.5)
 
 
+def check_own_address(cluster: Cluster) -> None:
+    """Refuses, in one ConfigError line, an own TF_CONFIG address this process cannot serve:
+    a host that does not resolve or is not an address of this machine (checked by binding
+    a socket to it), a port outside 1..65535, or a port that cannot be listened on
+    (in use), probed as TensorFlow will bind it: on every interface."""
+    address = cluster.workers[cluster.index]
+    host, port = _split_address(address)
+    where = f"TF_CONFIG: worker {cluster.index}'s own address {address}"
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{where}: port {port} is out of range 1..65535")
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        raise ConfigError(f"{where}: host {host!r} does not resolve "
+                          f"({getattr(error, 'strerror', None) or error})") from None
+    resolved = sorted({sockaddr[0] for *_, sockaddr in found})
+    if not any(_binds(family, sockaddr[0], 0) for family, *_, sockaddr in found):
+        raise ConfigError(
+            f"{where}: host {host} ({', '.join(resolved)}) is not an address of this machine "
+            f"({socket.gethostname()}); task.index must point at this machine's own entry")
+    problem = _binds(socket.AF_INET, "0.0.0.0", port, reason=True)
+    if problem is not True:
+        raise ConfigError(f"{where}: cannot listen on port {port} ({problem}); stop what "
+                          "holds it or give this worker another port")
+
+
+def _binds(family: int, host: str, port: int, reason: bool = False):
+    """Whether a TCP socket binds to (host, port) here (with reason: True or why not)."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind((host, port))
+            return True
+        except OSError as error:
+            return (error.strerror or str(error)) if reason else False
+
+
 def start(cluster: Cluster) -> None:
     """Starts this worker's gRPC server with collective ops enabled.
 
     Call once per process, after configuring logical devices and before any
     other TensorFlow work. This is what MultiWorkerMirroredStrategy does on
-    creation; mgloop does it directly because it runs its own loop.
+    creation; mgloop does it directly because it runs its own loop. Refuses an
+    address this process cannot serve first (`check_own_address`).
     """
+    check_own_address(cluster)
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.core.protobuf import tensorflow_server_pb2

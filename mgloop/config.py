@@ -101,7 +101,7 @@ class Config:
     deterministic: bool = False
     # Several processes (TF_CONFIG): how long to wait for peers.
     startup_timeout: float = 60.0  # seconds to wait for every peer's server at start
-    collective_timeout: float = 30.0  # seconds a cross-worker all-reduce waits for its peers
+    collective_timeout: float = 30.0  # peer health timeout: seconds a silent peer is waited for
 
     def aggregation_options(self) -> aggregation.Options:
         return aggregation.Options(transport_dtype=self.transport_dtype,

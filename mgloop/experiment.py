@@ -30,6 +30,7 @@ from mgloop import losses
 from mgloop import models
 from mgloop import monitor as monitor_lib
 from mgloop import optim
+from mgloop import peer_health
 from mgloop import staging
 from mgloop import summaries
 from mgloop.aggregation.cross_worker import CrossWorker
@@ -59,7 +60,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     seed_everything(config.seed, config.deterministic)
     method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
     if workers is not None and workers.num_workers > 1:
-        method = CrossWorker(method, workers, config.collective_timeout)
+        method = CrossWorker(method, workers)
     return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
                         input_shape=input_shape, grad_reduce=config.grad_reduce,
                         pack_bytes=config.pack_bytes,
@@ -89,6 +90,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
     device_set = devices.setup(request, workers, config.startup_timeout)
+    health = peer_health.watch(workers, config.collective_timeout)  # until the last collective
     logging.info("logdir: %s", config.logdir)
     if chief:
         summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
@@ -138,7 +140,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
 
     guard = (monitor_lib.logdir_guard(config.logdir, save_rescue) if chief
              else contextlib.nullcontext())
-    with guard:
+    with guard, health:
         try:
             result = controller.fit(
                 trainer, batches, config.train_steps,
@@ -150,6 +152,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         finally:
             monitor.stop_profile()
         exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
+        health.stop()  # no collective between workers from here on: a peer may now exit
         traffic = trainer.aggregation.traffic.as_dict()
         train_writer.scalars(result.final_step, summaries.aggregation_scalars(traffic,
                                                                               exchange_seconds))

@@ -91,8 +91,10 @@ _HELP = {
                        "aggregation and apply (breakdown/... scalars; 0: none)",
     "seed": "seed of data, initialisation and shuffling",
     "startup_timeout": "several processes (TF_CONFIG): seconds to wait for every peer at start",
-    "collective_timeout": "several processes: seconds a cross-worker all-reduce waits for its "
-                          "peers before the run fails (a dead worker is an error, not a hang)",
+    "collective_timeout": "several processes: the peer health timeout: a peer that answers no "
+                          "health check for this many seconds (dead, stopped, hung) is declared "
+                          "lost within 10s more, the collectives are aborted and the run fails "
+                          "(exit code 3 naming it), not hangs",
     "deterministic": "TensorFlow op determinism: bit-repeatable runs",
 }
 

@@ -1,17 +1,30 @@
 """`python -m mgloop.launch --num_workers=N [--devices_per_worker=cpu:2] -- <train flags>`.
 
 Starts N local `mgloop.train` worker processes on free loopback ports, each with
-its own TF_CONFIG, streams their output line by line with a `[worker i]`
-prefix, and exits with the first non-zero exit code after saying which worker failed
-and how. The others then stop by themselves (their collectives time out after
---collective_timeout) or are terminated after --grace_seconds. For a real cluster, set TF_CONFIG
-on each host and run `python -m mgloop.train` there (README).
+its own TF_CONFIG and in its own process group, and streams their output line by
+line with a `[worker i]` prefix.
+
+When a worker fails, the launcher names the worker at fault: the one that ended,
+or, when a survivor ended with exit code 3 naming a peer that answered no health
+check (mgloop/peer_health.py), that peer, adding whether its process is stopped
+(SIGSTOP). The others then stop by themselves (their collectives fail, or their
+health checks give up after --collective_timeout) or are terminated after
+--grace_seconds; a stopped worker is killed at once. The launcher exits with
+the first failure's code.
+
+SIGTERM, SIGINT or SIGHUP to the launcher is forwarded to every worker (SIGHUP as
+SIGTERM), which may then save a checkpoint and exit; workers still running after
+--stop_seconds, or at a second signal, are killed with their process groups. The
+launcher then exits with 128 + the signal's number (143 for SIGTERM, 130 for
+SIGINT), as a shell reports a process ended by it. For a real cluster, set
+TF_CONFIG on each host and run `python -m mgloop.train` there (README).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,8 +39,19 @@ _FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")
 flags.DEFINE_string("devices_per_worker", "cpu:2", "--devices of every worker")
 flags.DEFINE_float("grace_seconds", 60.0,
-                   "after a failure, how long the others get to stop by themselves (their "
-                   "collectives time out) before they are terminated")
+                   "after a worker fails, how long the others get to stop by themselves "
+                   "(their collectives fail or their health checks give up) before they are "
+                   "terminated")
+flags.DEFINE_float("stop_seconds", 60.0,
+                   "after SIGTERM/SIGINT/SIGHUP (forwarded to every worker), how long the "
+                   "workers get to save and exit before they are killed")
+
+LOST_PEERS_EXIT_CODE = 3  # mgloop.train: lost a peer (the line may name it)
+# mgloop.peer_health.lost_peer_message, read here without importing TensorFlow
+_LOST_PEER = re.compile(r"worker (\d+) at \S+ answered no health check for \d+s")
+FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
+             signal.SIGHUP: signal.SIGTERM}
+_POLL_SECONDS = 0.2
 
 
 def free_ports(count: int) -> list[int]:
@@ -55,62 +79,178 @@ def how_it_ended(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _stream(index: int, pipe, out, lock) -> None:
-    for line in iter(pipe.readline, ""):
-        with lock:
-            out.write(f"[worker {index}] {line}")
-            out.flush()
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger): /proc state T or t."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def lost_peer(line: str) -> int | None:
+    """The worker a survivor's error line says answered no health check, or None."""
+    found = _LOST_PEER.search(line)
+    return int(found.group(1)) if found else None
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Sends `signum` to the process group of `process` (started as its leader)."""
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Workers:
+    """The worker processes, their output streams and what their last error line said."""
+
+    def __init__(self, commands: list[list[str]], envs: list[dict], addresses: list[str], out):
+        self.out = out
+        self.lock = threading.Lock()
+        self.errors: dict[int, str] = {}  # worker index -> its last "error:" line
+        self.processes, self._streams = [], []
+        for index, (command, env) in enumerate(zip(commands, envs)):
+            process = subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                bufsize=1, start_new_session=True)  # own group: signals only from here
+            self.say(f"worker {index} at {addresses[index]} started (pid {process.pid})")
+            thread = threading.Thread(target=self._stream, args=(index, process.stdout),
+                                      daemon=True)
+            thread.start()
+            self.processes.append(process)
+            self._streams.append(thread)
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            self.out.write(f"[launch] {text}\n")
+            self.out.flush()
+
+    def _stream(self, index: int, pipe) -> None:
+        for line in iter(pipe.readline, ""):
+            if "error:" in line:
+                self.errors[index] = line
+            with self.lock:
+                self.out.write(f"[worker {index}] {line}")
+                self.out.flush()
+
+    def running(self) -> list[int]:
+        return [i for i, p in enumerate(self.processes) if p.poll() is None]
+
+    def first_failure(self) -> tuple[int, int] | None:
+        return next(((i, p.returncode) for i, p in enumerate(self.processes)
+                     if p.poll() not in (None, 0)), None)
+
+    def forward(self, signum: int) -> None:
+        """Sends `signum` to every worker not yet reaped (safe in a signal handler)."""
+        for process in self.processes:
+            if process.returncode is None:
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def kill(self, indices) -> None:
+        for index in indices:
+            _signal_group(self.processes[index], signal.SIGKILL)
+
+    def finish(self) -> None:
+        """Kills whatever is left of every worker's process group; waits for the streams."""
+        for process in self.processes:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+        for thread in self._streams:
+            thread.join(timeout=5)
+
+    def blame(self, index: int, code: int) -> str:
+        """Which worker failed and how, for the first failure: worker `index` ended with
+        `code`; a survivor's lost-peer line names the worker at fault instead."""
+        culprit = None
+        if code == LOST_PEERS_EXIT_CODE:
+            culprit = lost_peer(self.errors.get(index, ""))
+        if culprit is None or culprit == index or culprit >= len(self.processes):
+            return f"worker {index} {how_it_ended(code)}"
+        process = self.processes[culprit]
+        state = ("its process is stopped (SIGSTOP?)" if is_stopped(process.pid)
+                 else "its process is running" if process.poll() is None
+                 else f"it {how_it_ended(process.returncode)}")
+        return (f"worker {culprit} stopped answering ({state}): worker {index} "
+                f"{how_it_ended(code)} after its health checks of worker {culprit} failed")
 
 
 def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
-           out=sys.stdout) -> int:
-    """Runs the workers to the end; returns 0 or the first non-zero exit code."""
+           stop_seconds: float = 60.0, out=sys.stdout, command: list[str] | None = None) -> int:
+    """Runs the workers to the end; returns 0, the first failure's exit code, or 128 + the
+    number of the signal that stopped the launcher. `command` replaces
+    `python -m mgloop.train` (tests)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
-    lock = threading.Lock()
-    workers, streams = [], []
-    for index in range(num_workers):
-        env = dict(os.environ, TF_CONFIG=tf_config(addresses, index))
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mgloop.train", f"--devices={devices}", *train_flags],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        with lock:
-            out.write(f"[launch] worker {index} at {addresses[index]} started (pid "
-                      f"{process.pid})\n")
-            out.flush()
-        thread = threading.Thread(target=_stream, args=(index, process.stdout, out, lock),
-                                  daemon=True)
-        thread.start()
-        workers.append(process)
-        streams.append(thread)
-    failed = None
-    while failed is None and any(p.poll() is None for p in workers):
-        for index, process in enumerate(workers):
-            code = process.poll()
-            if code not in (None, 0):
-                failed = (index, code)
+    command = command or [sys.executable, "-m", "mgloop.train"]
+    received: list[int] = []
+    workers = None
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        if workers is None:
+            return
+        if len(received) == 1:
+            workers.forward(FORWARDED[signum])
+        else:
+            workers.kill(range(len(workers.processes)))
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
+    try:
+        workers = _Workers(
+            [[*command, f"--devices={devices}", *train_flags]] * num_workers,
+            [dict(os.environ, TF_CONFIG=tf_config(addresses, i)) for i in range(num_workers)],
+            addresses, out)
+        if received:  # a signal came while the workers were starting
+            workers.forward(FORWARDED[received[0]])
+        return _supervise(workers, received, grace, stop_seconds)
+    finally:
+        if workers is not None:
+            workers.finish()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _supervise(workers: _Workers, received: list[int], grace: float,
+               stop_seconds: float) -> int:
+    """Watches the workers until every one has ended (see the module docstring)."""
+    phase, deadline, failed = "running", None, None
+    while workers.running():
+        now = time.monotonic()
+        if received and phase != "stopping":
+            signum = received[0]
+            workers.say(f"received {signal.Signals(signum).name}: sent "
+                        f"{signal.Signals(FORWARDED[signum]).name} to every worker; waiting up "
+                        f"to {stop_seconds:.0f}s for them to save and exit (a second signal "
+                        "kills them)")
+            phase, deadline = "stopping", now + stop_seconds
+        elif phase == "running":
+            failed = workers.first_failure()
+            if failed is not None:
+                workers.say(f"{workers.blame(*failed)}; waiting up to {grace:.0f}s for the "
+                            "others to stop")
+                phase, deadline = "failed", now + grace
+        if phase != "running":  # a stopped worker would never end by itself
+            workers.kill([i for i in workers.running() if is_stopped(workers.processes[i].pid)])
+        if deadline is not None and now >= deadline:
+            left = ", ".join(map(str, workers.running()))
+            if phase == "failed":
+                workers.say(f"worker(s) {left} still running after {grace:.0f}s: terminated")
+                for index in workers.running():
+                    _signal_group(workers.processes[index], signal.SIGTERM)
+                phase, deadline = "terminating", now + 10.0
+            else:
+                workers.say(f"worker(s) {left} still running: killed")
+                workers.kill(workers.running())
                 break
-        time.sleep(0.2)
-    if failed is None:
-        failed = next(((i, p.returncode) for i, p in enumerate(workers) if p.returncode), None)
-    if failed is not None:
-        index, code = failed
-        with lock:
-            out.write(f"[launch] worker {index} {how_it_ended(code)}; waiting up to "
-                      f"{grace:.0f}s for the others to stop\n")
-            out.flush()
-        deadline = time.monotonic() + grace
-        for process in workers:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-    for thread in streams:
-        thread.join(timeout=5)
+        time.sleep(_POLL_SECONDS)
+    if received:
+        return 128 + received[0]
+    failed = failed or workers.first_failure()
     if failed is None:
         return 0
     return failed[1] if failed[1] > 0 else 128 - failed[1]
@@ -123,7 +263,7 @@ def main(argv):
     if _FLAGS.num_workers < 1:
         raise app.UsageError(f"--num_workers={_FLAGS.num_workers}: needs at least 1")
     sys.exit(launch(_FLAGS.num_workers, _FLAGS.devices_per_worker, train_flags,
-                    _FLAGS.grace_seconds))
+                    _FLAGS.grace_seconds, _FLAGS.stop_seconds))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Bad settings end the process with exit code 2 and one line on stderr, before
 any device or variable is created. With several processes (TF_CONFIG), a worker
-that loses its peers (a collective times out) ends with exit code 3 and one line.
+that loses a peer (its collective fails, or the peer answers no health check for
+--collective_timeout seconds: mgloop/peer_health.py) ends with exit code 3 and
+one line naming the peer when the health checks found it.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import tensorflow as tf  # noqa: E402
 from mgloop import experiment  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
 from mgloop import monitor  # noqa: E402
+from mgloop import peer_health  # noqa: E402
 from mgloop.errors import ConfigError  # noqa: E402
 
 mgloop_flags.define_flags()
+
+LOST_PEERS_EXIT_CODE = 3  # mgloop.launch reads it: the worker named in the line failed
 
 
 def main(argv):
@@ -41,11 +46,12 @@ def main(argv):
             tf.errors.CancelledError, tf.errors.AbortedError) as error:
         if not os.environ.get("TF_CONFIG"):
             raise
+        lost = peer_health.find_lost_peer(str(error))  # a peer the health checks gave up on
         first = next((line for line in str(error).splitlines() if line.strip()), "")
-        print(f"mgloop.train: error: lost the other workers ({type(error).__name__}: "
-              f"{first.strip()}); the last checkpoint in --logdir is kept: restart every "
-              "worker to resume", file=sys.stderr)
-        sys.exit(3)
+        detail = lost[1] if lost else f"{type(error).__name__}: {first.strip()}"
+        print(f"mgloop.train: error: lost the other workers ({detail}); the last checkpoint "
+              "in --logdir is kept: restart every worker to resume", file=sys.stderr)
+        sys.exit(LOST_PEERS_EXIT_CODE)
     logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
                  summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,

@@ -17,8 +17,10 @@ far more than its bytes. The step's metrics (its mean loss and correct count,
 `reduce_with_metrics`) ride in the same buffer, so a float32 model's training
 step makes ONE collective between workers. Each worker sends and receives
 2(W-1)/W of the buffer's bytes (a ring all-reduce), as counted in `traffic`.
-Every collective has a timeout, so a worker whose peer died raises
-DeadlineExceeded instead of waiting forever. Group and instance keys come from
+The collectives carry no timeout (each timeout would park a runtime thread for
+its length, thousands of threads at hundreds of steps a second): a dead, stopped
+or hung peer is found by mgloop/peer_health.py, which aborts the collectives so
+that the waiting one raises UnavailableError naming the peer. Group and instance keys come from
 counters that every worker advances in the same order, because every worker
 builds and traces the same functions in the same order.
 """
@@ -40,11 +42,10 @@ _INSTANCE_KEYS = itertools.count(1_000_000)
 class CrossWorker(Aggregation):
     """Wraps one worker's local aggregation with a collective between the workers."""
 
-    def __init__(self, local: Aggregation, cluster: Cluster, timeout: float):
+    def __init__(self, local: Aggregation, cluster: Cluster):
         super().__init__(local.devices, local.options)
         self.local = local
         self.cluster = cluster
-        self.timeout = timeout
         self.traffic = local.traffic  # one set of counts for both stages
         self.name, self.layout = local.name, local.layout
         self.exchanges, self.single_loss = local.exchanges, local.single_loss
@@ -71,8 +72,7 @@ class CrossWorker(Aggregation):
             return tf.raw_ops.CollectiveReduceV2(
                 input=value, group_size=self.cluster.num_workers, group_key=self.group_key,
                 instance_key=next(_INSTANCE_KEYS), ordering_token=[self.ordering_token.handle],
-                merge_op="Add", final_op="Id", communication_hint="auto",
-                timeout_seconds=self.timeout)
+                merge_op="Add", final_op="Id", communication_hint="auto")
 
     def all_workers_sum_packed(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
         """sum over workers of each of `values`, on the copy 0 device: one collective per
