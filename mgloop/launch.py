@@ -171,10 +171,10 @@ class _Workers:
         if culprit is None or culprit == index or culprit >= len(self.processes):
             return f"worker {index} {how_it_ended(code)}"
         process = self.processes[culprit]
-        state = ("its process is stopped (SIGSTOP?)" if is_stopped(process.pid)
-                 else "its process is running" if process.poll() is None
-                 else f"it {how_it_ended(process.returncode)}")
-        return (f"worker {culprit} stopped answering ({state}): worker {index} "
+        state = ("process stopped, by SIGSTOP?" if is_stopped(process.pid)
+                 else "process still running" if process.poll() is None
+                 else how_it_ended(process.returncode).replace("was ", "", 1))
+        return (f"worker {culprit} stopped answering ({state}); worker {index} "
                 f"{how_it_ended(code)} after its health checks of worker {culprit} failed")
 
 

@@ -1,8 +1,12 @@
 """TF_CONFIG parsing, peer checks and the launcher's reporting (no second process needed)."""
 
 import json
+import os
+import re
 import signal
 import socket
+import sys
+import threading
 import time
 
 import pytest
@@ -84,3 +88,184 @@ def test_what_several_workers_cannot_do_is_refused(overrides, pattern, monkeypat
     settings.update(overrides)
     with pytest.raises(ConfigError, match=pattern):
         helpers.small_config(str(tmp_path / "run"), **settings).validated()
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_the_server_starts():
+    with socket.socket() as holder:  # what already listens on the worker's port
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        me = cluster.Cluster((f"127.0.0.1:{port}", "127.0.0.1:1"), 0)
+        with pytest.raises(ConfigError, match=rf"^TF_CONFIG: worker 0's own address "
+                                              rf"127.0.0.1:{port}: cannot listen on port {port} "
+                                              r"\(Address already in use\)") as error:
+            cluster.start(me)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("host,pattern", [
+    ("192.0.2.7", r"host 192.0.2.7 \(192.0.2.7\) is not an address of this machine"),
+    ("no-such-host.invalid", r"host 'no-such-host.invalid' does not resolve"),
+])
+def test_a_host_that_is_not_this_machine_is_refused(host, pattern):
+    """TensorFlow's server listens on every interface whatever TF_CONFIG says (README): a
+    worker's own host must at least be one of this machine's addresses (192.0.2.7 is
+    TEST-NET-1, never assigned)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ConfigError, match=rf"^TF_CONFIG: worker 1's own address {host}:{port}: "
+                                          + pattern):
+        cluster.start(cluster.Cluster(("127.0.0.1:1", f"{host}:{port}"), 1))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", socket.gethostname()])
+def test_this_machines_own_free_address_passes(host):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cluster.check_own_address(cluster.Cluster((f"{host}:{port}", "127.0.0.1:1"), 0))
+
+
+class Lines:
+    """The launcher's output, collected; `wait_for` a line (another thread writes)."""
+
+    def __init__(self):
+        self.text = ""
+        self._changed = threading.Condition()
+
+    def write(self, text):
+        with self._changed:
+            self.text += text
+            self._changed.notify_all()
+
+    def flush(self):
+        pass
+
+    def wait_for(self, pattern, timeout=120.0):
+        with self._changed:
+            self._changed.wait_for(lambda: re.search(pattern, self.text, re.M), timeout)
+            return re.search(pattern, self.text, re.M)
+
+    def pids(self):
+        return [int(p) for p in re.findall(r"^\[launch\] worker \d .*\(pid (\d+)\)", self.text,
+                                           re.M)]
+
+
+# A stand-in worker: reports its pid and a child's (same process group), then waits;
+# SIGTERM and SIGINT only print (as a worker busy saving would stay).
+STUB = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+for s in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, lambda n, f: print("got", signal.Signals(n).name, flush=True))
+print("ready, child", child.pid, flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def alive(pid, wait=10.0):
+    """Whether `pid` still runs after up to `wait` s (a killed process takes a moment to go)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+
+
+def signal_when(out, patterns, signum, then=None):
+    """From a thread: once every pattern is in `out`, sends `signum` to this process."""
+    def run():
+        if all(out.wait_for(p) for p in patterns):
+            os.kill(os.getpid(), signum)
+            if then:
+                then()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_signal_to_the_launcher_reaches_every_worker_then_their_groups_are_killed():
+    """SIGTERM is forwarded; workers still running after --stop_seconds are killed with
+    their children; the launcher exits 128 + 15."""
+    out = Lines()
+    signal_when(out, [r"^\[worker 0\] ready", r"^\[worker 1\] ready"], signal.SIGTERM)
+    code = launch.launch(2, "cpu:1", [], grace=60, stop_seconds=2, out=out,
+                         command=[sys.executable, "-c", STUB])
+    assert code == 128 + signal.SIGTERM
+    assert "[worker 0] got SIGTERM" in out.text and "[worker 1] got SIGTERM" in out.text
+    assert "[launch] worker(s) 0, 1 still running: killed" in out.text
+    children = [int(c) for c in re.findall(r"ready, child (\d+)", out.text)]
+    assert len(children) == 2
+    for pid in out.pids() + children:
+        assert not alive(pid), pid
+
+
+def test_a_second_signal_kills_the_workers_at_once():
+    out = Lines()
+    returned, watchdog = threading.Event(), []
+
+    def second_signal():
+        if out.wait_for(r"^\[worker 0\] got SIGTERM") and out.wait_for(
+                r"^\[worker 1\] got SIGTERM"):
+            os.kill(os.getpid(), signal.SIGINT)
+        if not returned.wait(120):  # the launcher should have returned long before
+            watchdog.append(True)
+            for pid in out.pids():
+                os.killpg(pid, signal.SIGKILL)
+
+    signal_when(out, [r"^\[worker 0\] ready", r"^\[worker 1\] ready"], signal.SIGTERM,
+                then=second_signal)
+    code = launch.launch(2, "cpu:1", [], grace=60, stop_seconds=600, out=out,
+                         command=[sys.executable, "-c", STUB])
+    returned.set()
+    assert not watchdog, "the second signal did not stop the workers"
+    assert code == 128 + signal.SIGTERM  # the first signal's
+    assert "got SIGINT" not in out.text  # the second is not forwarded: the groups are killed
+    for pid in out.pids():
+        assert not alive(pid), pid
+
+
+# Worker 1 stops itself (SIGSTOP) after writing its pid; worker 0 waits until it is stopped,
+# then ends as mgloop.train does when its health checks give up on worker 1.
+FROZEN = """
+import json, os, signal, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+folder, lost_message = sys.argv[-2:]
+flag = os.path.join(folder, "frozen")
+if index == 1:
+    with open(flag + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(flag + ".tmp", flag)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(600)
+while not os.path.exists(flag):
+    time.sleep(0.1)
+pid = open(flag).read()
+while open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "T":
+    time.sleep(0.1)
+print("mgloop.train: error: lost the other workers (" + lost_message + "); ...",
+      file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_the_launcher_names_the_frozen_worker_not_the_survivor(tmp_path):
+    from mgloop import peer_health
+    lost = peer_health.lost_peer_message(1, "127.0.0.1:1", 30)  # the words the launcher reads
+    out = Lines()
+    code = launch.launch(2, "cpu:1", [str(tmp_path), lost], grace=600, out=out,
+                         command=[sys.executable, "-c", FROZEN])
+    assert code == 3
+    assert re.search(r"^\[launch\] worker 1 stopped answering \(process stopped, by SIGSTOP\?\); "
+                     r"worker 0 exited with code 3 after its health checks of worker 1 failed",
+                     out.text, re.M), out.text
+    for pid in out.pids():  # the stopped worker was killed at once, not after 600 s
+        assert not alive(pid), pid
