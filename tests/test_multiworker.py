@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -26,13 +27,71 @@ SETTINGS = ["--model=mlp", "--global_batch_size=512", "--steps_per_loop=10", "--
 STEPS = 60
 
 
-def launcher(logdir, export_dir, *extra):
+def launcher(logdir, export_dir, *extra, launch_flags=()):
     return subprocess.Popen(
         [sys.executable, "-m", "mgloop.launch", "--num_workers=2", "--devices_per_worker=cpu:2",
-         "--", f"--logdir={logdir}", f"--export_dir={export_dir}", f"--train_steps={STEPS}",
-         *SETTINGS, *extra],
+         *launch_flags, "--", f"--logdir={logdir}", f"--export_dir={export_dir}",
+         f"--train_steps={STEPS}", *SETTINGS, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+class Output:
+    """A launcher's output lines, read by a thread: `wait_for` one while the run goes on."""
+
+    def __init__(self, process):
+        self.lines, self._changed = [], threading.Condition()
+        threading.Thread(target=self._read, args=(process,), daemon=True).start()
+
+    def _read(self, process):
+        for line in process.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+
+    def wait_for(self, pattern, timeout):
+        """The first match of `pattern` in a line, waiting up to `timeout` s; None if none."""
+        def found():
+            return next((m for m in map(re.compile(pattern).search, self.lines) if m), None)
+        with self._changed:
+            self._changed.wait_for(found, timeout)
+            return found()
+
+    def pids(self):
+        return {int(m.group(1)): int(m.group(2)) for m in (
+            re.match(r"\[launch\] worker (\d) .*\(pid (\d+)\)", line) for line in self.lines)
+            if m}
+
+    @property
+    def text(self):
+        with self._changed:
+            return "".join(self.lines)
+
+
+def threads(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return int(re.search(r"^Threads:\s+(\d+)", status.read(), re.M).group(1))
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_all(process, pids):
+    """Cleanup after a failed test: nothing of the run may outlive it."""
+    for pid in pids:
+        for signum in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+    if process.poll() is None:
+        process.kill()
+    process.wait()
 
 
 def weights(export_dir):
@@ -101,3 +160,57 @@ def test_a_killed_worker_stops_the_job_and_a_restart_resumes(straight, tmp_path)
     assert resumed and int(resumed.group(2)) >= 30
     for a, b in zip(weights(tmp_path / "export"), weights(straight / "export")):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_long_run_keeps_its_threads_and_a_frozen_worker_is_named(tmp_path):
+    """A minute of training grows no threads (each collective's timeout used to park one:
+    thousands a minute, then SIGABRT); then worker 1 is frozen with SIGSTOP, and within
+    60 s worker 0's health checks give up on it and the launcher names worker 1."""
+    process = launcher(tmp_path / "run", tmp_path / "export", "--train_steps=10000000",
+                       "--log_every=100", "--checkpoint_every=100000",
+                       "--collective_timeout=15")
+    output, passed = Output(process), False
+    try:
+        assert output.wait_for(r"^\[worker 0\] .*step \d+/", timeout=300), output.text[-3000:]
+        pids = output.pids()
+        began = time.monotonic()
+        time.sleep(15)
+        at_15s = {index: threads(pid) for index, pid in pids.items()}
+        time.sleep(max(0.0, began + 60 - time.monotonic()))
+        at_60s = {index: threads(pid) for index, pid in pids.items()}
+        for index in pids:
+            assert at_60s[index] - at_15s[index] < 100, (index, at_15s, at_60s)
+
+        os.kill(pids[1], signal.SIGSTOP)
+        frozen = time.monotonic()
+        named = output.wait_for(r"^\[launch\] worker 1 stopped answering \(process stopped",
+                                timeout=120)
+        assert named, output.text[-3000:]
+        assert time.monotonic() - frozen < 60
+        assert process.wait(timeout=120) == 3
+        assert re.search(r"^\[worker 0\] mgloop.train: error: lost the other workers \(worker 1 "
+                         r"at \S+ answered no health check for \d+s", output.text, re.M)
+        assert not any(alive(pid) for pid in pids.values())  # the frozen one was killed
+        passed = True
+    finally:
+        if not passed:
+            stop_all(process, output.pids().values())
+
+
+def test_sigterm_to_the_launcher_leaves_no_worker(tmp_path):
+    """The signal is forwarded to both workers; within --stop_seconds they are gone (saved
+    and exited, or killed), and the launcher exits with 128 + 15."""
+    process = launcher(tmp_path / "run", tmp_path / "export", "--train_steps=10000000",
+                       launch_flags=["--stop_seconds=30"])
+    output, passed = Output(process), False
+    try:
+        assert output.wait_for(r"^\[worker 0\] .*step \d+/", timeout=300), output.text[-3000:]
+        pids = output.pids()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM
+        assert "[launch] received SIGTERM: sent SIGTERM to every worker" in output.text
+        assert not any(alive(pid) for pid in pids.values()), output.text[-3000:]
+        passed = True
+    finally:
+        if not passed:
+            stop_all(process, output.pids().values())
