@@ -167,6 +167,7 @@ class _Workers:
         `code`; a survivor's lost-peer line names the worker at fault instead."""
         culprit = None
         if code == LOST_PEERS_EXIT_CODE:
+            self._streams[index].join(timeout=5)  # its last line may still be in the pipe
             culprit = lost_peer(self.errors.get(index, ""))
         if culprit is None or culprit == index or culprit >= len(self.processes):
             return f"worker {index} {how_it_ended(code)}"

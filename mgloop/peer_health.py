@@ -11,9 +11,11 @@ stopped by SIGSTOP, a hung machine or network) is declared lost: this
 worker's collectives are aborted (`abort_collective_ops`), so the collective
 the training loop waits in, and every later one, raises UnavailableError
 whose message names the peer (`lost_peer_message`; mgloop.train prints it in
-its one line, and mgloop.launch reads it there to name the failed worker). A peer is so declared
-between `timeout` and `timeout + 2 * interval` seconds after its last answer,
-with interval = min(5, timeout / 4): at most 40 s at the default 30.
+its one line, and mgloop.launch reads it there to name the failed worker).
+A peer is so declared between `timeout` and `timeout + 2 * interval` seconds
+after its last answer (one silent peer; each further one adds an interval to a
+round of checks), with interval = min(5, max(0.5, timeout / 4)): at most 40 s
+at the default 30.
 
 A peer under load still answers: the status RPC is served by its gRPC
 threads, not by its training loop. A killed peer is usually noticed sooner,
@@ -53,7 +55,7 @@ class PeerHealth:
     def __init__(self, cluster: Cluster, timeout: float):
         self.cluster = cluster
         self.timeout = timeout
-        self.interval = min(5.0, timeout / 4)
+        self.interval = min(5.0, max(0.5, timeout / 4))
         self.lost: str | None = None  # the lost peer's message, once aborted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="mgloop-peer-health",
