@@ -94,8 +94,17 @@ def lost_peer(line: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _has_ended(pid: int) -> bool:
+    """Whether child `pid` has ended, without reaping it (its pid stays reserved)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    """Sends `signum` to the process group of `process` (started as its leader)."""
+    """Sends `signum` to the process group of `process` (started as its leader; call only
+    while `process` is not reaped, so that the group's number is still its own)."""
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):
@@ -135,11 +144,19 @@ class _Workers:
                 self.out.flush()
 
     def running(self) -> list[int]:
-        return [i for i, p in enumerate(self.processes) if p.poll() is None]
+        """The workers still running, after reaping those that ended: what is left of an
+        ended worker's group is killed first, while its unreaped process keeps the group's
+        number from being reused by another process."""
+        for process in self.processes:
+            if process.returncode is None and _has_ended(process.pid):
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+        return [i for i, p in enumerate(self.processes) if p.returncode is None]
 
     def first_failure(self) -> tuple[int, int] | None:
+        self.running()
         return next(((i, p.returncode) for i, p in enumerate(self.processes)
-                     if p.poll() not in (None, 0)), None)
+                     if p.returncode not in (None, 0)), None)
 
     def forward(self, signum: int) -> None:
         """Sends `signum` to every worker not yet reaped (safe in a signal handler)."""
@@ -157,8 +174,9 @@ class _Workers:
     def finish(self) -> None:
         """Kills whatever is left of every worker's process group; waits for the streams."""
         for process in self.processes:
-            _signal_group(process, signal.SIGKILL)
-            process.wait()
+            if process.returncode is None:  # not reaped: its group's number is still its own
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
         for thread in self._streams:
             thread.join(timeout=5)
 
@@ -173,7 +191,7 @@ class _Workers:
             return f"worker {index} {how_it_ended(code)}"
         process = self.processes[culprit]
         state = ("process stopped, by SIGSTOP?" if is_stopped(process.pid)
-                 else "process still running" if process.poll() is None
+                 else "process still running" if culprit in self.running()
                  else how_it_ended(process.returncode).replace("was ", "", 1))
         return (f"worker {culprit} stopped answering ({state}); worker {index} "
                 f"{how_it_ended(code)} after its health checks of worker {culprit} failed")
