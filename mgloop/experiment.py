@@ -146,7 +146,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
                 summary_every=config.summary_every, log_every=config.log_every,
                 checkpoint_every=config.checkpoint_every, summaries=train_writer,
                 checkpointer=checkpointer if chief else None,
-                learning_rate=lambda step: float(schedule(step)), monitor=monitor)
+                learning_rate=optim.compiled_schedule(schedule), monitor=monitor)
         finally:
             monitor.stop_profile()
         exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
