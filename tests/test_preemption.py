@@ -105,3 +105,37 @@ def test_handlers_only_on_the_main_thread_and_restored_after():
     thread.join()
     assert not errors
     assert {s: signal.getsignal(s) for s in preemption.SIGNALS} == before
+
+
+def test_a_signal_to_one_worker_stops_every_worker_at_the_same_step(tmp_path):
+    """Worker 1 (not the chief) is signalled: both agree on the step, the chief saves it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mgloop.launch", "--num_workers=2", "--devices_per_worker=cpu:1",
+         "--", f"--logdir={tmp_path}", "--model=mlp", "--train_steps=100000",
+         "--steps_per_loop=10", "--log_every=10", "--checkpoint_every=100000",
+         "--collective_timeout=30"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    lines = read_all_until(process, "[worker 0]", "step 20/")
+    pid = int(next(line for line in lines if "worker 1 at" in line).split("pid ")[1].rstrip(")\n"))
+    os.kill(pid, signal.SIGTERM)
+    output = "".join(lines) + process.communicate(timeout=300)[0]
+    stops = [line for line in output.splitlines() if "stopped by SIGTERM after step" in line]
+    assert len(stops) == 2, output[-3000:]  # one line per worker, the same step
+    steps = {line.split("after step ")[1].split()[0] for line in stops}
+    assert len(steps) == 1, stops
+    step = int(steps.pop())
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(f"ckpt-{step}")
+    with open(tmp_path / "summary.json") as handle:
+        assert json.load(handle)["preempted"] == {"signal": "SIGTERM", "step": step}
+    assert "Traceback" not in output
+
+
+def read_all_until(process, *texts) -> list[str]:
+    """stdout lines up to the first holding every one of `texts`."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if all(text in line for text in texts):
+            break
+    return lines
