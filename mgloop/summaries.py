@@ -40,10 +40,11 @@ class ScalarWriter:
 
     Each distinct set of tags is written by one compiled function (traced once) that
     takes the values as one float32 vector and writes `tf.summary.scalar(tag_i, v[i])`
-    for every tag, then flushes. TensorFlow's eager `tf.summary.scalar` keeps about
-    200 bytes of host memory per call that it never frees (about 1.5 KiB per window
-    of 7 scalars; issue 13, experiments/RESULTS.md); the compiled write keeps none as
-    long as the step reaches it as a numpy value, not a Python int.
+    for every tag, then flushes: one op call per window. The step and the values reach
+    it as numpy values, never Python scalars: TensorFlow keeps the tensor of every
+    distinct Python scalar it converts (its eager scalar cache, never evicted), so a
+    Python-int step, new at every window, kept about 1.5 KiB per window of 7 eager
+    scalars (issue 13; experiments/bench_summary_memory.py, RESULTS.md).
     """
 
     def __init__(self, logdir: str, run: str):
@@ -85,7 +86,7 @@ class ScalarWriter:
 
     def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
         self._check_folder()
-        with self._writer.as_default(step=step):
+        with self._writer.as_default(step=np.int64(step)):  # numpy: see the class docstring
             for tag, value in values.items():
                 tf.summary.histogram(tag, value)
         self._writer.flush()
