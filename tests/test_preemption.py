@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from mgloop import preemption
 
-TRAIN_STEPS = 600
+TRAIN_STEPS = 1000
 FLAGS = ["--model=mlp", "--devices=cpu:2", "--deterministic", f"--train_steps={TRAIN_STEPS}",
          "--steps_per_loop=5", "--log_every=50", "--checkpoint_every=100000"]
 
