@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("writes", 4000, "writes per variant after warm-up")
 flags.DEFINE_integer("warmup", 2000, "untimed writes per variant")
-flags.DEFINE_list("variants", ["eager", "eager_numpy_step", "compiled", "lr_eager", "lr_numpy_step", "lr_compiled"],
+flags.DEFINE_list("variants", ["eager", "eager_numpy_step", "compiled", "lr_eager",
+                               "lr_numpy_step", "lr_compiled"],
                   "which variants, in order")
 flags.DEFINE_string("json_out", None, "also write the results here as JSON")
 flags.DEFINE_bool("child", False, "internal: run the one variant in this process")
