@@ -62,6 +62,7 @@ class FitResult:
     input_wait_fraction: float | None  # input_wait / mean step time, same loops
     loop_seconds: float  # all loops, tracing included
     input_ended: bool = False  # the input ran out before train_steps
+    stopped: bool = False  # should_stop() ended the fit early (a signal: preemption.py)
 
 
 def _next_boundary(step: int, every: int) -> int | None:
@@ -71,7 +72,8 @@ def _next_boundary(step: int, every: int) -> int | None:
 def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,
         steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
         checkpoint_every: int = 0, summaries=None, checkpointer=None,
-        learning_rate: Callable[[int], float] | None = None, monitor=None) -> FitResult:
+        learning_rate: Callable[[int], float] | None = None, monitor=None,
+        should_stop: Callable[[], bool] | None = None) -> FitResult:
     """Runs `trainer` from its current step to `train_steps` on `batches`.
 
     `batches` yields the global batches from the trainer's current step on;
@@ -84,12 +86,15 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     interval (0 = never), and a checkpoint is always written at the end.
     `monitor` (diagnostics.Monitor) adds loop boundaries (`stops(step)`), runs
     `before_loop(step)` / `after_loop(step)` around each loop, and adds scalars
-    to each summary (`scalars(step)`).
+    to each summary (`scalars(step)`). `should_stop()` is asked after every loop that
+    does not end the fit (the same number of times on every worker); True ends the fit
+    there, with its checkpoint (`FitResult.stopped`).
     """
     start = step = int(trainer.global_step.numpy())
     iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
     summary_window, log_window, steady, last = Window(), Window(), Window(), Window()
     per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
+    stopped = False
     try:
         while step < train_steps:
             stops = [train_steps, step + steps_per_loop] + [
@@ -145,6 +150,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 monitor.after_loop(step)
             if input_ended:
                 break
+            if should_stop is not None and step < train_steps and should_stop():
+                stopped = True
+                break
     finally:
         trainer.release_input()
     if checkpointer is not None and step > start and not (
@@ -161,4 +169,4 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                           if steady.steps and per_step_times else None),
         input_wait=steady.input_wait / steady.steps if steady.steps else None,
         input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
-        loop_seconds=loop_seconds, input_ended=input_ended)
+        loop_seconds=loop_seconds, input_ended=input_ended, stopped=stopped)

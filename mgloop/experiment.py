@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import signal
 from typing import Callable
 
 from absl import logging
@@ -25,12 +26,14 @@ from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
 from mgloop import controller
+from mgloop import logdir_lock
 from mgloop import loop
 from mgloop import losses
 from mgloop import models
 from mgloop import monitor as monitor_lib
 from mgloop import optim
 from mgloop import peer_health
+from mgloop import preemption
 from mgloop import staging
 from mgloop import summaries
 from mgloop.aggregation.cross_worker import CrossWorker
@@ -82,6 +85,10 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     `model_fn` (no arguments, returns a Keras model of logits) and `loss_fn`
     (y_true, y_pred) -> loss override `--model` and the default cross-entropy.
     `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
+    The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
+    the logdir is refused). SIGTERM or SIGINT ends the run after the current loop with a
+    checkpoint of that step; the summary then holds `"preempted": {"signal", "step"}`
+    (preemption.py).
     """
     config = config.validated()
     if dataset is not None:  # already in memory: check that it fits before any device exists
@@ -89,6 +96,14 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     request = devices.parse(config.devices)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
+    with logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop:
+        return _run(config, model_fn, loss_fn, dataset, command_line, request, workers, chief,
+                    stop)
+
+
+def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, workers,
+         chief: bool, stop: preemption.StopOnSignal) -> dict:
+    """`run` after validation, holding the logdir's lock, with the signal handlers set."""
     device_set = devices.setup(request, workers, config.startup_timeout)
     health = peer_health.watch(workers, config.collective_timeout)  # until the last collective
     logging.info("logdir: %s", config.logdir)
@@ -148,9 +163,16 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
                 summary_every=config.summary_every, log_every=config.log_every,
                 checkpoint_every=config.checkpoint_every, summaries=train_writer,
                 checkpointer=checkpointer if chief else None,
-                learning_rate=lambda step: float(schedule(step)), monitor=monitor)
+                learning_rate=optim.compiled_schedule(schedule), monitor=monitor,
+                should_stop=preemption.stop_check(stop, trainer.aggregation))
         finally:
             monitor.stop_profile()
+        if result.stopped:
+            health.stop()  # the workers agreed to stop: no collective between them from here
+            train_writer.close()
+            eval_writer.close()
+            return _stopped(config, result, stop, checkpointer if chief else None,
+                            save_rescue, chief)
         exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
         health.stop()  # no collective between workers from here on: a peer may now exit
         traffic = trainer.aggregation.traffic.as_dict()
@@ -195,4 +217,30 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         with monitor_lib.logdir_guard(config.logdir, save_rescue):
             summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME),
                                             summary)
+    return summary
+
+
+def _stopped(config: Config, result: controller.FitResult, stop: preemption.StopOnSignal,
+             checkpointer: checkpoint.Checkpointer | None, save_rescue, chief: bool) -> dict:
+    """The end of a run stopped by a signal: no final eval or export (the resumed run does
+    them); summary.json says where it stopped; one log line."""
+    name = signal.Signals(stop.signum).name
+    summary = {"config": dataclasses.asdict(config), "start_step": result.start_step,
+               "final_step": result.final_step,
+               "final_train_loss": result.train.get("loss"),
+               "final_train_accuracy": result.train.get("accuracy"),
+               "eval_loss": None, "eval_accuracy": None, "export_path": None,
+               "examples_per_sec": result.examples_per_sec,
+               "median_step_time": result.median_step_time,
+               "preempted": {"signal": name, "step": result.final_step}}
+    if chief:
+        with monitor_lib.logdir_guard(config.logdir, save_rescue):
+            summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME),
+                                            summary)
+        logging.warning("stopped by %s after step %d of %d: checkpoint %s saved; run the "
+                        "same command to resume", name, result.final_step, config.train_steps,
+                        checkpointer.latest)
+    else:
+        logging.warning("stopped by %s after step %d of %d (the chief saved the checkpoint)",
+                        name, result.final_step, config.train_steps)
     return summary

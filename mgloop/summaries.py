@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -35,11 +36,38 @@ FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_
 
 
 class ScalarWriter:
-    """Writes dicts of Python floats as scalars of one run folder (`train`, `eval`)."""
+    """Writes dicts of Python floats as scalars of one run folder (`train`, `eval`).
+
+    Each distinct set of tags is written by one compiled function (traced once) that
+    takes the values as one float32 vector and writes `tf.summary.scalar(tag_i, v[i])`
+    for every tag, then flushes: one op call per window. The step and the values reach
+    it as numpy values, never Python scalars: TensorFlow keeps the tensor of every
+    distinct Python scalar it converts (its eager scalar cache, never evicted), so a
+    Python-int step, new at every window, kept about 1.5 KiB per window of 7 eager
+    scalars (issue 13; experiments/bench_summary_memory.py, RESULTS.md).
+    """
 
     def __init__(self, logdir: str, run: str):
         self._folder = os.path.join(logdir, run)
         self._writer = tf.summary.create_file_writer(self._folder)
+        self._write_by_tags: dict[tuple[str, ...], Callable] = {}
+
+    def _compiled_write(self, tags: tuple[str, ...]) -> Callable:
+        """The compiled write of `tags`: (step int64, values float32[len(tags)])."""
+        if tags not in self._write_by_tags:
+            writer = self._writer
+
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
+                                          tf.TensorSpec([len(tags)], tf.float32)],
+                         autograph=False)
+            def write(step, values):
+                with writer.as_default(step=step):
+                    for index, tag in enumerate(tags):
+                        tf.summary.scalar(tag, values[index])
+                writer.flush()
+
+            self._write_by_tags[tags] = write
+        return self._write_by_tags[tags]
 
     def _check_folder(self) -> None:
         """TensorFlow would write on into deleted files (or recreate folders) silently."""
@@ -48,14 +76,17 @@ class ScalarWriter:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self._check_folder()
-        with self._writer.as_default(step=step):
-            for tag, value in values.items():
-                tf.summary.scalar(tag, value)
-        self._writer.flush()
+        if not values:
+            return
+        tags = tuple(values)
+        # numpy first: TensorFlow caches the tensor of every distinct Python scalar it
+        # converts (about 0.7 KiB per new step number), a numpy array it does not
+        self._compiled_write(tags)(np.asarray(step, np.int64),
+                                   np.asarray([values[t] for t in tags], np.float32))
 
     def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
         self._check_folder()
-        with self._writer.as_default(step=step):
+        with self._writer.as_default(step=np.int64(step)):  # numpy: see the class docstring
             for tag, value in values.items():
                 tf.summary.histogram(tag, value)
         self._writer.flush()

@@ -5,11 +5,15 @@ any device or variable is created. With several processes (TF_CONFIG), a worker
 that loses a peer (its collective fails, or the peer answers no health check for
 --collective_timeout seconds: mgloop/peer_health.py) ends with exit code 3 and
 one line naming the peer when the health checks found it.
+SIGTERM or SIGINT ends the run after the current compiled loop, with a checkpoint of that
+step and summary.json (`"preempted"`), and exits with 128 + the signal number (143 for
+SIGTERM, 130 for SIGINT); a second signal ends the process at once (mgloop/preemption.py).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
@@ -52,6 +56,11 @@ def main(argv):
         print(f"mgloop.train: error: lost the other workers ({detail}); the last checkpoint "
               "in --logdir is kept: restart every worker to resume", file=sys.stderr)
         sys.exit(LOST_PEERS_EXIT_CODE)
+    except KeyboardInterrupt:  # SIGINT before the run's handler was installed
+        print("mgloop.train: interrupted before training started", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+    if summary.get("preempted"):  # the run logged where it stopped and what it saved
+        sys.exit(128 + signal.Signals[summary["preempted"]["signal"]])
     logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
                  summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
