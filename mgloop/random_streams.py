@@ -17,13 +17,15 @@ where U_int64 is one full-range int64 from TensorFlow's stateless generator
 (Philox, `tf.random.stateless_uniform`). Its draws therefore use the seeds
 [a_g, c + j]. Why the streams are independent:
 
-  * across towers: TensorFlow turns a seed pair into a Philox key and counter
-    by one Philox round over the pair, a bijection, so distinct pairs give
-    distinct keys; the a_g are distinct unless two 31-bit hashes collide (Keras
-    reduces a seed modulo 2^31 - 2; probability about G^2 / 2^32 for G towers,
-    the same order as two Keras layers whose random seeds collide). Keras's own
-    draws use seeds below 2^31, so the hash input [s0, 2^40 + g] is never a
-    seed of a layer's draw (domain separation).
+  * across towers: TensorFlow turns a seed pair into a Philox key and starting
+    counter by one Philox block over the pair, a bijection, so distinct pairs
+    start distinct streams, as unrelated as Philox outputs under different keys
+    (the assumption every counter-based generator rests on, e.g. TensorFlow's
+    own `stateless_fold_in` for replicas). The a_g are distinct unless two
+    31-bit hashes collide (Keras reduces a seed modulo 2^31 - 2): probability
+    about G^2 / 2^32 for G towers, the order of two Keras layers' random seeds
+    colliding. Keras's own draws use seeds below 2^31, so the hash input
+    [s0, 2^40 + g] is never a seed of a layer's draw (domain separation).
   * across steps: the counter c advances by k per step as on one device, so a
     tower never reuses a seed pair.
   * repeatable: a_g depends only on s0 and g, and s0 on the layer's seed (from
@@ -37,7 +39,12 @@ Global tower 0 draws with the one device's own state; since Philox numbers each
 element of a draw by its position, its first rows are the first rows of one
 device's draw for the global batch. The other towers' rows are independent
 draws, not the remaining rows of that draw (so a dropout model on T > 1 towers
-is statistically, not numerically, the one-device run).
+is statistically, not numerically, the one-device run). Rows [t B/T, (t+1) B/T)
+of that draw could be had by starting tower t's Philox counter t B/T x (row
+size) / 4 blocks further, but only by replacing Keras's random ops while a tower
+is traced, and only for draws whose leading axis is the batch and whose
+sampler uses a fixed count of numbers per element (not truncated normal, not
+per-batch augmentation parameters); that is not done.
 """
 
 from __future__ import annotations

@@ -127,7 +127,12 @@ def test_tower_streams_follow_the_global_tower_index():
     workers = [random_streams.RandomStreams(model, first_tower=w * TOWERS) for w in range(2)]
     keys = [int(streams.for_tower(state, t, "/device:CPU:0")[0][0])
             for streams in workers for t in range(TOWERS)]
-    assert keys[0] == int(state[0][0])  # global tower 0 draws the one device's stream
+    assert keys[0] == int(state[0][0])  # global tower 0 draws the one device's stream:
+    layer = model.layers[1]  # its rows are the first rows of one device's draw (Philox)
+    one_device, _ = layer.stateless_call([], state, tf.ones([16, FEATURES]), training=True)
+    tower_0, _ = layer.stateless_call([], workers[0].for_tower(state, 0, "/device:CPU:0"),
+                                      tf.ones([4, FEATURES]), training=True)
+    np.testing.assert_array_equal(tower_0, one_device[:4])
     assert len(set(keys)) == len(keys)
     np.testing.assert_array_equal(workers[1].for_tower(state, 1, "/device:CPU:0")[0],
                                   workers[0].for_tower(state, TOWERS + 1, "/device:CPU:0")[0])
