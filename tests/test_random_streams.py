@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mgloop import aggregation, cluster, devices, experiment, loop
 from tests import helpers
 
 RATE, FEATURES, TOWERS = 0.5, 64, 4
@@ -140,3 +141,15 @@ def test_tower_streams_follow_the_global_tower_index():
     returned = [tf.stack([given[0][0], given[0][1] + 3])]  # a pass of 3 draws
     np.testing.assert_array_equal(workers[1].after_tower(state, returned)[0],
                                   state[0].numpy() + [0, 3])
+
+
+def test_trainer_numbers_its_towers_globally():
+    """Worker 1 of 2 with 2 towers: its towers are global towers 2 and 3 (the Trainer's
+    wiring of the streams tested above)."""
+    device_set = devices.setup(devices.parse("cpu:2"))
+    method = aggregation.get("ring")(device_set)
+    method.cluster = cluster.Cluster(workers=("a:1", "b:2"), index=1)  # as CrossWorker has
+    trainer = loop.Trainer(dropout_model, experiment.default_loss(), method,
+                           lambda: keras.optimizers.SGD(0.1))
+    assert trainer.random_streams.first_tower == 2
+    assert trainer.random_streams.indices == [0]
