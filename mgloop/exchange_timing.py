@@ -7,6 +7,14 @@ stand-in gradients of the variables' shapes, made once on each tower, `per_call`
 times inside one compiled call so that the call's own overhead is shared, and
 returns the median over `repeats` calls of call time / per_call. The traffic the
 stand-in exchange records is taken back, so the counts stay the step's.
+
+The timing leaves the method as training left it. A method's state (error-feedback
+residuals, counters) is held in tf.Variables, since the compiled step updates it;
+every variable the timed exchange can read or write is one the traced function
+captures (`ConcreteFunction.variables`), so exactly those are snapshotted before
+the first timed call and assigned back after the last. (Timing a copy of the
+method would need every method to be copyable; measuring the real step would
+need a clock inside it. The snapshot is exact and asks nothing of a method.)
 """
 
 from __future__ import annotations
@@ -42,11 +50,17 @@ def time_exchange(trainer, repeats: int = 5, per_call: int = 20) -> float | None
 
     counted = trainer.aggregation.traffic.snapshot()
     count = tf.constant(per_call)
-    int(exchanges(stand_ins, count))  # trace and warm up
+    touched = exchanges.get_concrete_function(stand_ins, count).variables  # traces
     trainer.aggregation.traffic.restore(counted)  # keep the step's counts, not the stand-in's
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        int(exchanges(stand_ins, count))
-        times.append((time.perf_counter() - began) / per_call)
+    before = [variable.read_value() for variable in touched]
+    try:
+        int(exchanges(stand_ins, count))  # warm up
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            int(exchanges(stand_ins, count))
+            times.append((time.perf_counter() - began) / per_call)
+    finally:
+        for variable, value in zip(touched, before):  # the method's state as training left it
+            variable.assign(value)
     return float(np.median(times))

@@ -51,10 +51,12 @@ from mgloop.breakdown import PHASES, STEP_SCOPE  # name scopes by which a profil
 from mgloop import diagnostics as diagnostics_lib
 from mgloop import exchange_timing
 from mgloop import inference
+from mgloop import non_trainable
 from mgloop import optim
 from mgloop import ordered_sum
 from mgloop import sufficient_factors
 from mgloop import precision
+from mgloop import random_streams
 from mgloop import sync_batch_norm
 from mgloop import staging as staging_lib
 from mgloop import towers
@@ -101,6 +103,9 @@ class Trainer(inference.TowerInference):
             if not self.model.built or not self.model.variables:
                 self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
         self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
+        # each tower draws its own random numbers (dropout masks), by its global index
+        self.random_streams = random_streams.RandomStreams(
+            self.model, self.workers.index * self.num_towers if self.workers else 0)
         optim.build_optimizers(self.copies, optimizer_fn)
         self.loss_scales = ([precision.DynamicLossScale(copy.optimizer, copy.device)
                              for copy in self.copies]
@@ -250,7 +255,8 @@ class Trainer(inference.TowerInference):
                     with tf.device(keep.device):
                         keep.assign(tf.cast(g, keep.dtype))
             with tf.name_scope(PHASES[2]):
-                states = self._reduce_non_trainable(result.states)
+                states = non_trainable.combine(self.aggregation, result.states, self.copies,
+                                               self.tower_devices)
             with tf.name_scope(PHASES[3]):
                 self._apply(grads, states, finite)
         if self.workers is not None:  # the mean over workers of their towers' mean loss
@@ -276,18 +282,24 @@ class Trainer(inference.TowerInference):
         samples the diagnostics, so every tower's gradients are kept."""
         traffic = self.aggregation.traffic
         before = (dict(traffic.sent), dict(traffic.received))
+        streams = self.random_streams
         if self.aggregation.single_loss:
             loss, correct, grads, new_states = self.aggregation.single_loss_step(
-                self.model, self.loss_fn, trainable, states, xs, ys,
-                scales[0] if scales else None)
-            out = accumulation.Pass([loss], [correct], [grads], new_states)
+                self.model, self.loss_fn, trainable,
+                [streams.for_tower(s, t, d) for t, (s, d) in enumerate(zip(states,
+                                                                         self.tower_devices))],
+                xs, ys, scales[0] if scales else None)
+            out = accumulation.Pass([loss], [correct], [grads],
+                                    [streams.after_tower(given, new)
+                                     for given, new in zip(states, new_states)])
         else:
             outputs = []
             order, factors = self._ordered_sum(sampled), self._sufficient_factors(sampled)
             for t, device in enumerate(self.tower_devices):
                 with self._cross_tower_tower(t):
                     outputs.append(towers.tower_step(
-                        self.model, self.loss_fn, trainable[t], states[t], xs[t], ys[t], device,
+                        self.model, self.loss_fn, trainable[t],
+                        streams.for_tower(states[t], t, device), xs[t], ys[t], device,
                         scales[t] if scales else None, order.gate() if order else (),
                         factors))
                 with tf.name_scope(PHASES[2]):  # the sums' part of the exchange
@@ -302,7 +314,8 @@ class Trainer(inference.TowerInference):
                                         "factored": sorted(factors.received) if factors else []}
             out = accumulation.Pass([o.loss for o in outputs], [o.correct for o in outputs],
                                     [o.grads for o in outputs],
-                                    [o.non_trainable for o in outputs], sums)
+                                    [streams.after_tower(given, o.non_trainable)
+                                     for given, o in zip(states, outputs)], sums)
         repeats = self.accumulation_steps - 1  # the pass is traced once and runs K times
         for device in (set(traffic.sent) | set(traffic.received)) if repeats else ():
             traffic.add(device,
@@ -359,22 +372,6 @@ class Trainer(inference.TowerInference):
                 update()
             else:
                 self.loss_scales[c].apply_if_finite(finite_per_copy[c], update)
-
-    def _reduce_non_trainable(self, states: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
-        """Per copy, its new non-trainable values: float state (moving statistics) averaged
-        over towers; other state tower 0's."""
-        if not self.copies[0].non_trainable:
-            return [[] for _ in self.copies]
-        is_float = [v.dtype.is_floating for v in self.copies[0].non_trainable]
-        floats = [[s for s, f in zip(state, is_float) if f] for state in states]
-        float_vars = [v for v, f in zip(self.copies[0].non_trainable, is_float) if f]
-        averaged = (self.aggregation.reduce(floats, float_vars) if float_vars
-                    else [[] for _ in self.copies])
-        per_copy = []
-        for copy, mean in zip(self.copies, averaged):
-            mean = iter(mean)
-            per_copy.append([next(mean) if f else first for first, f in zip(states[0], is_float)])
-        return per_copy
 
     def _cross_tower_step(self):
         return self.cross_tower.step() if self.cross_tower else contextlib.nullcontext()

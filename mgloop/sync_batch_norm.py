@@ -2,7 +2,7 @@
 
     per_tower (default)  each tower normalises with its own shard's statistics (what
         Keras `multi_gpu_model` did). After the step each tower's updated moving
-        statistics are averaged over the towers (Trainer._reduce_non_trainable), so
+        statistics are averaged over the towers (non_trainable.py), so
         the template holds m' = mu m + (1 - mu) (1/T) sum_t mean_t and
         v' = mu v + (1 - mu) (1/T) sum_t var_t: the mean of the per-shard (biased)
         variances, which lacks the spread of the shard means around the global mean.

@@ -95,6 +95,9 @@ class Aggregation(abc.ABC):
     # True: `reduce` sums each variable's tower values on `home_of(variable)` and scales
     # them there, so a caller may form that sum itself (ordered_sum.py).
     sums_at_home: ClassVar[bool] = False
+    # False: copy t keeps tower t's non-trainable state (independent.py); otherwise the
+    # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
+    averages_non_trainable: ClassVar[bool] = True
 
     def __init__(self, devices: DeviceSet, options: Options = Options()):
         self.devices = devices
@@ -148,11 +151,13 @@ class Aggregation(abc.ABC):
     def scale(self, total: tf.Tensor, average: bool) -> tf.Tensor:
         return total * (1.0 / self.num_towers) if average else total
 
-    def send(self, value: tf.Tensor, src: str, dst: str) -> tf.Tensor:
-        """`value` (on `src`) as a tensor on `dst`, compressed to the transport dtype on the way."""
+    def send(self, value: tf.Tensor, src: str, dst: str, exact: bool = False) -> tf.Tensor:
+        """`value` (on `src`) as a tensor on `dst`, compressed to the transport dtype on the way
+        (`exact`: sent at its own dtype, e.g. non-trainable state; counted all the same)."""
         if canonical(src) == canonical(dst):
             return value
-        wire = self.transport_dtype if value.dtype.is_floating else value.dtype
+        wire = (self.transport_dtype if value.dtype.is_floating and not exact
+                else value.dtype)
         self.traffic.record(canonical(src), canonical(dst),
                             value.shape.num_elements() * wire.size)
         if wire == value.dtype:

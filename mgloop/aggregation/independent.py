@@ -18,6 +18,7 @@ class Independent(Aggregation):
     name = "independent"
     layout = REPLICATED
     exchanges = False
+    averages_non_trainable = False
 
     def parameter_devices(self):
         return list(self.devices.towers)
