@@ -3,6 +3,8 @@
 Bad settings end the process with exit code 2 and one line on stderr, before
 any device or variable is created. With several processes (TF_CONFIG), a worker
 that loses its peers (a collective times out) ends with exit code 3 and one line.
+A full disk, a NaN or infinite loss (mgloop.failures) or a lost logdir end with
+exit code 1 and one line naming the path or the steps and how to resume.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from absl import logging  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
+from mgloop import failures  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
 from mgloop import monitor  # noqa: E402
 from mgloop.errors import ConfigError  # noqa: E402
@@ -34,7 +37,7 @@ def main(argv):
     except ConfigError as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(2)
-    except monitor.LogdirLost as error:
+    except (monitor.LogdirLost, failures.RunFailed) as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(1)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
@@ -46,6 +49,14 @@ def main(argv):
               f"{first.strip()}); the last checkpoint in --logdir is kept: restart every "
               "worker to resume", file=sys.stderr)
         sys.exit(3)
+    except (tf.errors.OpError, OSError) as error:  # a summary or JSON write on a full disk
+        path = failures.disk_full_path(error)
+        if path is None:
+            raise
+        print(f"mgloop.train: error: no space left on the device of {path}; the last complete "
+              "checkpoint in --logdir is kept: free space, then rerun the same command to "
+              "resume", file=sys.stderr)
+        sys.exit(1)
     logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
                  summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
