@@ -20,7 +20,8 @@ bits) is told apart from a checkpoint of another model:
   started from step 0;
 - a checkpoint that reads cleanly but does not fit the model: refused;
 - an unreadable or missing state file is rebuilt from the folder;
-- leftovers of a save killed midway (`ckpt-N_temp/`, `checkpoint.tmp*`) are removed.
+- leftovers of a save killed midway (`ckpt-N_temp/`, `checkpoint.tmp*`, data files
+  whose index was never written) are removed.
 
 A save refuses non-finite variables (failures.NonFinite) and turns a full disk
 into failures.DiskFull; either way the previous checkpoint stays the latest.
@@ -50,6 +51,7 @@ STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exis
 DAMAGED_SUFFIX = ".damaged"
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
 _LEFTOVER = re.compile(r"ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+")  # of an interrupted save
+_DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -218,7 +220,9 @@ class Checkpointer:
     def _remove_leftovers(self) -> None:
         if not os.path.isdir(self._directory):
             return
-        leftovers = sorted(n for n in os.listdir(self._directory) if _LEFTOVER.fullmatch(n))
+        names = set(os.listdir(self._directory))
+        leftovers = sorted(n for n in names if _LEFTOVER.fullmatch(n) or (  # data, no index yet
+            _DATA.fullmatch(n) and f"{_DATA.fullmatch(n).group(1)}.index" not in names))
         for name in leftovers:
             path = os.path.join(self._directory, name)
             if os.path.isdir(path):

@@ -77,7 +77,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(
     folder = copy_of(written, tmp_path)
     damage, named = DAMAGE[case]
     damage(folder)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="absl"):
         restored = checkpointer(folder, trainer).restore_latest()
     assert restored == os.path.join(folder, "ckpt-4")
     assert int(trainer.global_step.numpy()) == 4
@@ -114,6 +114,7 @@ def test_leftovers_of_an_interrupted_save_are_removed(written, trainer, tmp_path
     os.makedirs(os.path.join(folder, "ckpt-8_temp"))
     open(os.path.join(folder, "ckpt-8_temp", "part-00000-of-00001.index"), "w").close()
     open(os.path.join(folder, "checkpoint.tmp0123abcd"), "w").close()
+    open(os.path.join(folder, "ckpt-8.data-00000-of-00001"), "w").close()  # merged, no index
     assert checkpointer(folder, trainer).restore_latest() == os.path.join(folder, "ckpt-6")
     assert sorted(os.listdir(folder)) == sorted(os.listdir(os.path.join(written, "checkpoints")))
 

@@ -63,7 +63,7 @@ def test_finished_run_says_so_and_leaves_its_summary_alone(resumable, train_step
     metrics) is not overwritten by an empty run's nulls."""
     path = os.path.join(resumable, "summary.json")
     before = open(path, "rb").read()
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         again = mgloop.run(helpers.small_config(resumable, train_steps=train_steps))
     assert open(path, "rb").read() == before
     assert again["final_step"] == 2 and again["final_train_loss"] is not None
@@ -88,7 +88,7 @@ def test_resume_that_changes_the_data_is_refused_before_building(
 
 
 def test_resume_with_other_settings_logs_them_in_one_line(resumable, caplog):
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):
         helpers.small_config(resumable, learning_rate=0.05, lr_schedule="cosine",
                              devices="cpu:2", train_steps=5).validated()
     lines = [r.getMessage() for r in caplog.records if "differ from their run" in r.getMessage()]
