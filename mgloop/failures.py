@@ -30,16 +30,16 @@ class NonFinite(RunFailed, FloatingPointError):
 
 
 def disk_full_path(error: BaseException) -> str | None:
-    """The path whose write failed if `error` says its device is full (ENOSPC), else None.
+    """The path whose write failed if `error` says its device is full (ENOSPC), "" if
+    the error does not name it, else None.
 
     Python's OSError carries errno ENOSPC and the file name; TensorFlow's
     ResourceExhaustedError (also the type of an out-of-memory error, told apart
     by its text) names the file before "; No space left on device".
     """
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-        return error.filename or "?"
-    if isinstance(error, (tf.errors.ResourceExhaustedError, tf.errors.OpError)) and (
-            _NO_SPACE in str(error)):
+        return error.filename or ""
+    if isinstance(error, tf.errors.OpError) and _NO_SPACE in str(error):
         match = _TF_PATH.search(str(error))
-        return match.group(1).strip() if match else "?"
+        return match.group(1).strip() if match else ""
     return None

@@ -53,6 +53,8 @@ def main(argv):
         path = failures.disk_full_path(error)
         if path is None:
             raise
+        if not path:  # e.g. an OSError from closing a file names none
+            path = f"--logdir={config.logdir}" if config.logdir else "the logdir"
         print(f"mgloop.train: error: no space left on the device of {path}; the last complete "
               "checkpoint in --logdir is kept: free space, then rerun the same command to "
               "resume", file=sys.stderr)
