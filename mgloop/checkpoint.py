@@ -146,30 +146,36 @@ class Checkpointer:
                 "restore them, or move the checkpoints folder away to start again from step 0")
         if prefix is not None:
             self._restore(prefix, logdir)
-        if tidy:
-            for path, _ in damaged:
-                for name in glob.glob(glob.escape(path) + ".*"):
-                    if not name.endswith(DAMAGED_SUFFIX):
-                        os.replace(name, name + DAMAGED_SUFFIX)
         if damaged:
+            if tidy:
+                for path, _ in damaged:
+                    for name in glob.glob(glob.escape(path) + ".*"):
+                        if not name.endswith(DAMAGED_SUFFIX):
+                            os.replace(name, name + DAMAGED_SUFFIX)
             logging.warning(
                 "skipped damaged checkpoint%s in %s: %s%s; resuming from %s, the newest intact "
                 "one", "s" if len(damaged) > 1 else "", self._directory,
                 "; ".join(problem for _, problem in damaged),
-                f" (kept as *{DAMAGED_SUFFIX})" if tidy else "",
-                os.path.basename(prefix))
-        if tidy and prefix is not None and (
-                state is None or damaged
-                or os.path.basename(state.model_checkpoint_path) != os.path.basename(prefix)):
-            self._rewrite_state(prefix)
-            if state_problem:
-                logging.warning("the checkpoint state file %s/%s %s; rebuilt it from the "
-                                "checkpoints in the folder", self._directory, STATE_FILENAME,
-                                state_problem)
-        elif tidy and state_problem and os.path.exists(
-                os.path.join(self._directory, STATE_FILENAME)):
-            os.remove(os.path.join(self._directory, STATE_FILENAME))  # names no checkpoint
+                f" (kept as *{DAMAGED_SUFFIX})" if tidy else "", os.path.basename(prefix))
+        if tidy:
+            self._record(prefix, state, state_problem)
         return prefix
+
+    def _record(self, restored: str | None, state, state_problem: str | None) -> None:
+        """Makes the state file name `restored` (and the checkpoints before it) if it
+        names anything else or is unreadable; removes one that names nothing."""
+        path = os.path.join(self._directory, STATE_FILENAME)
+        if restored is None:
+            if state_problem and os.path.exists(path):
+                os.remove(path)  # names no checkpoint: the first save writes a new one
+            return
+        if state is not None and (os.path.basename(state.model_checkpoint_path)
+                                  == os.path.basename(restored)):
+            return
+        self._rewrite_state(restored)
+        if state_problem:
+            logging.warning("the checkpoint state file %s %s; rebuilt it from the checkpoints "
+                            "in the folder", path, state_problem)
 
     def _restore(self, prefix: str, logdir: str) -> None:
         status = None
