@@ -12,10 +12,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import tempfile
 
+from absl import logging
+
 from mgloop import aggregation
+from mgloop import checkpoint
 from mgloop import cluster
 from mgloop import data
 from mgloop import devices
@@ -33,10 +37,24 @@ TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
 LR_SCHEDULES = ("constant", "poly", "cosine")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
-# Settings a resumed run must keep: they shape the checkpointed variables (the loss
-# scale of mixed_float16 lives in the optimizer), or, for accumulation_steps, what a
-# step is (step s reads global batches s*K .. s*K+K-1 of the stream).
-CHECKPOINT_SHAPING = ("model", "dataset", "optimizer", "mixed_precision", "accumulation_steps")
+# Settings a resumed run must keep, as a change would silently make it another run than
+# the one its checkpoint continues:
+# - model, optimizer, mixed_precision shape the checkpointed variables (the loss scale of
+#   mixed_float16 lives in the optimizer);
+# - dataset and seed are the data: the synthetic task is generated from the seed, and for
+#   every dataset the seed is the epochs' permutation, so another seed would make step s
+#   read examples the run has already used in this epoch and skip others;
+# - global_batch_size, accumulation_steps and drop_remainder fix what step s reads (global
+#   batches s*K .. s*K+K-1 of the stream cut per --drop_remainder, data/epochs.py): another
+#   value resumes at another place of the stream, and another global batch also means
+#   another gradient noise and learning rate per example.
+# The others (learning rate, schedule, momentum, weight decay, devices, aggregation,
+# data_dir of the same dataset, train_steps, ...) may change: a resume lists those that
+# differ in one log line. The tower count and layout do not enter a checkpoint.
+CHECKPOINT_SHAPING = ("model", "dataset", "optimizer", "mixed_precision", "accumulation_steps",
+                      "seed", "global_batch_size", "drop_remainder")
+# numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
+MAX_SEED = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +133,10 @@ class Config:
 
     def validated(self) -> "Config":
         """Checks every setting; returns a copy with machine-dependent defaults resolved."""
+        for field in dataclasses.fields(self):  # NaN and inf pass every comparison
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{field.name}={value} is not a finite number")
         request = devices.parse(self.devices)
         workers = cluster.from_environment()
         towers = request.num_towers * (workers.num_workers if workers else 1)
@@ -141,7 +163,7 @@ class Config:
         _check_range("checkpoint_every", self.checkpoint_every, low=0)
         _check_range("keep_checkpoints", self.keep_checkpoints, low=1)
         _check_inspection(self)
-        _check_range("seed", self.seed, low=0)
+        _check_range("seed", self.seed, low=0, high=MAX_SEED)
         if self.warmup_steps > self.train_steps:
             raise ConfigError(
                 f"--warmup_steps={self.warmup_steps} is longer than --train_steps="
@@ -152,12 +174,13 @@ class Config:
         data.check(self.dataset, data_dir)
         logdir = self.logdir or _fresh_logdir()
         _check_writable_dir("logdir", logdir, create=True)
-        _check_resumable(self, logdir)
         if self.export_dir is not None:
             _check_writable_dir("export_dir", self.export_dir, create=False)
-        return dataclasses.replace(
+        resolved = dataclasses.replace(
             self, logdir=logdir, data_dir=data_dir, global_batch_size=global_batch,
             batch_size_per_tower=global_batch // towers)
+        _check_resumable(resolved)
+        return resolved
 
 
 def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
@@ -255,6 +278,8 @@ def _check_choice(flag: str, value: str, choices) -> None:
 
 
 def _check_range(flag, value, low=None, high=None, low_open=False, high_open=False):
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"--{flag}={value} is not a finite number")
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:
@@ -282,13 +307,15 @@ def _resolve_global_batch(global_batch, per_tower, towers, devices_flag) -> int:
     return global_batch
 
 
-def _check_resumable(config: Config, logdir: str) -> None:
-    """Refuses to resume checkpoints made with a different model, dataset or optimizer."""
-    previous_path = os.path.join(logdir, CONFIG_FILENAME)
-    if not os.path.exists(os.path.join(logdir, "checkpoints", "checkpoint")):
+def _check_resumable(config: Config) -> None:
+    """Refuses to resume checkpoints made with other CHECKPOINT_SHAPING settings (compared
+    with the logdir's config.json, the resolved settings of the run that wrote them); logs
+    one line listing the other settings that differ."""
+    logdir = config.logdir
+    if not checkpoint.holds_checkpoints(os.path.join(logdir, "checkpoints")):
         return
     try:
-        with open(previous_path) as handle:
+        with open(os.path.join(logdir, CONFIG_FILENAME)) as handle:
             previous = json.load(handle)
     except (OSError, ValueError):
         return  # no record to compare: the restore itself checks the variables
@@ -298,6 +325,12 @@ def _check_resumable(config: Config, logdir: str) -> None:
                 f"--{name}={getattr(config, name)!r} differs from {previous[name]!r} of the "
                 f"checkpoints in --logdir={logdir}; resume with --{name}={previous[name]} "
                 "or use a fresh --logdir")
+    changed = [f"--{field.name}={getattr(config, field.name)} (was {previous[field.name]})"
+               for field in dataclasses.fields(config)
+               if field.name in previous and previous[field.name] != getattr(config, field.name)]
+    if changed:
+        logging.info("resuming the checkpoints in --logdir=%s with settings that differ from "
+                     "their run: %s", logdir, ", ".join(changed))
 
 
 def _fresh_logdir() -> str:

@@ -19,6 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from mgloop import failures
 from mgloop.loop import LoopResult, Trainer
 
 
@@ -121,8 +122,14 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 steady.add(result, seconds)
             first_loop = False
             step += result.steps
-            if not np.isfinite(result.loss_sum):
-                raise FloatingPointError(f"loss is {result.loss_sum} at step {step}")
+            if not np.isfinite(result.loss_sum):  # before any summary or checkpoint of it
+                latest = checkpointer.latest if checkpointer is not None else "in --logdir"
+                raise failures.NonFinite(
+                    f"the training loss is {result.loss_sum} in steps {step - result.steps + 1}"
+                    f"..{step}, so no checkpoint is written for them; " + (
+                        f"rerun with the same --logdir and a lower --learning_rate to resume "
+                        f"from the last checkpoint ({latest})" if latest else
+                        "no checkpoint was written yet: rerun with a lower --learning_rate"))
             for window in (summary_window, log_window):
                 window.add(result, seconds)
             last = Window()

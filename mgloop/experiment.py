@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import signal
 from typing import Callable
@@ -107,9 +108,6 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     device_set = devices.setup(request, workers, config.startup_timeout)
     health = peer_health.watch(workers, config.collective_timeout)  # until the last collective
     logging.info("logdir: %s", config.logdir)
-    if chief:
-        summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
-                                        dataclasses.asdict(config))
     if dataset is None:  # readers may start TensorFlow: after the devices, before variables
         dataset = data.load(config.dataset, config.seed, config.data_dir)
         epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
@@ -121,12 +119,18 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
         trainer.global_step, keep=config.keep_checkpoints)
-    restored = checkpointer.restore_latest()
+    restored = checkpointer.restore_latest(tidy=chief)
     if restored:
         trainer.sync_replicas()
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
     trainer.broadcast_from_chief()  # several processes: every worker starts from worker 0's
     start_step = int(trainer.global_step.numpy())
+    summary_path = os.path.join(config.logdir, SUMMARY_FILENAME)
+    if restored and start_step >= config.train_steps and os.path.exists(summary_path):
+        return _finished(config, trainer, start_step, summary_path, chief)
+    if chief:  # the settings the checkpoints of this logdir are made with (config._check_resumable)
+        summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
+                                        dataclasses.asdict(config))
     batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
                                   config.seed, start_step, config.drop_remainder)
     if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
@@ -215,8 +219,24 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     }
     if chief:
         with monitor_lib.logdir_guard(config.logdir, save_rescue):
-            summaries.write_json_atomically(os.path.join(config.logdir, SUMMARY_FILENAME),
-                                            summary)
+            summaries.write_json_atomically(summary_path, summary)
+    return summary
+
+
+def _finished(config: Config, trainer: loop.Trainer, step: int, summary_path: str,
+              chief: bool) -> dict:
+    """A run whose checkpoint is already at --train_steps or past it: trains nothing,
+    leaves summary.json (and config.json) as they are and returns that summary; exports
+    the restored model if --export_dir asks for it."""
+    logging.info("the run in --logdir=%s is finished: its checkpoint is at step %d and "
+                 "--train_steps=%d, so nothing is trained and %s is left as it is; pass "
+                 "--train_steps > %d to train on", config.logdir, step, config.train_steps,
+                 summary_path, step)
+    with open(summary_path) as handle:
+        summary = json.load(handle)
+    if config.export_dir and chief:
+        summary["export_path"] = checkpoint.export_model(trainer.model, config.export_dir)
+        logging.info("exported the template model to %s", summary["export_path"])
     return summary
 
 

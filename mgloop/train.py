@@ -8,6 +8,8 @@ one line naming the peer when the health checks found it.
 SIGTERM or SIGINT ends the run after the current compiled loop, with a checkpoint of that
 step and summary.json (`"preempted"`), and exits with 128 + the signal number (143 for
 SIGTERM, 130 for SIGINT); a second signal ends the process at once (mgloop/preemption.py).
+A full disk, a NaN or infinite loss (mgloop.failures) or a lost logdir end with
+exit code 1 and one line naming the path or the steps and how to resume.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from absl import logging  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
+from mgloop import failures  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
 from mgloop import monitor  # noqa: E402
 from mgloop import peer_health  # noqa: E402
@@ -43,7 +46,7 @@ def main(argv):
     except ConfigError as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(2)
-    except monitor.LogdirLost as error:
+    except (monitor.LogdirLost, failures.RunFailed) as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(1)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
@@ -59,6 +62,16 @@ def main(argv):
     except KeyboardInterrupt:  # SIGINT before the run's handler was installed
         print("mgloop.train: interrupted before training started", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
+    except (tf.errors.OpError, OSError) as error:  # a summary or JSON write on a full disk
+        path = failures.disk_full_path(error)
+        if path is None:
+            raise
+        if not path:  # e.g. an OSError from closing a file names none
+            path = f"--logdir={config.logdir}" if config.logdir else "the logdir"
+        print(f"mgloop.train: error: no space left on the device of {path}; the last complete "
+              "checkpoint in --logdir is kept: free space, then rerun the same command to "
+              "resume", file=sys.stderr)
+        sys.exit(1)
     if summary.get("preempted"):  # the run logged where it stopped and what it saved
         sys.exit(128 + signal.Signals[summary["preempted"]["signal"]])
     logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "

@@ -106,6 +106,25 @@ CASES = {
                                r"<= --train_steps=5"),
     "profile steps past the end": (dict(profile_steps="1,9"), r"^--profile_steps='1,9' must be"),
     "profile steps malformed": (dict(profile_steps="3"), r"^--profile_steps='3' must be"),
+    # NaN and inf pass every comparison, so each float setting is checked to be finite
+    "nan learning rate": (dict(learning_rate=float("nan")),
+                          r"^--learning_rate=nan is not a finite number$"),
+    "inf learning rate": (dict(learning_rate=float("inf")),
+                          r"^--learning_rate=inf is not a finite number$"),
+    "nan momentum": (dict(momentum=float("nan")), r"^--momentum=nan is not a finite number$"),
+    "nan weight decay": (dict(weight_decay=float("nan")),
+                         r"^--weight_decay=nan is not a finite number$"),
+    "inf lr power": (dict(lr_power=float("inf")), r"^--lr_power=inf is not a finite number$"),
+    "nan startup timeout": (dict(startup_timeout=float("nan")),
+                            r"^--startup_timeout=nan is not a finite number$"),
+    "inf collective timeout": (dict(collective_timeout=float("inf")),
+                               r"^--collective_timeout=inf is not a finite number$"),
+    "seed past numpy's 32 bits": (dict(seed=2**32),
+                                  r"^--seed=4294967296 is out of range: must be >= 0 and "
+                                  r"<= 4294967295$"),
+    "too many logical cpus": (dict(devices="cpu:1000", global_batch_size=1000),
+                              r"^--devices=cpu:1000: at most 64 logical CPU devices .*"
+                              r"N <= 64$"),
 }
 
 

@@ -1,5 +1,6 @@
 """Checkpoint resume and the exported template model."""
 
+import logging
 import os
 import re
 import subprocess
@@ -48,10 +49,54 @@ def test_resume_with_another_layout_and_tower_count(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_finished_run_resumes_to_nothing(tmp_path):
-    run(tmp_path, "done")
-    again = run(tmp_path, "done")
-    assert (again["start_step"], again["final_step"]) == (10, 10)
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory):
+    """A logdir with the checkpoint of a 2-step run (the small config)."""
+    folder = tmp_path_factory.mktemp("resumable")
+    run(folder, "run", train_steps=2)
+    return str(folder / "run")
+
+
+@pytest.mark.parametrize("train_steps", [2, 1])
+def test_finished_run_says_so_and_leaves_its_summary_alone(resumable, train_steps, caplog):
+    """At or below the checkpoint's step nothing trains, and summary.json (with its
+    metrics) is not overwritten by an empty run's nulls."""
+    path = os.path.join(resumable, "summary.json")
+    before = open(path, "rb").read()
+    with caplog.at_level(logging.INFO, logger="absl"):
+        again = mgloop.run(helpers.small_config(resumable, train_steps=train_steps))
+    assert open(path, "rb").read() == before
+    assert again["final_step"] == 2 and again["final_train_loss"] is not None
+    assert re.search(rf"the run in --logdir=.*run is finished: its checkpoint is at step 2 "
+                     rf"and --train_steps={train_steps}, so nothing is trained", caplog.text)
+
+
+@pytest.mark.parametrize("setting, value, previous", [
+    ("seed", 4, 3), ("global_batch_size", 32, 16), ("drop_remainder", False, True)])
+def test_resume_that_changes_the_data_is_refused_before_building(
+        resumable, monkeypatch, setting, value, previous):
+    from mgloop import loop
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("variables were built before validation finished")
+    monkeypatch.setattr(loop.Trainer, "__init__", refuse)
+    config = helpers.small_config(resumable, **{setting: value})
+    with pytest.raises(mgloop.ConfigError, match=rf"^--{setting}={value!r} differs from "
+                       rf"{previous!r} of the checkpoints in --logdir=.*--{setting}={previous} "
+                       r"or use a fresh --logdir$"):
+        config.validated()
+
+
+def test_resume_with_other_settings_logs_them_in_one_line(resumable, caplog):
+    with caplog.at_level(logging.INFO, logger="absl"):
+        helpers.small_config(resumable, learning_rate=0.05, lr_schedule="cosine",
+                             devices="cpu:2", train_steps=5).validated()
+    lines = [r.getMessage() for r in caplog.records if "differ from their run" in r.getMessage()]
+    assert len(lines) == 1
+    for change in ("--learning_rate=0.05 (was 0.1)", "--lr_schedule=cosine (was constant)",
+                   "--devices=cpu:2 (was cpu:1)", "--train_steps=5 (was 2)"):
+        assert change in lines[0]
+    assert "--seed" not in lines[0] and "--model" not in lines[0]
 
 
 def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
@@ -98,5 +143,6 @@ def test_checkpoint_that_does_not_match_the_model_is_a_clear_error(tmp_path):
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("mgloop.train:")]
     assert len(errors) == 1
-    assert re.match(r"mgloop.train: error: --logdir=.*mlp_run: checkpoint .*ckpt-2 does not "
-                    r"match this model and optimizer .*use a fresh --logdir$", errors[0])
+    assert re.match(r"mgloop.train: error: --logdir=.*mlp_run: checkpoint .*ckpt-2 is intact "
+                    r"but does not match this model and optimizer .*use a fresh --logdir$",
+                    errors[0])
