@@ -46,9 +46,11 @@ def main(argv):
               f"{first.strip()}); the last checkpoint in --logdir is kept: restart every "
               "worker to resume", file=sys.stderr)
         sys.exit(3)
-    logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
+    logging.info("final: train loss %.4f,%s %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
-                 summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
+                 "" if summary["eval_accuracy"] is None
+                 else f" eval accuracy {summary['eval_accuracy']:.3f},",
+                 summary["examples_per_sec"] or 0.0,
                  summary["num_towers"],
                  os.path.join(summary["config"]["logdir"], experiment.SUMMARY_FILENAME))
 
