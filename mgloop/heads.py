@@ -46,6 +46,29 @@ def activation_of(outputs) -> str | None:
     return {"Softmax": SOFTMAX, "Sigmoid": SIGMOID}.get(tensor.op.type, LOGITS)
 
 
+def logits_behind_concat(outputs, activation: str):
+    """For outputs concatenated on the batch axis from per-device parts that each come
+    straight (through Identity copies) from a `activation` op: the concatenation of those
+    ops' inputs, the logits; else None. (`--aggregation=colocate` joins the towers'
+    outputs so; Keras's cross-entropy looks through the op only when it is the last.)"""
+    if isinstance(outputs, tf.__internal__.EagerTensor) or not hasattr(outputs, "op"):
+        return None
+    if outputs.op.type != "ConcatV2":
+        return None
+    axis = tf.get_static_value(outputs.op.inputs[-1])
+    if axis is None or int(axis) != 0:
+        return None
+    parts = []
+    for part in outputs.op.inputs[:-1]:
+        while part.op.type == "Identity":
+            part = part.op.inputs[0]
+        if part.op.type != {SOFTMAX: "Softmax", SIGMOID: "Sigmoid"}[activation]:
+            return None
+        parts.append(part.op.inputs[0])
+    with tf.device(outputs.device):
+        return tf.concat(parts, axis=0)
+
+
 def _input_spec(model: keras.Model, input_shape) -> tf.TensorSpec | None:
     """The spec of a batch of the model's one input: from a Functional/Sequential model's
     own input, else the dataset's example shape as float32."""

@@ -30,7 +30,9 @@ one-hot (or soft) rows with the outputs' shape:
 
 Keras computes the probability forms from the logits when the probabilities
 come straight from a Softmax/Sigmoid op (it looks through the op), else from
-the probabilities clipped to [1e-7, 1 - 1e-7]. The result has one loss per
+the probabilities clipped to [1e-7, 1 - 1e-7]; mgloop also looks through the
+host's concatenation of per-device Softmax/Sigmoid outputs (`colocate`), so that
+the one loss sees what one device's Keras loss would. The result has one loss per
 example, or per token for outputs [B, L, K] (labels [B, L]); callers take the
 mean over all of them. accuracy.py counts correct predictions by the same
 reading of the outputs.
@@ -78,12 +80,16 @@ class CrossEntropy:
         y_true, outputs = tf.convert_to_tensor(y_true), tf.convert_to_tensor(outputs)
         if self.outputs == heads.LOGITS:
             return self._on_logits(y_true, outputs)
+        logits = heads.logits_behind_concat(outputs, self.outputs)  # what Keras would see
+        values, from_logits = (outputs, False) if logits is None else (logits, True)
         if self.outputs == heads.SIGMOID:
             labels = tf.reshape(tf.cast(y_true, outputs.dtype), tf.shape(outputs))
-            return keras.losses.binary_crossentropy(labels, outputs)
+            return keras.losses.binary_crossentropy(labels, values, from_logits=from_logits)
         if is_one_hot(y_true, outputs):
-            return keras.losses.categorical_crossentropy(tf.cast(y_true, outputs.dtype), outputs)
-        return keras.losses.sparse_categorical_crossentropy(class_ids(y_true, outputs), outputs)
+            return keras.losses.categorical_crossentropy(
+                tf.cast(y_true, outputs.dtype), values, from_logits=from_logits)
+        return keras.losses.sparse_categorical_crossentropy(
+            class_ids(y_true, outputs), values, from_logits=from_logits)
 
     @staticmethod
     def _on_logits(y_true: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:

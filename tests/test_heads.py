@@ -69,14 +69,17 @@ def reference_with_bound(config, make_model, keras_loss, steps_batches):
     return [v.numpy() for v in model.trainable_variables], bounds, losses_seen
 
 
-@pytest.mark.parametrize("units,activation,keras_loss,labels", [
-    (10, "softmax", keras.losses.SparseCategoricalCrossentropy(), lambda y: y),
-    (1, "sigmoid", keras.losses.BinaryCrossentropy(), lambda y: y % 2)])
+@pytest.mark.parametrize("units,activation,keras_loss,labels,aggregation", [
+    (10, "softmax", keras.losses.SparseCategoricalCrossentropy(), lambda y: y, "ring"),
+    (10, "softmax", keras.losses.SparseCategoricalCrossentropy(), lambda y: y, "colocate"),
+    (1, "sigmoid", keras.losses.BinaryCrossentropy(), lambda y: y % 2, "ring")],
+    ids=["softmax", "softmax-colocate", "sigmoid"])
 def test_probability_head_trains_as_keras_from_probabilities(units, activation, keras_loss,
-                                                             labels, logdir):
+                                                             labels, aggregation, logdir):
     make_model = head(units, activation)
     steps_batches = [(x, labels(y)) for x, y in helpers.batches(STEPS)]
-    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring", optimizer="sgd")
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation=aggregation,
+                                  optimizer="sgd")
     trainer = helpers.build_trainer(config, make_model)
     assert trainer.loss_fn.outputs == activation  # the default loss, matched to the head
 
