@@ -35,7 +35,8 @@ class Colocate(ParameterServerCpu):
     single_loss = True
 
     def single_loss_step(self, model, loss_fn, trainable, states, xs, ys, loss_scale=None):
-        """(loss, accuracy counts [correct, compared], grads, per-tower non-trainable state) of one single-loss step.
+        """(loss, accuracy counts [correct, compared], grads, per-tower non-trainable
+        state) of one single-loss step.
 
         `trainable`: the shared copy's values on the host; `states[t]`: tower t's
         non-trainable state, on its device. With a `loss_scale` S (on the host),
