@@ -11,8 +11,9 @@ step the gradients differ by at most 2 n u A, where A = mean over the batch of
 |per-example gradient| (computed at the reference's weights, every step), and
 plain SGD turns that into lr * 2 n u A per step, summed over the steps, plus
 the rounding of the weights themselves (u |w| per step and side). Later steps
-also see the weights' earlier difference through the gradient (first order in
-lr * curvature, a few percent here over three steps); a factor 2 allows for it.
+also see the weights' earlier difference through the gradient (a relative
+change of order lr * curvature per step, small for three steps of lr 0.1); a
+factor 2 allows for it.
 The losses: the mean over B of per-example losses, same bound with A = mean |loss|.
 """
 
