@@ -9,7 +9,7 @@ computes gradients (a tower; the host for the single-loss `colocate`) keeps
 running sums on its own device:
 
     G[u]    = (1/K) sum_k g[u][k]          (float32, the variables' dtype)
-    loss[u] = (1/K) sum_k loss[u][k]       correct = sum_k sum_u correct[u][k]
+    loss[u] = (1/K) sum_k loss[u][k]       counts[u] = sum_k counts[u][k]
 
 so the exchange, once per step, averages (1/T) sum_t G[t]: the gradient of the
 mean loss over the K*B examples, one step with a K-times larger batch. (The
@@ -36,7 +36,7 @@ class Pass:
     """What the units computed on one micro-batch (or, accumulated, on a step)."""
 
     losses: list[tf.Tensor]  # per unit: mean loss (scalar)
-    corrects: list[tf.Tensor]  # per unit: examples classified right (scalar float32)
+    accuracy_counts: list[tf.Tensor]  # per unit: float32 [correct, compared] (accuracy.py)
     grads: list[list[tf.Tensor]]  # per unit, per trainable variable, on the unit's device
     states: list[list[tf.Tensor]]  # per tower: non-trainable state after the pass
     # variable index -> sum over towers of its gradient, formed on its home as the towers
@@ -70,30 +70,30 @@ def accumulate(micro_pass: MicroPass, xs: list[tf.Tensor], ys: list[tf.Tensor], 
     if steps == 1:
         return micro_pass(xs, ys, states)
     micro_x, micro_y = _micro_shards(xs, steps), _micro_shards(ys, steps)
-    losses, corrects, grads = [], [], []
+    losses, counts, grads = [], [], []
     for device in unit_devices:  # the sums start at zero on each unit's device
         with tf.device(device):
             losses.append(tf.constant(0.0))
-            corrects.append(tf.constant(0.0))
+            counts.append(tf.zeros([2], tf.float32))
             grads.append([tf.zeros(v.shape, v.dtype) for v in variables])
 
-    def body(k, losses, corrects, grads, tower_states):
+    def body(k, losses, counts, grads, tower_states):
         out = micro_pass([x[k] for x in micro_x], [y[k] for y in micro_y], tower_states)
-        new_losses, new_corrects, new_grads = [], [], []
+        new_losses, new_counts, new_grads = [], [], []
         for u, device in enumerate(unit_devices):
             with tf.device(device):
                 new_losses.append(losses[u] + out.losses[u])
-                new_corrects.append(corrects[u] + out.corrects[u])
+                new_counts.append(counts[u] + out.accuracy_counts[u])
                 new_grads.append([total + tf.cast(g, total.dtype)
                                   for total, g in zip(grads[u], out.grads[u])])
-        return k + 1, new_losses, new_corrects, new_grads, out.states
+        return k + 1, new_losses, new_counts, new_grads, out.states
 
-    loop_vars = (tf.constant(0), losses, corrects, grads, states)
-    _, losses, corrects, grads, states = tf.while_loop(
+    loop_vars = (tf.constant(0), losses, counts, grads, states)
+    _, losses, counts, grads, states = tf.while_loop(
         lambda k, *_: k < steps, body, loop_vars, parallel_iterations=1,
         maximum_iterations=steps)
     means = []
     for device, loss, grad in zip(unit_devices, losses, grads):
         with tf.device(device):
             means.append((loss * (1.0 / steps), [g * (1.0 / steps) for g in grad]))
-    return Pass([m[0] for m in means], corrects, [m[1] for m in means], states)
+    return Pass([m[0] for m in means], counts, [m[1] for m in means], states)

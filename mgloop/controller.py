@@ -19,6 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from mgloop import accuracy
 from mgloop import failures
 from mgloop.loop import LoopResult, Trainer
 
@@ -30,6 +31,7 @@ class Window:
     steps: int = 0
     loss_sum: float = 0.0
     correct: float = 0.0
+    compared: float = 0.0  # predictions compared (accuracy.py); 0: no accuracy defined
     seconds: float = 0.0
     input_wait: float = 0.0
     stats: dict[str, float] = dataclasses.field(default_factory=dict)  # the last sample
@@ -40,12 +42,16 @@ class Window:
         self.steps += result.steps
         self.loss_sum += result.loss_sum
         self.correct += result.correct
+        self.compared += result.compared
         self.seconds += seconds
         self.input_wait += result.input_wait
 
     def means(self, global_batch: int) -> dict[str, float]:
-        return {"loss": self.loss_sum / self.steps,
-                "accuracy": self.correct / (self.steps * global_batch),
+        """The window's metrics; `accuracy` (correct / compared) only where it is defined."""
+        metrics = {"loss": self.loss_sum / self.steps}
+        if self.compared:
+            metrics["accuracy"] = accuracy.accuracy_of(self.correct, self.compared)
+        return {**metrics,
                 "examples_per_sec": self.steps * global_batch / self.seconds,
                 "step_time": self.seconds / self.steps,
                 "input_wait": self.input_wait / self.steps,
@@ -146,10 +152,10 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
             if log_every and (step % log_every == 0 or step == train_steps or input_ended):
                 metrics = log_window.means(global_batch)
                 eta = (train_steps - step) * metrics["step_time"]
-                logging.info("step %d/%d  loss %.4f  accuracy %.3f  %.0f examples/sec  "
+                logging.info("step %d/%d  loss %.4f%s  %.0f examples/sec  "
                              "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
-                             metrics["loss"], metrics["accuracy"], metrics["examples_per_sec"],
-                             1e3 * metrics["input_wait"], eta)
+                             metrics["loss"], accuracy.log_text(metrics),
+                             metrics["examples_per_sec"], 1e3 * metrics["input_wait"], eta)
                 log_window = Window()
             if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
                 checkpointer.save(step)

@@ -20,6 +20,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from mgloop import accuracy
 from mgloop import aggregation
 from mgloop import checkpoint
 from mgloop import cluster
@@ -44,8 +45,9 @@ SUMMARY_FILENAME = "summary.json"
 
 
 def default_loss():
-    """Cross-entropy on logits against integer labels, per example (mgloop.losses):
-    softmax over K > 1 logits, sigmoid for a single logit."""
+    """The cross-entropy matched to the model's output when the Trainer is built
+    (mgloop.losses): on logits (softmax over K > 1, sigmoid for one), or on the
+    probabilities of a softmax or sigmoid output layer, per example or token."""
     return losses.cross_entropy
 
 
@@ -83,8 +85,10 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
         command_line: list[str] | None = None) -> dict:
     """Trains per `config` and returns the summary (also written to <logdir>/summary.json).
 
-    `model_fn` (no arguments, returns a Keras model of logits) and `loss_fn`
-    (y_true, y_pred) -> loss override `--model` and the default cross-entropy.
+    `model_fn` (no arguments, returns a Keras model) and `loss_fn`
+    (y_true, y_pred) -> loss override `--model` and the default cross-entropy
+    (matched to the model's output activation, losses.py). `final_train_accuracy`
+    and `eval_accuracy` are None where the loss defines no accuracy (accuracy.py).
     `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
     the logdir is refused). SIGTERM or SIGINT ends the run after the current loop with a
@@ -188,10 +192,10 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         if chief:
             summaries.write_final_metrics(config.logdir, result.final_step, {
                 "final/train_loss": result.train.get("loss"),
-                "final/eval_accuracy": eval_metrics["accuracy"],
+                "final/eval_accuracy": eval_metrics.get("accuracy"),
                 "final/examples_per_sec": result.examples_per_sec})
-    logging.info("eval at step %d: loss %.4f accuracy %.3f", result.final_step,
-                 eval_metrics["loss"], eval_metrics["accuracy"])
+    logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
+                 accuracy.log_text(eval_metrics))
     export_path = None
     if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)
@@ -207,7 +211,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         "final_train_loss": result.train.get("loss"),
         "final_train_accuracy": result.train.get("accuracy"),
         "eval_loss": eval_metrics["loss"],
-        "eval_accuracy": eval_metrics["accuracy"],
+        "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": traffic,

@@ -4,8 +4,10 @@ Evaluation and prediction split each batch of n examples over the towers in
 contiguous uneven shards, tower 0 first: with a = min(n, T) towers in use,
 tower t < a gets floor(n/a) examples plus one if t < n mod a, so a final batch
 smaller than the tower count works. Eval sums per-example losses (a tower's
-mean loss times its example count) and correct counts over all towers and
-batches, and divides by the example count: the single-device answer.
+mean loss times its example count) over all towers and batches and divides
+by the example count; accuracy sums the towers' counts [correct, compared]
+(accuracy.py) and divides: the single-device answers. Accuracy is left out
+where the loss defines none.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from mgloop import accuracy
 from mgloop import towers
 
 
@@ -43,18 +46,19 @@ class TowerInference:
 
     @tf.function(reduce_retracing=True)
     def _eval_batch(self, x, y, active: int):
-        """(sum of per-example losses, correct count) over one batch, on `active` towers."""
+        """(sum of per-example losses, accuracy counts [correct, compared]) over one batch,
+        on `active` towers."""
         results = self._tower_outputs(x, active)
         sizes = [size for size, _ in results]
         ys = tf.split(y, tf.stack(sizes), num=active) if active > 1 else [y]
-        loss_sums, corrects = [], []
+        loss_sums, counts = [], []
         for t, ((size, logits), y_t) in enumerate(zip(results, ys)):
             with tf.device(self.tower_devices[t]):
                 mean = tf.reduce_mean(self.loss_fn(y_t, logits))
                 loss_sums.append(mean * tf.cast(size, mean.dtype))
-                corrects.append(towers.count_correct(y_t, logits))
+                counts.append(accuracy.counts(self.loss_fn, y_t, logits))
         with tf.device(self.aggregation.devices.host):
-            return tf.add_n(loss_sums), tf.add_n(corrects)
+            return tf.add_n(loss_sums), tf.add_n(counts)
 
     @tf.function(reduce_retracing=True)
     def _predict_batch(self, x, active: int):
@@ -69,18 +73,23 @@ class TowerInference:
         """Mean loss and accuracy over every example of `batches`, computed on the towers.
 
         loss = (1/N) * sum over examples of the per-example loss (a tower's mean
-        loss times its example count); accuracy = correct / N.
+        loss times its example count); accuracy = correct / compared (predictions:
+        examples, tokens or labels, accuracy.py), a key only where the loss defines it.
         """
-        loss_sum = correct = count = 0.0
+        loss_sum = correct = compared = count = 0.0
         for x, y in batches:
-            batch_loss, batch_correct = self._eval_batch(
+            batch_loss, batch_counts = self._eval_batch(
                 x, y, self._active_towers(int(y.shape[0])))
             loss_sum += float(batch_loss)
-            correct += float(batch_correct)
+            correct += float(batch_counts[0])
+            compared += float(batch_counts[1])
             count += int(y.shape[0])
         if not count:
             raise ValueError("evaluate() was given no examples")
-        return {"loss": loss_sum / count, "accuracy": correct / count}
+        metrics = {"loss": loss_sum / count}
+        if compared:
+            metrics["accuracy"] = accuracy.accuracy_of(correct, compared)
+        return metrics
 
     def predict(self, inputs, batch_size: int | None = None) -> np.ndarray:
         """Model outputs (inference mode) for every example, in input order, on the towers.

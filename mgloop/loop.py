@@ -51,6 +51,7 @@ from mgloop.breakdown import PHASES, STEP_SCOPE  # name scopes by which a profil
 from mgloop import diagnostics as diagnostics_lib
 from mgloop import exchange_timing
 from mgloop import inference
+from mgloop import losses
 from mgloop import non_trainable
 from mgloop import optim
 from mgloop import ordered_sum
@@ -69,7 +70,8 @@ class LoopResult:
 
     steps: int  # steps run: fewer than asked when the input ended
     loss_sum: float  # sum over those steps of the mean loss over the global batch
-    correct: float  # examples classified right, over those steps
+    correct: float  # predictions that were right, over those steps (accuracy.py)
+    compared: float  # predictions compared; 0 where the loss defines no accuracy
     input_wait: float  # seconds the towers waited for input, over those steps
     # --diagnostics: the `stat_names` values of the loop's last step, if it was sampled
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -102,6 +104,7 @@ class Trainer(inference.TowerInference):
             self.model = model_fn()
             if not self.model.built or not self.model.variables:
                 self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
+        self.loss_fn = losses.for_model(loss_fn, self.model, input_shape)  # its output's loss
         self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
         # each tower draws its own random numbers (dropout masks), by its global index
         self.random_streams = random_streams.RandomStreams(
@@ -205,7 +208,8 @@ class Trainer(inference.TowerInference):
                    ) -> tuple[tf.Tensor, tf.Tensor, tf.Operation, tf.Tensor | None]:
         """One synchronous update on per-tower shards (x_t, y_t), each on its tower.
 
-        Returns (mean loss over the step's examples, correct count, an op that has
+        Returns (mean loss over the step's examples, its accuracy counts [correct,
+        compared] (accuracy.py), an op that has
         run once every variable copy holds this step's update, the step's values of
         `stat_names` as one vector on the host: None without --diagnostics or
         `with_stats`, whereupon nothing of them is traced). With
@@ -243,13 +247,13 @@ class Trainer(inference.TowerInference):
                      if sampled else None)
             with tf.device(self.aggregation.devices.host):  # this worker's towers
                 loss = tf.add_n(result.losses) / len(units)
-                correct = tf.add_n(result.corrects)
+                counts = tf.add_n(result.accuracy_counts)
             with tf.name_scope(PHASES[2]):  # across workers, the metrics ride with the grads
                 if self.aggregation.single_loss:
                     grads = [result.grads[0]]
                 else:
-                    grads, (loss, correct) = self.exchange(result.grads, [loss, correct],
-                                                             result.sums)
+                    grads, (loss, counts) = self.exchange(result.grads, [loss, counts],
+                                                            result.sums)
             if self.last_grads is not None:
                 for keep, g in zip(self.last_grads, grads[0]):
                     with tf.device(keep.device):
@@ -273,7 +277,7 @@ class Trainer(inference.TowerInference):
                 divergence = diagnostics_lib.replica_divergence(self.copies)
             with tf.device(self.aggregation.devices.host):
                 stats = tf.concat([stats, divergence[None]], 0)
-        return loss, correct, done, stats
+        return loss, counts, done, stats
 
     def _micro_pass(self, trainable, states, scales, xs, ys, sampled: bool = False
                     ) -> accumulation.Pass:
@@ -284,12 +288,12 @@ class Trainer(inference.TowerInference):
         before = (dict(traffic.sent), dict(traffic.received))
         streams = self.random_streams
         if self.aggregation.single_loss:
-            loss, correct, grads, new_states = self.aggregation.single_loss_step(
+            loss, counts, grads, new_states = self.aggregation.single_loss_step(
                 self.model, self.loss_fn, trainable,
                 [streams.for_tower(s, t, d) for t, (s, d) in enumerate(zip(states,
                                                                          self.tower_devices))],
                 xs, ys, scales[0] if scales else None)
-            out = accumulation.Pass([loss], [correct], [grads],
+            out = accumulation.Pass([loss], [counts], [grads],
                                     [streams.after_tower(given, new)
                                      for given, new in zip(states, new_states)])
         else:
@@ -312,7 +316,8 @@ class Trainer(inference.TowerInference):
             if not sampled:  # what the ordinary step does with large gradients
                 self.large_gradients = {"ordered": sorted(order.sums) if order else [],
                                         "factored": sorted(factors.received) if factors else []}
-            out = accumulation.Pass([o.loss for o in outputs], [o.correct for o in outputs],
+            out = accumulation.Pass([o.loss for o in outputs],
+                                    [o.accuracy_counts for o in outputs],
                                     [o.grads for o in outputs],
                                     [streams.after_tower(given, o.non_trainable)
                                      for given, o in zip(states, outputs)], sums)
@@ -400,7 +405,7 @@ class Trainer(inference.TowerInference):
         out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
                                  tf.constant(sample_stats and bool(self.stat_names)))
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
-                          correct=float(out["correct"]),
+                          correct=float(out["correct"]), compared=float(out["compared"]),
                           input_wait=float(out["input_wait"]) + primed,
                           stats=(dict(zip(self.stat_names, out["stats"].numpy().tolist()))
                                  if bool(out["sampled"]) else {}))
@@ -419,7 +424,7 @@ class Trainer(inference.TowerInference):
         after the `tf.range` loop, traced a second time with the statistics: the
         loop's other steps are exactly the step without them (no per-step cost).
         """
-        loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+        loss_sum, counts_sum = tf.constant(0.0), tf.zeros([2], tf.float64)  # exact sums
         stats_last, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
@@ -427,23 +432,24 @@ class Trainer(inference.TowerInference):
             begin, has_batch, take = self._next_batch(iterator, after=end)
             if not has_batch:
                 break
-            loss, correct, step_wait, end, _ = self._timed_step(take, begin, with_stats=False)
+            loss, counts, step_wait, end, _ = self._timed_step(take, begin, with_stats=False)
             wait += step_wait
             loss_sum += loss
-            correct_sum += correct
+            counts_sum += tf.cast(counts, tf.float64)
             steps += 1
         if self.stat_names:  # traced only with --diagnostics
             if sample_stats and steps == num_steps - 1:
                 begin, has_batch, take = self._next_batch(iterator, after=end)
                 if has_batch:
-                    loss, correct, step_wait, end, stats_last = self._timed_step(
+                    loss, counts, step_wait, end, stats_last = self._timed_step(
                         take, begin, with_stats=True)
                     wait += step_wait
                     loss_sum += loss
-                    correct_sum += correct
+                    counts_sum += tf.cast(counts, tf.float64)
                     sampled = tf.constant(True)
                     steps += 1
-        return {"steps": steps, "loss_sum": loss_sum, "correct": correct_sum,
+        return {"steps": steps, "loss_sum": loss_sum, "correct": counts_sum[0],
+                "compared": counts_sum[1],
                 "input_wait": wait, "stats": stats_last, "sampled": sampled}
 
     def _next_batch(self, iterator, after: tf.Tensor):
@@ -455,14 +461,14 @@ class Trainer(inference.TowerInference):
         return begin, has_batch, take
 
     def _timed_step(self, take, begin: tf.Tensor, with_stats: bool):
-        """One step on the batch `take()` gives, begun at `begin`: (loss, correct, its input
+        """One step on the batch `take()` gives, begun at `begin`: (loss, counts, its input
         wait (see the top of this module), its end time, its statistics or None)."""
         with tf.name_scope(STEP_SCOPE):
             with tf.name_scope(PHASES[0]):
                 shards, staged = take()
             with tf.control_dependencies([t for shard in shards for t in shard]):
                 ready = staging_lib.clock()
-            loss, correct, done, stats = self.train_step(shards, with_stats)
+            loss, counts, done, stats = self.train_step(shards, with_stats)
             with tf.control_dependencies([done]):
                 compute_end = staging_lib.clock()
             with tf.control_dependencies([compute_end] + staged):
@@ -470,7 +476,7 @@ class Trainer(inference.TowerInference):
             # tf.timestamp reads the wall clock, which the system may set back by a few
             # microseconds between two reads: a term is never less than 0.
             wait = tf.maximum(ready - begin, 0.0) + tf.maximum(step_end - compute_end, 0.0)
-            return loss, correct, wait, step_end, stats
+            return loss, counts, wait, step_end, stats
 
     def time_exchange(self, repeats: int = 5, per_call: int = 20) -> float | None:
         """Median seconds of one gradient exchange alone (exchange_timing.py)."""

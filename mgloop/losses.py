@@ -1,27 +1,123 @@
-"""The default loss: cross-entropy on logits, binary or categorical by the model's output width.
+"""The default loss: the cross-entropy that matches the model's output.
 
-For labels y (integers) and logits z of one example,
+`cross_entropy` (what `experiment.default_loss()` returns) is resolved against
+the template model when the Trainer is built (`for_model`): heads.py reads the
+output activation, and the Trainer uses
 
-    K > 1 logits:  loss = -log softmax(z)[y]                   (sparse categorical)
-    1 logit:       loss = -y log s(z) - (1 - y) log(1 - s(z)),  s = sigmoid, y in {0, 1}
+    logits   CrossEntropy("logits")    the activation applied inside the loss
+    softmax  CrossEntropy("softmax")   Keras's cross-entropy on probabilities
+    sigmoid  CrossEntropy("sigmoid")   (from_logits=False), as a Keras model compiled
+                                       with that loss computes it
 
-The one-logit case is the binary cross-entropy of a sigmoid output (e.g. `big_mlp`
-on `random_binary`), computed by `tf.nn.sigmoid_cross_entropy_with_logits`
-(max(z, 0) - z y + log(1 + exp(-|z|))), which stays finite where
-log(sigmoid(z)) of a separate sigmoid would underflow. It returns one loss per
-example; callers take the mean. `towers.count_correct` reads the same widths
-(arg-max of K logits, z > 0 for one).
+so an activation is never applied twice. A softmax over one unit (always 1) is
+refused. Any other `loss_fn` is used as given. Where the model cannot be traced
+(heads.py), `cross_entropy` reads the activation from the op that produced
+its input when the step is traced (logits unless a Softmax/Sigmoid op).
+
+Per element, with labels y and model outputs z (logits) or p (probabilities),
+on the last axis of K units; labels either integers with the outputs' shape
+minus that axis (a trailing 1 allowed), or, for K > 1 under softmax/logits,
+one-hot (or soft) rows with the outputs' shape:
+
+    logits, K > 1:   -log softmax(z)[y]        (tf.nn.sparse_softmax_cross_entropy_with_logits;
+                                                one-hot: -sum_k y_k log softmax(z)_k)
+    logits, K = 1:   max(z, 0) - z y + log(1 + exp(-|z|))   (sigmoid_cross_entropy_with_logits,
+                                                finite where log(sigmoid(z)) would underflow)
+    softmax:         -log p[y]                 keras.losses.(sparse_)categorical_crossentropy
+    sigmoid:         mean over the K units of -y log p - (1 - y) log(1 - p), y in {0, 1}
+                     with the outputs' shape (K = 1: also [B] integer labels);
+                     keras.losses.binary_crossentropy
+
+Keras computes the probability forms from the logits when the probabilities
+come straight from a Softmax/Sigmoid op (it looks through the op), else from
+the probabilities clipped to [1e-7, 1 - 1e-7]; mgloop also looks through the
+host's concatenation of per-device Softmax/Sigmoid outputs (`colocate`), so that
+the one loss sees what one device's Keras loss would. The result has one loss per
+example, or per token for outputs [B, L, K] (labels [B, L]); callers take the
+mean over all of them. accuracy.py counts correct predictions by the same
+reading of the outputs.
 """
 
 from __future__ import annotations
 
+from absl import logging
+import keras
 import tensorflow as tf
 
+from mgloop import heads
+from mgloop.errors import ConfigError
 
-def cross_entropy(y_true: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """Per-example cross-entropy [B] of integer labels y_true [B] (or [B, 1]) and logits [B, K]."""
-    if logits.shape[-1] == 1:
-        labels = tf.cast(tf.reshape(y_true, [-1]), logits.dtype)
-        return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits[..., 0])
-    labels = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+def is_one_hot(y_true: tf.Tensor, outputs: tf.Tensor) -> bool:
+    """Labels given as rows over the K > 1 output units (one-hot or soft), not integers."""
+    return (outputs.shape[-1] != 1 and y_true.shape.rank == outputs.shape.rank
+            and y_true.shape[-1] == outputs.shape[-1])
+
+
+def class_ids(y_true: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    """Integer labels with the outputs' shape minus the class axis."""
+    return tf.reshape(tf.cast(y_true, tf.int32), tf.shape(outputs)[:-1])
+
+
+class CrossEntropy:
+    """Per-element cross-entropy (see the module docstring) of labels and model outputs
+    that are `outputs` ("logits", "softmax" or "sigmoid")."""
+
+    def __init__(self, outputs: str = heads.LOGITS):
+        if outputs not in (heads.LOGITS, heads.SOFTMAX, heads.SIGMOID):
+            raise ValueError(f"outputs must be logits, softmax or sigmoid, not {outputs!r}")
+        self.outputs = outputs
+
+    def __repr__(self) -> str:
+        return f"CrossEntropy({self.outputs!r})"
+
+    def __call__(self, y_true, outputs) -> tf.Tensor:
+        y_true, outputs = tf.convert_to_tensor(y_true), tf.convert_to_tensor(outputs)
+        if self.outputs == heads.LOGITS:
+            return self._on_logits(y_true, outputs)
+        logits = heads.logits_behind_concat(outputs, self.outputs)  # what Keras would see
+        values, from_logits = (outputs, False) if logits is None else (logits, True)
+        if self.outputs == heads.SIGMOID:
+            labels = tf.reshape(tf.cast(y_true, outputs.dtype), tf.shape(outputs))
+            return keras.losses.binary_crossentropy(labels, values, from_logits=from_logits)
+        if is_one_hot(y_true, outputs):
+            return keras.losses.categorical_crossentropy(
+                tf.cast(y_true, outputs.dtype), values, from_logits=from_logits)
+        return keras.losses.sparse_categorical_crossentropy(
+            class_ids(y_true, outputs), values, from_logits=from_logits)
+
+    @staticmethod
+    def _on_logits(y_true: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+        produced_by = heads.activation_of(logits)  # None in eager mode
+        if produced_by in (heads.SOFTMAX, heads.SIGMOID):  # a model for_model could not trace
+            return CrossEntropy(produced_by)(y_true, logits)
+        if logits.shape[-1] == 1:
+            labels = tf.reshape(tf.cast(y_true, logits.dtype), tf.shape(logits)[:-1])
+            return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits[..., 0])
+        if is_one_hot(y_true, logits):
+            return tf.nn.softmax_cross_entropy_with_logits(
+                labels=tf.cast(y_true, logits.dtype), logits=logits)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=class_ids(y_true, logits), logits=logits)
+
+
+cross_entropy = CrossEntropy(heads.LOGITS)  # the default; resolved per model by for_model
+
+
+def for_model(loss_fn, model: keras.Model, input_shape=None):
+    """The loss a Trainer of `model` uses: the default `cross_entropy` matched to the
+    model's output activation (heads.py), any other loss unchanged."""
+    if loss_fn is not cross_entropy:
+        return loss_fn
+    activation = heads.output_activation(model, input_shape)
+    if activation is None:
+        logging.warning("the default loss could not trace the model to read its output "
+                        "activation: it reads it from each traced step instead (heads.py)")
+    if activation in (None, heads.LOGITS):
+        return cross_entropy
+    logging.info("default loss: cross-entropy on the %s probabilities the model outputs",
+                 activation)
+    width = model.outputs[0].shape[-1] if getattr(model, "outputs", None) else None
+    if activation == heads.SOFTMAX and width == 1:
+        raise ConfigError("model_fn: the model ends in a softmax over one unit, which is "
+                          "always 1; end it in a sigmoid (or no activation) for two classes")
+    return CrossEntropy(activation)

@@ -14,7 +14,9 @@ Layout of a logdir (tags are stable; the README lists them):
 Diagnostic tags (tower_i/..., grad/..., replica/divergence, loss_scale, memory/...,
 histograms) are listed in diagnostics.py and monitor.py.
 
-Train scalars are means over the steps since the previous summary.
+Train scalars are means over the steps since the previous summary. `accuracy`
+(train, eval, final/eval_accuracy) is written only where the loss defines one
+(accuracy.py); summary.json then holds null.
 """
 
 from __future__ import annotations

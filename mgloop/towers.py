@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import keras
 import tensorflow as tf
 
+from mgloop import accuracy
 from mgloop import precision
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class VariableCopy:
 @dataclasses.dataclass
 class TowerOutput:
     loss: tf.Tensor  # scalar: mean loss over the tower's shard
-    correct: tf.Tensor  # scalar float32: examples of the shard classified right
+    accuracy_counts: tf.Tensor  # float32 [correct, compared] on the shard (accuracy.py)
     grads: list[tf.Tensor | None]  # per trainable variable, on the tower's device; None if factored
     non_trainable: list[tf.Tensor]  # updated non-trainable state
     # variable index -> (x_t, dz_t), its gradient's factors (sufficient_factors.py)
@@ -95,16 +96,6 @@ def copy_first_to_rest(copies: list[VariableCopy]) -> None:
 def mean_loss(loss_fn: LossFn, y: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
     """Mean of `loss_fn` over the examples (works for per-example or already-mean losses)."""
     return tf.reduce_mean(loss_fn(y, predictions))
-
-
-def count_correct(y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """Examples whose arg-max class equals the label (one logit: threshold 0)."""
-    if logits.shape[-1] == 1:
-        predicted = tf.cast(logits[..., 0] > 0, y.dtype)
-    else:
-        predicted = tf.cast(tf.argmax(logits, axis=-1), y.dtype)
-    return tf.reduce_sum(tf.cast(tf.equal(predicted, tf.reshape(y, tf.shape(predicted))),
-                                 tf.float32))
 
 
 def call_kwargs(model: keras.Model, training: bool) -> dict:
@@ -164,5 +155,5 @@ def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor
         if loss_scale is not None:
             grads = [None if g is None else g / loss_scale for g in grads]
             factors = {i: (x, dz / loss_scale) for i, (x, dz) in factors.items()}
-        return TowerOutput(loss, count_correct(y, logits), grads, list(new_non_trainable),
-                           factors)
+        return TowerOutput(loss, accuracy.counts(loss_fn, y, logits), grads,
+                           list(new_non_trainable), factors)

@@ -74,9 +74,11 @@ def main(argv):
         sys.exit(1)
     if summary.get("preempted"):  # the run logged where it stopped and what it saved
         sys.exit(128 + signal.Signals[summary["preempted"]["signal"]])
-    logging.info("final: train loss %.4f, eval accuracy %.3f, %.0f examples/sec on %d towers; "
+    logging.info("final: train loss %.4f,%s %.0f examples/sec on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
-                 summary["eval_accuracy"], summary["examples_per_sec"] or 0.0,
+                 "" if summary["eval_accuracy"] is None
+                 else f" eval accuracy {summary['eval_accuracy']:.3f},",
+                 summary["examples_per_sec"] or 0.0,
                  summary["num_towers"],
                  os.path.join(summary["config"]["logdir"], experiment.SUMMARY_FILENAME))
 

@@ -71,8 +71,8 @@ def test_packing_by_dtype_groups_every_tensor_of_a_dtype_in_one_bucket():
 def test_cross_worker_stage_makes_one_collective_per_step(logdir, monkeypatch):
     """The stage between workers, in-process: the collective is replaced by a peer that
     contributed the same sums (x2), so the mean gradient, hence the weights, equal one
-    worker's, the loss is the same and the correct count doubles; a step makes ONE
-    collective carrying the gradients and both metrics, counted as 2(W-1)/W of its bytes."""
+    worker's, the loss is the same and the accuracy counts double; a step makes ONE
+    collective carrying the gradients and the metrics, counted as 2(W-1)/W of its bytes."""
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring")
     batches = helpers.batches(1)
     stream = tf.data.Dataset.from_tensor_slices(
@@ -93,14 +93,15 @@ def test_cross_worker_stage_makes_one_collective_per_step(logdir, monkeypatch):
     monkeypatch.setattr(trainer.aggregation, "all_workers_sum", identical_peer)
     result = trainer.train_loop(iter(stream), 1)
     p = parameter_bytes(trainer)
-    assert collectives == [[p // 4 + 2]]  # every gradient, the loss and the count; traced once
+    assert collectives == [[p // 4 + 3]]  # every gradient, the loss, the 2 counts; traced once
     local, crossing = alone.aggregation.traffic, trainer.aggregation.traffic
-    between_workers = (p + 8) * 2 * (2 - 1) // 2  # sent, and received, by copy 0's device
+    between_workers = (p + 12) * 2 * (2 - 1) // 2  # sent, and received, by copy 0's device
     assert crossing.received["CPU:0"] - local.received["CPU:0"] == between_workers
     assert crossing.sent["CPU:0"] - local.sent["CPU:0"] == between_workers + p  # + to copy 1
     assert crossing.received["CPU:1"] - local.received["CPU:1"] == p
     assert result.loss_sum == alone_result.loss_sum  # (2 l) / 2 and 2 s / (2 T): exact
     assert result.correct == 2 * alone_result.correct
+    assert result.compared == 2 * alone_result.compared == 2 * helpers.GLOBAL_BATCH
     for copy, alone_copy in zip(trainer.copies, alone.copies):
         for a, b in zip(copy.trainable, alone_copy.trainable):
             np.testing.assert_array_equal(a.numpy(), b.numpy())

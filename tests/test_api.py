@@ -1,5 +1,7 @@
 """The Python API: any model function, any loss, non-trainable state, one compiled loop."""
 
+import math
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -51,7 +53,9 @@ def test_custom_model_and_loss_equal_single_device(logdir):
 def test_run_accepts_model_and_loss_functions(logdir):
     summary = mgloop.run(helpers.small_config(logdir, devices="cpu:2", train_steps=30),
                          model_fn=Residual, loss_fn=per_example_loss)
-    assert summary["final_step"] == 30 and summary["eval_accuracy"] > 0.3
+    assert summary["final_step"] == 30
+    assert summary["eval_accuracy"] is None  # a plain loss function defines no accuracy
+    assert summary["eval_loss"] < 0.95 * math.log(10)  # it learned: ln 10 at chance
 
 
 def batch_norm_model():

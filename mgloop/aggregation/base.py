@@ -143,8 +143,9 @@ class Aggregation(abc.ABC):
         """(`reduce(...)`, `metrics` summed over every process of the job).
 
         `metrics` are this process's values (e.g. the step's mean loss and
-        correct count). In one process they come back as given; the cross-worker
-        stage (cross_worker.py) sums them in the gradients' own collective.
+        accuracy counts [correct, compared]). In one process they come back as
+        given; the cross-worker stage (cross_worker.py) sums them in the
+        gradients' own collective.
         """
         return self.reduce(tower_values, variables, average), list(metrics)
 

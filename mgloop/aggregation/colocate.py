@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from mgloop import accuracy
 from mgloop import precision
 from mgloop import towers
 from mgloop.aggregation import register
@@ -34,7 +35,8 @@ class Colocate(ParameterServerCpu):
     single_loss = True
 
     def single_loss_step(self, model, loss_fn, trainable, states, xs, ys, loss_scale=None):
-        """(loss, correct, grads, per-tower non-trainable state) of one single-loss step.
+        """(loss, accuracy counts [correct, compared], grads, per-tower non-trainable
+        state) of one single-loss step.
 
         `trainable`: the shared copy's values on the host; `states[t]`: tower t's
         non-trainable state, on its device. With a `loss_scale` S (on the host),
@@ -67,5 +69,5 @@ class Colocate(ParameterServerCpu):
         with tf.device(host):
             if loss_scale is not None:
                 grads = [g / loss_scale for g in grads]
-            correct = towers.count_correct(labels, merged)
-        return loss, correct, grads, new_states
+            counts = accuracy.counts(loss_fn, labels, merged)
+        return loss, counts, grads, new_states

@@ -13,7 +13,7 @@ towers. Step 2 is one collective per dtype, whatever `--pack_bytes` is (that
 setting packs the local stage): the local sums are flattened and concatenated
 into one buffer on the copy 0 device (packing.plan_by_dtype), summed, and split
 back into their shapes, because over gRPC a collective's fixed round trip costs
-far more than its bytes. The step's metrics (its mean loss and correct count,
+far more than its bytes. The step's metrics (its mean loss and accuracy counts,
 `reduce_with_metrics`) ride in the same buffer, so a float32 model's training
 step makes ONE collective between workers. Each worker sends and receives
 2(W-1)/W of the buffer's bytes (a ring all-reduce), as counted in `traffic`.
