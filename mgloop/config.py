@@ -36,6 +36,7 @@ GRAD_REDUCE = ("mean", "sum")
 TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
 LR_SCHEDULES = ("constant", "poly", "cosine")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
+MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
 CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
 # Settings a resumed run must keep, as a change would silently make it another run than
 # the one its checkpoint continues:
@@ -186,7 +187,10 @@ class Config:
 def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     """What several processes cannot do (yet), refused before anything starts."""
     _check_range("startup_timeout", config.startup_timeout, low=0.0, low_open=True)
-    _check_range("collective_timeout", config.collective_timeout, low=0.0, low_open=True)
+    # A peer is declared lost after this many seconds without an answer to the health checks,
+    # made every max(0.5, timeout / 4) s (peer_health.py): under 5 s, four checks in a row of
+    # a loaded but healthy peer could miss, so shorter timeouts are refused.
+    _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
     if workers is None or workers.num_workers == 1:
         return
     where = f"across {workers.num_workers} workers (TF_CONFIG)"

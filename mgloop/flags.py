@@ -94,7 +94,7 @@ _HELP = {
     "collective_timeout": "several processes: the peer health timeout: a peer that answers no "
                           "health check for this many seconds (dead, stopped, hung) is declared "
                           "lost within 10s more, the collectives are aborted and the run fails "
-                          "(exit code 3 naming it), not hangs",
+                          "(exit code 3 naming it), not hangs; >= 5",
     "deterministic": "TensorFlow op determinism: bit-repeatable runs",
 }
 

@@ -80,6 +80,7 @@ def test_launcher_says_how_a_worker_ended():
     (dict(batch_norm="sync"), r"^--batch_norm=sync across 2 workers"),
     (dict(mixed_precision="mixed_float16"), r"^--mixed_precision=mixed_float16 across 2 workers"),
     (dict(collective_timeout=0), r"^--collective_timeout=0 is out of range"),
+    (dict(collective_timeout=2.0), r"^--collective_timeout=2.0 is out of range: must be >= 5.0"),
 ])
 def test_what_several_workers_cannot_do_is_refused(overrides, pattern, monkeypatch, tmp_path):
     from tests import helpers
