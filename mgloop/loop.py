@@ -51,6 +51,7 @@ from mgloop.breakdown import PHASES, STEP_SCOPE  # name scopes by which a profil
 from mgloop import diagnostics as diagnostics_lib
 from mgloop import exchange_timing
 from mgloop import inference
+from mgloop import model_input
 from mgloop import optim
 from mgloop import ordered_sum
 from mgloop import sufficient_factors
@@ -100,6 +101,8 @@ class Trainer(inference.TowerInference):
             self.model = model_fn()
             if not self.model.built or not self.model.variables:
                 self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
+        if input_shape is not None:  # before any copy: one line, not a traced traceback
+            model_input.check_fits_data(self.model, input_shape)
         self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
         self.loss_scales = ([precision.DynamicLossScale(copy.optimizer, copy.device)
