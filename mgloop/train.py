@@ -1,7 +1,8 @@
 """`python -m mgloop.train [--flag=value ...] [--flagfile=FILE]`: train one experiment.
 
 Bad settings end the process with exit code 2 and one line on stderr, before
-any device or variable is created. With several processes (TF_CONFIG), a worker
+any device or variable is created. TensorFlow's start-up lines are kept off
+stderr unless TF_CPP_MIN_LOG_LEVEL is set (quiet_start.py). With several processes (TF_CONFIG), a worker
 that loses its peers (a collective times out) ends with exit code 3 and one line.
 """
 
@@ -10,11 +11,15 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
+from mgloop import quiet_start  # loads no TensorFlow
+
+with quiet_start.loading():  # TensorFlow's start-up lines off stderr, unless TF_CPP_MIN_LOG_LEVEL
+    import tensorflow as tf
+    tf.config.list_physical_devices("GPU")  # where a machine without CUDA logs its cuInit
+quiet_start.after_loading()
 
 from absl import app  # noqa: E402
 from absl import logging  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
 from mgloop import flags as mgloop_flags  # noqa: E402
@@ -27,7 +32,6 @@ mgloop_flags.define_flags()
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    tf.get_logger().setLevel("WARNING")  # TensorFlow's own INFO lines (checkpoint sharding)
     config = mgloop_flags.config_from_flags()
     try:
         summary = experiment.run(config, command_line=list(sys.argv))

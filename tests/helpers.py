@@ -68,11 +68,13 @@ def train_reference(config: Config, steps_batches):
     return [v.numpy() for v in model.trainable_variables], loss_sum
 
 
-def train_reference_model(config: Config, steps_batches, make_model=None):
+def train_reference_model(config: Config, steps_batches, make_model=None, bound=None):
     """The single-device reference as a trained Keras model (every weight), and its loss sum.
 
     Built under `config.mixed_precision`'s policy; with mixed_float16 the
     optimizer is Keras's LossScaleOptimizer (the Keras mixed-precision guide loop).
+    `bound` (tolerance.StepBound, float32 only) accumulates the bound on the difference
+    of any other summation order along the way.
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
     neutral = {name: Config.__dataclass_fields__[name].default
@@ -93,7 +95,12 @@ def train_reference_model(config: Config, steps_batches, make_model=None):
                 model, experiment.default_loss(), optimizer)
         loss_sum = 0.0
         for x, y in steps_batches:
+            if bound is not None:
+                bound.before(model, optimizer, experiment.default_loss(), tf.constant(x),
+                             tf.constant(y))
             loss_sum += float(step(tf.constant(x), tf.constant(y)))
+            if bound is not None:
+                bound.after()
     return model, loss_sum
 
 

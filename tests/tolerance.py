@@ -1,0 +1,151 @@
+"""Equivalence tolerances from a stated float32 error bound, never fitted to one CPU.
+
+N towers and one device compute the same real-valued training steps; they
+differ only in the order of float32 sums (the towers' shards, the aggregation,
+and on some CPUs AVX-512 / oneDNN kernels that block their reductions
+differently). The bound, per trainable element e, with u = 2^-24 and
+gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
+
+1. Gradient. Step t's mean gradient g = (1/B) sum_i g_i (g_i: example i's
+   gradient) is formed with at most n rounded additions along any path: the B
+   examples (times P positions for a convolution kernel), plus the sums along
+   one example's forward and backward path (every layer's fan-in and fan-out)
+   and the softmax over K classes. Taking the magnitude of example i's own terms
+   as |g_i|, each computation is within gamma(n) * A of the exact value, with
+   A = (1/B) sum_i |g_i| (elementwise); so any two orders differ by at most
+       dg_t = 2 gamma(n) A_t.
+2. Update. dg is carried through the optimizer's update map at the one-device
+   run's state (Keras's update rules, first order):
+     SGD                 dw_t = lr_t dg_t
+     momentum mu         dm_t = mu dm_{t-1} + lr_t dg_t,  dw_t = dm_t
+     Adam (b1, b2, eps)  w -= a_t m / (sqrt(v) + eps), a_t = lr_t sqrt(1-b2^t) / (1-b1^t):
+                         dm_t = (1-b1) sum_r b1^(t-r) dg_r,
+                         dsqrt(v)_t = ((1-b2) sum_r b2^(t-r) dg_r^2)^(1/2)  (triangle
+                         inequality of the weighted 2-norm), and
+                         dw_t = a_t (dm_t + |m_t| dsqrt(v)_t / (sqrt(v_t) + eps)) / (sqrt(v_t) + eps)
+                         where v is tiny, eps caps the division: dw_t <= a_t 2 dm_t / eps.
+   Decoupled weight decay multiplies a difference by 1 - lr wd < 1: no term. Each
+   assignment w <- w - update rounds once in either run: 2 u |w| per step.
+3. Steps. After S steps, |w_towers - w_one| <= tol = FEEDBACK * sum_t (dw_t + 2 u |w_t|).
+   A difference carried into a later step also moves that step's gradient
+   (through the Hessian); over the few small steps of these tests (S <= 8,
+   lr |H| < 1) that at most doubles the first-order sum: FEEDBACK = 2.
+   The mean loss of a step differs by at most 2 gamma(n) (1/B) sum_i |loss_i|
+   plus sum_e |g_e| tol_e of the weights it is computed at.
+
+A real fault is far outside this bound: a tower's gradient left out or a
+missing 1/T changes g by a fraction of |g| itself, where the bound allows
+about 1e-4 of A (test_equivalence.py checks that it fails).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+U = 2.0 ** -24  # float32 unit roundoff
+FEEDBACK = 2.0  # differences carried into later steps (3. above)
+
+
+def gamma(n: int) -> float:
+    return n * U / (1 - n * U)
+
+
+def path_sums(model, batch: int) -> int:
+    """n of 1. above: B (times the largest P of a convolution), plus every kernel's fan-in
+    and fan-out, plus the K logits of the softmax."""
+    n, positions = 0, 1
+    for layer in model.layers:
+        kernel = getattr(layer, "kernel", None)
+        if kernel is None:
+            continue
+        shape = tuple(kernel.shape)
+        n += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]  # fan-in + fan-out
+        if len(shape) > 2:  # a convolution's kernel gradient also sums its output positions
+            positions = max(positions, math.prod(layer.output.shape[1:-1]))
+    return batch * positions + n + int(model.outputs[0].shape[-1])
+
+
+class StepBound:
+    """Accumulates tol (3. above) while the one-device reference trains: the reference calls
+    `before(model, optimizer, loss_fn, x, y)` before each step and `after()` after it."""
+
+    def __init__(self):
+        self.dw = None  # sum over steps of dw_t + 2 u |w_t|, per variable
+        self.loss_sum = 0.0  # bound on the difference of the sums of step losses
+        self._step = None  # (model, optimizer, lr_t, dg_t) of the step under way
+        self._state = None  # momentum: dm; Adam: (sum b1^(t-r) dg_r, sum b2^(t-r) dg_r^2)
+        self._per_example = None
+
+    def before(self, model, optimizer, loss_fn, x, y) -> None:
+        if self._per_example is None:  # traced once per reference run
+            def per_example_gradients(x, y):
+                with tf.GradientTape() as tape:
+                    losses = loss_fn(y, model(x, training=True))
+                return losses, tape.jacobian(losses, model.trainable_variables)
+            self._per_example = tf.function(per_example_gradients)
+        losses, jacobians = self._per_example(x, y)
+        per_example = [j.numpy().astype(np.float64) for j in jacobians]  # [B, *shape] each
+        two_gamma = 2 * gamma(path_sums(model, int(losses.shape[0])))
+        dg = [two_gamma * np.mean(np.abs(j), axis=0) for j in per_example]
+        loss_bound = two_gamma * float(np.mean(np.abs(losses.numpy())))
+        if self.dw is not None:  # computed at weights that differ by up to tol already
+            loss_bound += sum(float(np.sum(np.abs(np.mean(j, axis=0)) * FEEDBACK * d))
+                              for j, d in zip(per_example, self.dw))
+        self.loss_sum += loss_bound
+        self._step = (model, optimizer, float(optimizer.learning_rate), dg)
+
+    def after(self) -> None:
+        model, optimizer, lr, dg = self._step
+        variables = model.trainable_variables
+        if self.dw is None:
+            self.dw = [np.zeros(v.shape, np.float64) for v in variables]
+        if isinstance(optimizer, keras.optimizers.Adam):
+            dw = self._adam(optimizer, variables, lr, dg)
+        else:
+            mu = float(optimizer.momentum)
+            if self._state is None:
+                self._state = [np.zeros_like(d) for d in dg]
+            self._state = [mu * dm + lr * d for dm, d in zip(self._state, dg)]
+            dw = self._state
+        for total, d, v in zip(self.dw, dw, variables):
+            total += d + 2 * U * np.abs(v.numpy())
+
+    def _adam(self, optimizer, variables, lr, dg) -> list[np.ndarray]:
+        t = int(optimizer.iterations.numpy())  # this step's t (iterations after the update)
+        b1, b2, eps = optimizer.beta_1, optimizer.beta_2, optimizer.epsilon
+        if self._state is None:
+            self._state = ([np.zeros_like(d) for d in dg], [np.zeros_like(d) for d in dg])
+        sum1 = [b1 * s + d for s, d in zip(self._state[0], dg)]
+        sum2 = [b2 * s + d * d for s, d in zip(self._state[1], dg)]
+        self._state = (sum1, sum2)
+        alpha = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        out = []
+        for v, s1, s2 in zip(variables, sum1, sum2):
+            index = optimizer._get_variable_index(v)
+            m = np.abs(optimizer._momentums[index].numpy().astype(np.float64))
+            root = np.sqrt(optimizer._velocities[index].numpy().astype(np.float64))
+            dm, droot = (1 - b1) * s1, np.sqrt((1 - b2) * s2)
+            # |m/(r+eps) - m'/(r'+eps)| <= (dm + |m| dr / (r+eps)) / (max(r-dr, 0) + eps)
+            out.append(alpha * (dm + m * droot / (root + eps))
+                       / (np.maximum(root - droot, 0.0) + eps))
+        return out
+
+    def weights(self) -> list[np.ndarray]:
+        """tol per variable: the bound on |w_towers - w_one_device| after the steps so far."""
+        return [FEEDBACK * d for d in self.dw]
+
+
+def assert_within(actual: list[np.ndarray], expected: list[np.ndarray],
+                  tolerance: list[np.ndarray]) -> None:
+    """|actual - expected| <= tolerance elementwise, per variable, with the worst element named."""
+    assert len(actual) == len(expected) == len(tolerance)
+    for index, (a, e, t) in enumerate(zip(actual, expected, tolerance)):
+        excess = np.abs(np.asarray(a, np.float64) - e) - t
+        worst = np.unravel_index(np.argmax(excess), excess.shape) if excess.size else ()
+        assert excess.size == 0 or excess[worst] <= 0, (
+            f"variable {index} {np.shape(e)}: element {worst} differs by "
+            f"{abs(a[worst] - e[worst]):.3g} > bound {t[worst]:.3g}")
