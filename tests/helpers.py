@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from mgloop import data, devices, experiment, models, optim, precision
 from mgloop.config import Config
+from tests import tolerance
 from third_party import single_device
 
 DATASET = data.synthetic.make(seed=7, num_train=256, num_eval=64)
@@ -66,6 +67,14 @@ def train_reference(config: Config, steps_batches):
     """The single-device reference (third_party.single_device) on the same global batches."""
     model, loss_sum = train_reference_model(config, steps_batches)
     return [v.numpy() for v in model.trainable_variables], loss_sum
+
+
+def train_reference_bounded(config: Config, steps_batches, make_model=None):
+    """The single-device reference's trainable weights, loss sum, and the bound
+    (tolerance.StepBound) on how far any other summation order may lie from them."""
+    bound = tolerance.StepBound()
+    model, loss_sum = train_reference_model(config, steps_batches, make_model, bound)
+    return [v.numpy() for v in model.trainable_variables], loss_sum, bound
 
 
 def train_reference_model(config: Config, steps_batches, make_model=None, bound=None):

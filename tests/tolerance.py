@@ -24,9 +24,12 @@ gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
                          inequality of the weighted 2-norm), and
                          dw_t = a_t (dm_t + |m_t| dsqrt(v)_t / (sqrt(v_t) + eps)) / (sqrt(v_t) + eps)
                          where v is tiny, eps caps the division: dw_t <= a_t 2 dm_t / eps.
-   Decoupled weight decay multiplies a difference by 1 - lr wd < 1: no term. Each
-   assignment w <- w - update rounds once in either run: 2 u |w| per step.
-3. Steps. After S steps, |w_towers - w_one| <= tol = FEEDBACK * sum_t (dw_t + 2 u |w_t|).
+   Decoupled weight decay multiplies a difference by 1 - lr wd < 1: no term. The
+   update itself is formed with at most R = 8 roundings (the learning-rate product,
+   Adam's quotient, a sum's scaling by 1/T or lr T) and the assignment
+   w <- w - update rounds once: 2 (R |w_t - w_(t-1)| + |w_t|) u per step.
+3. Steps. After S steps, |w_towers - w_one| <= tol = FEEDBACK * sum_t (dw_t + the
+   roundings of 2.).
    A difference carried into a later step also moves that step's gradient
    (through the Hessian); over the few small steps of these tests (S <= 8,
    lr |H| < 1) that at most doubles the first-order sum: FEEDBACK = 2.
@@ -48,6 +51,7 @@ import tensorflow as tf
 
 U = 2.0 ** -24  # float32 unit roundoff
 FEEDBACK = 2.0  # differences carried into later steps (3. above)
+UPDATE_ROUNDINGS = 8  # R of 2. above
 
 
 def gamma(n: int) -> float:
@@ -81,6 +85,7 @@ class StepBound:
         self._per_example = None
 
     def before(self, model, optimizer, loss_fn, x, y) -> None:
+        variables = model.trainable_variables
         if self._per_example is None:  # traced once per reference run
             def per_example_gradients(x, y):
                 with tf.GradientTape() as tape:
@@ -96,10 +101,11 @@ class StepBound:
             loss_bound += sum(float(np.sum(np.abs(np.mean(j, axis=0)) * FEEDBACK * d))
                               for j, d in zip(per_example, self.dw))
         self.loss_sum += loss_bound
-        self._step = (model, optimizer, float(optimizer.learning_rate), dg)
+        self._step = (model, optimizer, float(optimizer.learning_rate), dg,
+                      [v.numpy() for v in variables])
 
     def after(self) -> None:
-        model, optimizer, lr, dg = self._step
+        model, optimizer, lr, dg, before = self._step
         variables = model.trainable_variables
         if self.dw is None:
             self.dw = [np.zeros(v.shape, np.float64) for v in variables]
@@ -111,8 +117,9 @@ class StepBound:
                 self._state = [np.zeros_like(d) for d in dg]
             self._state = [mu * dm + lr * d for dm, d in zip(self._state, dg)]
             dw = self._state
-        for total, d, v in zip(self.dw, dw, variables):
-            total += d + 2 * U * np.abs(v.numpy())
+        for total, d, v, w in zip(self.dw, dw, variables, before):
+            after = v.numpy().astype(np.float64)
+            total += d + 2 * U * (UPDATE_ROUNDINGS * np.abs(after - w) + np.abs(after))
 
     def _adam(self, optimizer, variables, lr, dg) -> list[np.ndarray]:
         t = int(optimizer.iterations.numpy())  # this step's t (iterations after the update)
@@ -137,6 +144,17 @@ class StepBound:
     def weights(self) -> list[np.ndarray]:
         """tol per variable: the bound on |w_towers - w_one_device| after the steps so far."""
         return [FEEDBACK * d for d in self.dw]
+
+
+TRANSPORT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # 11 and 8 significant bits
+
+
+def transport_bound(dtype: str, hops: int) -> float:
+    """Bound on ||w_compressed - w_one|| / ||w_one - w_start|| (2-norms over every weight) when
+    each gradient value is rounded to `dtype` at most once per hop, `hops` hops: each step's
+    update is within (1 + u_dtype)^hops - 1 of the exact one, relatively, elementwise and so
+    in norm; the float32 part (above) is four orders smaller; FEEDBACK over the steps."""
+    return FEEDBACK * ((1 + TRANSPORT_ROUNDOFF[dtype]) ** hops - 1)
 
 
 def assert_within(actual: list[np.ndarray], expected: list[np.ndarray],
