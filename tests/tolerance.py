@@ -87,22 +87,37 @@ class StepBound:
     def before(self, model, optimizer, loss_fn, x, y) -> None:
         variables = model.trainable_variables
         if self._per_example is None:  # traced once per reference run
-            def per_example_gradients(x, y):
+            def gradient_and_magnitude(x, y):  # g and A of 1. above, per variable
+                # stateless: the reference's moving statistics and random state stay as they are
+                trainable = [tf.identity(v) for v in model.trainable_variables]
+                state = [tf.identity(v) for v in model.non_trainable_variables]
                 with tf.GradientTape() as tape:
-                    losses = loss_fn(y, model(x, training=True))
-                return losses, tape.jacobian(losses, model.trainable_variables)
-            self._per_example = tf.function(per_example_gradients)
-        losses, jacobians = self._per_example(x, y)
-        per_example = [j.numpy().astype(np.float64) for j in jacobians]  # [B, *shape] each
+                    tape.watch(trainable)
+                    outputs, _ = model.stateless_call(trainable, state, x, training=True)
+                    losses = loss_fn(y, outputs)
+                per_example = tape.jacobian(losses, trainable)  # [B, *shape] each
+                return (losses, [tf.reduce_mean(j, 0) for j in per_example],
+                        [tf.reduce_mean(tf.abs(j), 0) for j in per_example])
+            self._per_example = tf.function(gradient_and_magnitude)
+        losses, g, a = self._per_example(x, y)
         two_gamma = 2 * gamma(path_sums(model, int(losses.shape[0])))
-        dg = [two_gamma * np.mean(np.abs(j), axis=0) for j in per_example]
+        a = [x.numpy().astype(np.float64) for x in a]
+        for index, floor in self.term_magnitudes(model, x, y).items():
+            a[index] = np.maximum(a[index], floor)
+        dg = [two_gamma * x for x in a]
         loss_bound = two_gamma * float(np.mean(np.abs(losses.numpy())))
         if self.dw is not None:  # computed at weights that differ by up to tol already
-            loss_bound += sum(float(np.sum(np.abs(np.mean(j, axis=0)) * FEEDBACK * d))
-                              for j, d in zip(per_example, self.dw))
+            loss_bound += sum(float(np.sum(np.abs(gv.numpy()) * FEEDBACK * d))
+                              for gv, d in zip(g, self.dw))
         self.loss_sum += loss_bound
         self._step = (model, optimizer, float(optimizer.learning_rate), dg,
                       [v.numpy() for v in variables])
+
+    def term_magnitudes(self, model, x, y) -> dict[int, np.ndarray]:
+        """Variable index -> a bound on (1/B) sum |terms| of its gradient where the
+        example's own |g_i| is not one: a gradient that cancels inside every example
+        (e.g. a bias in front of a batch norm: 0 in exact arithmetic). None here."""
+        return {}
 
     def after(self) -> None:
         model, optimizer, lr, dg, before = self._step
@@ -167,3 +182,15 @@ def assert_within(actual: list[np.ndarray], expected: list[np.ndarray],
         assert excess.size == 0 or excess[worst] <= 0, (
             f"variable {index} {np.shape(e)}: element {worst} differs by "
             f"{abs(a[worst] - e[worst]):.3g} > bound {t[worst]:.3g}")
+
+
+def assert_matches_reference(weights: list[np.ndarray], loss_sum: float | None,
+                             reference_run) -> None:
+    """Weights (and, unless None, the loss sum) within the bound of the reference run
+    (weights, loss sum, StepBound), as from helpers.train_reference_bounded."""
+    expected_weights, expected_loss_sum, bound = reference_run
+    assert_within(weights, expected_weights, bound.weights())
+    if loss_sum is not None:
+        assert abs(loss_sum - expected_loss_sum) <= bound.loss_sum, (
+            f"loss sum {loss_sum} differs from {expected_loss_sum} by more than "
+            f"{bound.loss_sum:.3g}")
