@@ -49,6 +49,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop import towers
+
 U = 2.0 ** -24  # float32 unit roundoff
 FEEDBACK = 2.0  # differences carried into later steps (3. above)
 UPDATE_ROUNDINGS = 8  # R of 2. above
@@ -61,7 +63,7 @@ def gamma(n: int) -> float:
 def path_sums(model, batch: int) -> int:
     """n of 1. above: B (times the largest P of a convolution), plus every kernel's fan-in
     and fan-out, plus the K logits of the softmax."""
-    n, positions = 0, 1
+    n, positions, shape = 0, 1, (0,)
     for layer in model.layers:
         kernel = getattr(layer, "kernel", None)
         if kernel is None:
@@ -70,7 +72,7 @@ def path_sums(model, batch: int) -> int:
         n += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]  # fan-in + fan-out
         if len(shape) > 2:  # a convolution's kernel gradient also sums its output positions
             positions = max(positions, math.prod(layer.output.shape[1:-1]))
-    return batch * positions + n + int(model.outputs[0].shape[-1])
+    return batch * positions + n + int(shape[-1])  # the last kernel's outputs: the logits
 
 
 class StepBound:
@@ -93,7 +95,8 @@ class StepBound:
                 state = [tf.identity(v) for v in model.non_trainable_variables]
                 with tf.GradientTape() as tape:
                     tape.watch(trainable)
-                    outputs, _ = model.stateless_call(trainable, state, x, training=True)
+                    outputs, _ = model.stateless_call(trainable, state, x,
+                                                      **towers.call_kwargs(model, True))
                     losses = loss_fn(y, outputs)
                 per_example = tape.jacobian(losses, trainable)  # [B, *shape] each
                 return (losses, [tf.reduce_mean(j, 0) for j in per_example],
