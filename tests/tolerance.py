@@ -164,6 +164,42 @@ class StepBound:
         return [FEEDBACK * d for d in self.dw]
 
 
+def sum_bound(values: list[np.ndarray], average: bool = False) -> np.ndarray:
+    """Two float32 sums of the same T arrays in any order differ by at most
+    2 gamma(T) sum_t |v_t| (elementwise); a mean adds the division's rounding, u |mean|."""
+    magnitude = np.sum(np.abs(np.asarray(values, np.float64)), axis=0)
+    bound = 2 * gamma(len(values)) * magnitude
+    if average:
+        bound = bound / len(values) + U * magnitude / len(values)
+    return bound
+
+
+def logit_bound(model, x: np.ndarray) -> np.ndarray:
+    """Two evaluations of a Flatten / Dense (ReLU or linear) model on the same examples,
+    in any summation order, give logits within 2 gamma(n) a_L, where a is the absolute
+    forward pass a_0 = |x|, a_(l+1) = |W_l|^T a_l + |b_l| (a ReLU only shrinks the
+    error) and n = the sum of the fan-ins (+1 for each bias): Higham's bound for a chain
+    of dot products."""
+    a = np.abs(np.reshape(x, (len(x), -1))).astype(np.float64)
+    n = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Flatten):
+            continue
+        assert isinstance(layer, keras.layers.Dense), f"logit_bound: {layer.name} is not Dense"
+        kernel, bias = (np.abs(v.numpy().astype(np.float64)) for v in layer.weights)
+        a = a @ kernel + bias
+        n += kernel.shape[0] + 1
+    return 2 * gamma(n) * a
+
+
+def mean_loss_bound(model, x: np.ndarray, losses: np.ndarray) -> float:
+    """Cross-entropy of logits, loss_i = logsumexp(z_i) - z_iy, moves by at most
+    2 max_c |dz_ic| (each term is 1-Lipschitz in the largest change of a logit); the
+    mean of the B losses adds 2 gamma(B) mean |loss_i|."""
+    per_example = 2 * logit_bound(model, x).max(axis=-1)
+    return float(per_example.mean() + 2 * gamma(len(losses)) * np.abs(losses).mean())
+
+
 TRANSPORT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # 11 and 8 significant bits
 
 
