@@ -77,6 +77,18 @@ def train_reference_bounded(config: Config, steps_batches, make_model=None):
     return [v.numpy() for v in model.trainable_variables], loss_sum, bound
 
 
+def bound_of_run(config: Config, steps: int):
+    """tolerance.StepBound of the one-device run of `config`'s first `steps` steps on its own
+    dataset's stream (as mgloop.run reads it): any other summation order of them, e.g. a
+    run with another tower count or worker count, lies within bound.weights() of it."""
+    settings = config.validated()
+    dataset = data.load(settings.dataset, settings.seed, settings.data_dir)
+    stream = data.epochs.step_batches(dataset, settings.global_batch_size,
+                                      settings.accumulation_steps, settings.seed, 0,
+                                      settings.drop_remainder).take(steps)
+    return train_reference_bounded(config, [(x.numpy(), y.numpy()) for x, y in stream])[2]
+
+
 def train_reference_model(config: Config, steps_batches, make_model=None, bound=None):
     """The single-device reference as a trained Keras model (every weight), and its loss sum.
 

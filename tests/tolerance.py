@@ -31,7 +31,7 @@ gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
 3. Steps. After S steps, |w_towers - w_one| <= tol = FEEDBACK * sum_t (dw_t + the
    roundings of 2.).
    A difference carried into a later step also moves that step's gradient
-   (through the Hessian); over the few small steps of these tests (S <= 8,
+   (through the Hessian); over the few small steps of these tests (S <= 10,
    lr |H| < 1) that at most doubles the first-order sum: FEEDBACK = 2.
    The mean loss of a step differs by at most 2 gamma(n) (1/B) sum_i |loss_i|
    plus sum_e |g_e| tol_e of the weights it is computed at.
