@@ -113,8 +113,10 @@ class StepBound:
             loss_bound += sum(float(np.sum(np.abs(gv.numpy()) * FEEDBACK * d))
                               for gv, d in zip(g, self.dw))
         self.loss_sum += loss_bound
-        self._step = (model, optimizer, float(optimizer.learning_rate), dg,
-                      [v.numpy() for v in variables])
+        self.last = (dg, loss_bound)  # this step's bounds on the gradient and the mean loss
+        if optimizer is not None:
+            self._step = (model, optimizer, float(optimizer.learning_rate), dg,
+                          [v.numpy() for v in variables])
 
     def term_magnitudes(self, model, x, y) -> dict[int, np.ndarray]:
         """Variable index -> a bound on (1/B) sum |terms| of its gradient where the
@@ -162,6 +164,15 @@ class StepBound:
     def weights(self) -> list[np.ndarray]:
         """tol per variable: the bound on |w_towers - w_one_device| after the steps so far."""
         return [FEEDBACK * d for d in self.dw]
+
+
+def gradient_bound(model, loss_fn, x, y) -> tuple[np.ndarray, float]:
+    """For one batch at the model's weights: dg of 1. above (every variable, flattened and
+    concatenated) and the bound on its mean loss; any two summation orders are within them."""
+    bound = StepBound()
+    bound.before(model, None, loss_fn, tf.constant(x), tf.constant(y))
+    dg, loss_bound = bound.last
+    return np.concatenate([d.ravel() for d in dg]), loss_bound
 
 
 def sum_bound(values: list[np.ndarray], average: bool = False) -> np.ndarray:
