@@ -14,6 +14,9 @@ gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
    as |g_i|, each computation is within gamma(n) * A of the exact value, with
    A = (1/B) sum_i |g_i| (elementwise); so any two orders differ by at most
        dg_t = 2 gamma(n) A_t.
+   Where a gradient cancels inside every example (a bias in front of a batch norm:
+   0 in exact arithmetic), |g_i| is no measure of its terms: a test states their
+   bound itself (StepBound.term_magnitudes, test_batch_norm.py).
 2. Update. dg is carried through the optimizer's update map at the one-device
    run's state (Keras's update rules, first order):
      SGD                 dw_t = lr_t dg_t
@@ -22,8 +25,11 @@ gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
                          dm_t = (1-b1) sum_r b1^(t-r) dg_r,
                          dsqrt(v)_t = ((1-b2) sum_r b2^(t-r) dg_r^2)^(1/2)  (triangle
                          inequality of the weighted 2-norm), and
-                         dw_t = a_t (dm_t + |m_t| dsqrt(v)_t / (sqrt(v_t) + eps)) / (sqrt(v_t) + eps)
-                         where v is tiny, eps caps the division: dw_t <= a_t 2 dm_t / eps.
+                         dw_t = a_t (dm_t + |m_t| dsqrt(v)_t / (sqrt(v_t) + eps))
+                                / (max(sqrt(v_t) - dsqrt(v)_t, 0) + eps)
+                         (|m/(r+eps) - m'/(r'+eps)| for |m-m'| <= dm, |r-r'| <= dr):
+                         where v is tiny, eps caps the division (the AVX-512 failure
+                         of issue 12: a few elements whose v is ~0 move by 5e-5 relative).
    Decoupled weight decay multiplies a difference by 1 - lr wd < 1: no term. The
    update itself is formed with at most R = 8 roundings (the learning-rate product,
    Adam's quotient, a sum's scaling by 1/T or lr T) and the assignment
