@@ -172,10 +172,16 @@ class StepBound:
         return [FEEDBACK * d for d in self.dw]
 
 
+_GRADIENT_BOUNDS: dict[tuple[int, int], tuple] = {}  # (model, loss_fn, StepBound)
+
+
 def gradient_bound(model, loss_fn, x, y) -> tuple[np.ndarray, float]:
     """For one batch at the model's weights: dg of 1. above (every variable, flattened and
     concatenated) and the bound on its mean loss; any two summation orders are within them."""
-    bound = StepBound()
+    cached = _GRADIENT_BOUNDS.get((id(model), id(loss_fn)))
+    if cached is None or cached[0] is not model or cached[1] is not loss_fn:
+        cached = _GRADIENT_BOUNDS[(id(model), id(loss_fn))] = (model, loss_fn, StepBound())
+    bound = cached[2]  # one trace per model and loss
     bound.before(model, None, loss_fn, tf.constant(x), tf.constant(y))
     dg, loss_bound = bound.last
     return np.concatenate([d.ravel() for d in dg]), loss_bound
