@@ -2,8 +2,9 @@
 
 Bad settings end the process with exit code 2 and one line on stderr, before
 any device or variable is created. TensorFlow's start-up lines are kept off
-stderr unless TF_CPP_MIN_LOG_LEVEL is set (quiet_start.py). With several processes (TF_CONFIG), a worker
-that loses its peers (a collective times out) ends with exit code 3 and one line.
+stderr unless TF_CPP_MIN_LOG_LEVEL is set (quiet_start.py). With several
+processes (TF_CONFIG), a worker that loses its peers (a collective times out)
+ends with exit code 3 and one line.
 """
 
 from __future__ import annotations

@@ -7,13 +7,11 @@ statistics end up in the template model and its export.
                global batch, weights and moving statistics alike.
 
 Tolerance: trainable weights within the bound of tests/tolerance.py, computed along the
-one-device run (as in test_equivalence.py). Moving statistics and the numpy checks:
-rtol 1e-5 (the towers sum the same numbers in another order; a batch mean of
-B = 16 values rounds by at most gamma(16) ~ 1e-6 relative to the mean of their
-magnitudes, with the weights' own bound carried in). atol 1e-6: the Dense bias in front of the batch norm has a gradient
-that is zero in exact arithmetic (the normalisation subtracts the batch mean), so both
-runs hold float32 noise of ~1e-9 there, where no relative bound means anything; 1e-6
-is 1e-5 of the size of a typical weight (~0.1).
+one-device run (as in test_equivalence.py; BatchNormBound adds the terms of the Dense
+bias in front of the batch norm, whose gradient is 0 in exact arithmetic). Moving
+statistics and the numpy checks keep rtol 1e-5, atol 1e-6 (the towers sum the same
+numbers in another order); a bound for them (a batch mean of B values within
+2 gamma(B) mean|h|, plus h's own bound from the weights') is not written out yet.
 """
 
 import keras
