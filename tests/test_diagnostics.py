@@ -97,10 +97,12 @@ def test_the_sampled_last_step_trains_as_the_others(logdir, staging):
         assert (first.steps, second.steps) == (3, 2)  # the input ends in the second loop
         assert bool(first.stats) == on and second.stats == {}  # its last step never came
     (off_1, off_2, off_weights), (on_1, on_2, on_weights) = runs
-    assert on_1.loss_sum == pytest.approx(off_1.loss_sum, rel=1e-6)
-    assert on_2.loss_sum == pytest.approx(off_2.loss_sum, rel=1e-6)
-    for mine, theirs in zip(on_weights, off_weights):
-        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+    # both within the float32 bound of the one-device run (tests/tolerance.py): within 2x
+    # (a loop's loss sum within the bound of all 5 steps' losses)
+    _, _, bound = helpers.train_reference_bounded(helpers.small_config(logdir), stream)
+    assert abs(on_1.loss_sum - off_1.loss_sum) <= 2 * bound.loss_sum
+    assert abs(on_2.loss_sum - off_2.loss_sum) <= 2 * bound.loss_sum
+    tolerance.assert_within(on_weights, off_weights, [2 * t for t in bound.weights()])
 
 
 def test_diagnostics_off_trace_nothing(logdir):
