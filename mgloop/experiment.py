@@ -2,8 +2,10 @@
 
 This is the Python entry point (`mgloop.run`); `python -m mgloop.train` is a
 thin absl wrapper around it. Every setting is validated before the first device
-or variable exists; whether the data fits the batch (`--drop_remainder`) is
-checked as soon as the data is in memory, before any variable exists.
+or variable exists; whether the data fits the batch (`--drop_remainder`) and has
+eval examples is checked as soon as the data is in memory, before any variable
+exists; whether the model takes the data's examples, as soon as the template
+model exists (model_input.py), before its copies.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from mgloop import staging
 from mgloop import summaries
 from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.config import CONFIG_FILENAME, Config, parse_profile_steps
+from mgloop.errors import ConfigError
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -55,6 +58,17 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
+
+
+def check_data(dataset: data.InMemoryDataset, config: Config) -> None:
+    """Refuses data the run cannot use, before any variable exists: a global batch
+    larger than an epoch (`epochs.check_fits`), or an empty eval split (every run
+    evaluates after training, and every --eval_every steps)."""
+    epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
+    if len(dataset.eval_y) == 0:
+        raise ConfigError(f"--dataset={dataset.name} has no eval examples, but every run "
+                          "evaluates after training (and every --eval_every steps); give the "
+                          "dataset at least one eval example")
 
 
 def build_trainer(config: Config, device_set: devices.DeviceSet,
@@ -97,7 +111,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     """
     config = config.validated()
     if dataset is not None:  # already in memory: check that it fits before any device exists
-        epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
+        check_data(dataset, config)
     request = devices.parse(config.devices)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
@@ -114,7 +128,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     logging.info("logdir: %s", config.logdir)
     if dataset is None:  # readers may start TensorFlow: after the devices, before variables
         dataset = data.load(config.dataset, config.seed, config.data_dir)
-        epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
+        check_data(dataset, config)
     if model_fn is None:
         model_fn = functools.partial(models.get(config.model), dataset.input_shape,
                                      dataset.num_classes)

@@ -52,6 +52,7 @@ from mgloop import diagnostics as diagnostics_lib
 from mgloop import exchange_timing
 from mgloop import inference
 from mgloop import losses
+from mgloop import model_input
 from mgloop import non_trainable
 from mgloop import optim
 from mgloop import ordered_sum
@@ -104,6 +105,8 @@ class Trainer(inference.TowerInference):
             self.model = model_fn()
             if not self.model.built or not self.model.variables:
                 self.model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
+        if input_shape is not None:  # before any copy: one line, not a traced traceback
+            model_input.check_fits_data(self.model, input_shape)
         self.loss_fn = losses.for_model(loss_fn, self.model, input_shape)  # its output's loss
         self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
         # each tower draws its own random numbers (dropout masks), by its global index

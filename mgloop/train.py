@@ -1,10 +1,11 @@
 """`python -m mgloop.train [--flag=value ...] [--flagfile=FILE]`: train one experiment.
 
 Bad settings end the process with exit code 2 and one line on stderr, before
-any device or variable is created. With several processes (TF_CONFIG), a worker
-that loses a peer (its collective fails, or the peer answers no health check for
---collective_timeout seconds: mgloop/peer_health.py) ends with exit code 3 and
-one line naming the peer when the health checks found it.
+any device or variable is created. TensorFlow's start-up lines are kept off
+stderr unless TF_CPP_MIN_LOG_LEVEL is set (quiet_start.py). With several processes
+(TF_CONFIG), a worker that loses a peer (its collective fails, or the peer answers
+no health check for --collective_timeout seconds: mgloop/peer_health.py) ends with
+exit code 3 and one line naming the peer when the health checks found it.
 SIGTERM or SIGINT ends the run after the current compiled loop, with a checkpoint of that
 step and summary.json (`"preempted"`), and exits with 128 + the signal number (143 for
 SIGTERM, 130 for SIGINT); a second signal ends the process at once (mgloop/preemption.py).
@@ -18,11 +19,15 @@ import os
 import signal
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
+from mgloop import quiet_start  # loads no TensorFlow
+
+with quiet_start.loading():  # TensorFlow's start-up lines off stderr, unless TF_CPP_MIN_LOG_LEVEL
+    import tensorflow as tf
+    tf.config.list_physical_devices("GPU")  # where a machine without CUDA logs its cuInit
+quiet_start.after_loading()
 
 from absl import app  # noqa: E402
 from absl import logging  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from mgloop import experiment  # noqa: E402
 from mgloop import failures  # noqa: E402
@@ -39,7 +44,6 @@ LOST_PEERS_EXIT_CODE = 3  # mgloop.launch reads it: the worker named in the line
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    tf.get_logger().setLevel("WARNING")  # TensorFlow's own INFO lines (checkpoint sharding)
     config = mgloop_flags.config_from_flags()
     try:
         summary = experiment.run(config, command_line=list(sys.argv))

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from mgloop import data, devices, experiment, models, optim, precision
 from mgloop.config import Config
+from tests import tolerance
 from third_party import single_device
 
 DATASET = data.synthetic.make(seed=7, num_train=256, num_eval=64)
@@ -68,11 +69,33 @@ def train_reference(config: Config, steps_batches):
     return [v.numpy() for v in model.trainable_variables], loss_sum
 
 
-def train_reference_model(config: Config, steps_batches, make_model=None):
+def train_reference_bounded(config: Config, steps_batches, make_model=None):
+    """The single-device reference's trainable weights, loss sum, and the bound
+    (tolerance.StepBound) on how far any other summation order may lie from them."""
+    bound = tolerance.StepBound()
+    model, loss_sum = train_reference_model(config, steps_batches, make_model, bound)
+    return [v.numpy() for v in model.trainable_variables], loss_sum, bound
+
+
+def bound_of_run(config: Config, steps: int):
+    """tolerance.StepBound of the one-device run of `config`'s first `steps` steps on its own
+    dataset's stream (as mgloop.run reads it): any other summation order of them, e.g. a
+    run with another tower count or worker count, lies within bound.weights() of it."""
+    settings = config.validated()
+    dataset = data.load(settings.dataset, settings.seed, settings.data_dir)
+    stream = data.epochs.step_batches(dataset, settings.global_batch_size,
+                                      settings.accumulation_steps, settings.seed, 0,
+                                      settings.drop_remainder).take(steps)
+    return train_reference_bounded(config, [(x.numpy(), y.numpy()) for x, y in stream])[2]
+
+
+def train_reference_model(config: Config, steps_batches, make_model=None, bound=None):
     """The single-device reference as a trained Keras model (every weight), and its loss sum.
 
     Built under `config.mixed_precision`'s policy; with mixed_float16 the
     optimizer is Keras's LossScaleOptimizer (the Keras mixed-precision guide loop).
+    `bound` (tolerance.StepBound, float32 only) accumulates the bound on the difference
+    of any other summation order along the way.
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
     neutral = {name: Config.__dataclass_fields__[name].default
@@ -93,7 +116,12 @@ def train_reference_model(config: Config, steps_batches, make_model=None):
                 model, experiment.default_loss(), optimizer)
         loss_sum = 0.0
         for x, y in steps_batches:
+            if bound is not None:
+                bound.before(model, optimizer, experiment.default_loss(), tf.constant(x),
+                             tf.constant(y))
             loss_sum += float(step(tf.constant(x), tf.constant(y)))
+            if bound is not None:
+                bound.after()
     return model, loss_sum
 
 

@@ -4,10 +4,12 @@ import os
 import subprocess
 import sys
 
+import keras
+import numpy as np
 import pytest
 
 import mgloop
-from mgloop import data, devices, loop
+from mgloop import data, devices, loop, model_input, towers
 from tests import helpers
 
 
@@ -160,6 +162,45 @@ def test_batch_larger_than_an_epoch_with_drop_remainder(logdir, nothing_built):
                        r"--dataset=synthetic.*--global_batch_size <= 10 or "
                        r"--drop_remainder=false$"):
         mgloop.run(helpers.small_config(logdir), dataset=tiny)
+
+
+def test_empty_eval_split_is_refused_before_building(logdir, nothing_built):
+    no_eval = data.synthetic.make(seed=0, num_train=32, num_eval=0)
+    with pytest.raises(mgloop.ConfigError, match=r"^--dataset=synthetic has no eval examples, "
+                       r"but every run evaluates after training.*at least one eval example$"):
+        mgloop.run(helpers.small_config(logdir), dataset=no_eval)
+
+
+def test_model_input_that_does_not_fit_the_data_is_refused_before_its_copies(logdir,
+                                                                             monkeypatch):
+    """A keras.Input((32,)) model on 8x8x3 examples: one line naming both shapes, raised
+    once the template exists and before any variable copy is made."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("variable copies were made before the input shape was checked")
+    monkeypatch.setattr(towers, "make_copies", refuse)
+    flat = lambda: keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)])  # noqa: E731
+    with pytest.raises(mgloop.ConfigError) as error:
+        mgloop.run(helpers.small_config(logdir), model_fn=flat, dataset=helpers.DATASET)
+    assert str(error.value) == (
+        "the model's input shape (None, 32) does not fit the data (--dataset): examples of "
+        "shape (8, 8, 3), batches (None, 8, 8, 3); build the model on "
+        "keras.Input(shape=(8, 8, 3))")
+
+
+@pytest.mark.parametrize("declared,fits", [
+    ((8, 8, 3), True), ((None, None, 3), True), ((8, 8, 3, 1), True),  # Keras adds the 1
+    ((32,), False), ((8, 8, 4), False), ((8, 8), False), ((None, 8, 4), False)])
+def test_model_input_check_follows_keras_rank_rule(declared, fits):
+    """Accepted when every declared dimension matches (None matches any), after Keras's own
+    change of rank (a trailing 1); the accepted ones do run in Keras."""
+    model = keras.Sequential([keras.Input(declared), keras.layers.Flatten()])
+    if fits:
+        model_input.check_fits_data(model, (8, 8, 3))
+        assert model(np.zeros((2, 8, 8, 3), np.float32)).shape[0] == 2
+    else:
+        with pytest.raises(mgloop.ConfigError, match=r"^the model's input shape .* does not "
+                           r"fit the data \(--dataset\): examples of shape \(8, 8, 3\)"):
+            model_input.check_fits_data(model, (8, 8, 3))
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path):

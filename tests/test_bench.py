@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import helpers
 from tests import tensorboard_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,11 +52,15 @@ def test_harness_runs_and_its_outputs_parse(tmp_path):
         assert len(row["loop_losses"]) == 3 and row["first_loop_loss"] == row["loop_losses"][0]
     # MultiWorkerMirroredStrategy computes what mgloop computes across 2 workers (and what
     # MirroredStrategy computes): the same loss on the first step from the seed's weights, and
-    # on the next two, after the same updates
+    # on the next two, after the same updates; each within the float32 bound of the one-device
+    # run of those 3 steps (tests/tolerance.py; each step's within the sum), so within twice it
+    bound = helpers.bound_of_run(helpers.small_config(
+        str(tmp_path / "bound"), model=model["model"], dataset=model["dataset"],
+        global_batch_size=model["global_batch"], optimizer="momentum", learning_rate=0.01,
+        seed=0, train_steps=3, deterministic=False), 3).loss_sum
     mgloop, mwms = rows["mgloop:ring@2x1"], rows["multi_worker_mirrored@2x1"]
-    np.testing.assert_allclose(mwms["loop_losses"], mgloop["loop_losses"], rtol=1e-5)
-    np.testing.assert_allclose(rows["mirrored_ctl@2"]["loop_losses"], mgloop["loop_losses"],
-                               rtol=1e-5)
+    for other in (mwms, rows["mirrored_ctl@2"]):
+        assert np.abs(np.subtract(other["loop_losses"], mgloop["loop_losses"])).max() <= 2 * bound
     assert len(set(mgloop["loop_losses"])) == 3  # the steps differ: the test could fail
     # the split each system ran on, read back from its processes
     assert [row["split"] for row in rows.values()] == ["1x2", "2x1", "2x1"]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -11,12 +12,20 @@ import pytest
 from tests import tensorboard_server
 
 CHANCE = 0.1  # the synthetic task has 10 classes
+# TensorFlow's start-up lines (native: absl's notice, oneDNN, CUDA, CPU features) and the
+# line its checkpoint saver logs per checkpoint; quiet by default (mgloop/quiet_start.py).
+START_UP_NOISE = re.compile(r"absl::InitializeLog|port\.cc:|cudart_stub|cuInit|"
+                            r"cpu_feature_guard|Sharding callback duration")
+NATIVE_LOG_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\.cc:\d+\] ", re.MULTILINE)
 
 
-def train(*flags, timeout=600):
+def train(*flags, timeout=600, log_level=None):
+    """Runs the CLI; `log_level`: TF_CPP_MIN_LOG_LEVEL as the user sets it (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if log_level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = log_level
     result = subprocess.run([sys.executable, "-m", "mgloop.train", *flags],
-                            capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                            capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -41,6 +50,7 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
     assert summary["input_wait"] >= 0 and 0 <= summary["input_wait_fraction"] < 1
     assert summary["input_ended"] is False
     assert "ETA" in result.stderr  # progress lines
+    assert not START_UP_NOISE.findall(result.stderr)  # quiet by default (checkpoints included)
     steps = summary["config"]["train_steps"]
     every = summary["config"]["summary_every"]
     with tensorboard_server.serve(logdir) as board:
@@ -99,7 +109,10 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
 
 def test_four_ring_towers_learn(tmp_path):
     logdir = str(tmp_path / "ring4")
-    train("--devices=cpu:4", "--aggregation=ring", "--train_steps=150", f"--logdir={logdir}")
+    result = train("--devices=cpu:4", "--aggregation=ring", "--train_steps=150",
+                   f"--logdir={logdir}", log_level="0")
+    # the user's TF_CPP_MIN_LOG_LEVEL is honoured: TensorFlow logs as it would without mgloop
+    assert NATIVE_LOG_LINE.search(result.stderr) and "Sharding callback duration" in result.stderr
     summary = summary_of(logdir)
     assert summary["num_towers"] == 4 and summary["config"]["aggregation"] == "ring"
     assert summary["eval_accuracy"] > 5 * CHANCE

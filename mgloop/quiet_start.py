@@ -1,0 +1,108 @@
+"""TensorFlow's start-up lines kept off the command line's stderr (entry points only).
+
+`python -m mgloop.train` (and so every worker of `mgloop.launch`) would print,
+on a machine without a GPU, TensorFlow 2.21's native start-up lines (oneDNN's
+`port.cc`, `cudart_stub.cc`, `cpu_feature_guard.cc`, `cuda_platform.cc`'s failed
+cuInit) and one `functional_saver.py: Sharding callback duration` line per
+checkpoint. Why `os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")` and
+`tf.get_logger().setLevel("WARNING")` in train.py did not silence them:
+
+- `python -m mgloop.train` imports the package first, and `mgloop/__init__`
+  imported TensorFlow, so the variable was set after TensorFlow had loaded
+  (the package now loads its API lazily, so train.py runs first);
+- the `port.cc` and `cudart_stub.cc` lines are logged by absl's C++ logging
+  while TensorFlow's shared libraries load (two of them, once each), before
+  absl is initialized and before TensorFlow applies TF_CPP_MIN_LOG_LEVEL
+  ("WARNING: All log messages before absl::InitializeLog() is called are
+  written to STDERR"): no variable silences them;
+- the failed cuInit is logged at ERROR, which level 2 keeps;
+- the sharding line is logged by TensorFlow's Python code through absl
+  logging (logger "absl"), not through `tf.get_logger()`.
+
+So, unless the user has set TF_CPP_MIN_LOG_LEVEL (then TensorFlow logs exactly
+as it would without mgloop: that is the opt-out, e.g. TF_CPP_MIN_LOG_LEVEL=0):
+
+- `loading()` sets TF_CPP_MIN_LOG_LEVEL=2 and, while TensorFlow loads and lists
+  its devices, points file descriptor 2 at a temporary file; afterwards it
+  writes back everything captured except the start-up lines: absl's
+  pre-initialization notice, native INFO and WARNING lines, and the ERROR of a
+  failed cuInit (no CUDA driver; `--devices=gpu:N` says itself when no GPU is
+  visible). Anything else (a Python warning, a native error) still shows.
+- `after_loading()` drops the INFO lines of TensorFlow's own Python modules
+  (absl logging and `tf.get_logger()`); their warnings and errors, and
+  mgloop's own INFO lines, still show.
+
+This module imports no TensorFlow and is used by entry points only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import tempfile
+
+LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+QUIET_LEVEL = "2"  # native INFO and WARNING off once TensorFlow applies it
+USER_SET_LEVEL = LEVEL_VARIABLE in os.environ  # read when the entry point starts
+
+_START_UP_LINES = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|[IW]\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+:\d+\] "  # absl C++ INFO / WARNING
+    r"|E\d{4} \d\d:\d\d:[\d.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit")
+
+
+def quiet() -> bool:
+    """True unless the user set TF_CPP_MIN_LOG_LEVEL before the entry point started."""
+    return not USER_SET_LEVEL
+
+
+def is_start_up_line(line: str) -> bool:
+    return _START_UP_LINES.match(line) is not None
+
+
+@contextlib.contextmanager
+def loading():
+    """Wrap the import of TensorFlow (and a first device listing) in this."""
+    if not quiet():
+        yield
+        return
+    os.environ[LEVEL_VARIABLE] = QUIET_LEVEL
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().decode("utf-8", "replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not is_start_up_line(line))
+            if kept:
+                os.write(2, kept.encode("utf-8"))
+
+
+class _NoTensorFlowInfo(logging.Filter):
+    """Drops records below WARNING logged from a file under TensorFlow's package."""
+
+    def __init__(self, package_dir: str):
+        super().__init__()
+        self.prefix = os.path.join(package_dir, "")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.pathname.startswith(self.prefix)
+
+
+def after_loading() -> None:
+    """Once TensorFlow is imported: its Python modules' INFO lines off (see the docstring)."""
+    if not quiet():
+        return
+    import tensorflow as tf  # already loaded by `loading()`'s block
+
+    tf.get_logger().setLevel("WARNING")
+    logging.getLogger("absl").addFilter(_NoTensorFlowInfo(os.path.dirname(tf.__file__)))

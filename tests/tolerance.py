@@ -1,0 +1,258 @@
+"""Equivalence tolerances from a stated float32 error bound, never fitted to one CPU.
+
+N towers and one device compute the same real-valued training steps; they
+differ only in the order of float32 sums (the towers' shards, the aggregation,
+and on some CPUs AVX-512 / oneDNN kernels that block their reductions
+differently). The bound, per trainable element e, with u = 2^-24 and
+gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
+
+1. Gradient. Step t's mean gradient g = (1/B) sum_i g_i (g_i: example i's
+   gradient) is formed with at most n rounded additions along any path: the B
+   examples (times P positions for a convolution kernel), plus the sums along
+   one example's forward and backward path (every layer's fan-in and fan-out)
+   and the softmax over K classes. Taking the magnitude of example i's own terms
+   as |g_i|, each computation is within gamma(n) * A of the exact value, with
+   A = (1/B) sum_i |g_i| (elementwise); so any two orders differ by at most
+       dg_t = 2 gamma(n) A_t.
+   Where a gradient cancels inside every example (a bias in front of a batch norm:
+   0 in exact arithmetic), |g_i| is no measure of its terms: a test states their
+   bound itself (StepBound.term_magnitudes, test_batch_norm.py).
+2. Update. dg is carried through the optimizer's update map at the one-device
+   run's state (Keras's update rules, first order):
+     SGD                 dw_t = lr_t dg_t
+     momentum mu         dm_t = mu dm_{t-1} + lr_t dg_t,  dw_t = dm_t
+     Adam (b1, b2, eps)  w -= a_t m / (sqrt(v) + eps), a_t = lr_t sqrt(1-b2^t) / (1-b1^t):
+                         dm_t = (1-b1) sum_r b1^(t-r) dg_r,
+                         dsqrt(v)_t = ((1-b2) sum_r b2^(t-r) dg_r^2)^(1/2)  (triangle
+                         inequality of the weighted 2-norm), and
+                         dw_t = a_t (dm_t + |m_t| dsqrt(v)_t / (sqrt(v_t) + eps))
+                                / (max(sqrt(v_t) - dsqrt(v)_t, 0) + eps)
+                         (|m/(r+eps) - m'/(r'+eps)| for |m-m'| <= dm, |r-r'| <= dr):
+                         where v is tiny, eps caps the division (the AVX-512 failure
+                         of issue 12: a few elements whose v is ~0 move by 5e-5 relative).
+   Decoupled weight decay multiplies a difference by 1 - lr wd < 1: no term. The
+   update itself is formed with at most R = 8 roundings (the learning-rate product,
+   Adam's quotient, a sum's scaling by 1/T or lr T) and the assignment
+   w <- w - update rounds once: 2 (R |w_t - w_(t-1)| + |w_t|) u per step.
+3. Steps. After S steps, |w_towers - w_one| <= tol = FEEDBACK * sum_t (dw_t + the
+   roundings of 2.).
+   A difference carried into a later step also moves that step's gradient
+   (through the Hessian); over the few small steps of these tests (S <= 10,
+   lr |H| < 1) that at most doubles the first-order sum: FEEDBACK = 2.
+   The mean loss of a step differs by at most 2 gamma(n) (1/B) sum_i |loss_i|
+   plus sum_e |g_e| tol_e of the weights it is computed at.
+
+A real fault is far outside this bound: a tower's gradient left out or a
+missing 1/T changes g by a fraction of |g| itself, where the bound allows
+about 1e-4 of A (test_equivalence.py checks that it fails).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mgloop import towers
+
+U = 2.0 ** -24  # float32 unit roundoff
+FEEDBACK = 2.0  # differences carried into later steps (3. above)
+UPDATE_ROUNDINGS = 8  # R of 2. above
+
+
+def gamma(n: int) -> float:
+    return n * U / (1 - n * U)
+
+
+def path_sums(model, batch: int) -> int:
+    """n of 1. above: B (times the largest P of a convolution), plus every kernel's fan-in
+    and fan-out, plus the K logits of the softmax."""
+    n, positions, shape = 0, 1, (0,)
+    for layer in model.layers:
+        kernel = getattr(layer, "kernel", None)
+        if kernel is None:
+            continue
+        shape = tuple(kernel.shape)
+        n += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]  # fan-in + fan-out
+        if len(shape) > 2:  # a convolution's kernel gradient also sums its output positions
+            positions = max(positions, math.prod(layer.output.shape[1:-1]))
+    return batch * positions + n + int(shape[-1])  # the last kernel's outputs: the logits
+
+
+class StepBound:
+    """Accumulates tol (3. above) while the one-device reference trains: the reference calls
+    `before(model, optimizer, loss_fn, x, y)` before each step and `after()` after it."""
+
+    def __init__(self):
+        self.dw = None  # sum over steps of dw_t + 2 u |w_t|, per variable
+        self.loss_sum = 0.0  # bound on the difference of the sums of step losses
+        self._step = None  # (model, optimizer, lr_t, dg_t) of the step under way
+        self._state = None  # momentum: dm; Adam: (sum b1^(t-r) dg_r, sum b2^(t-r) dg_r^2)
+        self._per_example = None
+
+    def before(self, model, optimizer, loss_fn, x, y) -> None:
+        variables = model.trainable_variables
+        if self._per_example is None:  # traced once per reference run
+            def gradient_and_magnitude(x, y):  # g and A of 1. above, per variable
+                # stateless: the reference's moving statistics and random state stay as they are
+                trainable = [tf.identity(v) for v in model.trainable_variables]
+                state = [tf.identity(v) for v in model.non_trainable_variables]
+                with tf.GradientTape() as tape:
+                    tape.watch(trainable)
+                    outputs, _ = model.stateless_call(trainable, state, x,
+                                                      **towers.call_kwargs(model, True))
+                    losses = loss_fn(y, outputs)
+                per_example = tape.jacobian(losses, trainable)  # [B, *shape] each
+                return (losses, [tf.reduce_mean(j, 0) for j in per_example],
+                        [tf.reduce_mean(tf.abs(j), 0) for j in per_example])
+            self._per_example = tf.function(gradient_and_magnitude)
+        losses, g, a = self._per_example(x, y)
+        two_gamma = 2 * gamma(path_sums(model, int(losses.shape[0])))
+        a = [x.numpy().astype(np.float64) for x in a]
+        for index, floor in self.term_magnitudes(model, x, y).items():
+            a[index] = np.maximum(a[index], floor)
+        dg = [two_gamma * x for x in a]
+        loss_bound = two_gamma * float(np.mean(np.abs(losses.numpy())))
+        if self.dw is not None:  # computed at weights that differ by up to tol already
+            loss_bound += sum(float(np.sum(np.abs(gv.numpy()) * FEEDBACK * d))
+                              for gv, d in zip(g, self.dw))
+        self.loss_sum += loss_bound
+        self.last = (dg, loss_bound)  # this step's bounds on the gradient and the mean loss
+        if optimizer is not None:
+            self._step = (model, optimizer, float(optimizer.learning_rate), dg,
+                          [v.numpy() for v in variables])
+
+    def term_magnitudes(self, model, x, y) -> dict[int, np.ndarray]:
+        """Variable index -> a bound on (1/B) sum |terms| of its gradient where the
+        example's own |g_i| is not one: a gradient that cancels inside every example
+        (e.g. a bias in front of a batch norm: 0 in exact arithmetic). None here."""
+        return {}
+
+    def after(self) -> None:
+        model, optimizer, lr, dg, before = self._step
+        variables = model.trainable_variables
+        if self.dw is None:
+            self.dw = [np.zeros(v.shape, np.float64) for v in variables]
+        if isinstance(optimizer, keras.optimizers.Adam):
+            dw = self._adam(optimizer, variables, lr, dg)
+        else:
+            mu = float(optimizer.momentum)
+            if self._state is None:
+                self._state = [np.zeros_like(d) for d in dg]
+            self._state = [mu * dm + lr * d for dm, d in zip(self._state, dg)]
+            dw = self._state
+        for total, d, v, w in zip(self.dw, dw, variables, before):
+            after = v.numpy().astype(np.float64)
+            total += d + 2 * U * (UPDATE_ROUNDINGS * np.abs(after - w) + np.abs(after))
+
+    def _adam(self, optimizer, variables, lr, dg) -> list[np.ndarray]:
+        t = int(optimizer.iterations.numpy())  # this step's t (iterations after the update)
+        b1, b2, eps = optimizer.beta_1, optimizer.beta_2, optimizer.epsilon
+        if self._state is None:
+            self._state = ([np.zeros_like(d) for d in dg], [np.zeros_like(d) for d in dg])
+        sum1 = [b1 * s + d for s, d in zip(self._state[0], dg)]
+        sum2 = [b2 * s + d * d for s, d in zip(self._state[1], dg)]
+        self._state = (sum1, sum2)
+        alpha = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        out = []
+        for v, s1, s2 in zip(variables, sum1, sum2):
+            index = optimizer._get_variable_index(v)
+            m = np.abs(optimizer._momentums[index].numpy().astype(np.float64))
+            root = np.sqrt(optimizer._velocities[index].numpy().astype(np.float64))
+            dm, droot = (1 - b1) * s1, np.sqrt((1 - b2) * s2)
+            # |m/(r+eps) - m'/(r'+eps)| <= (dm + |m| dr / (r+eps)) / (max(r-dr, 0) + eps)
+            out.append(alpha * (dm + m * droot / (root + eps))
+                       / (np.maximum(root - droot, 0.0) + eps))
+        return out
+
+    def weights(self) -> list[np.ndarray]:
+        """tol per variable: the bound on |w_towers - w_one_device| after the steps so far."""
+        return [FEEDBACK * d for d in self.dw]
+
+
+_GRADIENT_BOUNDS: dict[tuple[int, int], tuple] = {}  # (model, loss_fn, StepBound)
+
+
+def gradient_bound(model, loss_fn, x, y) -> tuple[np.ndarray, float]:
+    """For one batch at the model's weights: dg of 1. above (every variable, flattened and
+    concatenated) and the bound on its mean loss; any two summation orders are within them."""
+    cached = _GRADIENT_BOUNDS.get((id(model), id(loss_fn)))
+    if cached is None or cached[0] is not model or cached[1] is not loss_fn:
+        cached = _GRADIENT_BOUNDS[(id(model), id(loss_fn))] = (model, loss_fn, StepBound())
+    bound = cached[2]  # one trace per model and loss
+    bound.before(model, None, loss_fn, tf.constant(x), tf.constant(y))
+    dg, loss_bound = bound.last
+    return np.concatenate([d.ravel() for d in dg]), loss_bound
+
+
+def sum_bound(values: list[np.ndarray], average: bool = False) -> np.ndarray:
+    """Two float32 sums of the same T arrays in any order differ by at most
+    2 gamma(T) sum_t |v_t| (elementwise); a mean adds the division's rounding, u |mean|."""
+    magnitude = np.sum(np.abs(np.asarray(values, np.float64)), axis=0)
+    bound = 2 * gamma(len(values)) * magnitude
+    if average:
+        bound = bound / len(values) + U * magnitude / len(values)
+    return bound
+
+
+def logit_bound(model, x: np.ndarray) -> np.ndarray:
+    """Two evaluations of a Flatten / Dense (ReLU or linear) model on the same examples,
+    in any summation order, give logits within 2 gamma(n) a_L, where a is the absolute
+    forward pass a_0 = |x|, a_(l+1) = |W_l|^T a_l + |b_l| (a ReLU only shrinks the
+    error) and n = the sum of the fan-ins (+1 for each bias): Higham's bound for a chain
+    of dot products."""
+    a = np.abs(np.reshape(x, (len(x), -1))).astype(np.float64)
+    n = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Flatten):
+            continue
+        assert isinstance(layer, keras.layers.Dense), f"logit_bound: {layer.name} is not Dense"
+        kernel, bias = (np.abs(v.numpy().astype(np.float64)) for v in layer.weights)
+        a = a @ kernel + bias
+        n += kernel.shape[0] + 1
+    return 2 * gamma(n) * a
+
+
+def mean_loss_bound(model, x: np.ndarray, losses: np.ndarray) -> float:
+    """Cross-entropy of logits, loss_i = logsumexp(z_i) - z_iy, moves by at most
+    2 max_c |dz_ic| (each term is 1-Lipschitz in the largest change of a logit); the
+    mean of the B losses adds 2 gamma(B) mean |loss_i|."""
+    per_example = 2 * logit_bound(model, x).max(axis=-1)
+    return float(per_example.mean() + 2 * gamma(len(losses)) * np.abs(losses).mean())
+
+
+TRANSPORT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # 11 and 8 significant bits
+
+
+def transport_bound(dtype: str, hops: int) -> float:
+    """Bound on ||w_compressed - w_one|| / ||w_one - w_start|| (2-norms over every weight) when
+    each gradient value is rounded to `dtype` at most once per hop, `hops` hops: each step's
+    update is within (1 + u_dtype)^hops - 1 of the exact one, relatively, elementwise and so
+    in norm; the float32 part (above) is four orders smaller; FEEDBACK over the steps."""
+    return FEEDBACK * ((1 + TRANSPORT_ROUNDOFF[dtype]) ** hops - 1)
+
+
+def assert_within(actual: list[np.ndarray], expected: list[np.ndarray],
+                  tolerance: list[np.ndarray]) -> None:
+    """|actual - expected| <= tolerance elementwise, per variable, with the worst element named."""
+    assert len(actual) == len(expected) == len(tolerance)
+    for index, (a, e, t) in enumerate(zip(actual, expected, tolerance)):
+        excess = np.abs(np.asarray(a, np.float64) - e) - t
+        worst = np.unravel_index(np.argmax(excess), excess.shape) if excess.size else ()
+        assert excess.size == 0 or excess[worst] <= 0, (
+            f"variable {index} {np.shape(e)}: element {worst} differs by "
+            f"{abs(a[worst] - e[worst]):.3g} > bound {t[worst]:.3g}")
+
+
+def assert_matches_reference(weights: list[np.ndarray], loss_sum: float | None,
+                             reference_run) -> None:
+    """Weights (and, unless None, the loss sum) within the bound of the reference run
+    (weights, loss sum, StepBound), as from helpers.train_reference_bounded."""
+    expected_weights, expected_loss_sum, bound = reference_run
+    assert_within(weights, expected_weights, bound.weights())
+    if loss_sum is not None:
+        assert abs(loss_sum - expected_loss_sum) <= bound.loss_sum, (
+            f"loss sum {loss_sum} differs from {expected_loss_sum} by more than "
+            f"{bound.loss_sum:.3g}")
