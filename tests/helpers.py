@@ -37,12 +37,17 @@ def batches(steps: int, global_batch: int = GLOBAL_BATCH, seed: int = 3):
     return [(x.numpy(), y.numpy()) for x, y in stream]
 
 
-def build_trainer(config: Config, make_model=None, loss_fn=None):
-    """mgloop's trainer for `config` (default: the config's model and cross-entropy)."""
+def build_trainer(config: Config, make_model=None, loss_fn=None, input_shape=None):
+    """mgloop's trainer for `config` (default: the config's model and cross-entropy).
+
+    `input_shape`: one example's shape of the data the trainer will be fed (checked
+    against the model's declared input); default DATASET's.
+    """
     config = config.validated()
     device_set = devices.setup(devices.parse(config.devices))
     return experiment.build_trainer(config, device_set, make_model or model_fn(config.model),
-                                    loss_fn or experiment.default_loss(), DATASET.input_shape)
+                                    loss_fn or experiment.default_loss(),
+                                    input_shape or DATASET.input_shape)
 
 
 def run_batches(trainer, steps_batches) -> float:

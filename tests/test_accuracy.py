@@ -102,7 +102,7 @@ def token_accuracy(model, x, y):
 ])
 def test_sequence_accuracy_is_over_tokens(aggregation, loss_fn, logdir):
     config = helpers.small_config(logdir, devices="cpu:2", aggregation=aggregation)
-    trainer = helpers.build_trainer(config, token_model, loss_fn)
+    trainer = helpers.build_trainer(config, token_model, loss_fn, input_shape=(TOKENS,))
     x, y = token_data(helpers.GLOBAL_BATCH, seed=1)
     right = token_accuracy(trainer.model, x, y)
     result = one_step(trainer, x, y)

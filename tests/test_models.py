@@ -64,7 +64,7 @@ def test_one_step_on_two_towers(model, dataset, batch, logdir):
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="reduce_broadcast",
                                   model=model, global_batch_size=batch, learning_rate=0.01)
     make = lambda: models.get(model)(dataset.input_shape, dataset.num_classes)  # noqa: E731
-    trainer = helpers.build_trainer(config, make)
+    trainer = helpers.build_trainer(config, make, input_shape=dataset.input_shape)
     before = [v.numpy() for v in trainer.copies[0].trainable]
     x, y = next(iter(dataset.train_batches(batch, seed=0)))
     loss = helpers.run_batches(trainer, [(x.numpy(), y.numpy())])

@@ -63,7 +63,7 @@ def train_masks(tmp_path, aggregation: str, steps: int = 2):
                                   aggregation=aggregation)
     calls = 1 if aggregation == "colocate" else TOWERS  # colocate: one loss, on the host
     recorder = OutputRecorder(calls, helpers.GLOBAL_BATCH // calls)
-    trainer = helpers.build_trainer(config, dropout_model, recorder)
+    trainer = helpers.build_trainer(config, dropout_model, recorder, input_shape=(FEATURES,))
     x = np.ones((helpers.GLOBAL_BATCH, FEATURES), np.float32)
     y = np.zeros(helpers.GLOBAL_BATCH, np.int32)
     masks = []
