@@ -9,9 +9,12 @@ statistics end up in the template model and its export.
 Tolerance: trainable weights within the bound of tests/tolerance.py, computed along the
 one-device run (as in test_equivalence.py; BatchNormBound adds the terms of the Dense
 bias in front of the batch norm, whose gradient is 0 in exact arithmetic). Moving
-statistics and the numpy checks keep rtol 1e-5, atol 1e-6 (the towers sum the same
-numbers in another order); a bound for them (a batch mean of B values within
-2 gamma(B) mean|h|, plus h's own bound from the weights') is not written out yet.
+statistics per tower are checked against their exact (float64) values within
+tolerance.MovingMomentsBound (the Dense output's dot products, each shard's mean and
+variance, their average and the moving update, in float32). The moving statistics of
+the sync and accumulation tests, compared with another float32 run whose weights differ
+within the bound above, keep rtol 1e-5, atol 1e-6: their bound (the same terms, plus h's
+change from the weights' bound) is not written out yet.
 """
 
 import keras
@@ -95,25 +98,25 @@ def test_per_tower_statistics_are_the_mean_of_the_shard_statistics(mode, towers,
                                   aggregation=mode)
     trainer = helpers.build_trainer(config, bn_model)
     momentum = trainer.model.layers[NORM].momentum
-    mean, variance = np.zeros(16), np.ones(16)
+    exact = tolerance.MovingMomentsBound(momentum, 16)  # float64 values, float32 bound
     global_variance = np.ones(16)
     for x, y in helpers.batches(STEPS):
-        kernel, bias = (v.numpy().astype(np.float64) for v in trainer.copies[0].trainable[:2])
-        shards = np.split(x.reshape(len(x), -1) @ kernel + bias, towers)  # the Dense outputs
-        mean = momentum * mean + (1 - momentum) * np.mean([s.mean(0) for s in shards], 0)
-        variance = momentum * variance + (1 - momentum) * np.mean([s.var(0) for s in shards], 0)
-        global_variance = (momentum * global_variance +
-                           (1 - momentum) * np.concatenate(shards).var(0))
+        kernel, bias = (v.numpy() for v in trainer.copies[0].trainable[:2])
+        exact.update(x, kernel, bias, groups=towers)
+        dense = x.reshape(len(x), -1).astype(np.float64) @ kernel + bias  # the Dense outputs
+        global_variance = momentum * global_variance + (1 - momentum) * dense.var(0)
         helpers.run_batches(trainer, [(x, y)])
         for copy in trainer.copies:
-            assert_close(copy.non_trainable[0].numpy(), mean)
-            assert_close(copy.non_trainable[1].numpy(), variance)
-    # Per-shard variances miss the spread of the shard means: not the global statistics.
-    assert np.abs(variance - global_variance).max() > 1e-2
-    exported_mean, exported_variance = exported_statistics(trainer.model,
-                                                           str(tmp_path / "export"))
-    assert_close(exported_mean, mean)
-    assert_close(exported_variance, variance)
+            tolerance.assert_within([v.numpy() for v in copy.non_trainable[:2]],
+                                    [exact.mean, exact.variance],
+                                    [exact.mean_bound, exact.variance_bound])
+    # Per-shard variances miss the spread of the shard means: not the global statistics
+    # (far outside the bound).
+    assert np.abs(exact.variance - global_variance).max() > 1e-2
+    assert np.abs(exact.variance - global_variance).max() > 100 * exact.variance_bound.max()
+    exported = exported_statistics(trainer.model, str(tmp_path / "export"))
+    tolerance.assert_within(list(exported), [exact.mean, exact.variance],
+                            [exact.mean_bound, exact.variance_bound])
 
 
 def test_sync_with_accumulation_equals_one_device_accumulating(tmp_path):

@@ -223,6 +223,51 @@ def mean_loss_bound(model, x: np.ndarray, losses: np.ndarray) -> float:
     return float(per_example.mean() + 2 * gamma(len(losses)) * np.abs(losses).mean())
 
 
+class MovingMomentsBound:
+    """Batch-norm moving statistics of h = flatten(x) W + b (a Dense in front of the norm),
+    computed in float32 per group of examples (a tower's shard), against the exact values.
+
+    Per element, with K the fan-in and A = |x| |W| + |b|: |dh| <= e_h = gamma(K+1) A.
+    A group of n rows: mean m = (1/n) sum h, |dm| <= e_m = mean(e_h) + gamma(n+1) mean|h|;
+    variance by either formula Keras or mgloop uses (E[h^2] - m^2, or E[(h - m)^2]):
+        |dv| <= mean(2 (|h| + |m|) (e_h + e_m) + (e_h + e_m)^2) + gamma(n+3) (mean h^2 + m^2).
+    The T groups' statistics averaged (a float32 sum in any order, then 1/T):
+        e_avg = mean_t(e_t) + gamma(T+1) mean_t|s_t|;
+    the moving update s' = mu s + (1 - mu) avg (two products and a sum):
+        E' = mu E + (1 - mu) e_avg + gamma(3) (mu |s| + (1 - mu) |avg|).
+    `update` returns the exact (float64) moving statistics and carries their bound."""
+
+    def __init__(self, momentum: float, features: int):
+        self.momentum = momentum
+        self.mean, self.variance = np.zeros(features), np.ones(features)
+        self.mean_bound, self.variance_bound = np.zeros(features), np.zeros(features)
+
+    def update(self, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, groups: int) -> None:
+        x = np.reshape(x, (len(x), -1)).astype(np.float64)
+        kernel, bias = kernel.astype(np.float64), bias.astype(np.float64)
+        magnitudes = np.abs(x) @ np.abs(kernel) + np.abs(bias)
+        e_h = gamma(kernel.shape[0] + 1) * magnitudes
+        stats = []
+        for h, e in zip(np.split(x @ kernel + bias, groups), np.split(e_h, groups)):
+            n, m = len(h), h.mean(0)
+            e_m = e.mean(0) + gamma(n + 1) * np.abs(h).mean(0)
+            spread = e + e_m
+            e_v = ((2 * (np.abs(h) + np.abs(m)) * spread + spread ** 2).mean(0)
+                   + gamma(n + 3) * ((h ** 2).mean(0) + m ** 2))
+            stats.append((m, h.var(0), e_m, e_v))
+        mu = self.momentum
+        for name, index in (("mean", 0), ("variance", 1)):
+            values = np.array([s[index] for s in stats])
+            average = values.mean(0)
+            e_avg = (np.mean([s[index + 2] for s in stats], 0)
+                     + gamma(groups + 1) * np.abs(values).mean(0))
+            previous = getattr(self, name)
+            bound = (mu * getattr(self, f"{name}_bound") + (1 - mu) * e_avg
+                     + gamma(3) * (mu * np.abs(previous) + (1 - mu) * np.abs(average)))
+            setattr(self, name, mu * previous + (1 - mu) * average)
+            setattr(self, f"{name}_bound", bound)
+
+
 TRANSPORT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # 11 and 8 significant bits
 
 
