@@ -115,16 +115,19 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     request = devices.parse(config.devices)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
-    with logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop:
+    with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
+          contextlib.ExitStack() as on_exit):
         return _run(config, model_fn, loss_fn, dataset, command_line, request, workers, chief,
-                    stop)
+                    stop, on_exit)
 
 
 def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, workers,
-         chief: bool, stop: preemption.StopOnSignal) -> dict:
-    """`run` after validation, holding the logdir's lock, with the signal handlers set."""
+         chief: bool, stop: preemption.StopOnSignal, on_exit: contextlib.ExitStack) -> dict:
+    """`run` after validation, holding the logdir's lock, with the signal handlers set;
+    `on_exit` stops the peers' health checks however `run` ends (an error included)."""
     device_set = devices.setup(request, workers, config.startup_timeout)
-    health = peer_health.watch(workers, config.collective_timeout)  # until the last collective
+    # until the last collective between workers (stopped there, or on any exit)
+    health = on_exit.enter_context(peer_health.watch(workers, config.collective_timeout))
     logging.info("logdir: %s", config.logdir)
     if dataset is None:  # readers may start TensorFlow: after the devices, before variables
         dataset = data.load(config.dataset, config.seed, config.data_dir)
