@@ -262,15 +262,20 @@ class MovingMomentsBound:
         self.mean, self.variance = np.zeros(features), np.ones(features)
         self.mean_bound, self.variance_bound = np.zeros(features), np.zeros(features)
 
-    def update(self, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, groups: int,
-               weight_bound: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def update(self, x: np.ndarray, kernel: np.ndarray | None, bias: np.ndarray | None,
+               groups: int, weight_bound: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """kernel and bias None: the norm is on flatten(x) itself (h = x, e_h = 0)."""
         x = np.reshape(x, (len(x), -1)).astype(np.float64)
+        identity = kernel is None
+        if identity:
+            kernel, bias = np.eye(x.shape[1]), np.zeros(x.shape[1])
         kernel, bias = kernel.astype(np.float64), bias.astype(np.float64)
         magnitudes = np.abs(x) @ np.abs(kernel) + np.abs(bias)
         turned, shift = 0.0, 0.0  # |x| dW and db
         if weight_bound is not None:
             turned, shift = np.abs(x) @ weight_bound[0], weight_bound[1]
-        e_h = gamma(kernel.shape[0] + 1) * (magnitudes + turned + shift) + turned
+        fan_in = 0 if identity else kernel.shape[0] + 1  # h = x: no rounding
+        e_h = gamma(fan_in) * (magnitudes + turned + shift) + turned
         stats = []
         for h, e in zip(np.split(x @ kernel + bias, groups), np.split(e_h, groups)):
             n, m = len(h), h.mean(0)
