@@ -333,3 +333,30 @@ def assert_matches_reference(weights: list[np.ndarray], loss_sum: float | None,
         assert abs(loss_sum - expected_loss_sum) <= bound.loss_sum, (
             f"loss sum {loss_sum} differs from {expected_loss_sum} by more than "
             f"{bound.loss_sum:.3g}")
+
+
+ELEMENTARY_ULPS = 4  # exp, log, log1p, sqrt of TF's CPU kernels (Eigen's vectorised
+# approximations, oneDNN's): within ELEMENTARY_ULPS units of u of the exact value
+
+
+def sigmoid_cross_entropy_bound(z: np.ndarray) -> np.ndarray:
+    """tf.nn.sigmoid_cross_entropy_with_logits, max(z, 0) - z y + log1p(exp(-|z|)), y in
+    {0, 1}, against the exact value: exp and log1p each within ELEMENTARY_ULPS u relative
+    (log1p(e) moves by at most its input's relative error, as e / ((1 + e) log1p(e)) <= 1),
+    z y exact, two additions: within gamma(2 + 2 ELEMENTARY_ULPS) of the terms' magnitudes."""
+    z = np.abs(np.asarray(z, np.float64))
+    return gamma(2 + 2 * ELEMENTARY_ULPS) * (2 * z + np.log1p(np.exp(-z)))
+
+
+def softmax_cross_entropy_bound(z: np.ndarray) -> np.ndarray:
+    """tf.nn.(sparse_)softmax_cross_entropy_with_logits per row, log(sum_k exp(z_k - max))
+    - (z_y - max), against the exact value: z - max rounds once (u R, R = max - min of the
+    row), exp within ELEMENTARY_ULPS u, the K-term sum gamma(K), so log's argument S >= 1
+    is within gamma(K + ELEMENTARY_ULPS) + u R relative, which log turns into that much
+    absolute error, plus its own ELEMENTARY_ULPS u log S; the subtraction rounds once.
+    Within gamma(K + 2 ELEMENTARY_ULPS + 2) (1 + 2 R + log S) per row."""
+    z = np.asarray(z, np.float64)
+    shifted = z - z.max(-1, keepdims=True)
+    spread = -shifted.min(-1)
+    log_sum = np.log(np.exp(shifted).sum(-1))
+    return gamma(z.shape[-1] + 2 * ELEMENTARY_ULPS + 2) * (1 + 2 * spread + log_sum)
