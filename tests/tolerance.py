@@ -208,20 +208,39 @@ def sum_bound(values: list[np.ndarray], average: bool = False) -> np.ndarray:
 
 
 def logit_bound(model, x: np.ndarray) -> np.ndarray:
-    """Two evaluations of a Flatten / Dense (ReLU or linear) model on the same examples,
-    in any summation order, give logits within 2 gamma(n) a_L, where a is the absolute
-    forward pass a_0 = |x|, a_(l+1) = |W_l|^T a_l + |b_l| (a ReLU only shrinks the
-    error) and n = the sum of the fan-ins (+1 for each bias): Higham's bound for a chain
-    of dot products."""
-    a = np.abs(np.reshape(x, (len(x), -1))).astype(np.float64)
+    """Two evaluations of a Sequential model of Conv2D / Dense (ReLU or linear),
+    MaxPooling2D, GlobalAveragePooling2D and Flatten on the same examples, in any
+    summation order, give logits within 2 gamma(n) a_L, where a is the absolute forward
+    pass a_0 = |x|, a_(l+1) = |W_l| * a_l + |b_l| (* a dense or convolution product; a
+    ReLU or a max pool is 1-Lipschitz in the largest error and only shrinks magnitudes;
+    a global average pool over P positions is the mean of a, P + 1 roundings), and
+    n = the sum of the fan-ins (+1 for each bias; a convolution's fan-in is kh kw c_in)
+    and of the pools' P + 1: Higham's bound for a chain of dot products (gamma(i) +
+    gamma(j) + gamma(i) gamma(j) <= gamma(i + j) composes the layers)."""
+    a = np.abs(np.asarray(x, np.float64))
     n = 0
     for layer in model.layers:
         if isinstance(layer, keras.layers.Flatten):
+            a = np.reshape(a, (len(a), -1))
             continue
-        assert isinstance(layer, keras.layers.Dense), f"logit_bound: {layer.name} is not Dense"
+        if isinstance(layer, keras.layers.MaxPooling2D):
+            a = tf.nn.max_pool2d(a, layer.pool_size, layer.strides, layer.padding.upper()).numpy()
+            continue
+        if isinstance(layer, keras.layers.GlobalAveragePooling2D):
+            n += a.shape[1] * a.shape[2] + 1
+            a = a.mean(axis=(1, 2))
+            continue
+        assert isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)), (
+            f"logit_bound: {layer.name} is not Dense, Conv2D or a pool")
+        assert layer.activation in (keras.activations.relu, keras.activations.linear), (
+            f"logit_bound: {layer.name}'s activation is not ReLU or linear")
         kernel, bias = (np.abs(v.numpy().astype(np.float64)) for v in layer.weights)
-        a = a @ kernel + bias
-        n += kernel.shape[0] + 1
+        if isinstance(layer, keras.layers.Conv2D):
+            a = tf.nn.conv2d(a, kernel, layer.strides, layer.padding.upper(),
+                             dilations=layer.dilation_rate).numpy() + bias
+        else:
+            a = np.reshape(a, (len(a), -1)) @ kernel + bias
+        n += int(np.prod(kernel.shape[:-1])) + 1
     return 2 * gamma(n) * a
 
 
