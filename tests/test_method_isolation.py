@@ -7,9 +7,10 @@
 - `Trainer.time_exchange` (mgloop/exchange_timing.py) leaves a method's state
   (here an error-feedback-like residual) as training left it.
 
-Tolerance of the moving statistics: rtol 1e-5, atol 1e-6, as tests/test_batch_norm.py
-(float32 moments of 4 rows against float64 numpy, sums in another order: a few
-units of float32 rounding, u = 6e-8, relative to the values).
+Tolerance of the moving statistics: tolerance.MovingMomentsBound with h = the flattened
+inputs (no rounding in h): each shard's float32 mean and variance of its 4 rows, their
+average over the towers and the moving update, against the exact (float64) values,
+as the per-tower test of tests/test_batch_norm.py.
 """
 
 import keras
@@ -20,9 +21,8 @@ import tensorflow as tf
 from mgloop.aggregation import register
 from mgloop.aggregation.parameter_server import ParameterServerCpu
 from mgloop.aggregation.ring import Ring
-from tests import helpers
+from tests import helpers, tolerance
 
-RTOL, ATOL = 1e-5, 1e-6
 STEPS, TOWERS, MOMENTUM = 3, 4, 0.5
 
 
@@ -87,17 +87,15 @@ def test_moving_statistics_bypass_the_method(aggregation, transport, tmp_path):
     _Zeroing.seen.clear()
     trainer = helpers.build_trainer(config, bn_first_model)
     features = trainer.model.layers[0].output.shape[-1]  # the flattened inputs
-    mean, variance = np.zeros(features), np.ones(features)
+    exact = tolerance.MovingMomentsBound(MOMENTUM, features)  # float64 values, float32 bound
     batches = helpers.batches(STEPS)
     helpers.run_batches(trainer, batches)
     for x, _ in batches:
-        shards = np.split(x.reshape(len(x), -1).astype(np.float64), TOWERS)
-        mean = MOMENTUM * mean + (1 - MOMENTUM) * np.mean([s.mean(0) for s in shards], 0)
-        variance = MOMENTUM * variance + (1 - MOMENTUM) * np.mean([s.var(0) for s in shards], 0)
+        exact.update(x, None, None, groups=TOWERS)  # the mean of the shards' statistics
     for copy in trainer.copies:
-        np.testing.assert_allclose(copy.non_trainable[0].numpy(), mean, rtol=RTOL, atol=ATOL)
-        np.testing.assert_allclose(copy.non_trainable[1].numpy(), variance, rtol=RTOL,
-                                   atol=ATOL)
+        tolerance.assert_within([v.numpy() for v in copy.non_trainable[:2]],
+                                [exact.mean, exact.variance],
+                                [exact.mean_bound, exact.variance_bound])
     assert _Zeroing.seen  # the method did reduce the gradients
     state = trainer.copies[0].non_trainable
     assert not any(v is s for v in _Zeroing.seen for s in state)

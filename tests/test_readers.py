@@ -12,7 +12,7 @@ import tensorflow as tf
 import mgloop
 from mgloop import data
 from mgloop.data import augment, base, cifar10
-from tests import dataset_files, helpers
+from tests import dataset_files, helpers, tolerance
 from tests.test_bad_input import nothing_built  # noqa: F401  (a fixture)
 
 
@@ -63,7 +63,13 @@ def test_cifar10_inputs_subtract_the_training_channel_mean(cifar_dir):
     x, y = stack(dataset.eval_batches(2))  # batches of 2, 2, 1: never augmented
     np.testing.assert_array_equal(y, eval_y)
     assert x.dtype == np.float32 and x.shape == (3, 32, 32, 3)
-    np.testing.assert_allclose(x, eval_x / 255.0 - mean, atol=1e-6)
+    # float32 x / 255 - m: the division (or a reciprocal and a product: 2 roundings), the
+    # mean's rounding to float32 (u |m|; its float64 computation is exact integer sums and
+    # one 2^-53 rounding, inside gamma's slack) and the subtraction: against the exact value
+    # within gamma(3) (x / 255 + |m|). A mean off by one pixel value (1/255) is 3e4 u out.
+    expected = eval_x / 255.0 - mean
+    tolerance.assert_within([x], [expected],
+                            [tolerance.gamma(3) * (eval_x / 255.0 + np.abs(mean))])
 
 
 def test_cifar10_training_batches_are_augmented_pure_functions_of_seed_and_step(cifar_dir):
@@ -119,10 +125,14 @@ def test_mnist_idx_files_decode_and_scale_to_unit_range(tmp_path, compress):
     x, y = stack(dataset.eval_batches(3))
     np.testing.assert_array_equal(y, eval_y)
     assert x.dtype == np.float32 and x.min() >= 0.0 and x.max() <= 1.0
-    np.testing.assert_allclose(x[..., 0], eval_x / 255.0, atol=1e-7)
+    # float32 x / 255: a division, or a reciprocal and a product (grappler may rewrite
+    # it): within gamma(2) x / 255 of the exact value
+    tolerance.assert_within([x[..., 0]], [eval_x / 255.0],
+                            [tolerance.gamma(2) * eval_x / 255.0])
     (batch_x, batch_y), = [(x.numpy(), y.numpy()) for x, y in dataset.train_batches(4, 1).take(1)]
     idx = next(iter(dataset.train_indices(4, 1))).numpy()
-    np.testing.assert_allclose(batch_x[..., 0], train_x[idx] / 255.0, atol=1e-7)  # no augment
+    tolerance.assert_within([batch_x[..., 0]], [train_x[idx] / 255.0],  # no augmentation
+                            [tolerance.gamma(2) * train_x[idx] / 255.0])
     np.testing.assert_array_equal(batch_y, train_y[idx])
 
 

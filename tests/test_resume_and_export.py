@@ -119,7 +119,10 @@ def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
     subprocess.run([sys.executable, "-c", script, path, str(tmp_path / "inputs.npy"),
                     str(tmp_path / "out.npy")], check=True, cwd=tmp_path, env=env,
                    capture_output=True, timeout=300)
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-5, atol=1e-6)
+    # Another process may run other kernels or block sums otherwise (its own thread pool,
+    # oneDNN's choice): within tolerance.logit_bound of the in-process outputs.
+    tolerance.assert_within([np.load(tmp_path / "out.npy")], [expected],
+                            [tolerance.logit_bound(trainer.model, inputs)])
     assert sorted(os.listdir(tmp_path / "export")) == ["model.keras"]  # no temp file left
 
 

@@ -92,7 +92,11 @@ class StepBound:
         self._state = None  # momentum: dm; Adam: (sum b1^(t-r) dg_r, sum b2^(t-r) dg_r^2)
         self._per_example = None
 
-    def before(self, model, optimizer, loss_fn, x, y) -> None:
+    def before(self, model, optimizer, loss_fn, x, y, micro_batches: int = 1) -> None:
+        """`micro_batches` k > 1: the step's gradient is the mean of the gradients of k
+        equal micro-batches of (x, y) (accumulation), each its own forward pass (a batch
+        norm normalises each apart); A is their mean, and n counts all B rows (the B/k
+        rows of a micro-batch, the k-term sum and more)."""
         variables = model.trainable_variables
         if self._per_example is None:  # traced once per reference run
             def gradient_and_magnitude(x, y):  # g and A of 1. above, per variable
@@ -108,15 +112,21 @@ class StepBound:
                 return (losses, [tf.reduce_mean(j, 0) for j in per_example],
                         [tf.reduce_mean(tf.abs(j), 0) for j in per_example])
             self._per_example = tf.function(gradient_and_magnitude)
-        losses, g, a = self._per_example(x, y)
-        two_gamma = 2 * gamma(path_sums(model, int(losses.shape[0])))
-        a = [x.numpy().astype(np.float64) for x in a]
-        for index, floor in self.term_magnitudes(model, x, y).items():
-            a[index] = np.maximum(a[index], floor)
+        parts = []
+        for xk, yk in zip(tf.split(x, micro_batches), tf.split(y, micro_batches)):
+            losses, g, a = self._per_example(xk, yk)
+            a = [v.numpy().astype(np.float64) for v in a]
+            for index, floor in self.term_magnitudes(model, xk, yk).items():
+                a[index] = np.maximum(a[index], floor)
+            parts.append((losses.numpy(), [v.numpy() for v in g], a))
+        losses = np.concatenate([p[0] for p in parts])
+        g = [np.mean(v, 0) for v in zip(*[p[1] for p in parts])]
+        a = [np.mean(v, 0) for v in zip(*[p[2] for p in parts])]
+        two_gamma = 2 * gamma(path_sums(model, len(losses)))
         dg = [two_gamma * x for x in a]
-        loss_bound = two_gamma * float(np.mean(np.abs(losses.numpy())))
+        loss_bound = two_gamma * float(np.mean(np.abs(losses)))
         if self.dw is not None:  # computed at weights that differ by up to tol already
-            loss_bound += sum(float(np.sum(np.abs(gv.numpy()) * FEEDBACK * d))
+            loss_bound += sum(float(np.sum(np.abs(gv) * FEEDBACK * d))
                               for gv, d in zip(g, self.dw))
         self.loss_sum += loss_bound
         self.last = (dg, loss_bound)  # this step's bounds on the gradient and the mean loss
@@ -198,20 +208,39 @@ def sum_bound(values: list[np.ndarray], average: bool = False) -> np.ndarray:
 
 
 def logit_bound(model, x: np.ndarray) -> np.ndarray:
-    """Two evaluations of a Flatten / Dense (ReLU or linear) model on the same examples,
-    in any summation order, give logits within 2 gamma(n) a_L, where a is the absolute
-    forward pass a_0 = |x|, a_(l+1) = |W_l|^T a_l + |b_l| (a ReLU only shrinks the
-    error) and n = the sum of the fan-ins (+1 for each bias): Higham's bound for a chain
-    of dot products."""
-    a = np.abs(np.reshape(x, (len(x), -1))).astype(np.float64)
+    """Two evaluations of a Sequential model of Conv2D / Dense (ReLU or linear),
+    MaxPooling2D, GlobalAveragePooling2D and Flatten on the same examples, in any
+    summation order, give logits within 2 gamma(n) a_L, where a is the absolute forward
+    pass a_0 = |x|, a_(l+1) = |W_l| * a_l + |b_l| (* a dense or convolution product; a
+    ReLU or a max pool is 1-Lipschitz in the largest error and only shrinks magnitudes;
+    a global average pool over P positions is the mean of a, P + 1 roundings), and
+    n = the sum of the fan-ins (+1 for each bias; a convolution's fan-in is kh kw c_in)
+    and of the pools' P + 1: Higham's bound for a chain of dot products (gamma(i) +
+    gamma(j) + gamma(i) gamma(j) <= gamma(i + j) composes the layers)."""
+    a = np.abs(np.asarray(x, np.float64))
     n = 0
     for layer in model.layers:
         if isinstance(layer, keras.layers.Flatten):
+            a = np.reshape(a, (len(a), -1))
             continue
-        assert isinstance(layer, keras.layers.Dense), f"logit_bound: {layer.name} is not Dense"
+        if isinstance(layer, keras.layers.MaxPooling2D):
+            a = tf.nn.max_pool2d(a, layer.pool_size, layer.strides, layer.padding.upper()).numpy()
+            continue
+        if isinstance(layer, keras.layers.GlobalAveragePooling2D):
+            n += a.shape[1] * a.shape[2] + 1
+            a = a.mean(axis=(1, 2))
+            continue
+        assert isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)), (
+            f"logit_bound: {layer.name} is not Dense, Conv2D or a pool")
+        assert layer.activation in (keras.activations.relu, keras.activations.linear), (
+            f"logit_bound: {layer.name}'s activation is not ReLU or linear")
         kernel, bias = (np.abs(v.numpy().astype(np.float64)) for v in layer.weights)
-        a = a @ kernel + bias
-        n += kernel.shape[0] + 1
+        if isinstance(layer, keras.layers.Conv2D):
+            a = tf.nn.conv2d(a, kernel, layer.strides, layer.padding.upper(),
+                             dilations=layer.dilation_rate).numpy() + bias
+        else:
+            a = np.reshape(a, (len(a), -1)) @ kernel + bias
+        n += int(np.prod(kernel.shape[:-1])) + 1
     return 2 * gamma(n) * a
 
 
@@ -228,6 +257,8 @@ class MovingMomentsBound:
     computed in float32 per group of examples (a tower's shard), against the exact values.
 
     Per element, with K the fan-in and A = |x| |W| + |b|: |dh| <= e_h = gamma(K+1) A.
+    (Each rounding below is relative to the float32 run's value, bounded by the exact
+    one's magnitude plus its bound so far.)
     A group of n rows: mean m = (1/n) sum h, |dm| <= e_m = mean(e_h) + gamma(n+1) mean|h|;
     variance by either formula Keras or mgloop uses (E[h^2] - m^2, or E[(h - m)^2]):
         |dv| <= mean(2 (|h| + |m|) (e_h + e_m) + (e_h + e_m)^2) + gamma(n+3) (mean h^2 + m^2).
@@ -235,35 +266,55 @@ class MovingMomentsBound:
         e_avg = mean_t(e_t) + gamma(T+1) mean_t|s_t|;
     the moving update s' = mu s + (1 - mu) avg (two products and a sum):
         E' = mu E + (1 - mu) e_avg + gamma(3) (mu |s| + (1 - mu) |avg|).
-    `update` returns the exact (float64) moving statistics and carries their bound."""
+    `update` returns the exact (float64) moving statistics and carries their bound.
+
+    `weight_bound` (dW, db), elementwise bounds on how far the weights the float32 run
+    used lie from `kernel`, `bias`: h moves by at most |x| dW + db more, which enters
+    exactly as e_h does (the mean and variance bounds above hold for any perturbation
+    of h within e_h): e_h = gamma(K+1) (A + |x| dW + db) + |x| dW, and the mean's bound
+    gains db; db moves every row of a feature by the same amount, which leaves the
+    variance as it is (only its roundings grow with |h| + db). The bound is on
+    |float32 statistics at the moved weights - exact statistics at W|."""
 
     def __init__(self, momentum: float, features: int):
         self.momentum = momentum
         self.mean, self.variance = np.zeros(features), np.ones(features)
         self.mean_bound, self.variance_bound = np.zeros(features), np.zeros(features)
 
-    def update(self, x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, groups: int) -> None:
+    def update(self, x: np.ndarray, kernel: np.ndarray | None, bias: np.ndarray | None,
+               groups: int, weight_bound: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """kernel and bias None: the norm is on flatten(x) itself (h = x, e_h = 0)."""
         x = np.reshape(x, (len(x), -1)).astype(np.float64)
+        identity = kernel is None
+        if identity:
+            kernel, bias = np.eye(x.shape[1]), np.zeros(x.shape[1])
         kernel, bias = kernel.astype(np.float64), bias.astype(np.float64)
         magnitudes = np.abs(x) @ np.abs(kernel) + np.abs(bias)
-        e_h = gamma(kernel.shape[0] + 1) * magnitudes
+        turned, shift = 0.0, 0.0  # |x| dW and db
+        if weight_bound is not None:
+            turned, shift = np.abs(x) @ weight_bound[0], weight_bound[1]
+        fan_in = 0 if identity else kernel.shape[0] + 1  # h = x: no rounding
+        e_h = gamma(fan_in) * (magnitudes + turned + shift) + turned
         stats = []
         for h, e in zip(np.split(x @ kernel + bias, groups), np.split(e_h, groups)):
             n, m = len(h), h.mean(0)
-            e_m = e.mean(0) + gamma(n + 1) * np.abs(h).mean(0)
-            spread = e + e_m
+            # roundings are relative to the float32 run's values: |h| + e_h + db, |m| + e_m
+            e_m = e.mean(0) + gamma(n + 1) * (np.abs(h) + e + shift).mean(0)
+            spread = e + e_m  # db shifts every row and the mean alike: not in the variance
             e_v = ((2 * (np.abs(h) + np.abs(m)) * spread + spread ** 2).mean(0)
-                   + gamma(n + 3) * ((h ** 2).mean(0) + m ** 2))
-            stats.append((m, h.var(0), e_m, e_v))
+                   + gamma(n + 3) * (((np.abs(h) + e + shift) ** 2).mean(0)
+                                     + (np.abs(m) + e_m + shift) ** 2))
+            stats.append((m, h.var(0), e_m + shift, e_v))
         mu = self.momentum
         for name, index in (("mean", 0), ("variance", 1)):
             values = np.array([s[index] for s in stats])
             average = values.mean(0)
-            e_avg = (np.mean([s[index + 2] for s in stats], 0)
-                     + gamma(groups + 1) * np.abs(values).mean(0))
-            previous = getattr(self, name)
-            bound = (mu * getattr(self, f"{name}_bound") + (1 - mu) * e_avg
-                     + gamma(3) * (mu * np.abs(previous) + (1 - mu) * np.abs(average)))
+            errors = np.array([s[index + 2] for s in stats])
+            e_avg = errors.mean(0) + gamma(groups + 1) * (np.abs(values) + errors).mean(0)
+            previous, previous_bound = getattr(self, name), getattr(self, f"{name}_bound")
+            bound = (mu * previous_bound + (1 - mu) * e_avg
+                     + gamma(3) * (mu * (np.abs(previous) + previous_bound)
+                                   + (1 - mu) * (np.abs(average) + e_avg)))
             setattr(self, name, mu * previous + (1 - mu) * average)
             setattr(self, f"{name}_bound", bound)
 
@@ -301,3 +352,30 @@ def assert_matches_reference(weights: list[np.ndarray], loss_sum: float | None,
         assert abs(loss_sum - expected_loss_sum) <= bound.loss_sum, (
             f"loss sum {loss_sum} differs from {expected_loss_sum} by more than "
             f"{bound.loss_sum:.3g}")
+
+
+ELEMENTARY_ULPS = 4  # exp, log, log1p, sqrt of TF's CPU kernels (Eigen's vectorised
+# approximations, oneDNN's): within ELEMENTARY_ULPS units of u of the exact value
+
+
+def sigmoid_cross_entropy_bound(z: np.ndarray) -> np.ndarray:
+    """tf.nn.sigmoid_cross_entropy_with_logits, max(z, 0) - z y + log1p(exp(-|z|)), y in
+    {0, 1}, against the exact value: exp and log1p each within ELEMENTARY_ULPS u relative
+    (log1p(e) moves by at most its input's relative error, as e / ((1 + e) log1p(e)) <= 1),
+    z y exact, two additions: within gamma(2 + 2 ELEMENTARY_ULPS) of the terms' magnitudes."""
+    z = np.abs(np.asarray(z, np.float64))
+    return gamma(2 + 2 * ELEMENTARY_ULPS) * (2 * z + np.log1p(np.exp(-z)))
+
+
+def softmax_cross_entropy_bound(z: np.ndarray) -> np.ndarray:
+    """tf.nn.(sparse_)softmax_cross_entropy_with_logits per row, log(sum_k exp(z_k - max))
+    - (z_y - max), against the exact value: z - max rounds once (u R, R = max - min of the
+    row), exp within ELEMENTARY_ULPS u, the K-term sum gamma(K), so log's argument S >= 1
+    is within gamma(K + ELEMENTARY_ULPS) + u R relative, which log turns into that much
+    absolute error, plus its own ELEMENTARY_ULPS u log S; the subtraction rounds once.
+    Within gamma(K + 2 ELEMENTARY_ULPS + 2) (1 + 2 R + log S) per row."""
+    z = np.asarray(z, np.float64)
+    shifted = z - z.max(-1, keepdims=True)
+    spread = -shifted.min(-1)
+    log_sum = np.log(np.exp(shifted).sum(-1))
+    return gamma(z.shape[-1] + 2 * ELEMENTARY_ULPS + 2) * (1 + 2 * spread + log_sum)
