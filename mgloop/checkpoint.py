@@ -101,6 +101,7 @@ class Checkpointer:
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
         self._variables = [v for v in [*model.variables, *optimizer.variables]
                            if tf.as_dtype(v.dtype).is_floating]
+        self._all_finite = None  # compiled on the first save (_check_finite)
         self._manager_instance = None  # built once the state file is known to be readable
 
     @property
@@ -260,12 +261,20 @@ class Checkpointer:
                 "free space, then rerun the same command to resume") from None
 
     def _check_finite(self, step: int) -> None:
-        for variable in self._variables:
-            if not np.isfinite(variable.numpy()).all():
-                raise failures.NonFinite(
-                    f"{variable.path} holds NaN or inf at step {step}, so its checkpoint is "
-                    f"not written; the last checkpoint ({self.latest or 'none yet'}) is finite: "
-                    "rerun with the same --logdir and a lower --learning_rate to resume from it")
+        """Refuses a save of NaN/inf values: one compiled reduction on the variables' own
+        devices (no host copy of the model per save); the first offending variable is
+        looked up only when there is one."""
+        if self._all_finite is None:
+            variables = self._variables
+            self._all_finite = tf.function(lambda: tf.reduce_all(tf.stack(
+                [tf.reduce_all(tf.math.is_finite(v)) for v in variables])), autograph=False)
+        if not self._variables or bool(self._all_finite()):
+            return
+        variable = next(v for v in self._variables if not np.isfinite(v.numpy()).all())
+        raise failures.NonFinite(
+            f"{variable.path} holds NaN or inf at step {step}, so its checkpoint is "
+            f"not written; the last checkpoint ({self.latest or 'none yet'}) is finite: "
+            "rerun with the same --logdir and a lower --learning_rate to resume from it")
 
 
 def export_model(model: keras.Model, export_dir: str) -> str:
