@@ -282,8 +282,8 @@ def _check_choice(flag: str, value: str, choices) -> None:
 
 
 def _check_range(flag, value, low=None, high=None, low_open=False, high_open=False):
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"--{flag}={value} is not a finite number")
+    """`value` within the bounds; NaN and inf are refused before, for every float field
+    (`Config.validated`), as they pass every comparison."""
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:
