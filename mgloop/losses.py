@@ -47,6 +47,7 @@ import tensorflow as tf
 from mgloop import heads
 from mgloop.errors import ConfigError
 
+
 def is_one_hot(y_true: tf.Tensor, outputs: tf.Tensor) -> bool:
     """Labels given as rows over the K > 1 output units (one-hot or soft), not integers."""
     return (outputs.shape[-1] != 1 and y_true.shape.rank == outputs.shape.rank

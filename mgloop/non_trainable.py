@@ -33,7 +33,7 @@ from mgloop.towers import VariableCopy
 
 
 def _sum_in_tower_order(aggregation: Aggregation, values: Sequence[tf.Tensor],
-                sources: Sequence[str], home: str) -> tf.Tensor:
+                        sources: Sequence[str], home: str) -> tf.Tensor:
     """sum_t values[t] in tower order on `home` (each sent from sources[t]); not yet scaled."""
     total = None
     for value, source in zip(values, sources):
@@ -57,7 +57,7 @@ def combine(aggregation: Aggregation, states: list[list[tf.Tensor]],
         return [list(states[c]) for c in range(len(copies))]
     floats = [i for i, v in enumerate(first) if v.dtype.is_floating]
     sums = [_sum_in_tower_order(aggregation, [state[i] for state in states], tower_devices,
-                        first[i].device) for i in floats]
+                                first[i].device) for i in floats]
     if getattr(aggregation, "cluster", None) is not None:  # across workers (cross_worker.py)
         sums = aggregation.all_workers_sum_packed(sums)
     means = {}
