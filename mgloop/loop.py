@@ -149,7 +149,7 @@ class Trainer(inference.TowerInference):
     @property
     def workers(self):
         """The cluster of a cross-worker aggregation (aggregation/cross_worker.py), else None."""
-        return getattr(self.aggregation, "cluster", None)
+        return self.aggregation.cluster
 
     def broadcast_from_chief(self) -> None:
         """Several processes: every worker takes worker 0's variables, optimizer state and

@@ -58,7 +58,7 @@ def combine(aggregation: Aggregation, states: list[list[tf.Tensor]],
     floats = [i for i, v in enumerate(first) if v.dtype.is_floating]
     sums = [_sum_in_tower_order(aggregation, [state[i] for state in states], tower_devices,
                                 first[i].device) for i in floats]
-    if getattr(aggregation, "cluster", None) is not None:  # across workers (cross_worker.py)
+    if aggregation.cluster is not None:  # across workers (cross_worker.py)
         sums = aggregation.all_workers_sum_packed(sums)
     means = {}
     for i, total in zip(floats, sums):

@@ -109,11 +109,11 @@ def _ignore(signum, frame) -> None:
 def stop_check(stop: StopOnSignal, aggregation) -> Callable[[], bool]:
     """() -> whether to stop after this loop, the same answer on every worker.
 
-    One process: this process's flag. Several (`aggregation` has `all_workers_sum` and a
-    cluster of more than one worker): the sum over workers of their 0/1 flags, > 0,
-    computed by one compiled collective that every worker runs after every loop.
+    One process: this process's flag. Several workers (`aggregation.cluster`,
+    cross_worker.py): the sum over workers of their 0/1 flags, > 0, computed by one
+    compiled collective that every worker runs after every loop.
     """
-    cluster = getattr(aggregation, "cluster", None)
+    cluster = aggregation.cluster
     if cluster is None or cluster.num_workers <= 1:
         return lambda: stop.requested
     summed = tf.function(aggregation.all_workers_sum, autograph=False,

@@ -95,6 +95,8 @@ class Aggregation(abc.ABC):
     # True: `reduce` sums each variable's tower values on `home_of(variable)` and scales
     # them there, so a caller may form that sum itself (ordered_sum.py).
     sums_at_home: ClassVar[bool] = False
+    # The workers whose towers the method also combines (cross_worker.py); None: one process.
+    cluster = None
     # False: copy t keeps tower t's non-trainable state (independent.py); otherwise the
     # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
     averages_non_trainable: ClassVar[bool] = True
