@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -34,6 +33,8 @@ import time
 
 from absl import app
 from absl import flags
+
+from mgloop import peer_health  # imports no TensorFlow
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")
@@ -46,9 +47,6 @@ flags.DEFINE_float("stop_seconds", 60.0,
                    "after SIGTERM/SIGINT/SIGHUP (forwarded to every worker), how long the "
                    "workers get to save and exit before they are killed")
 
-LOST_PEERS_EXIT_CODE = 3  # mgloop.train: lost a peer (the line may name it)
-# mgloop.peer_health.lost_peer_message, read here without importing TensorFlow
-_LOST_PEER = re.compile(r"worker (\d+) at \S+ answered no health check for \d+s")
 FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
              signal.SIGHUP: signal.SIGTERM}
 _POLL_SECONDS = 0.2
@@ -86,12 +84,6 @@ def is_stopped(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] in ("T", "t")
     except (OSError, IndexError):
         return False
-
-
-def lost_peer(line: str) -> int | None:
-    """The worker a survivor's error line says answered no health check, or None."""
-    found = _LOST_PEER.search(line)
-    return int(found.group(1)) if found else None
 
 
 def _has_ended(pid: int) -> bool:
@@ -184,9 +176,10 @@ class _Workers:
         """Which worker failed and how, for the first failure: worker `index` ended with
         `code`; a survivor's lost-peer line names the worker at fault instead."""
         culprit = None
-        if code == LOST_PEERS_EXIT_CODE:
+        if code == peer_health.LOST_PEERS_EXIT_CODE:
             self._streams[index].join(timeout=5)  # its last line may still be in the pipe
-            culprit = lost_peer(self.errors.get(index, ""))
+            lost = peer_health.find_lost_peer(self.errors.get(index, ""))
+            culprit = lost[0] if lost else None
         if culprit is None or culprit == index or culprit >= len(self.processes):
             return f"worker {index} {how_it_ended(code)}"
         process = self.processes[culprit]

@@ -32,6 +32,9 @@ from absl import logging
 
 from mgloop.cluster import Cluster
 
+# mgloop.train's exit code when it lost a peer; its one line names the peer when the
+# health checks found it (`lost_peer_message`), which mgloop.launch reads to blame it.
+LOST_PEERS_EXIT_CODE = 3
 _LOST = re.compile(r"worker (\d+) at \S+ answered no health check for \d+s "
                    r"\(stopped, hung or gone\)")
 

@@ -38,7 +38,6 @@ from mgloop.errors import ConfigError  # noqa: E402
 
 mgloop_flags.define_flags()
 
-LOST_PEERS_EXIT_CODE = 3  # mgloop.launch reads it: the worker named in the line failed
 
 
 def main(argv):
@@ -62,7 +61,7 @@ def main(argv):
         detail = lost[1] if lost else f"{type(error).__name__}: {first.strip()}"
         print(f"mgloop.train: error: lost the other workers ({detail}); the last checkpoint "
               "in --logdir is kept: restart every worker to resume", file=sys.stderr)
-        sys.exit(LOST_PEERS_EXIT_CODE)
+        sys.exit(peer_health.LOST_PEERS_EXIT_CODE)
     except KeyboardInterrupt:  # SIGINT before the run's handler was installed
         print("mgloop.train: interrupted before training started", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
