@@ -101,6 +101,10 @@ class Aggregation(abc.ABC):
     # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
     averages_non_trainable: ClassVar[bool] = True
 
+    # May be packed into buckets and ride on an all-reduce: `reduce` is element-wise linear in
+    # the towers' values and keeps no per-variable state (issue 14's capabilities).
+    summable: ClassVar[bool] = True
+
     def __init__(self, devices: DeviceSet, options: Options = Options()):
         self.devices = devices
         self.options = options
@@ -114,6 +118,16 @@ class Aggregation(abc.ABC):
     @classmethod
     def check(cls, request: DeviceRequest, options: Options) -> None:
         """Refuses (ConfigError) devices or options this method cannot run with."""
+
+    def build(self, variables: Sequence[tf.Variable]) -> None:
+        """Creates the method's own state once, after the variable copies exist: `variables`
+        are copy 0's trainable variables (shapes, dtypes, homes). Default: no state."""
+
+    @property
+    def state_variables(self) -> list[tf.Variable]:
+        """The method's state (made by `build`): checkpointed, restored, broadcast from the
+        chief; changed by the training step alone. Default: none."""
+        return []
 
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:
