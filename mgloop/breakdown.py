@@ -5,7 +5,7 @@ devices, where Python cannot time them. So every `--breakdown_every` steps
 the outer loop runs one step alone under `tf.profiler` (into a temp folder,
 removed after), and this module reads the trace (the XSpace protobuf the
 profiler writes) and attributes every executed TensorFlow op to the phase
-whose name scope it was built in (`PHASES`, the scopes of `loop.Trainer`):
+whose name scope it was built in (`PHASES`, phases.py, the scopes of step.py):
 `input` = taking the batch and staging a later one (staging.py); `compute` =
 reading the variables, forward, loss and gradients on the towers;
 `aggregation` = the gradient exchange and the averaging of non-trainable
@@ -46,8 +46,7 @@ from typing import Callable, Iterable
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-PHASES = ("input", "compute", "aggregation", "apply")
-STEP_SCOPE = "mgloop_step"  # around each step's ops, phases included
+from mgloop.phases import PHASES, STEP_SCOPE  # the step's name scopes (no protobufs there)
 _OP_EVENT = re.compile(r"([^\s:]+):(\w+)")  # "<op name>:<op type>"
 _UNIQUE_SUFFIX = re.compile(r"_\d+$")
 # Op-level host events (level 2), no Python tracing, device kernels where there are GPUs.

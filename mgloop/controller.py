@@ -12,6 +12,7 @@ controller.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Callable
 
@@ -21,17 +22,19 @@ import tensorflow as tf
 
 from mgloop import accuracy
 from mgloop import failures
-from mgloop.loop import LoopResult, Trainer
+from mgloop import metrics as metrics_lib
+from mgloop.loop import LoopResult
+from mgloop.trainer import Trainer
 
 
 @dataclasses.dataclass
 class Window:
     """Running sums of a metric window (since the last summary or log line)."""
 
+    metrics: list = dataclasses.field(default_factory=list)  # metric objects (metrics.py)
     steps: int = 0
     loss_sum: float = 0.0
-    correct: float = 0.0
-    compared: float = 0.0  # predictions compared (accuracy.py); 0: no accuracy defined
+    metric_sums: dict = dataclasses.field(default_factory=dict)  # name -> summed state
     seconds: float = 0.0
     input_wait: float = 0.0
     stats: dict[str, float] = dataclasses.field(default_factory=dict)  # the last sample
@@ -41,17 +44,16 @@ class Window:
             self.stats = dict(result.stats)
         self.steps += result.steps
         self.loss_sum += result.loss_sum
-        self.correct += result.correct
-        self.compared += result.compared
+        for name, sums in result.metric_sums.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + sums
         self.seconds += seconds
         self.input_wait += result.input_wait
 
     def means(self, global_batch: int) -> dict[str, float]:
-        """The window's metrics; `accuracy` (correct / compared) only where it is defined."""
-        metrics = {"loss": self.loss_sum / self.steps}
-        if self.compared:
-            metrics["accuracy"] = accuracy.accuracy_of(self.correct, self.compared)
-        return {**metrics,
+        """The window's metrics: the mean loss, and each metric (e.g. accuracy) where it is
+        defined on the window's summed states."""
+        return {"loss": self.loss_sum / self.steps,
+                **metrics_lib.results(self.metrics, self.metric_sums),
                 "examples_per_sec": self.steps * global_batch / self.seconds,
                 "step_time": self.seconds / self.steps,
                 "input_wait": self.input_wait / self.steps,
@@ -99,7 +101,8 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     """
     start = step = int(trainer.global_step.numpy())
     iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
-    summary_window, log_window, steady, last = Window(), Window(), Window(), Window()
+    new_window = functools.partial(Window, trainer.metrics)
+    summary_window, log_window, steady, last = new_window(), new_window(), new_window(), new_window()
     per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
     stopped = False
     try:
@@ -138,7 +141,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                         "no checkpoint was written yet: rerun with a lower --learning_rate"))
             for window in (summary_window, log_window):
                 window.add(result, seconds)
-            last = Window()
+            last = new_window()
             last.add(result, seconds)
             if summaries is not None and summary_every and (
                     step % summary_every == 0 or input_ended):
@@ -148,7 +151,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 if monitor is not None:
                     metrics.update(monitor.scalars(step))
                 summaries.scalars(step, metrics)
-                summary_window = Window()
+                summary_window = new_window()
             if log_every and (step % log_every == 0 or step == train_steps or input_ended):
                 metrics = log_window.means(global_batch)
                 eta = (train_steps - step) * metrics["step_time"]
@@ -156,7 +159,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                              "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
                              metrics["loss"], accuracy.log_text(metrics),
                              metrics["examples_per_sec"], 1e3 * metrics["input_wait"], eta)
-                log_window = Window()
+                log_window = new_window()
             if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
                 checkpointer.save(step)
             if monitor is not None:

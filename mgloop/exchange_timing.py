@@ -1,10 +1,13 @@
 """The gradient exchange timed by itself, apart from the step that contains it.
 
 The exchange runs inside the compiled step, where Python cannot time it.
-`time_exchange` runs the trainer's own exchange (`Trainer.exchange`: the
-aggregation, packing if asked, and the step's two metrics riding along) on
-stand-in gradients of the variables' shapes, made once on each tower, `per_call`
-times inside one compiled call so that the call's own overhead is shared, and
+`time_exchange` runs the step's own exchange path (`TowerStep.exchange_alone`:
+the hooks' `after_tower` and `home_sums`, i.e. large gradients sent to their
+homes and summed there (ordered sum, sufficient factors), then the exchange:
+the aggregation, packing if asked, and the step's loss and metric states riding
+along) on stand-in tower outputs shaped as the last traced step's (gradients,
+and factors where the step factored), made once on each tower, `per_call` times
+inside one compiled call so that the call's own overhead is shared, and
 returns the median over `repeats` calls of call time / per_call. The traffic the
 stand-in exchange records is taken back, so the counts stay the step's.
 
@@ -24,41 +27,64 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from mgloop import metrics as metrics_lib
+from mgloop.towers import TowerOutput
+
+
+def _random_like(value):
+    return None if value is None else tf.random.normal(value.shape, dtype=value.dtype)
+
+
+def stand_ins(trainer) -> list[TowerOutput]:
+    """Random tower outputs shaped as the last traced step's (its gradients, None where it
+    factored, and its factors), or full gradients of every variable before any step;
+    made on each tower (not timed)."""
+    traced = trainer.step.tower_outputs
+    outputs = []
+    for t, device in enumerate(trainer.tower_devices):
+        with tf.device(device):
+            if traced:
+                grads = [_random_like(g) for g in traced[t].grads]
+                factors = {i: (_random_like(x), _random_like(dz))
+                           for i, (x, dz) in traced[t].factors.items()}
+            else:
+                grads = [_random_like(v) for v in trainer.copies[0].trainable]
+                factors = {}
+        outputs.append(TowerOutput(tf.constant(0.0), tf.zeros([0]), grads, [], factors))
+    return outputs
+
 
 def time_exchange(trainer, repeats: int = 5, per_call: int = 20) -> float | None:
-    """Median seconds of one exchange alone (no tower compute, no update); None for a
-    single-loss mode, which has no exchange of its own."""
+    """Median seconds of one exchange alone, large-gradient sums at home included (no
+    tower compute, no update); None for a single-loss mode, which has no exchange."""
     if trainer.aggregation.single_loss:
         return None
-    stand_ins = []  # random gradients, made once on each tower (not timed)
-    for device in trainer.tower_devices:
-        with tf.device(device):
-            stand_ins.append([tf.random.normal(v.shape, dtype=v.dtype)
-                              for v in trainer.copies[0].trainable])
+    outputs = stand_ins(trainer)
+    size = metrics_lib.total_size(trainer.metrics)
 
     @tf.function
-    def exchanges(tower_grads, count):
-        """`count` exchanges of `tower_grads` in one call, each with two stand-in metrics."""
+    def exchanges(count):
+        """`count` exchanges of the stand-in outputs in one call, with stand-in metrics."""
         with tf.device(trainer.aggregation.devices.host):
-            metrics = [tf.constant(0.0), tf.zeros([2])]  # the loss, the accuracy counts
+            metrics = [tf.constant(0.0), tf.zeros([size])]  # the loss, the metric states
         done = tf.constant(0)
         for _ in tf.range(count):
-            with tf.control_dependencies(tf.nest.flatten(trainer.exchange(tower_grads,
-                                                                          metrics))):
+            exchanged = trainer.step.exchange_alone(outputs, metrics)
+            with tf.control_dependencies(tf.nest.flatten(exchanged)):
                 done += 1
         return done
 
     counted = trainer.aggregation.traffic.snapshot()
     count = tf.constant(per_call)
-    touched = exchanges.get_concrete_function(stand_ins, count).variables  # traces
+    touched = exchanges.get_concrete_function(count).variables  # traces
     trainer.aggregation.traffic.restore(counted)  # keep the step's counts, not the stand-in's
     before = [variable.read_value() for variable in touched]
     try:
-        int(exchanges(stand_ins, count))  # warm up
+        int(exchanges(count))  # warm up
         times = []
         for _ in range(repeats):
             began = time.perf_counter()
-            int(exchanges(stand_ins, count))
+            int(exchanges(count))
             times.append((time.perf_counter() - began) / per_call)
     finally:
         for variable, value in zip(touched, before):  # the method's state as training left it

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from mgloop import accuracy
 from mgloop import aggregation
+from mgloop import assemble
 from mgloop import checkpoint
 from mgloop import cluster
 from mgloop import data
@@ -31,7 +32,6 @@ from mgloop.data import epochs
 from mgloop import devices
 from mgloop import controller
 from mgloop import logdir_lock
-from mgloop import loop
 from mgloop import losses
 from mgloop import models
 from mgloop import monitor as monitor_lib
@@ -43,6 +43,7 @@ from mgloop import summaries
 from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.config import CONFIG_FILENAME, Config, parse_profile_steps
 from mgloop.errors import ConfigError
+from mgloop.trainer import Trainer
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -73,25 +74,19 @@ def check_data(dataset: data.InMemoryDataset, config: Config) -> None:
 
 def build_trainer(config: Config, device_set: devices.DeviceSet,
                   model_fn: Callable[[], keras.Model], loss_fn, input_shape,
-                  workers: cluster.Cluster | None = None) -> loop.Trainer:
-    """Seeds, then builds the template model, its copies, their optimizers and the staging.
+                  workers: cluster.Cluster | None = None) -> Trainer:
+    """Seeds, then builds the template model, its copies, their optimizers, the step the
+    config asks for (assemble.py) and the staging.
 
     With several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
     method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
-    return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
-                        input_shape=input_shape, grad_reduce=config.grad_reduce,
-                        pack_bytes=config.pack_bytes,
-                        accumulation_steps=config.accumulation_steps,
-                        mixed_precision=config.mixed_precision, batch_norm=config.batch_norm,
-                        staging=staging.make(config.staging, config.staging_depth,
-                                             device_set.towers, config.accumulation_steps),
-                        diagnostics=config.diagnostics,
-                        keep_last_grads=config.histogram_every > 0,
-                        ordered_sum_bytes=config.ordered_sum_bytes,
-                        sufficient_factor_bytes=config.sufficient_factor_bytes)
+    return assemble.build(model_fn, loss_fn, method,
+                          functools.partial(optim.make_optimizer, config), input_shape, config,
+                          staging.make(config.staging, config.staging_depth, device_set.towers,
+                                       config.accumulation_steps))
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
@@ -157,7 +152,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
         part = functools.partial(staging.worker_part, workers=workers.num_workers,
                                  index=workers.index, micro_batches=config.accumulation_steps)
-        batches = batches.map(lambda x, y: (part(x), part(y)))
+        batches = batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
         summaries.write_run_record(config.logdir, dataclasses.asdict(config), total_towers,
@@ -244,7 +239,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     return summary
 
 
-def _finished(config: Config, trainer: loop.Trainer, step: int, summary_path: str,
+def _finished(config: Config, trainer: Trainer, step: int, summary_path: str,
               chief: bool) -> dict:
     """A run whose checkpoint is already at --train_steps or past it: trains nothing,
     leaves summary.json (and config.json) as they are and returns that summary; exports

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from mgloop import breakdown
 from mgloop import diagnostics
-from mgloop import loop
+from mgloop.trainer import Trainer
 
 
 class LogdirLost(RuntimeError):
@@ -39,7 +39,7 @@ class LogdirLost(RuntimeError):
 
 
 class Monitor:
-    def __init__(self, trainer: loop.Trainer, train_writer, eval_writer,
+    def __init__(self, trainer: Trainer, train_writer, eval_writer,
                  evaluate: Callable[[], dict[str, float]], eval_every: int = 0,
                  histogram_every: int = 0,
                  profile_steps: tuple[int, int] | None = None, profile_dir: str | None = None,

@@ -43,7 +43,9 @@ except ImportError:  # pragma: no cover
 
 MODES = ("none", "host", "device")
 
-Shards = list[tuple[tf.Tensor, tf.Tensor]]  # (x_t, y_t) per tower, on tower t's device
+# (x_t, y_t) per tower, on tower t's device; x and y nested structures (a tensor, a tuple,
+# a dict of tensors), every leaf split along the batch dimension alike
+Shards = list[tuple]
 Take = Callable[[], tuple[Shards, list]]  # -> (shards, ops the step's end must wait for)
 
 
@@ -85,15 +87,20 @@ def worker_part(x: tf.Tensor, workers: int, index: int, micro_batches: int = 1) 
     return tf.reshape(grouped[:, index], [-1, *x.shape[1:]])
 
 
-def split_to_towers(x: tf.Tensor, y: tf.Tensor, devices: list[str],
-                    micro_batches: int = 1) -> Shards:
-    """The towers' parts of (x, y) (`tower_split`), each copied to its tower."""
-    xs = tower_split(x, len(devices), micro_batches)
-    ys = tower_split(y, len(devices), micro_batches)
+def nested_split(batch, towers: int, micro_batches: int = 1) -> list:
+    """`tower_split` of every leaf of a nested batch: per tower, the same structure."""
+    leaves = [tower_split(leaf, towers, micro_batches) for leaf in tf.nest.flatten(batch)]
+    return [tf.nest.pack_sequence_as(batch, [parts[t] for parts in leaves])
+            for t in range(towers)]
+
+
+def split_to_towers(x, y, devices: list[str], micro_batches: int = 1) -> Shards:
+    """The towers' parts of (x, y) (`tower_split` of every leaf), each copied to its tower."""
+    parts = nested_split((x, y), len(devices), micro_batches)
     shards = []
-    for device, x_t, y_t in zip(devices, xs, ys):
+    for device, part in zip(devices, parts):
         with tf.device(device):
-            shards.append((tf.identity(x_t), tf.identity(y_t)))
+            shards.append(tf.nest.map_structure(tf.identity, part))
     return shards
 
 
@@ -199,14 +206,12 @@ class DeviceStaging(HostStaging):
         optional = iterator.get_next_as_optional()
         staged = tf.constant(False)
         if optional.has_value():
-            x, y = optional.get_value()
-            towers = len(self.devices)
-            xs = tower_split(x, towers, self.micro_batches)
-            ys = tower_split(y, towers, self.micro_batches)
+            parts = nested_split(optional.get_value(), len(self.devices), self.micro_batches)
             puts = []
-            for device, name, x_t, y_t in zip(self.devices, self._names, xs, ys):
+            for device, name, part in zip(self.devices, self._names, parts):
                 with tf.device(device):
-                    puts.append(tf.raw_ops.Stage(values=[x_t, y_t], shared_name=name))
+                    puts.append(tf.raw_ops.Stage(values=tf.nest.flatten(part),
+                                                 shared_name=name))
             with tf.control_dependencies(puts):
                 self._count.assign_add(1)
                 staged = tf.identity(tf.constant(True))
@@ -218,21 +223,20 @@ class DeviceStaging(HostStaging):
         def take():
             shards = []
             with tf.control_dependencies([after]):
-                for device, name, spec in zip(self.devices, self._names, self._shard_specs()):
+                for device, name in zip(self.devices, self._names):
                     with tf.device(device):
-                        x_t, y_t = tf.raw_ops.Unstage(dtypes=self._dtypes(), shared_name=name)
-                    x_t.set_shape(spec[0])
-                    y_t.set_shape(spec[1])
-                    shards.append((x_t, y_t))
-            with tf.control_dependencies([s for shard in shards for s in shard]):
+                        leaves = tf.raw_ops.Unstage(dtypes=self._dtypes(), shared_name=name)
+                    for leaf, shape in zip(leaves, self._shard_shapes()):
+                        leaf.set_shape(shape)
+                    shards.append(tf.nest.pack_sequence_as(self._spec, leaves))
+            with tf.control_dependencies(tf.nest.flatten(shards)):
                 self._count.assign_sub(1)
             refilled = self.refill(iterator)  # batch t+K, concurrent with step t's compute
             return shards, [refilled.op]
         return has_batch, take
 
     def _set_spec(self, spec) -> None:
-        x_spec, _ = spec
-        batch = x_spec.shape[0]
+        batch = tf.nest.flatten(spec)[0].shape[0]
         if batch is not None and batch % len(self.devices):
             raise ValueError(f"a global batch of {batch} examples does not split into "
                              f"{len(self.devices)} equal tower shards")
@@ -241,16 +245,17 @@ class DeviceStaging(HostStaging):
         self._spec = spec
 
     def _dtypes(self) -> list[tf.DType]:
-        return [s.dtype for s in self._spec]
+        return [s.dtype for s in tf.nest.flatten(self._spec)]
 
-    def _shard_specs(self) -> list[tuple[tf.TensorShape, tf.TensorShape]]:
+    def _shard_shapes(self) -> list[tf.TensorShape]:
+        """The shape of every leaf of one tower's shard, in `tf.nest.flatten` order."""
         towers = len(self.devices)
 
         def shard(shape):
             batch = shape[0]
             return tf.TensorShape([None if batch is None else batch // towers]).concatenate(
                 shape[1:])
-        return [(shard(self._spec[0].shape), shard(self._spec[1].shape))] * towers
+        return [shard(s.shape) for s in tf.nest.flatten(self._spec)]
 
 
 def make(mode: str, depth: int, devices, micro_batches: int = 1) -> HostStaging:

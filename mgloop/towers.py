@@ -1,4 +1,4 @@
-"""Variable layouts and the per-tower step.
+"""Variable layouts and the per-tower pass.
 
 There is one template Keras model. Its variables are variable copy 0; a
 replicated layout adds one plain `tf.Variable` copy per further tower, created
@@ -14,25 +14,21 @@ A tower computes, on its own device and with its own `tf.GradientTape`,
     loss_t = mean over its shard of loss_fn(y, model(x))  (+ the model's own losses)
     g[t][v] = d loss_t / d v
 
-and returns them with its updated non-trainable state (e.g. batch-norm moving
-statistics) for the aggregation to average.
+and returns them with its metrics' states and its updated non-trainable state
+(e.g. batch-norm moving statistics) for the step (step.py) to combine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable
 
 import keras
 import tensorflow as tf
 
-from mgloop import accuracy
+from mgloop import metrics
 from mgloop import precision
-
-if TYPE_CHECKING:
-    from mgloop.sufficient_factors import SufficientFactors
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -54,7 +50,7 @@ class VariableCopy:
 @dataclasses.dataclass
 class TowerOutput:
     loss: tf.Tensor  # scalar: mean loss over the tower's shard
-    accuracy_counts: tf.Tensor  # float32 [correct, compared] on the shard (accuracy.py)
+    metric_state: tf.Tensor  # float32 [M]: the metrics' states on the shard (metrics.py)
     grads: list[tf.Tensor | None]  # per trainable variable, on the tower's device; None if factored
     non_trainable: list[tf.Tensor]  # updated non-trainable state
     # variable index -> (x_t, dz_t), its gradient's factors (sufficient_factors.py)
@@ -114,46 +110,42 @@ def read(variables: list[tf.Variable]) -> list[tf.Tensor]:
     return values
 
 
-def tower_step(template: keras.Model, loss_fn: LossFn, trainable: list[tf.Tensor],
-               non_trainable: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor,
-               device: str, loss_scale: tf.Tensor | None = None,
-               backward_after: Sequence[tf.Tensor] = (),
-               factor: SufficientFactors | None = None
-               ) -> TowerOutput:
-    """Forward, loss and gradients of one tower on its shard, all on `device`.
+def total_loss(loss_fn: LossFn, y, outputs, model_losses) -> tf.Tensor:
+    """The mean of `loss_fn` over the shard plus the model's own losses (regularisers)."""
+    loss = mean_loss(loss_fn, y, outputs)
+    if not model_losses:  # a property of the model, not an option of the step
+        return loss
+    return loss + tf.add_n([tf.cast(extra, loss.dtype) for extra in model_losses])
 
-    `trainable` and `non_trainable` are the values of the variable copy the
-    tower reads, already on (or sent to) its device. The logits reach the loss
-    as float32 (a mixed-precision model computes them in float16/bfloat16).
-    With a `loss_scale` S (on `device`), the tape differentiates S * loss_t and
-    the gradients are divided by S again: g[t] = d(S loss_t)/dv / S.
-    The backward pass starts only after the tensors `backward_after` exist
-    (ordered_sum.py: the previous towers' large gradients have been added).
-    For the variables `factor` finds used by one matrix product z_t = x_t W, the
-    tower returns the factors (x_t, dz_t / S) instead of g[t][W] = x_t^T dz_t / S
-    (sufficient_factors.py; their `grads` entries are None).
+
+def tower_pass(step, t: int, trainable: list[tf.Tensor], non_trainable: list[tf.Tensor],
+               x, y) -> TowerOutput:
+    """Forward, loss and gradients of tower t on its shard (x, y), all on its device.
+
+    `trainable` and `non_trainable` are the values of the variable copy the tower
+    reads, already on (or sent to) its device; x and y may be nested (every leaf is
+    copied onto the tower). The outputs reach the loss as float32 (a mixed-precision
+    model computes them in float16/bfloat16). The tower differentiates what the
+    hooks make of its loss (`scale_loss`: S * loss_t) once the hooks' `before_backward`
+    tensors exist, by the hooks' backward (the tape's, or with factored products:
+    sufficient_factors.py), and hands on the hooks' `unscale` of the gradients:
+    g[t] = d(S loss_t)/dv / S. Its random layers draw from its own stream
+    (random_streams.py).
     """
+    template, hooks, streams = step.replicas.model, step.hooks, step.random_streams
+    device = step.replicas.tower_devices[t]
     with tf.device(device):
-        x, y = tf.identity(x), tf.identity(y)  # the shard's copy onto the tower
-        forward = factor.tower() if factor else contextlib.nullcontext()
-        with tf.GradientTape() as tape, forward:
+        x, y = tf.nest.map_structure(tf.identity, (x, y))  # the shard's copy onto the tower
+        state = streams.for_tower(non_trainable, t, device)
+        with tf.GradientTape() as tape, hooks.tower_scope(t):
             tape.watch(trainable)
-            logits, new_non_trainable, model_losses = template.stateless_call(
-                trainable, non_trainable, x, return_losses=True, **call_kwargs(template, True))
-            logits = precision.to_float32(logits)
-            loss = mean_loss(loss_fn, y, logits)
-            if model_losses:
-                loss += tf.add_n([tf.cast(l, loss.dtype) for l in model_losses])
-            scaled = loss if loss_scale is None else loss * loss_scale
-        products = forward.products(trainable) if factor else {}
-        with tf.control_dependencies(backward_after):
-            if products:
-                grads, factors = forward.gradients(scaled, trainable, products)
-            else:
-                grads, factors = tape.gradient(
-                    scaled, trainable, unconnected_gradients=tf.UnconnectedGradients.ZERO), {}
-        if loss_scale is not None:
-            grads = [None if g is None else g / loss_scale for g in grads]
-            factors = {i: (x, dz / loss_scale) for i, (x, dz) in factors.items()}
-        return TowerOutput(loss, accuracy.counts(loss_fn, y, logits), grads,
-                           list(new_non_trainable), factors)
+            outputs, new_state, model_losses = template.stateless_call(
+                trainable, state, x, return_losses=True, **call_kwargs(template, True))
+            outputs = tf.nest.map_structure(precision.to_float32, outputs)
+            loss = total_loss(step.loss_fn, y, outputs, model_losses)
+            scaled = hooks.scale_loss(t, loss)
+        with tf.control_dependencies(hooks.before_backward(t)):
+            grads, factors = hooks.gradients(t, tape, scaled, trainable)
+        return TowerOutput(loss, metrics.state(step.metrics, y, outputs),
+                           hooks.unscale(t, grads), streams.after_tower(non_trainable, new_state),
+                           factors)

@@ -1,0 +1,137 @@
+"""Builds a Trainer: the template model, its copies, the step with its hooks, the loop.
+
+Every choice about what the step does is made here, once, from the settings:
+which hooks (hooks/__init__.py) the step gets, whether its pass accumulates
+micro-batches, which exchange it runs (exchange.py), and which kind of step it is
+(`TowerStep`, or `SingleLossStep` for a single-loss method). With --diagnostics a
+second step, the sampled one, gets the gradient statistics' hook instead of the
+large-gradient hooks (its statistics need every tower's whole gradient).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+from mgloop import accumulation
+from mgloop import exchange as exchange_lib
+from mgloop import inference
+from mgloop import losses
+from mgloop import loop
+from mgloop import metrics as metrics_lib
+from mgloop import model_input
+from mgloop import ordered_sum
+from mgloop import precision
+from mgloop import random_streams as random_streams_lib
+from mgloop import staging as staging_lib
+from mgloop import sync_batch_norm
+from mgloop.aggregation import Aggregation
+from mgloop.config import Config
+from mgloop.hooks import Hooks, tape_gradients
+from mgloop.hooks.diagnostics import GradientStats
+from mgloop.hooks.histograms import KeepLastGradients
+from mgloop.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
+from mgloop.hooks.loss_scaling import LossScaling
+from mgloop.hooks.sync_batch_norm import SyncBatchNorm
+from mgloop.replicas import Replicas
+from mgloop.single_loss_step import SingleLossStep
+from mgloop.step import TowerStep
+from mgloop.trainer import Trainer
+
+
+def template_model(model_fn, aggregation: Aggregation, input_shape, mixed_precision: str):
+    """The template model (variable copy 0), built on the aggregation's first parameter
+    device under the precision policy; refused (one line) if it cannot take the data."""
+    with aggregation.variable_scope(), precision.policy_scope(mixed_precision):
+        model = model_fn()
+        if not model.built or not model.variables:
+            model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
+    if input_shape is not None:  # before any copy: one line, not a traced traceback
+        model_input.check_fits_data(model, input_shape)
+    return model
+
+
+def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool) -> list:
+    """The ordered sum and sufficient factors, where the towers' gradients of a variable may
+    be summed at its home as they come: a shared layout summed at home on logical CPU
+    towers (ordered_sum.applies), and not when every tower's gradients must be kept anyway
+    (accumulation sums, packed buckets) nor with synchronised batch norm, whose backward
+    passes meet in collectives and so cannot run one after another. Factoring also not
+    with loss scaling (the finite check reads every tower's gradients)."""
+    aggregation = replicas.aggregation
+    if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
+            and not config.pack_bytes
+            and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
+        return []
+    variables, devices = replicas.copies[0].trainable, replicas.tower_devices
+    hooks = []
+    if config.sufficient_factor_bytes and not loss_scaling:
+        factors = SufficientFactorsHook(aggregation, variables, config.sufficient_factor_bytes,
+                                        devices)
+        hooks += [factors] if factors.candidates else []
+    if config.ordered_sum_bytes:
+        order = OrderedSumHook(aggregation, variables, config.ordered_sum_bytes, devices)
+        hooks += [order] if order.indices else []
+    return hooks
+
+
+def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation,
+          optimizer_fn: Callable[[], keras.optimizers.Optimizer], input_shape=None,
+          config: Config = Config(), staging: staging_lib.HostStaging | None = None,
+          metrics: list | None = None) -> Trainer:
+    """A Trainer of `model_fn`'s model for `aggregation` with the step `config` asks for
+    (grad_reduce, pack_bytes, accumulation_steps, mixed_precision, batch_norm,
+    diagnostics, histogram_every, ordered_sum_bytes, sufficient_factor_bytes).
+    `metrics`: objects of metrics.py; default: accuracy where the loss defines it."""
+    single_loss = aggregation.single_loss
+    model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
+    loss_fn = losses.for_model(loss_fn, model, input_shape)  # its output's loss
+    metrics = metrics_lib.default_metrics(loss_fn) if metrics is None else list(metrics)
+    replicas = Replicas(model, aggregation, optimizer_fn)
+    # each tower draws its own random numbers (dropout masks), by its global index
+    first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
+    streams = random_streams_lib.RandomStreams(model, first_tower)
+    units = [aggregation.devices.host] if single_loss else replicas.tower_devices
+    common = []  # the hooks of every step, in data-path order
+    loss_scaling = precision.uses_loss_scaling(config.mixed_precision)
+    if loss_scaling:
+        scales = [precision.DynamicLossScale(c.optimizer, c.device) for c in replicas.copies]
+        common.append(LossScaling(scales, aggregation, units,
+                                  [0] if single_loss else
+                                  [replicas.copy_index(t) for t in range(len(units))],
+                                  [c.device for c in replicas.copies]))
+    if config.batch_norm == "sync" and replicas.num_towers > 1:
+        common.append(SyncBatchNorm(replicas.tower_devices))
+        sync_batch_norm.install(model)
+    if config.histogram_every > 0:
+        common.append(KeepLastGradients(replicas.copies[0]))
+    passes = (accumulation.one_pass if config.accumulation_steps == 1 else
+              accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
+                                      units, metrics_lib.total_size(metrics),
+                                      aggregation.traffic))
+    staging = staging or staging_lib.make("device", 2, replicas.tower_devices,
+                                          config.accumulation_steps)
+    average = config.grad_reduce == "mean"
+    if single_loss:
+        step = SingleLossStep(replicas, loss_fn, metrics, Hooks(common), passes, streams)
+        train_loop = loop.Loop(step, staging, metrics)
+    else:
+        large = large_gradient_hooks(config, replicas, loss_scaling)
+        factors = next((h for h in large if isinstance(h, SufficientFactorsHook)), None)
+        hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
+        step = TowerStep(replicas, loss_fn, metrics, hooks, passes,
+                         exchange_lib.make(aggregation, replicas.copies, average,
+                                           config.pack_bytes, bool(large)), streams)
+        sampled, names = None, []
+        if config.diagnostics:  # large gradients summed as usual: the stats need them all
+            stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
+                                  replicas.copies)
+            sampled = TowerStep(replicas, loss_fn, metrics, Hooks(common + [stats]), passes,
+                                exchange_lib.make(aggregation, replicas.copies, average,
+                                                  config.pack_bytes, False), streams)
+            names = stats.names
+        train_loop = loop.Loop(step, staging, metrics, sampled, names)
+    return Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
+                                                                        metrics), streams)

@@ -1,0 +1,26 @@
+"""`--diagnostics` as a hook of the sampled step (diagnostics.py): the towers' gradient
+statistics from what they hand the exchange (`observe`), and the replica divergence once
+every copy holds the step's update (`report`: {"stats": float32 [len(stat_names)]})."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mgloop import diagnostics
+from mgloop.hooks import Hook
+
+
+class GradientStats(Hook):
+    def __init__(self, tower_devices: list[str], host: str, copies):
+        self.tower_devices, self.host, self.copies = list(tower_devices), host, copies
+        self.names = diagnostics.stat_names(len(self.tower_devices))
+        self._stats = None
+
+    def observe(self, losses, grads):
+        self._stats = diagnostics.gradient_stats(losses, grads, self.tower_devices, self.host)
+
+    def report(self, done):
+        with tf.control_dependencies([done]):  # after every copy's update
+            divergence = diagnostics.replica_divergence(self.copies)
+        with tf.device(self.host):
+            return {"stats": tf.concat([self._stats, divergence[None]], 0)}

@@ -1,0 +1,52 @@
+"""Dynamic loss scaling as a hook (`--mixed_precision=mixed_float16`; precision.py).
+
+Unit u (a tower; the host for the single-loss step) reads S from the copy it computes
+with, on its own device, once per step (`step_scope`); differentiates S * loss_u
+(`scale_loss`) and divides its gradients by S (`unscale`). `may_apply` agrees
+all_finite = AND_u finite_u on the host, sends it to every copy, and guards each copy's
+update with it (`DynamicLossScale.apply_if_finite`: skipped, the scale halved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from mgloop import phases
+from mgloop import precision
+from mgloop.hooks import Hook
+
+
+class LossScaling(Hook):
+    def __init__(self, scales: list[precision.DynamicLossScale], aggregation,
+                 unit_devices: list[str], copy_of_unit: list[int], copy_devices: list[str]):
+        self.scales = scales  # one per variable copy
+        self.aggregation = aggregation
+        self.units, self.copy_of_unit = list(unit_devices), list(copy_of_unit)
+        self.copy_devices = list(copy_devices)
+        self._read: list[tf.Tensor] = []  # this step's S on each unit
+
+    @contextlib.contextmanager
+    def step_scope(self):
+        with tf.name_scope(phases.COMPUTE):
+            self._read = [self.aggregation.send(self.scales[c].read(), self.scales[c].device, d)
+                          for c, d in zip(self.copy_of_unit, self.units)]
+        yield
+
+    def scale_loss(self, t, loss):
+        return loss * self._read[t]
+
+    def unscale(self, t, grads):
+        return [None if g is None else g / self._read[t] for g in grads]
+
+    def may_apply(self, grads):
+        finite = precision.agree_finite(grads, self.units, self.aggregation, self.copy_devices)
+
+        def guard(copy: int, update) -> None:
+            self.scales[copy].apply_if_finite(finite[copy], update)
+        return guard
+
+    def current(self) -> float:
+        """The scale now (the same on every copy)."""
+        return float(self.scales[0].scale.numpy())
