@@ -69,7 +69,7 @@ def test_updates_are_counted_per_step_and_the_loop_is_traced_once(logdir):
     result = controller.fit(trainer, batches, 7, MICRO_BATCH * K, 3, summary_every=2)
     assert result.final_step == 7 and int(trainer.global_step.numpy()) == 7
     assert [int(c.optimizer.iterations.numpy()) for c in trainer.copies] == [7, 7]
-    assert trainer.compiled_loop.experimental_get_tracing_count() == 1
+    assert trainer.loop.compiled_loop.experimental_get_tracing_count() == 1
     assert 0.0 <= result.train["accuracy"] <= 1.0  # correct counts over K x B examples
 
 

@@ -69,7 +69,7 @@ def test_binary_accuracy_thresholds_what_the_model_outputs(units, activation, lo
     if units == 1 and activation == "sigmoid":
         assert np.mean(right) != np.mean(y)  # the premise: not the fraction of positives
     result = one_step(trainer, x, y)
-    assert (result.correct, result.compared) == (np.sum(right), right.size)
+    assert tuple(result.metric_sums["accuracy"]) == (np.sum(right), right.size)
 
     eval_x, eval_y = helpers.DATASET.eval_x[:19], labels(helpers.DATASET.eval_y[:19])
     outputs = trainer.model(eval_x).numpy()
@@ -106,7 +106,8 @@ def test_sequence_accuracy_is_over_tokens(aggregation, loss_fn, logdir):
     x, y = token_data(helpers.GLOBAL_BATCH, seed=1)
     right = token_accuracy(trainer.model, x, y)
     result = one_step(trainer, x, y)
-    assert (result.correct, result.compared) == (np.sum(right), helpers.GLOBAL_BATCH * TOKENS)
+    assert tuple(result.metric_sums["accuracy"]) == (np.sum(right),
+                                                      helpers.GLOBAL_BATCH * TOKENS)
 
     eval_x, eval_y = token_data(19, seed=2)
     expected = np.mean(token_accuracy(trainer.model, eval_x, eval_y))
@@ -127,7 +128,7 @@ def test_one_hot_labels_agree_with_integer_labels(logdir):
             (keras.losses.CategoricalCrossentropy(from_logits=True), as_one_hot, eval_one_hot)]:
         trainer = helpers.build_trainer(config, loss_fn=loss_fn)
         results = [one_step(trainer, x, y) for x, y in batches]
-        runs.append(([(r.correct, r.compared) for r in results],
+        runs.append(([tuple(r.metric_sums["accuracy"]) for r in results],
                      [r.loss_sum for r in results],
                      trainer.evaluate(eval_batches(eval_x, labels))))
     (counts, loss_sums, metrics), others = runs[0], runs[1:]

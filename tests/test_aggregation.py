@@ -100,8 +100,10 @@ def test_cross_worker_stage_makes_one_collective_per_step(logdir, monkeypatch):
     assert crossing.sent["CPU:0"] - local.sent["CPU:0"] == between_workers + p  # + to copy 1
     assert crossing.received["CPU:1"] - local.received["CPU:1"] == p
     assert result.loss_sum == alone_result.loss_sum  # (2 l) / 2 and 2 s / (2 T): exact
-    assert result.correct == 2 * alone_result.correct
-    assert result.compared == 2 * alone_result.compared == 2 * helpers.GLOBAL_BATCH
+    correct, compared = result.metric_sums["accuracy"]
+    alone_correct, alone_compared = alone_result.metric_sums["accuracy"]
+    assert correct == 2 * alone_correct
+    assert compared == 2 * alone_compared == 2 * helpers.GLOBAL_BATCH
     for copy, alone_copy in zip(trainer.copies, alone.copies):
         for a, b in zip(copy.trainable, alone_copy.trainable):
             np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -106,4 +106,4 @@ def test_loop_is_traced_once_for_every_loop_length(logdir):
     trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:2"))
     result = controller.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
     assert result.final_step == 17 and int(trainer.global_step.numpy()) == 17
-    assert trainer.compiled_loop.experimental_get_tracing_count() == 1
+    assert trainer.loop.compiled_loop.experimental_get_tracing_count() == 1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop import data, devices, loop, model_input, towers
+from mgloop import assemble, data, devices, model_input, towers
 from tests import helpers
 
 
@@ -19,7 +19,7 @@ def nothing_built(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("devices or variables were created before validation finished")
     monkeypatch.setattr(devices, "setup", refuse)
-    monkeypatch.setattr(loop.Trainer, "__init__", refuse)
+    monkeypatch.setattr(assemble, "build", refuse)
 
 
 def file_path(tmp_path):

@@ -26,6 +26,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import checkpoint, experiment, optim
+from mgloop.hooks.sync_batch_norm import SyncBatchNorm
 from tests import helpers
 from tests import tolerance
 
@@ -183,4 +184,6 @@ def test_sync_hooks_the_template_only(tmp_path):
     assert bn_model().layers[NORM]._moments.__func__ is own  # other models are untouched
     one_tower = helpers.build_trainer(helpers.small_config(str(tmp_path / "one"),
                                                            batch_norm="sync"), bn_model)
-    assert one_tower.cross_tower is None  # one tower: its statistics are the global ones
+    # one tower: its statistics are the global ones, no synchronising hook
+    assert one_tower.step.hooks.find(SyncBatchNorm) is None
+    assert trainer.step.hooks.find(SyncBatchNorm) is not None

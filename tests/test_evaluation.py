@@ -77,8 +77,9 @@ def test_prediction_keeps_the_example_order(aggregation, logdir):
 def test_each_batch_is_split_over_the_towers_in_use(logdir):
     trainer = trained(logdir, "ring")
     for n, towers_in_use in ((8, 4), (3, 3)):
-        graph = trainer._eval_batch.get_concrete_function(
-            tf.constant(EVAL_X[:n]), tf.constant(EVAL_Y[:n]), trainer._active_towers(n)).graph
+        graph = trainer.inference._eval_batch.get_concrete_function(
+            tf.constant(EVAL_X[:n]), tf.constant(EVAL_Y[:n]),
+            trainer.inference._active_towers(n)).graph
         matmul_devices = {op.device for op in graph.get_operations() if op.type == "MatMul"}
         assert {d.rsplit(":", 1)[1] for d in matmul_devices} == {
             str(t) for t in range(towers_in_use)}

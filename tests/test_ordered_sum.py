@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mgloop.hooks.large_gradients import OrderedSumHook
 from tests import helpers
 from tests import tolerance
 
@@ -17,7 +18,7 @@ def test_ordered_sum_of_every_variable_equals_single_device(mode, logdir):
     config = helpers.small_config(logdir, devices="cpu:4", aggregation=mode,
                                   ordered_sum_bytes=1)
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
-    order = trainer._ordered_sum()
+    order = trainer.step.hooks.find(OrderedSumHook)
     assert order is not None and order.indices == list(range(len(trainer.copies[0].trainable)))
     expected = helpers.train_reference_bounded(config, helpers.batches(STEPS))
     tolerance.assert_matches_reference(helpers.copy_weights(trainer)[0], loss_sum, expected)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, cluster, devices, experiment, loop
+from mgloop import aggregation, assemble, cluster, devices, experiment
 from tests import helpers
 
 RATE, FEATURES, TOWERS = 0.5, 64, 4
@@ -149,7 +149,7 @@ def test_trainer_numbers_its_towers_globally():
     device_set = devices.setup(devices.parse("cpu:2"))
     method = aggregation.get("ring")(device_set)
     method.cluster = cluster.Cluster(workers=("a:1", "b:2"), index=1)  # as CrossWorker has
-    trainer = loop.Trainer(dropout_model, experiment.default_loss(), method,
-                           lambda: keras.optimizers.SGD(0.1))
+    trainer = assemble.build(dropout_model, experiment.default_loss(), method,
+                             lambda: keras.optimizers.SGD(0.1))
     assert trainer.random_streams.first_tower == 2
     assert trainer.random_streams.indices == [0]

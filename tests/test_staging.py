@@ -1,7 +1,7 @@
 """Input staging: every example once, in order, in every mode; the same losses; input wait.
 
 The training examples here encode their own index (x[i, 0, 0, 0] = i), and a
-recording wrapper around `towers.tower_step` reads back which examples each
+recording wrapper around `towers.tower_pass` reads back which examples each
 tower received at each step, so the tests observe what the towers consumed.
 """
 
@@ -48,18 +48,18 @@ def expected_steps(start, stop, drop_remainder=True):
 def consumed(monkeypatch):
     """Records, per tower, the example indices of every shard the tower trains on."""
     records = collections.defaultdict(list)
-    original = towers.tower_step
+    original = towers.tower_pass
 
-    def recording_tower_step(template, loss_fn, trainable, non_trainable, x, y, device, *rest):
-        tower = int(device.rsplit(":", 1)[1])
+    def recording_tower_pass(step, t, trainable, non_trainable, x, y):
+        tower = int(step.replicas.tower_devices[t].rsplit(":", 1)[1])
 
         def record(shard):
             records[tower].append(shard.numpy()[:, 0, 0, 0].astype(np.int64))
             return shard
         seen = tf.py_function(record, [x], tf.float32)
         seen.set_shape(x.shape)
-        return original(template, loss_fn, trainable, non_trainable, seen, y, device, *rest)
-    monkeypatch.setattr(towers, "tower_step", recording_tower_step)
+        return original(step, t, trainable, non_trainable, seen, y)
+    monkeypatch.setattr(towers, "tower_pass", recording_tower_pass)
 
     def global_batches():
         """The global batches trained on so far: tower shards concatenated, tower 0 first."""

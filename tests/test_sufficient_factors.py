@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from mgloop import sufficient_factors
 from mgloop.aggregation.base import canonical
+from mgloop.hooks.large_gradients import SufficientFactorsHook
 from tests import helpers
 from tests import tolerance
 from tests.test_ordered_sum import WIDE, step_peak_bytes, wide_model
@@ -177,8 +178,8 @@ def test_diagnostics_keep_factoring_off_the_sampled_step(logdir):
                                   sufficient_factor_bytes=1, ordered_sum_bytes=0,
                                   diagnostics=True, summary_every=STEPS)
     trainer = helpers.build_trainer(config)
-    assert trainer._sufficient_factors(sampled=True) is None
-    assert trainer._sufficient_factors(sampled=False) is not None
+    assert trainer.loop.sampled_step.hooks.find(SufficientFactorsHook) is None
+    assert trainer.step.hooks.find(SufficientFactorsHook) is not None
     loss_sum = helpers.run_batches(trainer, helpers.batches(STEPS))
     expected = helpers.train_reference_bounded(config, helpers.batches(STEPS))
     tolerance.assert_matches_reference(helpers.copy_weights(trainer)[0], loss_sum, expected)
