@@ -30,11 +30,11 @@ from mgloop import sync_batch_norm
 from mgloop.aggregation import Aggregation
 from mgloop.config import Config
 from mgloop.hooks import Hooks, tape_gradients
-from mgloop.hooks.diagnostics import GradientStats
+from mgloop.hooks.sampled_stats import GradientStats
 from mgloop.hooks.histograms import KeepLastGradients
 from mgloop.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
 from mgloop.hooks.loss_scaling import LossScaling
-from mgloop.hooks.sync_batch_norm import SyncBatchNorm
+from mgloop.hooks.synced_moments import SyncBatchNorm
 from mgloop.replicas import Replicas
 from mgloop.single_loss_step import SingleLossStep
 from mgloop.step import TowerStep

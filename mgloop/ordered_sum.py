@@ -31,7 +31,7 @@ meet at one home: a shared layout summed at each variable's device (ps_cpu,
 ps_device, ps_spread) on logical CPU towers. Not on GPUs, where each tower's
 gradient lives in its own device's memory and serialising the backward passes
 would idle the devices; not with accumulation, packing or synchronised batch
-norm, nor on the step that samples the diagnostics (see `Trainer._sums_at_home`).
+norm, nor on the step that samples the diagnostics (see `assemble.large_gradient_hooks`).
 A large dense kernel that sufficient_factors.py factors has no per-tower gradient
 to order: its sum comes from the factors, and only the other large variables are
 ordered.

@@ -112,17 +112,6 @@ class DynamicLossScale:
             tf.cond(finite, apply, skip)
 
 
-def read_loss_scales(loss_scales: list["DynamicLossScale"], aggregation, units: list[str],
-                     copy_index) -> list[tf.Tensor]:
-    """Each unit's loss scale S, read from the copy it computes with (`copy_index(t)`),
-    sent to the unit's device."""
-    scales = []
-    for t, device in enumerate(units):
-        source = loss_scales[copy_index(t)]
-        scales.append(aggregation.send(source.read(), source.device, device))
-    return scales
-
-
 def agree_finite(unit_grads: list[list[tf.Tensor]], units: list[str], aggregation,
                  copy_devices: list[str]) -> list[tf.Tensor]:
     """AND over units of "all my gradients are finite", formed on the host, sent to

@@ -149,7 +149,7 @@ class SufficientFactors:
     """Collects every tower's factors of the large dense kernels and multiplies them at home.
 
     Use, for each tower in order: trace its forward pass in `tower()` and its
-    backward pass by that TowerForward's `gradients` (towers.tower_step), then `add`
+    backward pass by that TowerForward's `gradients` (hooks/large_gradients.py), then `add`
     its factors; finally `sums()` for the aggregation (ordered_sum.reduce).
     """
 

@@ -26,7 +26,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import checkpoint, experiment, optim
-from mgloop.hooks.sync_batch_norm import SyncBatchNorm
+from mgloop.hooks.synced_moments import SyncBatchNorm
 from tests import helpers
 from tests import tolerance
 

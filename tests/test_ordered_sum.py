@@ -55,9 +55,10 @@ def test_ordered_sum_holds_two_copies_of_a_large_gradient_instead_of_all(logdir)
                                       ordered_sum_bytes=threshold)
         trainers[threshold] = helpers.build_trainer(config, make_model=wide_model)
         helpers.run_batches(trainers[threshold], batches[:1])  # trace, build the slots
-    assert trainers[0]._ordered_sum() is None
+    assert trainers[0].step.hooks.find(OrderedSumHook) is None
     kernel = trainers[2 ** 20].copies[0].trainable[0]
-    assert trainers[2 ** 20]._ordered_sum().indices == [0]  # the wide kernel alone
+    # the wide kernel alone
+    assert trainers[2 ** 20].step.hooks.find(OrderedSumHook).indices == [0]
     kernel_bytes = kernel.shape.num_elements() * 4
     peaks = {threshold: step_peak_bytes(trainer, batches[1])
              for threshold, trainer in trainers.items()}

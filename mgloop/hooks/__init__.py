@@ -30,8 +30,10 @@ shared layout summed at home on logical CPU towers, without accumulation, packin
 scaling or synchronised batch norm, and never on the diagnostics' sampled step) is
 decided once when the hooks are assembled (assemble.py), never in the step.
 
-Mechanisms: loss_scaling.py, sync_batch_norm.py, diagnostics.py (the sampled step),
-histograms.py, large_gradients.py (ordered sum, sufficient factors). Accumulation is not
+Mechanisms: loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
+(diagnostics), histograms.py, large_gradients.py (ordered sum, sufficient factors).
+(Module names differ from the mgloop modules they wrap: autograph's cache of converted
+functions confuses two modules of one name.) Accumulation is not
 a hook but a pass wrapper (accumulation.py): it runs the whole towers' pass K times in
 a `tf.while_loop` and keeps running sums, a change of control flow around the towers
 that no per-tower callback can make.
