@@ -102,7 +102,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     start = step = int(trainer.global_step.numpy())
     iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
     new_window = functools.partial(Window, trainer.metrics)
-    summary_window, log_window, steady, last = new_window(), new_window(), new_window(), new_window()
+    summary_window, log_window, steady, last = (new_window() for _ in range(4))
     per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
     stopped = False
     try:

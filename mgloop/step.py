@@ -15,7 +15,6 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop import metrics as metrics_lib
 from mgloop import non_trainable
 from mgloop import towers
 from mgloop.phases import AGGREGATION, APPLY, COMPUTE

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 
-import tensorflow as tf
 
 from mgloop import ordered_sum
 from mgloop import sufficient_factors
