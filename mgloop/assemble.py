@@ -10,7 +10,7 @@ large-gradient hooks (its statistics need every tower's whole gradient).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
@@ -29,7 +29,7 @@ from mgloop import staging as staging_lib
 from mgloop import sync_batch_norm
 from mgloop.aggregation import Aggregation
 from mgloop.config import Config
-from mgloop.hooks import Hooks, tape_gradients
+from mgloop.hooks import Hook, Hooks, tape_gradients
 from mgloop.hooks.sampled_stats import GradientStats
 from mgloop.hooks.histograms import KeepLastGradients
 from mgloop.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
@@ -80,11 +80,12 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
 def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation,
           optimizer_fn: Callable[[], keras.optimizers.Optimizer], input_shape=None,
           config: Config = Config(), staging: staging_lib.HostStaging | None = None,
-          metrics: list | None = None) -> Trainer:
+          metrics: list | None = None, hooks: Sequence[Hook] = ()) -> Trainer:
     """A Trainer of `model_fn`'s model for `aggregation` with the step `config` asks for
     (grad_reduce, pack_bytes, accumulation_steps, mixed_precision, batch_norm,
     diagnostics, histogram_every, ordered_sum_bytes, sufficient_factor_bytes).
-    `metrics`: objects of metrics.py; default: accuracy where the loss defines it."""
+    `metrics`: objects of metrics.py; default: accuracy where the loss defines it.
+    `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
     single_loss = aggregation.single_loss
     model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
     loss_fn = losses.for_model(loss_fn, model, input_shape)  # its output's loss
@@ -107,6 +108,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         sync_batch_norm.install(model)
     if config.histogram_every > 0:
         common.append(KeepLastGradients(replicas.copies[0]))
+    common += list(hooks)
     passes = (accumulation.one_pass if config.accumulation_steps == 1 else
               accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
                                       units, metrics_lib.total_size(metrics),
@@ -120,8 +122,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     else:
         large = large_gradient_hooks(config, replicas, loss_scaling)
         factors = next((h for h in large if isinstance(h, SufficientFactorsHook)), None)
-        hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
-        step = TowerStep(replicas, loss_fn, metrics, hooks, passes,
+        step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
+        step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
                                            config.pack_bytes, bool(large)), streams)
         sampled, names = None, []

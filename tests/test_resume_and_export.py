@@ -78,11 +78,11 @@ def test_finished_run_says_so_and_leaves_its_summary_alone(resumable, train_step
     ("seed", 4, 3), ("global_batch_size", 32, 16), ("drop_remainder", False, True)])
 def test_resume_that_changes_the_data_is_refused_before_building(
         resumable, monkeypatch, setting, value, previous):
-    from mgloop import loop
+    from mgloop import assemble
 
     def refuse(*args, **kwargs):
         raise AssertionError("variables were built before validation finished")
-    monkeypatch.setattr(loop.Trainer, "__init__", refuse)
+    monkeypatch.setattr(assemble, "build", refuse)
     config = helpers.small_config(resumable, **{setting: value})
     with pytest.raises(mgloop.ConfigError, match=rf"^--{setting}={value!r} differs from "
                        rf"{previous!r} of the checkpoints in --logdir=.*--{setting}={previous} "
@@ -128,11 +128,11 @@ def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
 
 def test_resume_with_another_model_is_refused_before_building(tmp_path, monkeypatch):
     run(tmp_path, "mlp_run", train_steps=2)
-    from mgloop import loop
+    from mgloop import assemble
 
     def refuse(*args, **kwargs):
         raise AssertionError("variables were built before validation finished")
-    monkeypatch.setattr(loop.Trainer, "__init__", refuse)
+    monkeypatch.setattr(assemble, "build", refuse)
     with pytest.raises(mgloop.ConfigError, match=r"^--model='cnn' differs from 'mlp' of the "
                                                  r"checkpoints in --logdir=.*--model=mlp"):
         run(tmp_path, "mlp_run", model="cnn")

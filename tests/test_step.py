@@ -20,6 +20,17 @@ def run_steps(trainer, steps=STEPS):
     return helpers.run_batches(trainer, helpers.batches(steps))
 
 
+def build(config, hooks=(), metrics=None):
+    """mgloop's trainer for `config` with a user's `hooks` and `metrics` (assemble.build)."""
+    config = config.validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    experiment.seed_everything(config.seed, config.deterministic)  # as build_trainer does
+    return assemble.build(helpers.model_fn(config.model), experiment.default_loss(),
+                          aggregation.get(config.aggregation)(device_set),
+                          functools.partial(optim.make_optimizer, config),
+                          helpers.DATASET.input_shape, config, metrics=metrics, hooks=hooks)
+
+
 class CountingObserver(Hook):
     """Records how many towers' losses and gradients the step hands `observe`."""
 
@@ -48,19 +59,17 @@ class ScaleByFour(Hook):
 
 
 def test_a_plugged_in_hook_observes_every_tower(logdir):
-    trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:4",
-                                                         aggregation="ring"))
-    observer = CountingObserver()
-    trainer.step.hooks.hooks.append(observer)  # the step itself is not edited
+    observer = CountingObserver()  # plugged in; the step itself is not edited
+    trainer = build(helpers.small_config(logdir, devices="cpu:4", aggregation="ring"),
+                    hooks=[observer])
     run_steps(trainer)
     variables = len(trainer.copies[0].trainable)
     assert observer.seen == [(4, 4, variables)]  # traced once: 4 towers' losses and grads
 
 
 def test_a_hook_may_veto_the_update(logdir):
-    trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:2",
-                                                         aggregation="ps_cpu"))
-    trainer.step.hooks.hooks.append(Veto())
+    trainer = build(helpers.small_config(logdir, devices="cpu:2", aggregation="ps_cpu"),
+                    hooks=[Veto()])
     before = helpers.copy_weights(trainer)
     run_steps(trainer)
     for a, b in zip(helpers.copy_weights(trainer)[0], before[0]):
@@ -72,10 +81,9 @@ def test_a_hook_may_veto_the_update(logdir):
 def test_loss_and_gradient_hooks_compose_exactly(logdir):
     """A hook scaling the loss by 4 and the gradients by 1/4 trains bit-identically."""
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring")
-    plain = helpers.build_trainer(config)
+    plain = build(config)
     plain_loss = run_steps(plain)
-    scaled = helpers.build_trainer(config)
-    scaled.step.hooks.hooks.append(ScaleByFour())
+    scaled = build(config, hooks=[ScaleByFour()])
     assert run_steps(scaled) == plain_loss
     for a, b in zip(helpers.copy_weights(scaled)[0], helpers.copy_weights(plain)[0]):
         np.testing.assert_array_equal(a, b)
@@ -154,13 +162,8 @@ class RecallOfClassZero:
 def test_a_metric_object_merges_across_towers_as_one_device(logdir):
     """On 4 towers, the metric's state of one step (at the initial weights) and of an
     evaluation on uneven shards equal the one-device value over the whole batch."""
-    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring").validated()
-    device_set = devices.setup(devices.parse(config.devices))
-    metric = RecallOfClassZero()
-    trainer = assemble.build(helpers.model_fn("mlp"), experiment.default_loss(),
-                             aggregation.get("ring")(device_set),
-                             functools.partial(optim.make_optimizer, config),
-                             helpers.DATASET.input_shape, config, metrics=[metric])
+    trainer = build(helpers.small_config(logdir, devices="cpu:4", aggregation="ring"),
+                    metrics=[RecallOfClassZero()])
     (x, y), = helpers.batches(1)
     predicted = np.argmax(trainer.model(x).numpy(), -1)  # one device, initial weights
     expected = [np.sum((y == 0) & (predicted == 0)), np.sum(y == 0)]
