@@ -12,6 +12,7 @@ step is assembled (assemble.py): the step itself has no branch on an option.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -58,8 +59,7 @@ class TowerStep:
                 reads = [replicas.read_for_tower(t) for t in towers_here]
                 trainable = [values for values, _ in reads]
             with tf.name_scope(COMPUTE):  # 2. forward, loss and backward on every shard
-                out = self.passes(lambda xs, ys, states: self.towers_pass(trainable, xs, ys,
-                                                                          states),
+                out = self.passes(functools.partial(self.towers_pass, trainable),
                                   [x for x, _ in shards], [y for _, y in shards],
                                   [state for _, state in reads])
             hooks.observe(out.losses, out.grads)
