@@ -64,9 +64,17 @@ def total_size(metrics: Sequence[Metric]) -> int:
 
 
 def state(metrics: Sequence[Metric], y, outputs) -> tf.Tensor:
-    """Every metric's counts of one shard, concatenated: float32 [total_size]."""
-    parts = [tf.cast(tf.reshape(m.counts(y, outputs), [m.size]), tf.float32) for m in metrics]
+    """Every metric's counts of one shard, concatenated: float32 [total_size] (no op added
+    for one metric whose counts already are float32 [size]: the step's cost stays as it was)."""
+    parts = [_as_state(m, m.counts(y, outputs)) for m in metrics]
+    if len(parts) == 1:
+        return parts[0]
     return tf.concat(parts, 0) if parts else tf.zeros([0], tf.float32)
+
+
+def _as_state(metric: Metric, counts) -> tf.Tensor:
+    counts = tf.cast(counts, tf.float32)  # the same tensor if already float32
+    return counts if counts.shape == [metric.size] else tf.reshape(counts, [metric.size])
 
 
 def split(metrics: Sequence[Metric], sums) -> dict[str, np.ndarray]:
