@@ -32,8 +32,8 @@ from mgloop import staging
 from mgloop.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
-GRAD_REDUCE = ("mean", "sum")
-TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
+GRAD_REDUCE = aggregation.validation.GRAD_REDUCE
+TRANSPORT_DTYPES = aggregation.validation.TRANSPORT_DTYPES
 LR_SCHEDULES = ("constant", "poly", "cosine")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
@@ -64,10 +64,11 @@ class Config:
 
     # Devices and aggregation.
     devices: str = "auto"
+    # a method and its options: "NAME" or "NAME:key=value,..." (aggregation/options.py)
     aggregation: str = "reduce_broadcast"
+    # modules imported before validation, e.g. registering methods (aggregation/plugins.py)
+    plugins: tuple[str, ...] = ()
     grad_reduce: str = "mean"  # "sum": leave out the 1/T (an explicit choice)
-    hierarchy_groups: int = 2  # groups of --aggregation=hierarchical
-    ring_shards: int = 1  # parallel rings of --aggregation=ring
     pack_bytes: int = 0  # fuse gradients into buckets of at most this many bytes; 0: off
     transport_dtype: str = "float32"  # dtype of gradients in flight; sums stay float32
     # shared layout on logical CPU towers: gradients of variables of at least this many
@@ -122,11 +123,6 @@ class Config:
     startup_timeout: float = 60.0  # seconds to wait for every peer's server at start
     collective_timeout: float = 30.0  # peer health timeout: seconds a silent peer is waited for
 
-    def aggregation_options(self) -> aggregation.Options:
-        return aggregation.Options(transport_dtype=self.transport_dtype,
-                                   hierarchy_groups=self.hierarchy_groups,
-                                   ring_shards=self.ring_shards)
-
     @property
     def num_towers(self) -> int:
         """Tower count of a validated config (global batch / per-tower batch)."""
@@ -141,7 +137,7 @@ class Config:
         request = devices.parse(self.devices)
         workers = cluster.from_environment()
         towers = request.num_towers * (workers.num_workers if workers else 1)
-        _check_choice("aggregation", self.aggregation, aggregation.names())
+        aggregation.check_settings(self, request, workers)  # loads --plugin modules first
         _check_choice("model", self.model, models.names())
         _check_choice("dataset", self.dataset, data.names())
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -169,7 +165,7 @@ class Config:
             raise ConfigError(
                 f"--warmup_steps={self.warmup_steps} is longer than --train_steps="
                 f"{self.train_steps}; use at most {self.train_steps}")
-        _check_aggregation_options(self, request)
+        _check_aggregation_options(self)
         _check_cluster(self, workers)
         data_dir = os.path.expanduser(self.data_dir) if self.data_dir is not None else None
         data.check(self.dataset, data_dir)
@@ -179,6 +175,7 @@ class Config:
             _check_writable_dir("export_dir", self.export_dir, create=False)
         resolved = dataclasses.replace(
             self, logdir=logdir, data_dir=data_dir, global_batch_size=global_batch,
+            plugins=aggregation.plugins.plugin_list(self.plugins),
             batch_size_per_tower=global_batch // towers)
         _check_resumable(resolved)
         return resolved
@@ -193,14 +190,7 @@ def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
     if workers is None or workers.num_workers == 1:
         return
-    where = f"across {workers.num_workers} workers (TF_CONFIG)"
-    if aggregation.get(config.aggregation).single_loss:
-        raise ConfigError(f"--aggregation={config.aggregation} {where}: the single-loss "
-                          "baseline runs in one process; use a tower-loop mode")
-    if not aggregation.get(config.aggregation).exchanges:
-        raise ConfigError(f"--aggregation={config.aggregation} {where}: its replicas exchange "
-                          "nothing, so there is nothing to sum between workers; use a mode "
-                          "that averages gradients")
+    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: check_settings
     if config.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")
@@ -209,44 +199,14 @@ def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
                           "not yet agreed between workers; use mixed_bfloat16 or none")
 
 
-def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -> None:
-    """Options that apply across modes, and the combinations that mean nothing."""
-    method = aggregation.get(config.aggregation)
-    _check_choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
-    _check_choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
-    _check_range("pack_bytes", config.pack_bytes, low=0)
+def _check_aggregation_options(config: Config) -> None:
+    """Options that apply across modes; the aggregation's own settings and what combines
+    with the method are checked by aggregation.check_settings (aggregation/validation.py)."""
     _check_range("ordered_sum_bytes", config.ordered_sum_bytes, low=0)
     _check_range("sufficient_factor_bytes", config.sufficient_factor_bytes, low=0)
     _check_range("accumulation_steps", config.accumulation_steps, low=1)
     _check_choice("mixed_precision", config.mixed_precision, precision.POLICIES)
     _check_choice("batch_norm", config.batch_norm, sync_batch_norm.MODES)
-    _check_range("ring_shards", config.ring_shards, low=1)
-    _check_range("hierarchy_groups", config.hierarchy_groups, low=1)
-    mode = f"--aggregation={config.aggregation}"
-    if config.ring_shards != 1 and config.aggregation != "ring":
-        raise ConfigError(f"--ring_shards={config.ring_shards} applies to --aggregation=ring "
-                          f"only, not {mode}; leave it at 1")
-    if not method.exchanges:
-        for flag, value, off in (("transport_dtype", config.transport_dtype, "float32"),
-                                 ("pack_bytes", config.pack_bytes, 0)):
-            if value != off:
-                raise ConfigError(f"--{flag}={value} means nothing with {mode}, which exchanges "
-                                  f"no gradients; leave it at {off}")
-    if config.transport_dtype != "float32" and method.layout == aggregation.SHARED:
-        raise ConfigError(
-            f"--transport_dtype={config.transport_dtype} means nothing with {mode} (shared "
-            "variables: towers read the float32 variables themselves); use a replicated mode "
-            "(reduce_broadcast, ring, hierarchical) or leave it at float32")
-    if config.batch_norm == "sync" and (method.single_loss or not method.exchanges):
-        reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
-                  method.single_loss else "trains each replica alone on its own shard")
-        raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
-                          "per_tower or a mode that exchanges gradients per tower")
-    if config.pack_bytes and config.aggregation == "ps_spread":
-        raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: a bucket would fuse "
-                          "gradients of variables that live on different devices; use ps_cpu, "
-                          "ps_device or a replicated mode, or --pack_bytes=0")
-    method.check(request, config.aggregation_options())
 
 
 def _check_inspection(config: Config) -> None:
@@ -254,10 +214,6 @@ def _check_inspection(config: Config) -> None:
     _check_range("eval_every", config.eval_every, low=0)
     _check_range("histogram_every", config.histogram_every, low=0)
     _check_range("breakdown_every", config.breakdown_every, low=0)
-    if config.diagnostics and aggregation.get(config.aggregation).single_loss:
-        raise ConfigError(f"--diagnostics with --aggregation={config.aggregation}, which "
-                          "computes one loss and one gradient, none per tower; use a per-tower "
-                          "mode or leave --diagnostics off")
     if config.profile_steps is not None:
         parse_profile_steps(config.profile_steps, config.train_steps)
 

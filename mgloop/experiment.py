@@ -78,7 +78,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
 
     With several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
-    method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
+    method = aggregation.make(config.aggregation, device_set, config.transport_dtype)
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
     return loop.Trainer(model_fn, loss_fn, method, functools.partial(optim.make_optimizer, config),
@@ -139,7 +139,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
                             dataset.input_shape, workers)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
-        trainer.global_step, keep=config.keep_checkpoints)
+        trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation)
     restored = checkpointer.restore_latest(tidy=chief)
     if restored:
         trainer.sync_replicas()
@@ -176,7 +176,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     def save_rescue(folder):
         return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,
                                        trainer.copies[0].optimizer, trainer.global_step,
-                                       keep=1).save(int(trainer.global_step.numpy()))
+                                       keep=1, aggregation=trainer.aggregation
+                                       ).save(int(trainer.global_step.numpy()))
 
     guard = (monitor_lib.logdir_guard(config.logdir, save_rescue) if chief
              else contextlib.nullcontext())

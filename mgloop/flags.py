@@ -21,11 +21,13 @@ FLAGS = flags.FLAGS
 
 _HELP = {
     "devices": "auto | cpu:N | gpu | gpu:I,J,... (auto: all GPUs, else 2 simulated CPU towers)",
-    "aggregation": f"how gradients meet: {', '.join(aggregation.names())}",
+    "aggregation": f"how gradients meet: NAME or NAME:key=value,... (e.g. ring:shards=2, "
+                   f"hierarchical:groups=2); NAME one of {', '.join(aggregation.names())} "
+                   "or a method a --plugin registers",
+    "plugins": "--plugin=MODULE (repeatable): a module name or .py file imported before the "
+               "settings are checked, e.g. to register an aggregation method",
     "grad_reduce": "mean (default: gradient of the mean loss over the global batch) | sum "
                    "(the sum over towers, T times larger)",
-    "hierarchy_groups": "groups of towers for --aggregation=hierarchical (divides the towers)",
-    "ring_shards": "parallel rings for --aggregation=ring (tf_cnn_benchmarks' xring#k)",
     "pack_bytes": "fuse gradients into buckets of at most this many bytes before the "
                   "exchange inside a process (0: off); between workers they always travel "
                   "as one buffer per dtype",
@@ -106,7 +108,9 @@ def define_flags() -> None:
     for field in dataclasses.fields(Config):
         help_text = _HELP[field.name]
         default = field.default
-        if field.type in ("bool",):
+        if field.name == "plugins":  # repeatable: --plugin=A --plugin=B
+            flags.DEFINE_multi_string("plugin", list(default), help_text)
+        elif field.type in ("bool",):
             flags.DEFINE_bool(field.name, default, help_text)
         elif field.type in ("int", "int | None"):
             flags.DEFINE_integer(field.name, default, help_text)
@@ -116,5 +120,12 @@ def define_flags() -> None:
             flags.DEFINE_string(field.name, default, help_text)
 
 
+def _flag_name(field_name: str) -> str:
+    return "plugin" if field_name == "plugins" else field_name
+
+
 def config_from_flags() -> Config:
-    return Config(**{field.name: FLAGS[field.name].value for field in dataclasses.fields(Config)})
+    values = {field.name: FLAGS[_flag_name(field.name)].value
+              for field in dataclasses.fields(Config)}
+    values["plugins"] = tuple(values["plugins"] or ())
+    return Config(**values)

@@ -109,6 +109,7 @@ class Trainer(inference.TowerInference):
             model_input.check_fits_data(self.model, input_shape)
         self.loss_fn = losses.for_model(loss_fn, self.model, input_shape)  # its output's loss
         self.copies = towers.make_copies(self.model, aggregation.parameter_devices())
+        aggregation.build(self.copies[0].trainable)  # the method's own state, once
         # each tower draws its own random numbers (dropout masks), by its global index
         self.random_streams = random_streams.RandomStreams(
             self.model, self.workers.index * self.num_towers if self.workers else 0)
@@ -158,7 +159,7 @@ class Trainer(inference.TowerInference):
             return
         first = self.copies[0]
         variables = (first.variables + [towers.backing(v) for v in first.optimizer.variables]
-                     + [self.global_step])
+                     + [self.global_step] + list(self.aggregation.state_variables))
         tf.function(lambda: self.aggregation.broadcast_from_chief(variables))()
         self.sync_replicas()
 

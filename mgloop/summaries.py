@@ -30,6 +30,8 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
+from mgloop import aggregation
+
 # The hyperparameters of the HParams table (Config fields) and its metrics (root-run scalars).
 HPARAM_FIELDS = ("aggregation", "num_towers", "staging", "staging_depth", "global_batch_size",
                  "learning_rate", "optimizer", "model", "transport_dtype", "pack_bytes",
@@ -115,14 +117,16 @@ class NullWriter:
 
 def write_run_record(logdir: str, config: dict, num_towers: int,
                      command_line: list[str] | None) -> None:
-    """Root run of `logdir`: the HParams session start (hyperparameters of the table) and
-    the text `config` (resolved configuration, JSON) and `command_line`."""
+    """Root run of `logdir`: the HParams session start (hyperparameters of the table, the
+    aggregation as its name and one `aggregation.KEY` per option, aggregation.describe)
+    and the text `config` (resolved configuration, JSON) and `command_line`."""
     values = dict(config, num_towers=num_towers)
     hparams = {name: values[name] for name in HPARAM_FIELDS}
+    hparams.update(aggregation.describe(values["aggregation"]))  # the method, every option
     writer = tf.summary.create_file_writer(logdir)
     with writer.as_default(step=0):
         hparams_api.hparams_config(
-            hparams=[hparams_api.HParam(name) for name in HPARAM_FIELDS],
+            hparams=[hparams_api.HParam(name) for name in hparams],
             metrics=[hparams_api.Metric(tag) for tag in FINAL_METRICS])
         hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
         tf.summary.text("config", "```\n" + json.dumps(config, indent=2, sort_keys=True)

@@ -69,8 +69,8 @@ GRID = ([(mode, model, towers) for mode in CORE_MODES
 
 @pytest.mark.parametrize("mode,model,towers", GRID)
 def test_towers_equal_single_device(mode, towers, model, reference, initial, logdir):
-    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode, model=model,
-                                  hierarchy_groups=hierarchy_for(towers))
+    spec = f"{mode}:groups={hierarchy_for(towers)}" if mode == "hierarchical" else mode
+    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=spec, model=model)
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
     expected = reference(config)
     copies = helpers.copy_weights(trainer)

@@ -33,6 +33,7 @@ class Colocate(ParameterServerCpu):
     name = "colocate"
     exchanges = False
     single_loss = True
+    across_workers = False  # the single loss is over one process's towers
 
     def single_loss_step(self, model, loss_fn, trainable, states, xs, ys, loss_scale=None):
         """(loss, accuracy counts [correct, compared], grads, per-tower non-trainable
