@@ -72,6 +72,9 @@ class TopKErrorFeedback(aggregation.Aggregation):
         towers = list(self.devices.towers)
         root = towers[0]
         per_var = []
+        for variable in variables:  # the contract: gradients of trainable variables only
+            if not getattr(variable, "trainable", True):
+                raise TypeError(f"topk_ef was handed the non-trainable {variable.name}")
         for i in range(len(variables)):
             shape, dtype = tower_values[0][i].shape, tower_values[0][i].dtype
             n = shape.num_elements()
