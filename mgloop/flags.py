@@ -120,12 +120,13 @@ def define_flags() -> None:
             flags.DEFINE_string(field.name, default, help_text)
 
 
-def _flag_name(field_name: str) -> str:
+def flag_name(field_name: str) -> str:
+    """The flag of a Config field: the field's name, but `--plugin` (repeatable) for `plugins`."""
     return "plugin" if field_name == "plugins" else field_name
 
 
 def config_from_flags() -> Config:
-    values = {field.name: FLAGS[_flag_name(field.name)].value
+    values = {field.name: FLAGS[flag_name(field.name)].value
               for field in dataclasses.fields(Config)}
     values["plugins"] = tuple(values["plugins"] or ())
     return Config(**values)

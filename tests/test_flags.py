@@ -11,7 +11,10 @@ from mgloop.config import Config
 def test_every_config_field_is_a_flag_with_the_same_default():
     mgloop_flags.define_flags()
     for field in dataclasses.fields(Config):
-        assert flags.FLAGS[field.name].default == field.default, field.name
+        default = flags.FLAGS[mgloop_flags.flag_name(field.name)].default
+        if field.name == "plugins":  # --plugin, repeatable: a list
+            default = tuple(default or ())
+        assert default == field.default, field.name
 
 
 def test_flagfile_and_command_line_make_a_config(tmp_path):
@@ -20,9 +23,11 @@ def test_flagfile_and_command_line_make_a_config(tmp_path):
     flagfile.write_text("--devices=cpu:4\n--aggregation=ring\n--learning_rate=0.2\n"
                         "--deterministic\n")
     try:
-        flags.FLAGS(["train", f"--flagfile={flagfile}", "--batch_size_per_tower=8"])
+        flags.FLAGS(["train", f"--flagfile={flagfile}", "--batch_size_per_tower=8",
+                     "--plugin=my_methods", "--plugin=more/methods.py"])
         config = mgloop_flags.config_from_flags()
     finally:
         flags.FLAGS.unparse_flags()
     assert config == Config(devices="cpu:4", aggregation="ring", learning_rate=0.2,
-                            deterministic=True, batch_size_per_tower=8)
+                            deterministic=True, batch_size_per_tower=8,
+                            plugins=("my_methods", "more/methods.py"))
