@@ -145,7 +145,8 @@ def assert_within_declared_bound(run, towers):
                 exact = np.mean([values[t][i] for t in range(towers)], axis=0, dtype=np.float64)
                 error = np.linalg.norm(value.numpy() - exact)
                 assert error <= rho * largest[i], (
-                    f"{method.name}: variable {i} off by {error:.3g} > {rho:.3g} * {largest[i]:.3g}")
+                    f"{method.name}: variable {i} off by {error:.3g} > {rho:.3g} * "
+                    f"{largest[i]:.3g}")
                 worst = max(worst, error / largest[i])
     assert worst > 1e-3  # lossy indeed: the stand-ins were compressed
 

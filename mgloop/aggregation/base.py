@@ -112,7 +112,8 @@ class Aggregation(abc.ABC):
     options_type: ClassVar[type[Options]] = Options  # the method's options dataclass
 
     # Capabilities.
-    layout: ClassVar[str]  # the layout it supports: SHARED one variable copy; REPLICATED one per tower
+    # The layout it supports: SHARED, one variable copy; REPLICATED, one per tower.
+    layout: ClassVar[str]
     exchanges: ClassVar[bool] = True  # False: no gradient exchange to compress or pack
     single_loss: ClassVar[bool] = False  # True: one loss over all towers (colocate.py)
     # True: `reduce` returns (1/T) sum_t g[t] to float tolerance (equals one device).
