@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from mgloop import aggregation
+from mgloop import aggregation, checkpoint
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_FLAGS = ["--plugin=tests.plugins.topk_ef", "--plugin=tests.plugins.bn_mlp"]
@@ -118,3 +119,31 @@ def test_describe_gives_every_option_of_a_spec():
     assert aggregation.describe("ring") == {"aggregation": "ring", "aggregation.shards": 1}
     assert aggregation.canonical_spec(" ring : shards=1 ") == "ring"
     assert aggregation.canonical_spec("hierarchical:groups=4") == "hierarchical:groups=4"
+
+
+def test_switching_to_or_from_a_stateful_method_on_resume(tmp_path):
+    """A checkpoint without the method's state (written by ring) resumes as topk_ef with
+    its residuals as `build` made them; one with them resumes as ring (they are unused)."""
+    aggregation.load_plugins(["tests.plugins.topk_ef"])
+    folder = str(tmp_path / "checkpoints")
+
+    def trainer_and_checkpointer(spec):
+        trainer = helpers.build_trainer(helpers.small_config(
+            str(tmp_path), devices="cpu:2", aggregation=spec, plugins=("tests.plugins.topk_ef",)))
+        return trainer, checkpoint.Checkpointer(
+            folder, trainer.model, trainer.copies[0].optimizer, trainer.global_step, keep=2,
+            aggregation=trainer.aggregation)
+
+    ring, ring_saver = trainer_and_checkpointer("ring")
+    helpers.run_batches(ring, helpers.batches(2))
+    ring_saver.save(2)
+    topk, topk_saver = trainer_and_checkpointer("topk_ef:ratio=0.5")
+    assert topk_saver.restore_latest().endswith("ckpt-2")
+    assert int(topk.global_step.numpy()) == 2
+    assert all(not np.any(v.numpy()) for v in topk.aggregation.state_variables)
+    helpers.run_batches(topk, helpers.batches(3)[2:])
+    topk_saver.save(3)
+    again, again_saver = trainer_and_checkpointer("ring")
+    assert again_saver.restore_latest().endswith("ckpt-3")
+    np.testing.assert_array_equal(again.copies[0].trainable[0].numpy(),
+                                  topk.copies[0].trainable[0].numpy())
