@@ -118,7 +118,7 @@ class NullWriter:
 def write_run_record(logdir: str, config: dict, num_towers: int,
                      command_line: list[str] | None) -> None:
     """Root run of `logdir`: the HParams session start (hyperparameters of the table, the
-    aggregation as its name and one `aggregation.KEY` per option, aggregation.describe)
+    aggregation as its name and one `aggregation/KEY` per option, aggregation.describe)
     and the text `config` (resolved configuration, JSON) and `command_line`."""
     values = dict(config, num_towers=num_towers)
     hparams = {name: values[name] for name in HPARAM_FIELDS}

@@ -85,7 +85,7 @@ def test_plugin_method_trains_resumes_bit_identically_and_records_its_options(tm
     for name, value in expected.items():
         np.testing.assert_array_equal(actual[name], value, err_msg=name)
     recorded = hparams_of(straight)
-    assert recorded["aggregation"] == "topk_ef" and recorded["aggregation.ratio"] == 0.5
+    assert recorded["aggregation"] == "topk_ef" and recorded["aggregation/ratio"] == 0.5
 
 
 def test_plugin_method_across_two_workers(tmp_path):
@@ -115,8 +115,8 @@ def test_plugin_that_fails_to_import_is_one_line(tmp_path):
 def test_describe_gives_every_option_of_a_spec():
     aggregation.load_plugins(["tests.plugins.topk_ef"])
     assert aggregation.describe("topk_ef:ratio=0.25") == {"aggregation": "topk_ef",
-                                                          "aggregation.ratio": 0.25}
-    assert aggregation.describe("ring") == {"aggregation": "ring", "aggregation.shards": 1}
+                                                          "aggregation/ratio": 0.25}
+    assert aggregation.describe("ring") == {"aggregation": "ring", "aggregation/shards": 1}
     assert aggregation.canonical_spec(" ring : shards=1 ") == "ring"
     assert aggregation.canonical_spec("hierarchical:groups=4") == "hierarchical:groups=4"
 

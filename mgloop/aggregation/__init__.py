@@ -61,7 +61,7 @@ def canonical_spec(spec: str) -> str:
 
 
 def describe(spec: str) -> dict[str, object]:
-    """{'aggregation': NAME, 'aggregation.KEY': value, ...} of every option (defaults too)."""
+    """{'aggregation': NAME, 'aggregation/KEY': value, ...} of every option (defaults too)."""
     return options_lib.describe(*parse(spec))
 
 

@@ -109,11 +109,11 @@ def format_spec(method: type[Aggregation], options: Options) -> str:
 
 
 def describe(method: type[Aggregation], options: Options) -> dict[str, object]:
-    """{'aggregation': NAME, 'aggregation.KEY': value for every option, defaults included}:
+    """{'aggregation': NAME, 'aggregation/KEY': value for every option, defaults included}:
     what the HParams record of a run holds about its method."""
     out: dict[str, object] = {"aggregation": method.name}
     for f in dataclasses.fields(options):
-        out[f"aggregation.{f.name}"] = getattr(options, f.name)
+        out[f"aggregation/{f.name}"] = getattr(options, f.name)
     return out
 
 
