@@ -105,7 +105,7 @@ class Build:
         self.last_loss = result.loss_sum / max(result.steps, 1)
 
 
-def validated_variants(output_dir: str) -> tuple[list, list]:
+def validated_variants() -> tuple[list, list]:
     """([(variant, Config)], [(variant, reason) skipped]); UsageError/SpecError/ConfigError."""
     from mgloop.config import Config
     from mgloop.errors import ConfigError
@@ -115,11 +115,19 @@ def validated_variants(output_dir: str) -> tuple[list, list]:
                          f"{', '.join(measure_lib.MEASURES)}")
     if _FLAGS.input_delay_ms == "auto" and "ideal" not in _FLAGS.measure:
         raise UsageError("--input_delay_ms=auto calibrates on t_compute: add --measure=ideal")
+    if _FLAGS.input_delay_ms not in (None, "auto"):
+        try:
+            if not float(_FLAGS.input_delay_ms) >= 0:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"--input_delay_ms={_FLAGS.input_delay_ms!r}: give milliseconds "
+                             "(>= 0) or auto") from None
     if _FLAGS.copies not in (1, 2) or min(_FLAGS.steps, _FLAGS.repeats) < 1:
         raise UsageError("--copies must be 1 or 2, --steps and --repeats at least 1")
     chosen, skipped = [], []
     for variant in variants_spec.variants(_FLAGS.vary, _FLAGS.set):
-        settings = {"train_steps": 10 ** 9, "logdir": os.path.join(output_dir, "logdir"),
+        settings = {"train_steps": 10 ** 9,
+                    "logdir": os.path.join(tempfile.gettempdir(), "mgloop-variants"),
                     **variant.settings}
         try:
             chosen.append((variant, Config(**settings).validated()))
@@ -141,11 +149,7 @@ def input_delay(reference, time_input) -> float:
     if _FLAGS.input_delay_ms is None:
         return 0.0
     if _FLAGS.input_delay_ms != "auto":
-        try:
-            return float(_FLAGS.input_delay_ms) / 1e3
-        except ValueError:
-            raise UsageError(f"--input_delay_ms={_FLAGS.input_delay_ms!r}: give milliseconds "
-                             "or auto") from None
+        return float(_FLAGS.input_delay_ms) / 1e3  # checked by validated_variants
     free = iter(reference.dataset.train_batches(reference.config.global_batch_size,
                                                 reference.config.seed).prefetch(2))
     for _ in range(_FLAGS.warmup):
@@ -243,20 +247,16 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from mgloop.errors import ConfigError
-    output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-variants-")
     try:  # every refusal before any device or variable exists
         benchlib.load_plugins(_FLAGS.plugin)
-        chosen, skipped = validated_variants(output_dir)
+        chosen, skipped = validated_variants()
     except (UsageError, ConfigError, variants_spec.SpecError, benchlib.PluginError) as error:
         print(f"variants.py: error: {error}", file=sys.stderr)
         sys.exit(2)
+    output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-variants-")
     from mgloop import devices
     devices.configure_logical_cpus(max(config.num_towers for _, config in chosen))
-    try:
-        builds, references = build_all(chosen)
-    except UsageError as error:
-        print(f"variants.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    builds, references = build_all(chosen)
     logging.info("%d builds of %d variants", len(builds), len(chosen))
     ref_times = time_interleaved(builds, references)
     rows = variants_report.rows(chosen, builds, _FLAGS.group, extra_measures)

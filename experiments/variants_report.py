@@ -87,8 +87,8 @@ def markdown(payload: dict, measures: list[str], copies: int) -> str:
     present = {key for row in rows_ for key, value in row.items() if value is not None}
     columns = [c for c in COLUMNS if c[0] in present]
     known = {key for key, _, _ in COLUMNS}
-    columns += [(key, key, ".3f") for key in sorted(present - known)
-                if key.startswith("breakdown_")]
+    columns += [(key, f"profiled {key[len('breakdown_'):-len('_ms')]} (ms)", ".3f")
+                for key in sorted(present - known) if key.startswith("breakdown_")]
     lines = [f"Command: `{payload['command']}`", "",
              f"{settings['steps']} steps per timed loop, {settings['repeats']} interleaved "
              f"repeats after {settings['warmup']} warm-up loops, {copies} build(s) per variant; "
