@@ -64,21 +64,24 @@ def run_variants(*args):
 
 
 def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
+    """Two variants, one of them a plugin's method: one timed step each, read back from the
+    table, the JSON and TensorBoard's HParams data (real event files, a real server)."""
     out = tmp_path / "variants"
-    result = run_variants("--vary=aggregation=ps_cpu,ring", "--set=devices=cpu:2",
+    result = run_variants("--plugin=tests.plugins.bench_plugin",  # registers ps_cpu_copy
+                          "--vary=aggregation=ps_cpu_copy,ring", "--set=devices=cpu:2",
                           "--set=global_batch_size=16", "--steps=1", "--warmup=0",
                           "--repeats=1", "--measure=traffic,input_wait", f"--output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads((out / "variants.json").read_text())
     rows = {row["variant"]: row for row in payload["rows"]}
-    assert list(rows) == ["aggregation=ps_cpu", "aggregation=ring"]
+    assert list(rows) == ["aggregation=ps_cpu_copy", "aggregation=ring"]
     for row in rows.values():
         (repeats,) = row["step_ms_repeats"]  # one build, one timed loop
         assert len(repeats) == 1 and row["examples_per_sec"] > 0
         assert abs(row["examples_per_sec"] - 16 / (repeats[0] / 1e3)) < 1e-6 * row[
             "examples_per_sec"]
         assert row["max_sent_kib"] > 0 and row["input_wait_ms"] >= 0
-    ring, ps_cpu = rows["aggregation=ring"], rows["aggregation=ps_cpu"]
+    ring, ps_cpu = rows["aggregation=ring"], rows["aggregation=ps_cpu_copy"]
     assert ps_cpu["ratio"] == 1.0
     assert abs(ring["ratio"] - ring["step_ms"] / ps_cpu["step_ms"]) < 1e-12
     # the one timed step of each is its first, from the seed's weights on the same batch:
