@@ -1,0 +1,218 @@
+"""Does the gradient exchange run while the towers' backward passes still compute? From traces.
+
+    python experiments/overlap.py --vary aggregation=ring,ps_cpu --vary pack_bytes=0,4000000 \
+        --set model=mlp --set devices=cpu:4 --steps=5
+    python experiments/overlap.py --trace_dir=<logdir>/plugins/profile   (an existing trace)
+
+DDP and Horovod start exchanging the gradients of the last layers while the
+backward pass still computes the first layers' (their main speed lever). Here,
+per profiled training step, from the tf.profiler trace (the XSpace protobuf,
+read with mgloop.breakdown): the exchange E is the union of the intervals of
+the ops built in the `aggregation` phase's name scope (loop.Trainer: packing,
+the method's reduce, the sums at home), the backward pass B the union of the
+ops in the `compute` phase built by the gradient tape (a `gradient_tape` or
+`gradients` name-scope segment) on every tower. Reported:
+
+    overlap   |E ∩ B| / |E|: the share of the exchange's busy time during which
+              some backward op of some tower runs at once
+    early     |E before the end of B| / |E|: the share of the exchange's busy time
+              before the last backward op ended (what could overlap, whatever the
+              executor's threads did at that moment)
+    starts    when the first exchange op starts, as a fraction of B's span (0: with
+              the first gradient; 1: after the last backward op)
+    E, B      their busy milliseconds under the profiler (which slows every op: compare
+              fractions, not these with unprofiled step times)
+
+A fraction near 0 means the exchange waits for every gradient (e.g. one bucket
+of all of them: its concatenation needs the last gradient the backward pass
+makes, which is the first layer's). Each variant (experiments/variants_spec.py:
+`--vary`, `--set`, `--plugin` as in variants.py) is built in this process,
+warmed up, and `--steps` steps are profiled one at a time (one loop of one
+step per profiler session), so every trace holds one step; the table gives the
+median over the steps and the range. With `--trace_dir` the trace files found
+under it are read instead, each as one window (for per-step figures, trace one
+step: `--profile_steps=A,A+1` of mgloop.train).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from absl import app, flags  # noqa: E402
+import numpy as np  # noqa: E402
+
+import benchlib  # noqa: E402
+import variants_spec  # noqa: E402
+
+_FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,... as in experiments/variants.py")
+flags.DEFINE_multi_string("set", [], "KEY=VALUE as in experiments/variants.py")
+flags.DEFINE_multi_string("plugin", [], "a module to import first; repeatable")
+flags.DEFINE_integer("steps", 5, "steps profiled per variant, one per trace")
+flags.DEFINE_integer("warmup", 2, "untimed loops of --warmup_steps steps per variant first")
+flags.DEFINE_integer("warmup_steps", 5, "steps per warm-up loop")
+flags.DEFINE_string("trace_dir", None, "read the traces under this folder instead of "
+                    "building and profiling variants")
+flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+
+_BACKWARD = re.compile(r"(gradient_tape|gradients)(_\d+)?")
+
+
+def merged(intervals) -> list[tuple[int, int]]:
+    """The union of [start, end) intervals as disjoint sorted intervals."""
+    out = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def length(intervals) -> int:
+    return sum(end - start for start, end in intervals)
+
+
+def intersection(a, b) -> int:
+    """Length of the intersection of two disjoint sorted interval lists."""
+    total, i, j = 0, 0, 0
+    while i < len(a) and j < len(b):
+        low, high = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, high - low)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def is_backward(name: str) -> bool:
+    return any(_BACKWARD.fullmatch(segment) for segment in name.split("/"))
+
+
+def overlap_of(space) -> dict:
+    """The figures of one trace (see the top of this module)."""
+    from mgloop import breakdown
+    exchange, backward = [], []
+    for name, start, end in breakdown.op_intervals(space):
+        phase = breakdown.phase_of(name)
+        if phase == "aggregation":
+            exchange.append((start, end))
+        elif phase == "compute" and is_backward(name):
+            backward.append((start, end))
+    if not exchange or not backward:
+        raise ValueError(f"the trace has {len(exchange)} exchange and {len(backward)} backward "
+                         "ops: nothing to compare")
+    exchange, backward = merged(exchange), merged(backward)
+    busy = length(exchange)
+    before_end = intersection(exchange, [(exchange[0][0], backward[-1][1])])
+    return {"exchange_ms": busy * 1e-9, "backward_ms": length(backward) * 1e-9,
+            "overlap": intersection(exchange, backward) / busy, "early": before_end / busy,
+            "starts": (exchange[0][0] - backward[0][0]) / (backward[-1][1] - backward[0][0])}
+
+
+def profiled_steps(trainer, iterator, steps: int) -> list[dict]:
+    import shutil
+    import tensorflow as tf
+    from mgloop import breakdown
+    out = []
+    for _ in range(steps):
+        folder = tempfile.mkdtemp(prefix="mgloop-overlap-")
+        try:
+            tf.profiler.experimental.start(folder, options=breakdown.PROFILER_OPTIONS)
+            try:
+                trainer.train_loop(iterator, 1)
+            finally:
+                tf.profiler.experimental.stop()
+            out.append(overlap_of(breakdown.read_trace(folder)))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def summarise(name: str, steps: list[dict]) -> dict:
+    row = {"variant": name, "steps": steps}
+    for key in ("overlap", "early", "starts", "exchange_ms", "backward_ms"):
+        values = [s[key] for s in steps]
+        row[key] = float(np.median(values))
+        row[f"{key}_range"] = (float(min(values)), float(max(values)))
+    return row
+
+
+def measure_variants() -> list[dict]:
+    from mgloop import devices
+    from mgloop.config import Config
+    chosen = [(v, Config(**{"train_steps": 10 ** 9, "logdir": os.path.join(
+        tempfile.gettempdir(), "mgloop-overlap"), **v.settings}).validated())
+        for v in variants_spec.variants(_FLAGS.vary, _FLAGS.set)]
+    devices.configure_logical_cpus(max(config.num_towers for _, config in chosen))
+    rows, datasets = [], {}
+    for variant, config in chosen:  # one at a time: a trainer is dropped after its steps
+        key = (config.dataset, config.seed, config.data_dir)
+        trainer, iterator, datasets[key] = benchlib.build_config(config, datasets.get(key))
+        for _ in range(_FLAGS.warmup):
+            trainer.train_loop(iterator, _FLAGS.warmup_steps)
+        rows.append(summarise(variant.name, profiled_steps(trainer, iterator, _FLAGS.steps)))
+        trainer.release_input()
+        del trainer, iterator
+    return rows
+
+
+def measure_traces(folder: str) -> list[dict]:
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    rows = []
+    for path in sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)):
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as handle:
+            space.ParseFromString(handle.read())
+        rows.append(summarise(os.path.relpath(path, folder), [overlap_of(space)]))
+    if not rows:
+        raise SystemExit(f"overlap.py: error: no *.xplane.pb under {folder}")
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    def span(row, key, pattern):
+        low, high = row[f"{key}_range"]
+        return f"{pattern.format(row[key])} ({pattern.format(low)}–{pattern.format(high)})"
+    lines = ["| variant | overlap \\|E∩B\\|/\\|E\\| | early (E before B ends) | E starts "
+             "(share of B's span) | exchange E (ms) | backward B (ms) |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['variant']} | {span(row, 'overlap', '{:.2f}')} | "
+                     f"{span(row, 'early', '{:.2f}')} | {span(row, 'starts', '{:.2f}')} | "
+                     f"{row['exchange_ms']:.2f} | "
+                     f"{row['backward_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from mgloop.errors import ConfigError
+    try:
+        benchlib.load_plugins(_FLAGS.plugin)
+        rows = (measure_traces(_FLAGS.trace_dir) if _FLAGS.trace_dir
+                else measure_variants())
+    except (ConfigError, variants_spec.SpecError, benchlib.PluginError) as error:
+        print(f"overlap.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(f"Command: `python {' '.join(sys.argv)}`; load average "
+          f"{os.getloadavg()[0]:.1f}; median over {_FLAGS.steps} profiled steps (range)\n")
+    print(markdown(rows))
+    if _FLAGS.json_out:
+        with open(_FLAGS.json_out, "w") as handle:
+            json.dump({"command": " ".join(sys.argv), "rows": rows}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
