@@ -186,7 +186,8 @@ def markdown(rows: list[dict]) -> str:
         low, high = row[f"{key}_range"]
         return f"{pattern.format(row[key])} ({pattern.format(low)}–{pattern.format(high)})"
     lines = ["| variant | overlap \\|E∩B\\|/\\|E\\| | early (E before B ends) | E starts "
-             "(share of B's span) | exchange E (ms) | backward B (ms) |", "|---|---|---|---|---|---|"]
+             "(share of B's span) | exchange E (ms) | backward B (ms) |",
+             "|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['variant']} | {span(row, 'overlap', '{:.2f}')} | "
                      f"{span(row, 'early', '{:.2f}')} | {span(row, 'starts', '{:.2f}')} | "

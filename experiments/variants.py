@@ -36,7 +36,6 @@ resolved Config as hparams, the figures as scalars).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -95,7 +94,8 @@ class Build:
     waits: list = dataclasses.field(default_factory=list)  # input wait per step, per loop
     last_loss: float | None = None
 
-    def run(self, steps: int, summary: bool) -> None:
+    def run(self, steps: int, summary: bool) -> float:
+        """One timed loop of `steps` steps; its seconds per step (also kept in `times`)."""
         began = time.perf_counter()
         result = self.trainer.train_loop(self.iterator, steps)
         if summary:
@@ -103,6 +103,7 @@ class Build:
         self.times.append((time.perf_counter() - began) / steps)
         self.waits.append(result.input_wait / max(result.steps, 1))
         self.last_loss = result.loss_sum / max(result.steps, 1)
+        return self.times[-1]
 
 
 def validated_variants() -> tuple[list, list]:
@@ -154,8 +155,7 @@ def input_delay(reference, time_input) -> float:
                                                 reference.config.seed).prefetch(2))
     for _ in range(_FLAGS.warmup):
         reference.run(_FLAGS.steps, False), time_input(free, _FLAGS.steps)
-    t_compute = np.median([reference.run(_FLAGS.steps, False) or reference.times[-1]
-                           for _ in range(3)])
+    t_compute = np.median([reference.run(_FLAGS.steps, False) for _ in range(3)])
     t_free = np.median([time_input(free, _FLAGS.steps) for _ in range(3)])
     reference.times.clear()
     return max(float(t_compute - t_free), 0.0)
@@ -163,7 +163,6 @@ def input_delay(reference, time_input) -> float:
 
 def build_all(chosen) -> tuple[list[Build], dict]:
     """The builds (copies in the order v1..vn, vn..v1) and the input references of `ideal`."""
-    import dataclasses as dc
     datasets = {}
 
     def build(variant, copy, config, transform=None, constant=False):
@@ -182,8 +181,8 @@ def build_all(chosen) -> tuple[list[Build], dict]:
     if "ideal" in _FLAGS.measure:
         variant, config = chosen[0]
         time_input = measure_lib.make_input_timer()
-        compute = build(dc.replace(variant, name="compute"), 0,
-                        dc.replace(config, staging="device"), constant=True)
+        compute = build(dataclasses.replace(variant, name="compute"), 0,
+                        dataclasses.replace(config, staging="device"), constant=True)
         delay = input_delay(compute, time_input)
         stream = measure_lib.slow_stream(
             compute.dataset.train_batches(config.global_batch_size, config.seed), delay)

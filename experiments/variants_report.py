@@ -52,7 +52,8 @@ def rows(chosen, builds, group: list[str], extra) -> list[dict]:
         batch = config.global_batch_size
         row = {"variant": variant.name, "baseline": base[0].variant.name,
                "settings": dict(variant.varied), "global_batch": batch,
-               "examples_per_sec": batch / median, "mad_examples_per_sec": batch * mad / median ** 2,
+               "examples_per_sec": batch / median,
+               "mad_examples_per_sec": batch * mad / median ** 2,
                "step_ms": 1e3 * median, "mad_step_ms": 1e3 * mad, "ratio": median / base_median,
                "loss": mine[0].last_loss,
                "step_ms_repeats": [[1e3 * t for t in b.times] for b in mine]}
