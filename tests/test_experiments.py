@@ -141,3 +141,30 @@ def test_variant_values_split_and_tie():
                                           "devices/aggregation=cpu:1/ring,pack_bytes=65536"]
     assert made[3].settings == {"devices": "cpu:4", "aggregation": "ps_cpu",
                                 "pack_bytes": 65536, "global_batch_size": 32}
+
+
+def test_overlap_of_a_synthetic_trace():
+    """experiments/overlap.py's figures on a trace made by hand: backward ops (the gradient
+    tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45 and 70..90."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    import overlap_trace
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    one, two = host.lines.add(timestamp_ns=0), host.lines.add(timestamp_ns=0)
+    for line, name, start, end in [
+            (one, "while/body/mgloop_step/compute/dense/MatMul:MatMul", 0, 10),  # forward
+            (one, "while/body/gradient_tape/mgloop_step/compute_1/dense/MatMul:MatMul", 10, 30),
+            (one, "while/body/gradient_tape/mgloop_step/compute_1/dense_1/Add:AddV2", 40, 60),
+            (two, "while/body/mgloop_step/aggregation/split:SplitV", 25, 45),
+            (two, "while/body/mgloop_step/aggregation/add:AddV2", 70, 90),
+            (two, "while/body/mgloop_step/apply/sgd/Sub:Sub", 90, 95)]:
+        metadata_id = len(host.event_metadata) + 1
+        host.event_metadata[metadata_id].id = metadata_id
+        host.event_metadata[metadata_id].name = name
+        line.events.add(metadata_id=metadata_id, offset_ps=start, duration_ps=end - start)
+    figures = overlap_trace.overlap_of(space)
+    assert figures["exchange_ms"] == pytest.approx(40e-9)  # 20 + 20 ps
+    assert figures["backward_ms"] == pytest.approx(40e-9)  # the forward op is not backward
+    assert figures["overlap"] == pytest.approx(10 / 40)  # 25..30 and 40..45 at once
+    assert figures["early"] == pytest.approx(20 / 40)  # 25..45 before the backward ends (60)
+    assert figures["starts"] == pytest.approx((25 - 10) / (60 - 10))
