@@ -31,7 +31,9 @@ warmed up, and `--steps` steps are profiled one at a time (one loop of one
 step per profiler session), so every trace holds one step; the table gives the
 median over the steps and the range. With `--trace_dir` the trace files found
 under it are read instead, each as one window (for per-step figures, trace one
-step: `--profile_steps=A,A+1` of mgloop.train).
+step: `--profile_steps=A,A+1` of mgloop.train). `--bucket_order=backward` forms
+the --pack_bytes buckets from the last variable back (an experiment: mgloop's
+packing.plan goes in variable order).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ flags.DEFINE_integer("warmup_steps", 5, "steps per warm-up loop")
 flags.DEFINE_string("trace_dir", None, "read the traces under this folder instead of "
                     "building and profiling variants")
 flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+flags.DEFINE_enum("bucket_order", "forward", ["forward", "backward"],
+                  "--pack_bytes buckets formed in variable order (mgloop's packing.plan) or, as "
+                  "an experiment, in reverse order (the order backprop makes the gradients)")
 
 def profiled_steps(trainer, iterator, steps: int) -> list[dict]:
     import shutil
@@ -93,6 +98,20 @@ def summarise(name: str, steps: list[dict]) -> dict:
     return row
 
 
+def use_backward_buckets() -> None:
+    """Experiment only: mgloop's packing.plan applied to the variables in reverse order, so
+    that the first bucket holds the last layers' gradients, which backprop makes first
+    (PyTorch DDP's bucket order). pack/unpack follow any plan's index lists unchanged."""
+    from mgloop.aggregation import packing
+    forward = packing.plan
+
+    def plan(values, bucket_bytes):
+        order = list(reversed(range(len(values))))
+        buckets = forward([values[i] for i in order], bucket_bytes)
+        return [[order[i] for i in bucket] for bucket in buckets]
+    packing.plan = plan
+
+
 def measure_variants() -> list[dict]:
     from mgloop import devices
     from mgloop.config import Config
@@ -100,6 +119,8 @@ def measure_variants() -> list[dict]:
         tempfile.gettempdir(), "mgloop-overlap"), **v.settings}).validated())
         for v in variants_spec.variants(_FLAGS.vary, _FLAGS.set)]
     devices.configure_logical_cpus(max(config.num_towers for _, config in chosen))
+    if _FLAGS.bucket_order == "backward":
+        use_backward_buckets()
     rows, datasets = [], {}
     for variant, config in chosen:  # one at a time: a trainer is dropped after its steps
         key = (config.dataset, config.seed, config.data_dir)
