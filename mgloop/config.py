@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgloop import aggregation
 from mgloop import accumulation
+from mgloop import aggregation
 from mgloop import checkpoint
 from mgloop import cluster
 from mgloop import controller
@@ -209,17 +209,13 @@ class Config:
         workers = cluster.from_environment()
         towers = request.num_towers * (workers.num_workers if workers else 1)
         _check_choice("aggregation", self.aggregation, aggregation.names())
-        models.check_settings(self)
-        controller.check_settings(self)
-        optim.check_settings(self)
-        staging.check_settings(self)
+        for module in (models, controller, optim, staging, accumulation, precision,
+                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor):
+            module.check_settings(self)  # the settings the module uses
+        _check_range("seed", self.seed, low=0, high=MAX_SEED)
         devices_flag = self.devices if workers is None else (
             f"{self.devices} on each of {workers.num_workers} workers")
         global_batch, data_dir = data.check_settings(self, towers, devices_flag)
-        for module in (accumulation, precision, sync_batch_norm, ordered_sum,
-                       sufficient_factors, checkpoint, monitor):
-            module.check_settings(self)
-        _check_range("seed", self.seed, low=0, high=MAX_SEED)
         _check_aggregation_options(self, request)
         _check_cluster(self, workers)
         resolved = dataclasses.replace(
