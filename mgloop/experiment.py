@@ -160,8 +160,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         batches = batches.map(lambda x, y: (part(x), part(y)))
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
-        summaries.write_run_record(config.logdir, config, total_towers,
-                                   command_line)
+        summaries.write_run_record(config.logdir, config, total_towers, command_line)
     writer = summaries.ScalarWriter if chief else summaries.NullWriter  # the chief writes
     train_writer, eval_writer = writer(config.logdir, "train"), writer(config.logdir, "eval")
     schedule = optim.make_schedule(config)
