@@ -29,8 +29,8 @@ agree), and the `--measure` columns (experiments/variants_measure.py). With
 `--copies=2` also the median over rounds of (variant's builds) / (baseline's
 builds) with its standard error, and the A/A control of the variant's two
 builds, the noise floor of the moment. Outputs in --output_dir: variants.md,
-variants.json, tensorboard/ (one run per variant: every setting of its
-resolved Config as hparams, the figures as scalars).
+variants.json, tensorboard/ (one run per variant: as hparams what a training
+run records, every setting that can change a result; the figures as scalars).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def validated_variants() -> tuple[list, list]:
         raise UsageError("--copies must be 1 or 2, --steps and --repeats at least 1")
     chosen, skipped = [], []
     for variant in variants_spec.variants(_FLAGS.vary, _FLAGS.set):
-        settings = {"train_steps": 10 ** 9,
+        settings = {"train_steps": 10 ** 9, "plugins": tuple(_FLAGS.plugin),
                     "logdir": os.path.join(tempfile.gettempdir(), "mgloop-variants"),
                     **variant.settings}
         try:

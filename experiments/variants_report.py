@@ -19,7 +19,6 @@ import numpy as np
 
 import benchlib
 
-PATHS = ("logdir", "data_dir", "export_dir")  # settings that name places, not results
 # (key, header, format) of the columns a row may have, in table order
 COLUMNS = [("variant", "variant", "s"), ("examples_per_sec", "examples/sec (median)", ".0f"),
            ("mad_examples_per_sec", "± MAD", ".0f"), ("step_ms", "step (ms)", ".3f"),
@@ -137,13 +136,14 @@ def metric_names(rows_: list[dict]) -> list[str]:
 
 
 def write_tensorboard(logdir: str, chosen, rows_: list[dict]) -> None:
-    """One run per variant (its every resolved Config setting but paths as hparams, its figures
-    as scalars at step 0, examples/sec per timed loop), and the HParams experiment at the top."""
-    import dataclasses
+    """One run per variant (as hparams what a training run records: every setting that can
+    change a result, summaries.hparams_of; its figures as scalars at step 0, examples/sec per
+    timed loop), and the HParams experiment at the top."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
-    values = [{f.name: _hparam_value(getattr(config, f.name))
-               for f in dataclasses.fields(config) if f.name not in PATHS}
+    from mgloop import summaries
+    values = [{name: _hparam_value(value)
+               for name, value in summaries.hparams_of(config, config.num_towers).items()}
               for _, config in chosen]
     for hparams in values:  # one type per hparam, as a Discrete domain needs
         for name in hparams:

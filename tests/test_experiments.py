@@ -98,13 +98,15 @@ def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
     request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS"],
                "colParams": [{"hparam": "aggregation"}, {"hparam": "pack_bytes"},
-                             {"metric": {"tag": "examples_per_sec"}}]}
+                             {"hparam": "plugins"}, {"metric": {"tag": "examples_per_sec"}}]}
     with tensorboard_server.serve(str(out / "tensorboard")) as board:
         sessions = board.wait_for(lambda s: len(s.get("sessionGroups", [])) == 2,
                                   "/data/plugin/hparams/session_groups", body=request)
     for group in sessions["sessionGroups"]:
         row = rows[f"aggregation={group['hparams']['aggregation']}"]
-        assert group["hparams"]["pack_bytes"] == 0  # every setting of the resolved Config
+        # what a training run records (every setting that can change a result)
+        assert group["hparams"]["pack_bytes"] == 0
+        assert group["hparams"]["plugins"] == "tests.plugins.bench_plugin"
         (value,) = [m["value"] for m in group["metricValues"]
                     if m["name"]["tag"] == "examples_per_sec"]
         assert abs(value - row["examples_per_sec"]) < 1e-3 * value
