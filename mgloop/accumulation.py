@@ -30,6 +30,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mgloop.settings import in_range
+
 
 @dataclasses.dataclass
 class Pass:
@@ -97,3 +99,8 @@ def accumulate(micro_pass: MicroPass, xs: list[tf.Tensor], ys: list[tf.Tensor], 
         with tf.device(device):
             means.append((loss * (1.0 / steps), [g * (1.0 / steps) for g in grad]))
     return Pass([m[0] for m in means], counts, [m[1] for m in means], states)
+
+
+def check_settings(config) -> None:
+    """--accumulation_steps >= 1."""
+    in_range("accumulation_steps", config.accumulation_steps, low=1)

@@ -49,6 +49,7 @@ from tensorflow.python.training import checkpoint_state_pb2
 
 from mgloop import failures
 from mgloop.errors import ConfigError
+from mgloop.settings import in_range
 
 EXPORT_FILENAME = "model.keras"
 STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
@@ -56,6 +57,12 @@ DAMAGED_SUFFIX = ".damaged"
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
 _LEFTOVER = re.compile(r"ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+")  # of an interrupted save
 _DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
+
+
+def check_settings(config) -> None:
+    """--checkpoint_every >= 0 (0: only at the end), --keep_checkpoints >= 1."""
+    in_range("checkpoint_every", config.checkpoint_every, low=0)
+    in_range("keep_checkpoints", config.keep_checkpoints, low=1)
 
 
 def checkpoint_steps(directory: str) -> list[int]:

@@ -35,6 +35,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mgloop.settings import choice, in_range
+
 try:  # not in TensorFlow's public API; without it, always use the Python clock
     from tensorflow.python.framework.config import is_op_determinism_enabled
 except ImportError:  # pragma: no cover
@@ -42,6 +44,12 @@ except ImportError:  # pragma: no cover
         return True
 
 MODES = ("none", "host", "device")
+
+
+def check_settings(config) -> None:
+    """--staging names a mode; --staging_depth >= 1."""
+    choice("staging", config.staging, MODES)
+    in_range("staging_depth", config.staging_depth, low=1)
 
 Shards = list[tuple[tf.Tensor, tf.Tensor]]  # (x_t, y_t) per tower, on tower t's device
 Take = Callable[[], tuple[Shards, list]]  # -> (shards, ops the step's end must wait for)

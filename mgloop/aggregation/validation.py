@@ -15,8 +15,8 @@ and what would be valid.
                                    field's default (an explicit choice) is refused otherwise,
                                    the default is simply not applied (the step packs only
                                    summable methods)
-    --batch_norm=sync, --diagnostics   need per-tower losses (not `single_loss`), and sync
-                                   batch norm an exchange
+    --batch_norm=sync              needs per-tower losses (not `single_loss`) and an
+                                   exchange (--diagnostics: monitor.check_settings)
     several workers                need `across_workers`
     tower devices                  must be of a kind in `device_kinds`
 """
@@ -56,10 +56,6 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
                   method.single_loss else "trains each replica alone on its own shard")
         raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
                           "per_tower or a mode that exchanges gradients per tower")
-    if getattr(config, "diagnostics", False) and method.single_loss:
-        raise ConfigError(f"--diagnostics with {mode}, which computes one loss and one "
-                          "gradient, none per tower; use a per-tower mode or leave "
-                          "--diagnostics off")
     method.check(request, options)
     if workers is not None and workers.num_workers > 1 and not method.across_workers:
         where = f"across {workers.num_workers} workers (TF_CONFIG)"
