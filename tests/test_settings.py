@@ -88,18 +88,21 @@ def root_hparams(logdir):
 
 
 def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir):
-    config = helpers.small_config(logdir, devices="cpu:2", aggregation="reduce_broadcast",
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring:shards=2",
                                   grad_reduce="sum", pack_bytes=4096, ordered_sum_bytes=1024,
                                   sufficient_factor_bytes=2048, learning_rate=0.01,
                                   train_steps=1, steps_per_loop=1)
     mgloop.run(config, dataset=helpers.DATASET)
     recorded = root_hparams(logdir)
     resolved = config.validated()
-    assert set(recorded) == set(settings.hparam_names(Config)) | {"num_towers"}
-    assert recorded["num_towers"] == 2
+    # the method by name, each of its options apart (aggregation.describe)
+    assert set(recorded) == set(settings.hparam_names(Config)) | {"num_towers",
+                                                                  "aggregation/shards"}
+    assert recorded["num_towers"] == 2 and recorded["aggregation/shards"] == 2
     for name in settings.hparam_names(Config):
         value = getattr(resolved, name)
         expected = ",".join(value) if isinstance(value, tuple) else value
+        expected = "ring" if name == "aggregation" else expected
         assert recorded[name] == expected, name  # numbers come back as doubles: exact
 
 
