@@ -8,7 +8,6 @@ experiments/bench_systems.py: one per worker process of experiments/bench.py).
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import os
 
@@ -17,24 +16,14 @@ import numpy as np
 
 def load_plugins(modules) -> None:
     """Imports each module of `--plugin` (e.g. one registering an aggregation method), in
-    order; one that fails raises PluginError naming it and the error (one line)."""
-    # TODO(contract branch): use mgloop.aggregation.load_plugins once it is on main; the
-    # probe below picks it up already, the loop is the stand-in until then.
+    order (mgloop.aggregation.load_plugins); one that fails raises PluginError naming it and
+    the error (one line)."""
     from mgloop import aggregation
     from mgloop.errors import ConfigError
-    load = getattr(aggregation, "load_plugins", None)
-    if load is not None:
-        try:
-            load(list(modules))
-        except ConfigError as error:
-            raise PluginError(str(error)) from None
-        return
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except Exception as error:  # noqa: BLE001 (any failure of the user's module)
-            raise PluginError(f"--plugin={module}: cannot import it "
-                              f"({type(error).__name__}: {error})") from None
+    try:
+        aggregation.load_plugins(list(modules))
+    except ConfigError as error:
+        raise PluginError(str(error)) from None
 
 
 class PluginError(ValueError):

@@ -145,13 +145,15 @@ def write_tensorboard(logdir: str, chosen, rows_: list[dict]) -> None:
     values = [{name: _hparam_value(value)
                for name, value in summaries.hparams_of(config, config.num_towers).items()}
               for _, config in chosen]
-    for hparams in values:  # one type per hparam, as a Discrete domain needs
-        for name in hparams:
-            if len({type(v[name]) for v in values}) > 1:
-                for v in values:
-                    v[name] = str(v[name])
-    domains = [hp.HParam(name, hp.Discrete(sorted({v[name] for v in values})))
-               for name in values[0]]
+    # every hparam of any variant (a method's options, aggregation/KEY, are its own)
+    names = list(dict.fromkeys(name for hparams in values for name in hparams))
+    for name in names:  # one type per hparam, as a Discrete domain needs
+        present = [v for v in values if name in v]
+        if len({type(v[name]) for v in present}) > 1:
+            for v in present:
+                v[name] = str(v[name])
+    domains = [hp.HParam(name, hp.Discrete(sorted({v[name] for v in values if name in v})))
+               for name in names]
     metrics = metric_names(rows_)
     with tf.summary.create_file_writer(logdir).as_default():
         hp.hparams_config(hparams=domains,
