@@ -12,7 +12,9 @@ each peak resident set is its own. `--modes` entries (experiments/bench_plan.py)
 MODE runs on every T of --towers, MODE@T on T devices, MODE@WxT as W worker
 processes of T devices each, with TF_CONFIG on loopback ports (mgloop's
 cross-worker mode, or MultiWorkerMirroredStrategy: multi_worker_mirrored@WxT);
-bad entries are refused with one line before any process starts.
+bad entries are refused with one line before any process starts. `--plugin=MODULE`
+(repeatable) is imported here and in every worker first, so that an aggregation
+method it registers can be named in `--modes`.
 
 The workers are built once, then asked for one timed loop of `--steps` steps
 at a time: `--warmup` untimed loops each (tracing, caches), then `--repeats`
@@ -109,6 +111,9 @@ flags.DEFINE_bool("profile", False, "after timing, trace one loop of every syste
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "
                     "folder under the temp dir)")
 flags.DEFINE_integer("seed", 0, "seed of data and initial weights")
+flags.DEFINE_multi_string("plugin", [], "a module to import in the harness and in every "
+                          "worker before anything is built (e.g. one registering an aggregation "
+                          "method that --modes then names); repeatable")
 
 
 def safe(name: str) -> str:
@@ -143,7 +148,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
                 optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
                 cross_device_ops=cross_device_ops(), workers=entry.workers,
                 device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes,
-                **mgloop_thresholds())
+                plugins=tuple(_FLAGS.plugin), **mgloop_thresholds())
             systems[entry.name] = bench_processes.System(
                 entry.name, spec.__dict__, entry.workers, logical,
                 os.path.join(output_dir, "workers", f"{model}-{safe(entry.name)}"),
@@ -347,8 +352,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
+        benchlib.load_plugins(_FLAGS.plugin)  # its methods are valid --modes
         plan = make_plan()
-    except bench_plan.PlanError as error:  # before any worker process starts
+    except (bench_plan.PlanError, benchlib.PluginError) as error:  # before any process starts
         print(f"bench.py: error: {error}", file=sys.stderr)
         sys.exit(2)
     output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-bench-")
@@ -362,6 +368,7 @@ def main(argv):
                             "learning_rate": _FLAGS.learning_rate,
                             "cross_device_ops": cross_device_ops(),
                             "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes,
+                            "plugins": list(_FLAGS.plugin),
                             **mgloop_thresholds()},
                "results": results}
     table = markdown(results, command)

@@ -73,6 +73,7 @@ class Spec:
     ordered_sum_bytes: int | None = None  # mgloop's --ordered_sum_bytes (None: its default)
     sufficient_factor_bytes: int | None = None  # mgloop's --sufficient_factor_bytes (None: default)
     device_kind: str = "cpu"  # "cpu": logical CPU devices; "gpu": gpu:0..towers-1
+    plugins: tuple[str, ...] = ()  # modules imported before the system is built (--plugin)
 
 
 def devices_flag(spec: Spec) -> str:

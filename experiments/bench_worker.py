@@ -17,7 +17,8 @@ anything else a library prints to stdout is ignored):
 batch; `devices` the devices the system computes on in this process; <i> in
 the weights file is the worker's TF_CONFIG index (0 without TF_CONFIG).
 A multi-worker system's processes (TF_CONFIG set) start their gRPC server
-first (bench_systems.start), before anything else touches TensorFlow.
+first (bench_systems.start), before anything else touches TensorFlow; then the
+spec's `plugins` are imported (a method one registers can be the system).
 
 Memory: `baseline_rss_kib` is the resident set after TensorFlow started with
 its devices and the dataset was loaded, before the system was built;
@@ -67,6 +68,8 @@ def main() -> None:
     import bench_systems
     spec = bench_systems.Spec(**request["spec"])
     runtime = bench_systems.start(spec)
+    import benchlib
+    benchlib.load_plugins(spec.plugins)  # e.g. a module registering an aggregation method
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if spec.workers > 1 else None
     import numpy as np
     import tensorflow as tf

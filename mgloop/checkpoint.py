@@ -3,7 +3,11 @@
 A checkpoint holds variable copy 0 only (the template model, copy 0's
 optimizer slots, the global step), so it does not depend on the tower count or
 the layout: a run saved with `ps_cpu` on 1 device resumes as `ring` on 4.
-After a restore the trainer copies copy 0 into every other replica.
+After a restore the trainer copies copy 0 into every other replica. It also
+holds the aggregation method's state (`Aggregation.state_variables`: residuals,
+counters), under `aggregation_state/<method name>/`: restored when the checkpoint
+holds the same method's state, left as `build` made it (a log line says so) when
+it holds none (a run resumed with another method; its state then starts afresh).
 TensorFlow writes a checkpoint's data before the index file that names it, so
 an interrupted save never becomes the latest checkpoint.
 
@@ -45,6 +49,7 @@ from tensorflow.python.training import checkpoint_state_pb2
 
 from mgloop import failures
 from mgloop.errors import ConfigError
+from mgloop.settings import in_range
 
 EXPORT_FILENAME = "model.keras"
 STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
@@ -52,6 +57,12 @@ DAMAGED_SUFFIX = ".damaged"
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
 _LEFTOVER = re.compile(r"ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+")  # of an interrupted save
 _DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
+
+
+def check_settings(config) -> None:
+    """--checkpoint_every >= 0 (0: only at the end), --keep_checkpoints >= 1."""
+    in_range("checkpoint_every", config.checkpoint_every, low=0)
+    in_range("keep_checkpoints", config.keep_checkpoints, low=1)
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -95,11 +106,20 @@ class Checkpointer:
     """Saves every so often into `<logdir>/checkpoints`, keeping the last `keep`."""
 
     def __init__(self, directory: str, model: keras.Model, optimizer, step: tf.Variable,
-                 keep: int):
+                 keep: int, aggregation=None):
         self._directory = directory
         self._keep = keep
-        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-        self._variables = [v for v in [*model.variables, *optimizer.variables]
+        self._without_state = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        self._checkpoint = self._without_state
+        state = list(aggregation.state_variables) if aggregation is not None else []
+        self._state_prefix = None  # the checkpoint keys of the method's state start with it
+        if state:
+            holder = tf.Module()
+            setattr(holder, aggregation.name, state)
+            self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step,
+                                                   aggregation_state=holder)
+            self._state_prefix = f"aggregation_state/{aggregation.name}/"
+        self._variables = [v for v in [*model.variables, *optimizer.variables, *state]
                            if tf.as_dtype(v.dtype).is_floating]
         self._all_finite = None  # compiled on the first save (_check_finite)
         self._manager_instance = None  # built once the state file is known to be readable
@@ -180,8 +200,15 @@ class Checkpointer:
 
     def _restore(self, prefix: str, logdir: str) -> None:
         status = None
+        checkpoint = self._checkpoint
+        if self._state_prefix and not any(name.startswith(self._state_prefix)
+                                          for name, _ in tf.train.list_variables(prefix)):
+            checkpoint = self._without_state
+            logging.info("checkpoint %s holds no state of the aggregation method "
+                         "(%s...): its state starts as the method builds it", prefix,
+                         self._state_prefix)
         try:
-            status = self._checkpoint.restore(prefix)
+            status = checkpoint.restore(prefix)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             if status is not None:

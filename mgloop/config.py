@@ -1,131 +1,191 @@
-"""Every setting of a run, in one frozen dataclass, and the checks it must pass.
+"""Every setting of a run, in one frozen dataclass, and the gate it must pass.
 
-`Config.validated()` is the only gate between settings and TensorFlow: it
-checks each field and each combination, resolves the defaults that depend on
-the machine (tower count, global batch, logdir), and raises `ConfigError` with
-one line naming the flag and what would be valid. It creates no device and no
-variable; its only side effect is creating the logdir it has checked.
+Each field is a `settings.setting`: its help line (the flag's), its choices and whether it
+can change a result (HParams) live beside it; flags.py makes the flags from the fields.
+`Config.validated()` is the only gate between settings and TensorFlow: it asks each
+module to check its own settings (`check_settings(config)`), checks the combinations,
+resolves the defaults that depend on the machine (tower count, global batch, logdir), and
+raises `ConfigError` with one line naming the flag and what would be valid. It creates no
+device and no variable; its only side effect is creating the logdir it has checked
+(run_dir.py, which also compares a resumed run's settings with its checkpoints' run).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
-import math
-import os
-import tempfile
 
-from absl import logging
-
+from mgloop import accumulation
 from mgloop import aggregation
 from mgloop import checkpoint
 from mgloop import cluster
+from mgloop import controller
 from mgloop import data
 from mgloop import devices
 from mgloop import models
+from mgloop import monitor
+from mgloop import optim
 from mgloop import ordered_sum
 from mgloop import sufficient_factors
 from mgloop import precision
+from mgloop import run_dir
 from mgloop import sync_batch_norm
 from mgloop import staging
 from mgloop.errors import ConfigError
+from mgloop.settings import in_range as _check_range
+from mgloop.settings import check_finite, setting
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
-GRAD_REDUCE = ("mean", "sum")
-TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
-LR_SCHEDULES = ("constant", "poly", "cosine")
-DEFAULT_GLOBAL_BATCH_SIZE = 128
+GRAD_REDUCE = aggregation.validation.GRAD_REDUCE
+TRANSPORT_DTYPES = aggregation.validation.TRANSPORT_DTYPES
 MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
-CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
-# Settings a resumed run must keep, as a change would silently make it another run than
-# the one its checkpoint continues:
-# - model, optimizer, mixed_precision shape the checkpointed variables (the loss scale of
-#   mixed_float16 lives in the optimizer);
-# - dataset and seed are the data: the synthetic task is generated from the seed, and for
-#   every dataset the seed is the epochs' permutation, so another seed would make step s
-#   read examples the run has already used in this epoch and skip others;
-# - global_batch_size, accumulation_steps and drop_remainder fix what step s reads (global
-#   batches s*K .. s*K+K-1 of the stream cut per --drop_remainder, data/epochs.py): another
-#   value resumes at another place of the stream, and another global batch also means
-#   another gradient noise and learning rate per example.
-# The others (learning rate, schedule, momentum, weight decay, devices, aggregation,
-# data_dir of the same dataset, train_steps, ...) may change: a resume lists those that
-# differ in one log line. The tower count and layout do not enter a checkpoint.
-CHECKPOINT_SHAPING = ("model", "dataset", "optimizer", "mixed_precision", "accumulation_steps",
-                      "seed", "global_batch_size", "drop_remainder")
 # numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
 MAX_SEED = 2**32 - 1
+_WHERE = "only where files go"  # reasons why a setting changes no result (HParams)
+_WRITES = "only what is written and how often, not what is computed"
+_WAITS = "only how long to wait for peers"
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Settings of one training run. Field names are the flag names."""
+    """Settings of one training run. Field names are the flag names (but `plugins`, whose
+    repeatable flag is `--plugin`)."""
 
     # Devices and aggregation.
-    devices: str = "auto"
-    aggregation: str = "reduce_broadcast"
-    grad_reduce: str = "mean"  # "sum": leave out the 1/T (an explicit choice)
-    hierarchy_groups: int = 2  # groups of --aggregation=hierarchical
-    ring_shards: int = 1  # parallel rings of --aggregation=ring
-    pack_bytes: int = 0  # fuse gradients into buckets of at most this many bytes; 0: off
-    transport_dtype: str = "float32"  # dtype of gradients in flight; sums stay float32
-    # shared layout on logical CPU towers: gradients of variables of at least this many
-    # bytes are summed tower by tower (ordered_sum.py); 0: off
-    ordered_sum_bytes: int = ordered_sum.DEFAULT_MIN_BYTES
-    # the same towers: a dense kernel of at least this many bytes gets its gradient as one
-    # product of the towers' factors at its home (sufficient_factors.py); 0: off
-    sufficient_factor_bytes: int = sufficient_factors.DEFAULT_MIN_BYTES
+    devices: str = setting(
+        "auto", "auto | cpu:N | gpu | gpu:I,J,... (auto: all GPUs, else 2 simulated CPU towers)",
+        hparam=True)
+    aggregation: str = setting(
+        "reduce_broadcast", "how gradients meet: NAME or NAME:key=value,... with the method's "
+        "own options (e.g. ring:shards=2, hierarchical:groups=2); NAME one of: {choices}, or "
+        "a method a --plugin registers", choices=aggregation.names, hparam=True)
+    grad_reduce: str = setting(
+        "mean", "mean (default: gradient of the mean loss over the global batch) | sum (the "
+        "sum over towers, T times larger)", choices=GRAD_REDUCE, hparam=True)
+    pack_bytes: int = setting(
+        0, "fuse gradients into buckets of at most this many bytes before the exchange inside "
+        "a process (0: off); between workers they always travel as one buffer per dtype",
+        hparam=True)
+    transport_dtype: str = setting(
+        "float32", "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
+        "accumulated in float32", choices=TRANSPORT_DTYPES, hparam=True)
+    ordered_sum_bytes: int = setting(
+        ordered_sum.DEFAULT_MIN_BYTES, "shared layout (ps_*) on logical CPU towers: the "
+        "gradients of each variable of at least this many bytes are summed tower by tower, "
+        "tower t's backward pass starting once tower t-1's were added, so two copies of them "
+        "are alive instead of T + 1 (the towers' backward passes no longer overlap); 0: off",
+        hparam=True)
+    sufficient_factor_bytes: int = setting(
+        sufficient_factors.DEFAULT_MIN_BYTES, "shared layout (ps_*) on logical CPU towers: a "
+        "variable of at least this many bytes used by one plain matmul z = x W per tower (a "
+        "float32 Dense kernel) gets its summed gradient as one product X^T dZ of the towers' "
+        "inputs and output gradients at its home, instead of one full-size gradient per "
+        "tower; 0: off", hparam=True)
+    plugins: tuple[str, ...] = setting(
+        (), "import this module (a name on the Python path, or a .py file path) before "
+        "validation (repeatable): it may register aggregation methods", flag="plugin",
+        hparam=True)
     # Accumulation, precision and batch norm (apply across modes).
-    accumulation_steps: int = 1  # micro-batches (global batches) per update
-    mixed_precision: str = "none"  # none | mixed_float16 | mixed_bfloat16
-    batch_norm: str = "per_tower"  # per_tower | sync (statistics over the global batch)
-    # Data and model. Exactly one of the two batch sizes may be set; the global
-    # batch is the unit (default 128 when neither is set).
-    dataset: str = "synthetic"
-    data_dir: str | None = None  # folder of a file dataset's files (cifar10, mnist)
-    model: str = "mlp"
-    global_batch_size: int | None = None
-    batch_size_per_tower: int | None = None
-    drop_remainder: bool = True  # per epoch: see mgloop/data/epochs.py
-    # Input staging (staging.py): none | host | device, depth K.
-    staging: str = "device"
-    staging_depth: int = 2
+    accumulation_steps: int = setting(
+        1, "micro-batches per update: each tower sums its gradients over K consecutive global "
+        "batches before one exchange and one update (effective batch K x global batch; "
+        "--train_steps counts updates)", hparam=True)
+    mixed_precision: str = setting(
+        "none", "none | mixed_float16 | mixed_bfloat16: Keras dtype policy of the model "
+        "(float32 variables, 16-bit compute); mixed_float16 adds dynamic loss scaling, an "
+        "overflow on any tower skipping the update on all", choices=precision.POLICIES,
+        hparam=True)
+    batch_norm: str = setting(
+        "per_tower", "per_tower (each tower's shard statistics, moving statistics averaged "
+        "over towers) | sync (batch statistics over the global batch across towers)",
+        choices=sync_batch_norm.MODES, hparam=True)
+    # Data and model. Exactly one of the two batch sizes may be set; the global batch is the
+    # unit (default 128 when neither is set).
+    dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist: files in "
+                           "--data_dir)", choices=data.names, hparam=True)
+    data_dir: str | None = setting(
+        None, "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
+        "data_batch_5.bin and test_batch.bin (binary version); mnist reads "
+        "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+        "t10k-labels-idx1-ubyte (each may be .gz)",
+        neutral="where the files of --dataset are (recorded: dataset); data.check verifies them")
+    model: str = setting("mlp", "one of: {choices}", choices=models.names, hparam=True)
+    global_batch_size: int | None = setting(
+        None, "examples per step over all towers (default 128); or set --batch_size_per_tower",
+        hparam=True)
+    batch_size_per_tower: int | None = setting(
+        None, "examples per tower per step; global = this x towers", hparam=True)
+    drop_remainder: bool = setting(
+        True, "true: each epoch gives floor(N/B) full batches, its last N mod B examples "
+        "unused; false: epochs run on into one another, so the last batch of an epoch is "
+        "completed from the next (every batch is full)", hparam=True)
+    # Input staging (staging.py): every mode hands the towers the same shards; recorded in
+    # HParams all the same, as the speed of runs is compared by it.
+    staging: str = setting(
+        "device", "how batches reach the towers: {choices} (none: synchronous feed; host: "
+        "tf.data prefetch; device: host prefetch plus per-tower staging areas)",
+        choices=staging.MODES, hparam=True)
+    staging_depth: int = setting(
+        2, "K: batches prefetched on the host (host, device) and staged on every tower "
+        "(device); >= 1", hparam=True)
     # Updates.
-    optimizer: str = "momentum"
-    learning_rate: float = 0.05
-    momentum: float = 0.9
-    lr_schedule: str = "constant"
-    lr_power: float = 1.0
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
+    optimizer: str = setting("momentum", "one of: {choices} (momentum: SGD with --momentum)",
+                             choices=optim.OPTIMIZERS, hparam=True)
+    learning_rate: float = setting(0.05, "peak learning rate", hparam=True)
+    momentum: float = setting(0.9, "momentum of --optimizer=momentum", hparam=True)
+    lr_schedule: str = setting("constant", "one of: {choices} (poly: Caffe's polynomial decay)",
+                               choices=optim.LR_SCHEDULES, hparam=True)
+    lr_power: float = setting(1.0, "power of the poly schedule", hparam=True)
+    warmup_steps: int = setting(0, "steps of linear warm-up before the schedule", hparam=True)
+    weight_decay: float = setting(0.0, "decoupled weight decay (v -= lr * wd * v each update)",
+                                  hparam=True)
     # Loop.
-    train_steps: int = 400
-    steps_per_loop: int = 20
+    train_steps: int = setting(400, "train until the global step reaches this (resumes count)",
+                               hparam=True)
+    steps_per_loop: int = setting(
+        20, "steps run inside one compiled tf.function call",
+        neutral="the same steps run, only fewer or more per compiled call")
     # Outputs.
-    logdir: str | None = None
-    summary_every: int = 20
-    log_every: int = 100
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 3
-    export_dir: str | None = None
-    # Inspection (diagnostics.py): TensorBoard beyond the basic scalars.
-    diagnostics: bool = False  # per-tower loss/grad norm, gradient agreement, divergence
-    eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
-    histogram_every: int = 0  # steps between weight and gradient histograms (0: none)
-    profile_steps: str | None = None  # "A,B": profiler trace of steps A+1 .. B
-    breakdown_every: int = 0  # steps between profiled steps for the step-time breakdown
+    logdir: str | None = setting(
+        None, "run folder for events, checkpoints, summary.json (default: a fresh timestamped "
+        "folder under the temp dir)", neutral=_WHERE)
+    summary_every: int = setting(20, "steps between TensorBoard scalar summaries (0: none)",
+                                 neutral=_WRITES)
+    log_every: int = setting(100, "steps between progress log lines (0: none)", neutral=_WRITES)
+    checkpoint_every: int = setting(
+        200, "steps between checkpoints (0: only at the end of training)",
+        neutral="a save reads the variables; a resume continues bit-identically")
+    keep_checkpoints: int = setting(3, "how many recent checkpoints to keep", neutral=_WRITES)
+    export_dir: str | None = setting(
+        None, "save the template model here as model.keras (Keras native format)",
+        neutral=_WHERE)
+    # Inspection (monitor.py, diagnostics.py): TensorBoard beyond the basic scalars; each
+    # reads the towers' losses, gradients or variables and changes none.
+    diagnostics: bool = setting(
+        False, "per-tower loss and gradient norm, gradient agreement (cosine, norm ratio) and "
+        "replica divergence in TensorBoard, every --summary_every steps", neutral=_WRITES)
+    eval_every: int = setting(
+        0, "steps between evaluations on the held-out split (0: only at the end)",
+        neutral=_WRITES)
+    histogram_every: int = setting(
+        0, "steps between weight and gradient histograms (0: none)", neutral=_WRITES)
+    profile_steps: str | None = setting(
+        None, "A,B: write a profiler trace of steps A+1 .. B into <logdir>/plugins/profile",
+        neutral=_WRITES)
+    breakdown_every: int = setting(
+        0, "steps between profiled steps whose time is split into input, compute, "
+        "aggregation and apply (breakdown/... scalars; 0: none)", neutral=_WRITES)
     # Repeatability.
-    seed: int = 0
-    deterministic: bool = False
+    seed: int = setting(0, "seed of data, initialisation and shuffling", hparam=True)
+    deterministic: bool = setting(False, "TensorFlow op determinism: bit-repeatable runs",
+                                  hparam=True)
     # Several processes (TF_CONFIG): how long to wait for peers.
-    startup_timeout: float = 60.0  # seconds to wait for every peer's server at start
-    collective_timeout: float = 30.0  # peer health timeout: seconds a silent peer is waited for
-
-    def aggregation_options(self) -> aggregation.Options:
-        return aggregation.Options(transport_dtype=self.transport_dtype,
-                                   hierarchy_groups=self.hierarchy_groups,
-                                   ring_shards=self.ring_shards)
+    startup_timeout: float = setting(
+        60.0, "several processes (TF_CONFIG): seconds to wait for every peer at start",
+        neutral=_WAITS)
+    collective_timeout: float = setting(
+        30.0, "several processes: the peer health timeout: a peer that answers no health "
+        "check for this many seconds (dead, stopped, hung) is declared lost within 10s more, "
+        "the collectives are aborted and the run fails (exit code 3 naming it), not hangs; "
+        ">= 5", neutral=_WAITS)
 
     @property
     def num_towers(self) -> int:
@@ -133,54 +193,29 @@ class Config:
         return self.global_batch_size // self.batch_size_per_tower
 
     def validated(self) -> "Config":
-        """Checks every setting; returns a copy with machine-dependent defaults resolved."""
-        for field in dataclasses.fields(self):  # NaN and inf pass every comparison
-            value = getattr(self, field.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--{field.name}={value} is not a finite number")
+        """Checks every setting; returns a copy with machine-dependent defaults resolved.
+
+        Each module checks its own settings, in this order; then the combinations that
+        involve the aggregation method and several workers; then the folders on disk."""
+        check_finite(self)  # NaN and inf pass every comparison: refused once, here
         request = devices.parse(self.devices)
         workers = cluster.from_environment()
         towers = request.num_towers * (workers.num_workers if workers else 1)
-        _check_choice("aggregation", self.aggregation, aggregation.names())
-        _check_choice("model", self.model, models.names())
-        _check_choice("dataset", self.dataset, data.names())
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _check_choice("staging", self.staging, staging.MODES)
-        _check_range("staging_depth", self.staging_depth, low=1)
+        # --plugin modules loaded, then the method, its options and what combines with it
+        aggregation.check_settings(self, request, workers)
+        for module in (models, controller, optim, staging, accumulation, precision,
+                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor):
+            module.check_settings(self)  # the settings the module uses
+        _check_range("seed", self.seed, low=0, high=MAX_SEED)
         devices_flag = self.devices if workers is None else (
             f"{self.devices} on each of {workers.num_workers} workers")
-        global_batch = _resolve_global_batch(
-            self.global_batch_size, self.batch_size_per_tower, towers, devices_flag)
-        _check_range("learning_rate", self.learning_rate, low=0.0, low_open=True)
-        _check_range("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
-        _check_range("lr_power", self.lr_power, low=0.0, low_open=True)
-        _check_range("weight_decay", self.weight_decay, low=0.0)
-        _check_range("train_steps", self.train_steps, low=0)
-        _check_range("warmup_steps", self.warmup_steps, low=0)
-        _check_range("steps_per_loop", self.steps_per_loop, low=1)
-        _check_range("summary_every", self.summary_every, low=0)
-        _check_range("log_every", self.log_every, low=0)
-        _check_range("checkpoint_every", self.checkpoint_every, low=0)
-        _check_range("keep_checkpoints", self.keep_checkpoints, low=1)
-        _check_inspection(self)
-        _check_range("seed", self.seed, low=0, high=MAX_SEED)
-        if self.warmup_steps > self.train_steps:
-            raise ConfigError(
-                f"--warmup_steps={self.warmup_steps} is longer than --train_steps="
-                f"{self.train_steps}; use at most {self.train_steps}")
-        _check_aggregation_options(self, request)
+        global_batch, data_dir = data.check_settings(self, towers, devices_flag)
         _check_cluster(self, workers)
-        data_dir = os.path.expanduser(self.data_dir) if self.data_dir is not None else None
-        data.check(self.dataset, data_dir)
-        logdir = self.logdir or _fresh_logdir()
-        _check_writable_dir("logdir", logdir, create=True)
-        if self.export_dir is not None:
-            _check_writable_dir("export_dir", self.export_dir, create=False)
         resolved = dataclasses.replace(
-            self, logdir=logdir, data_dir=data_dir, global_batch_size=global_batch,
-            batch_size_per_tower=global_batch // towers)
-        _check_resumable(resolved)
+            self, logdir=run_dir.prepare(self.logdir, self.export_dir), data_dir=data_dir,
+            plugins=aggregation.plugins.plugin_list(self.plugins),
+            global_batch_size=global_batch, batch_size_per_tower=global_batch // towers)
+        run_dir.check_resumable(resolved)
         return resolved
 
 
@@ -193,171 +228,10 @@ def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
     if workers is None or workers.num_workers == 1:
         return
-    where = f"across {workers.num_workers} workers (TF_CONFIG)"
-    if aggregation.get(config.aggregation).single_loss:
-        raise ConfigError(f"--aggregation={config.aggregation} {where}: the single-loss "
-                          "baseline runs in one process; use a tower-loop mode")
-    if not aggregation.get(config.aggregation).exchanges:
-        raise ConfigError(f"--aggregation={config.aggregation} {where}: its replicas exchange "
-                          "nothing, so there is nothing to sum between workers; use a mode "
-                          "that averages gradients")
+    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: check_settings
     if config.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")
     if config.mixed_precision == "mixed_float16":
         raise ConfigError(f"--mixed_precision=mixed_float16 {where}: the overflow check is "
                           "not yet agreed between workers; use mixed_bfloat16 or none")
-
-
-def _check_aggregation_options(config: Config, request: devices.DeviceRequest) -> None:
-    """Options that apply across modes, and the combinations that mean nothing."""
-    method = aggregation.get(config.aggregation)
-    _check_choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
-    _check_choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
-    _check_range("pack_bytes", config.pack_bytes, low=0)
-    _check_range("ordered_sum_bytes", config.ordered_sum_bytes, low=0)
-    _check_range("sufficient_factor_bytes", config.sufficient_factor_bytes, low=0)
-    _check_range("accumulation_steps", config.accumulation_steps, low=1)
-    _check_choice("mixed_precision", config.mixed_precision, precision.POLICIES)
-    _check_choice("batch_norm", config.batch_norm, sync_batch_norm.MODES)
-    _check_range("ring_shards", config.ring_shards, low=1)
-    _check_range("hierarchy_groups", config.hierarchy_groups, low=1)
-    mode = f"--aggregation={config.aggregation}"
-    if config.ring_shards != 1 and config.aggregation != "ring":
-        raise ConfigError(f"--ring_shards={config.ring_shards} applies to --aggregation=ring "
-                          f"only, not {mode}; leave it at 1")
-    if not method.exchanges:
-        for flag, value, off in (("transport_dtype", config.transport_dtype, "float32"),
-                                 ("pack_bytes", config.pack_bytes, 0)):
-            if value != off:
-                raise ConfigError(f"--{flag}={value} means nothing with {mode}, which exchanges "
-                                  f"no gradients; leave it at {off}")
-    if config.transport_dtype != "float32" and method.layout == aggregation.SHARED:
-        raise ConfigError(
-            f"--transport_dtype={config.transport_dtype} means nothing with {mode} (shared "
-            "variables: towers read the float32 variables themselves); use a replicated mode "
-            "(reduce_broadcast, ring, hierarchical) or leave it at float32")
-    if config.batch_norm == "sync" and (method.single_loss or not method.exchanges):
-        reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
-                  method.single_loss else "trains each replica alone on its own shard")
-        raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
-                          "per_tower or a mode that exchanges gradients per tower")
-    if config.pack_bytes and config.aggregation == "ps_spread":
-        raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: a bucket would fuse "
-                          "gradients of variables that live on different devices; use ps_cpu, "
-                          "ps_device or a replicated mode, or --pack_bytes=0")
-    method.check(request, config.aggregation_options())
-
-
-def _check_inspection(config: Config) -> None:
-    """--diagnostics, --eval_every, --histogram_every, --profile_steps, --breakdown_every."""
-    _check_range("eval_every", config.eval_every, low=0)
-    _check_range("histogram_every", config.histogram_every, low=0)
-    _check_range("breakdown_every", config.breakdown_every, low=0)
-    if config.diagnostics and aggregation.get(config.aggregation).single_loss:
-        raise ConfigError(f"--diagnostics with --aggregation={config.aggregation}, which "
-                          "computes one loss and one gradient, none per tower; use a per-tower "
-                          "mode or leave --diagnostics off")
-    if config.profile_steps is not None:
-        parse_profile_steps(config.profile_steps, config.train_steps)
-
-
-def parse_profile_steps(value: str, train_steps: int) -> tuple[int, int]:
-    """--profile_steps="A,B" -> (A, B) with 0 <= A < B <= train_steps."""
-    parts = value.split(",")
-    try:
-        first, last = (int(p) for p in parts) if len(parts) == 2 else (None, None)
-    except ValueError:
-        first = last = None
-    if first is None or not 0 <= first < last <= train_steps:
-        raise ConfigError(f"--profile_steps={value!r} must be two steps A,B with "
-                          f"0 <= A < B <= --train_steps={train_steps} (the trace covers steps "
-                          "A+1 .. B)")
-    return first, last
-
-
-def _check_choice(flag: str, value: str, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"--{flag}={value!r} is not one of: {', '.join(sorted(choices))}")
-
-
-def _check_range(flag, value, low=None, high=None, low_open=False, high_open=False):
-    """`value` within the bounds; NaN and inf are refused before, for every float field
-    (`Config.validated`), as they pass every comparison."""
-    too_low = low is not None and (value <= low if low_open else value < low)
-    too_high = high is not None and (value >= high if high_open else value > high)
-    if too_low or too_high:
-        bounds = []
-        if low is not None:
-            bounds.append(f"{'>' if low_open else '>='} {low}")
-        if high is not None:
-            bounds.append(f"{'<' if high_open else '<='} {high}")
-        raise ConfigError(f"--{flag}={value} is out of range: must be {' and '.join(bounds)}")
-
-
-def _resolve_global_batch(global_batch, per_tower, towers, devices_flag) -> int:
-    if global_batch is not None and per_tower is not None:
-        raise ConfigError("--global_batch_size and --batch_size_per_tower are both set; "
-                          "set one (the other follows from the tower count)")
-    if per_tower is not None:
-        _check_range("batch_size_per_tower", per_tower, low=1)
-        return per_tower * towers
-    global_batch = DEFAULT_GLOBAL_BATCH_SIZE if global_batch is None else global_batch
-    _check_range("global_batch_size", global_batch, low=1)
-    if global_batch % towers:
-        raise ConfigError(
-            f"--global_batch_size={global_batch} does not split into {towers} equal tower "
-            f"shards (--devices={devices_flag}); use a multiple of {towers}")
-    return global_batch
-
-
-def _check_resumable(config: Config) -> None:
-    """Refuses to resume checkpoints made with other CHECKPOINT_SHAPING settings (compared
-    with the logdir's config.json, the resolved settings of the run that wrote them); logs
-    one line listing the other settings that differ."""
-    logdir = config.logdir
-    if not checkpoint.holds_checkpoints(os.path.join(logdir, "checkpoints")):
-        return
-    try:
-        with open(os.path.join(logdir, CONFIG_FILENAME)) as handle:
-            previous = json.load(handle)
-    except (OSError, ValueError):
-        return  # no record to compare: the restore itself checks the variables
-    for name in CHECKPOINT_SHAPING:
-        if name in previous and previous[name] != getattr(config, name):
-            raise ConfigError(
-                f"--{name}={getattr(config, name)!r} differs from {previous[name]!r} of the "
-                f"checkpoints in --logdir={logdir}; resume with --{name}={previous[name]} "
-                "or use a fresh --logdir")
-    changed = [f"--{field.name}={getattr(config, field.name)} (was {previous[field.name]})"
-               for field in dataclasses.fields(config)
-               if field.name in previous and previous[field.name] != getattr(config, field.name)]
-    if changed:
-        logging.info("resuming the checkpoints in --logdir=%s with settings that differ from "
-                     "their run: %s", logdir, ", ".join(changed))
-
-
-def _fresh_logdir() -> str:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    return os.path.join(tempfile.gettempdir(), "mgloop", stamp)
-
-
-def _check_writable_dir(flag: str, path: str, create: bool) -> None:
-    """Refuses a path that is a file or cannot hold files; creates it if asked."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"--{flag}={path} is an existing file; give a directory path")
-    if not create:
-        parent = path
-        while parent and not os.path.exists(parent):
-            parent = os.path.dirname(parent.rstrip(os.sep)) or os.sep
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            raise ConfigError(f"--{flag}={path} cannot be created ({parent} is not a "
-                              "writable directory)")
-        return
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-"):
-            pass
-    except OSError as error:
-        raise ConfigError(f"--{flag}={path} is not a writable directory "
-                          f"({error.strerror or error})") from None

@@ -25,6 +25,7 @@ from mgloop import failures
 from mgloop import metrics as metrics_lib
 from mgloop.loop import LoopResult
 from mgloop.trainer import Trainer
+from mgloop.settings import in_range
 
 
 @dataclasses.dataclass
@@ -72,6 +73,14 @@ class FitResult:
     loop_seconds: float  # all loops, tracing included
     input_ended: bool = False  # the input ran out before train_steps
     stopped: bool = False  # should_stop() ended the fit early (a signal: preemption.py)
+
+
+def check_settings(config) -> None:
+    """--train_steps, --steps_per_loop and the intervals of summaries and log lines."""
+    in_range("train_steps", config.train_steps, low=0)
+    in_range("steps_per_loop", config.steps_per_loop, low=1)
+    in_range("summary_every", config.summary_every, low=0)
+    in_range("log_every", config.log_every, low=0)
 
 
 def _next_boundary(step: int, every: int) -> int | None:

@@ -38,10 +38,11 @@ from mgloop import monitor as monitor_lib
 from mgloop import optim
 from mgloop import peer_health
 from mgloop import preemption
+from mgloop import run_dir
 from mgloop import staging
 from mgloop import summaries
 from mgloop.aggregation.cross_worker import CrossWorker
-from mgloop.config import CONFIG_FILENAME, Config, parse_profile_steps
+from mgloop.config import Config
 from mgloop.errors import ConfigError
 from mgloop.trainer import Trainer
 
@@ -80,7 +81,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
 
     With several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
-    method = aggregation.get(config.aggregation)(device_set, config.aggregation_options())
+    method = aggregation.make(config.aggregation, device_set, config.transport_dtype)
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
     return assemble.build(model_fn, loss_fn, method,
@@ -134,7 +135,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
                             dataset.input_shape, workers)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
-        trainer.global_step, keep=config.keep_checkpoints)
+        trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation)
     restored = checkpointer.restore_latest(tidy=chief)
     if restored:
         trainer.sync_replicas()
@@ -144,9 +145,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     summary_path = os.path.join(config.logdir, SUMMARY_FILENAME)
     if restored and start_step >= config.train_steps and os.path.exists(summary_path):
         return _finished(config, trainer, start_step, summary_path, chief)
-    if chief:  # the settings the checkpoints of this logdir are made with (config._check_resumable)
-        summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
-                                        dataclasses.asdict(config))
+    if chief:  # the settings the checkpoints of this logdir are made with (run_dir.check_resumable)
+        run_dir.write_config(config)
     batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
                                   config.seed, start_step, config.drop_remainder)
     if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
@@ -155,8 +155,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         batches = batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
-        summaries.write_run_record(config.logdir, dataclasses.asdict(config), total_towers,
-                                   command_line)
+        summaries.write_run_record(config.logdir, config, total_towers, command_line)
     writer = summaries.ScalarWriter if chief else summaries.NullWriter  # the chief writes
     train_writer, eval_writer = writer(config.logdir, "train"), writer(config.logdir, "eval")
     schedule = optim.make_schedule(config)
@@ -164,14 +163,15 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         trainer, train_writer, eval_writer,
         lambda: trainer.evaluate(dataset.eval_batches(config.global_batch_size)),
         eval_every=config.eval_every, histogram_every=config.histogram_every,
-        profile_steps=(parse_profile_steps(config.profile_steps, config.train_steps)
+        profile_steps=(monitor_lib.parse_profile_steps(config.profile_steps, config.train_steps)
                        if config.profile_steps and chief else None),
         profile_dir=config.logdir, breakdown_every=config.breakdown_every if chief else 0)
 
     def save_rescue(folder):
         return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,
                                        trainer.copies[0].optimizer, trainer.global_step,
-                                       keep=1).save(int(trainer.global_step.numpy()))
+                                       keep=1, aggregation=trainer.aggregation
+                                       ).save(int(trainer.global_step.numpy()))
 
     guard = (monitor_lib.logdir_guard(config.logdir, save_rescue) if chief
              else contextlib.nullcontext())

@@ -2,7 +2,9 @@
 
 Starts N local `mgloop.train` worker processes on free loopback ports, each with
 its own TF_CONFIG and in its own process group, and streams their output line by
-line with a `[worker i]` prefix.
+line with a `[worker i]` prefix. The train flags after `--` reach every worker as
+given, `--plugin=MODULE` included: each worker imports the module (from the
+launcher's working directory and Python path) before it validates its settings.
 
 When a worker fails, the launcher names the worker at fault: the one that ended,
 or, when a survivor ended with exit code 3 naming a peer that answered no health

@@ -29,9 +29,39 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
+from mgloop import aggregation
 from mgloop import breakdown
 from mgloop import diagnostics
 from mgloop.trainer import Trainer
+from mgloop.errors import ConfigError
+from mgloop.settings import in_range
+
+
+def check_settings(config) -> None:
+    """--diagnostics, --eval_every, --histogram_every, --profile_steps, --breakdown_every."""
+    in_range("eval_every", config.eval_every, low=0)
+    in_range("histogram_every", config.histogram_every, low=0)
+    in_range("breakdown_every", config.breakdown_every, low=0)
+    if config.diagnostics and aggregation.get(config.aggregation).single_loss:
+        raise ConfigError(f"--diagnostics with --aggregation={config.aggregation}, which "
+                          "computes one loss and one gradient, none per tower; use a per-tower "
+                          "mode or leave --diagnostics off")
+    if config.profile_steps is not None:
+        parse_profile_steps(config.profile_steps, config.train_steps)
+
+
+def parse_profile_steps(value: str, train_steps: int) -> tuple[int, int]:
+    """--profile_steps="A,B" -> (A, B) with 0 <= A < B <= train_steps."""
+    parts = value.split(",")
+    try:
+        first, last = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        first = last = None
+    if first is None or not 0 <= first < last <= train_steps:
+        raise ConfigError(f"--profile_steps={value!r} must be two steps A,B with "
+                          f"0 <= A < B <= --train_steps={train_steps} (the trace covers steps "
+                          "A+1 .. B)")
+    return first, last
 
 
 class LogdirLost(RuntimeError):

@@ -21,9 +21,28 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
+from mgloop.settings import choice, in_range
 from mgloop.towers import VariableCopy
 
 schedules = keras.optimizers.schedules
+OPTIMIZERS = ("sgd", "momentum", "adam")
+LR_SCHEDULES = ("constant", "poly", "cosine")
+
+
+def check_settings(config) -> None:
+    """--optimizer, its rate and schedule (after the loop's --train_steps were checked)."""
+    choice("optimizer", config.optimizer, OPTIMIZERS)
+    choice("lr_schedule", config.lr_schedule, LR_SCHEDULES)
+    in_range("learning_rate", config.learning_rate, low=0.0, low_open=True)
+    in_range("momentum", config.momentum, low=0.0, high=1.0, high_open=True)
+    in_range("lr_power", config.lr_power, low=0.0, low_open=True)
+    in_range("weight_decay", config.weight_decay, low=0.0)
+    in_range("warmup_steps", config.warmup_steps, low=0)
+    if config.warmup_steps > config.train_steps:
+        raise ConfigError(
+            f"--warmup_steps={config.warmup_steps} is longer than --train_steps="
+            f"{config.train_steps}; use at most {config.train_steps}")
 
 
 @keras.saving.register_keras_serializable(package="mgloop")

@@ -44,6 +44,8 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from mgloop.settings import choice
+
 POLICIES = ("none", "mixed_float16", "mixed_bfloat16")
 INITIAL_SCALE = 2.0 ** 15
 GROWTH_INTERVAL = 2000  # consecutive finite steps before the scale doubles
@@ -125,3 +127,8 @@ def agree_finite(unit_grads: list[list[tf.Tensor]], units: list[str], aggregatio
     with tf.device(host):
         agreed = tf.reduce_all(tf.stack(flags))
     return [aggregation.send(agreed, host, device) for device in copy_devices]
+
+
+def check_settings(config) -> None:
+    """--mixed_precision names a policy."""
+    choice("mixed_precision", config.mixed_precision, POLICIES)

@@ -35,6 +35,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mgloop.settings import choice, in_range
+
 try:  # not in TensorFlow's public API; without it, always use the Python clock
     from tensorflow.python.framework.config import is_op_determinism_enabled
 except ImportError:  # pragma: no cover
@@ -42,6 +44,13 @@ except ImportError:  # pragma: no cover
         return True
 
 MODES = ("none", "host", "device")
+
+
+def check_settings(config) -> None:
+    """--staging names a mode; --staging_depth >= 1."""
+    choice("staging", config.staging, MODES)
+    in_range("staging_depth", config.staging_depth, low=1)
+
 
 # (x_t, y_t) per tower, on tower t's device; x and y nested structures (a tensor, a tuple,
 # a dict of tensors), every leaf split along the batch dimension alike

@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from mgloop.aggregation.base import Aggregation
 from mgloop.ordered_sum import num_bytes
+from mgloop.settings import in_range
 
 DEFAULT_MIN_BYTES = 16 * 2 ** 20  # the Config default of --sufficient_factor_bytes
 
@@ -186,3 +187,8 @@ class SufficientFactors:
                 dz = tf.concat([dz for _, dz in pairs], 0)
                 out[i] = tf.matmul(x, dz, transpose_a=True)
         return out
+
+
+def check_settings(config) -> None:
+    """--sufficient_factor_bytes >= 0 (0: off)."""
+    in_range("sufficient_factor_bytes", config.sufficient_factor_bytes, low=0)

@@ -21,6 +21,7 @@ Train scalars are means over the steps since the previous summary. `accuracy`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -30,10 +31,10 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-# The hyperparameters of the HParams table (Config fields) and its metrics (root-run scalars).
-HPARAM_FIELDS = ("aggregation", "num_towers", "staging", "staging_depth", "global_batch_size",
-                 "learning_rate", "optimizer", "model", "transport_dtype", "pack_bytes",
-                 "accumulation_steps", "mixed_precision", "batch_norm", "dataset", "seed")
+from mgloop import aggregation
+from mgloop import settings
+
+# The metrics of the HParams table (root-run scalars); its hyperparameters: `hparams_of`.
 FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_sec")
 
 
@@ -113,20 +114,34 @@ class NullWriter:
         pass
 
 
-def write_run_record(logdir: str, config: dict, num_towers: int,
+def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
+    """The hyperparameters of a run's HParams session: every setting that can change a
+    result (the fields of the validated `config` marked `hparam=True`, settings.py) and
+    the tower count. A tuple (--plugin) is recorded as one comma-separated string."""
+    values = {}
+    for name in settings.hparam_names(type(config)):
+        value = getattr(config, name)
+        values[name] = ",".join(value) if isinstance(value, (tuple, list)) else value
+    values["num_towers"] = num_towers
+    # The aggregation method by its name, and its own options, one hparam per option
+    # (defaults included), e.g. "aggregation/shards" (aggregation.describe).
+    values.update(aggregation.describe(config.aggregation))
+    return values
+
+
+def write_run_record(logdir: str, config, num_towers: int,
                      command_line: list[str] | None) -> None:
-    """Root run of `logdir`: the HParams session start (hyperparameters of the table) and
-    the text `config` (resolved configuration, JSON) and `command_line`."""
-    values = dict(config, num_towers=num_towers)
-    hparams = {name: values[name] for name in HPARAM_FIELDS}
+    """Root run of `logdir`: the HParams session start (`hparams_of`: the hyperparameters
+    of the table) and the text `config` (resolved configuration, JSON) and `command_line`."""
+    hparams = hparams_of(config, num_towers)
     writer = tf.summary.create_file_writer(logdir)
     with writer.as_default(step=0):
         hparams_api.hparams_config(
-            hparams=[hparams_api.HParam(name) for name in HPARAM_FIELDS],
+            hparams=[hparams_api.HParam(name) for name in hparams],
             metrics=[hparams_api.Metric(tag) for tag in FINAL_METRICS])
         hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
-        tf.summary.text("config", "```\n" + json.dumps(config, indent=2, sort_keys=True)
-                        + "\n```")
+        tf.summary.text("config", "```\n" + json.dumps(dataclasses.asdict(config), indent=2,
+                                                       sort_keys=True) + "\n```")
         if command_line is not None:
             tf.summary.text("command_line", "`" + " ".join(command_line) + "`")
     writer.close()

@@ -39,6 +39,7 @@ import keras
 import tensorflow as tf
 
 from mgloop.aggregation import collective
+from mgloop.settings import choice
 
 MODES = ("per_tower", "sync")
 _current = threading.local()  # .tower: (CrossTowerMoments, tower index, [call counter])
@@ -129,3 +130,8 @@ class CrossTowerMoments:
             return reduce(tensor, forward_key), lambda upstream: reduce(upstream, backward_key)
 
         return summed(value)
+
+
+def check_settings(config) -> None:
+    """--batch_norm names a mode (the modes it cannot combine with: config.py)."""
+    choice("batch_norm", config.batch_norm, MODES)

@@ -104,7 +104,7 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
     neutral = {name: Config.__dataclass_fields__[name].default
-               for name in ("aggregation", "hierarchy_groups", "ring_shards", "pack_bytes",
+               for name in ("aggregation", "pack_bytes",
                             "transport_dtype", "ordered_sum_bytes", "sufficient_factor_bytes")}
     config = dataclasses.replace(config, devices="cpu:1", **neutral).validated()
     experiment.seed_everything(config.seed, config.deterministic)

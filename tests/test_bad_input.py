@@ -69,11 +69,34 @@ CASES = {
                              r"^--ordered_sum_bytes=-1 is out of range: must be >= 0"),
     "negative sufficient factors": (dict(sufficient_factor_bytes=-1),
                                     r"^--sufficient_factor_bytes=-1 is out of range: must be >= 0"),
-    "ring shards elsewhere": (dict(aggregation="ps_cpu", ring_shards=2),
-                              r"^--ring_shards=2 applies to --aggregation=ring only"),
-    "groups not dividing": (dict(aggregation="hierarchical", devices="cpu:4", hierarchy_groups=3),
-                            r"^--hierarchy_groups=3 does not divide the 4 towers; use one of: "
-                            r"1, 2, 4$"),
+    "ring shards elsewhere": (dict(aggregation="ps_cpu:shards=2"),
+                              r"^--aggregation=ps_cpu:shards=2: ps_cpu has no option 'shards'; "
+                              r"ps_cpu takes no options$"),
+    "unknown option": (dict(aggregation="ring:shard=2"),
+                       r"^--aggregation=ring:shard=2: ring has no option 'shard'; its options: "
+                       r"shards \(int >= 1, default 1\): parallel rings"),
+    "option not a number": (dict(aggregation="ring:shards=two"),
+                            r"^--aggregation=ring:shards=two: ring option shards='two' is not "
+                            r"an int; shards \(int >= 1"),
+    "option out of range": (dict(aggregation="ring:shards=0"),
+                            r"^--aggregation=ring:shards=0: ring option shards=0 is out of "
+                            r"range: must be >= 1$"),
+    "option given twice": (dict(aggregation="ring:shards=2,shards=3"),
+                           r"^--aggregation=ring:shards=2,shards=3: ring option shards is given "
+                           r"twice$"),
+    "groups not dividing": (dict(aggregation="hierarchical:groups=3", devices="cpu:4"),
+                            r"^--aggregation=hierarchical:groups=3: 3 groups do not divide the 4 "
+                            r"towers; use groups= one of: 1, 2, 4$"),
+    "plugin missing": (dict(plugins=("no_such_mgloop_plugin",)),
+                       r"^--plugin=no_such_mgloop_plugin failed to import: "
+                       r"ModuleNotFoundError: No module named 'no_such_mgloop_plugin'$"),
+    "plugin file missing": (dict(plugins=("/nonexistent/methods.py",)),
+                            r"^--plugin=/nonexistent/methods.py failed to import: "
+                            r"FileNotFoundError: no file /nonexistent/methods.py$"),
+    "packing a gathering method": (
+        dict(aggregation="topk_ef", plugins=("tests.plugins.topk_ef",), pack_bytes=4096),
+        r"^--pack_bytes=4096 with --aggregation=topk_ef: it gathers each tower's top-k values "
+        r"and indices"),
     "nccl without gpus": (dict(aggregation="nccl", devices="cpu:2"),
                           r"^--aggregation=nccl needs GPU towers"),
     "zero accumulation steps": (dict(accumulation_steps=0),

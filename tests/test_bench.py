@@ -9,6 +9,7 @@ them), equals mgloop's across workers and MirroredStrategy's."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -99,6 +100,47 @@ def test_harness_runs_and_its_outputs_parse(tmp_path):
         systems = {(group["hparams"]["system"], group["hparams"]["workers"])
                    for group in sessions["sessionGroups"]}
         assert systems == {("mirrored_ctl", 1), ("mgloop:ring", 2), ("multi_worker_mirrored", 2)}
+
+
+def test_a_plugin_method_is_benchmarked_in_the_workers(tmp_path):
+    """--plugin reaches the harness (its method is a valid --modes entry) and every worker
+    (which builds it): the plugin's copy of ps_cpu computes what ps_cpu computes."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "--models=mlp",
+         "--towers=2", "--modes=ps_cpu,ps_cpu_copy", "--plugin=tests.plugins.bench_plugin",
+         "--steps=1", "--warmup=1", "--repeats=1", f"--output_dir={out}"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads((out / "bench.json").read_text())
+    assert payload["settings"]["plugins"] == ["tests.plugins.bench_plugin"]
+    (model,) = payload["results"]
+    rows = {row["name"]: row for row in model["rows"]}
+    assert set(rows) == {"mgloop:ps_cpu@2", "mgloop:ps_cpu_copy@2"}
+    # the same method from the same weights on the same batches: each step's loss within
+    # the float32 bound of the one-device run of those 2 steps (tests/tolerance.py), so the
+    # two within twice it
+    bound = helpers.bound_of_run(helpers.small_config(
+        str(tmp_path / "bound"), model=model["model"], dataset=model["dataset"],
+        global_batch_size=model["global_batch"], optimizer="momentum", learning_rate=0.01,
+        seed=0, train_steps=2, deterministic=False), 2).loss_sum
+    copy, original = rows["mgloop:ps_cpu_copy@2"], rows["mgloop:ps_cpu@2"]
+    assert len(copy["loop_losses"]) == 2 and copy["examples_per_sec"] > 0
+    assert np.abs(np.subtract(copy["loop_losses"], original["loop_losses"])).max() <= 2 * bound
+
+
+def test_a_plugin_that_does_not_import_is_one_line(tmp_path):
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"),
+         "--plugin=tests.plugins.no_such_module", "--modes=ring", f"--output_dir={out}"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 2
+    assert re.match(r"^bench.py: error: --plugin=tests.plugins.no_such_module\b.*no_such_module",
+                    result.stderr.strip().splitlines()[-1])
+    assert not out.exists()  # refused before any worker process started
 
 
 def test_gpu_without_gpus_fails_at_start_with_one_line(tmp_path):

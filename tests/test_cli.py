@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from mgloop import settings
+from mgloop.config import Config
 from tests import tensorboard_server
 
 CHANCE = 0.1  # the synthetic task has 10 classes
@@ -99,6 +101,9 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         (group,) = groups["sessionGroups"]
         assert group["hparams"]["aggregation"] == summary["config"]["aggregation"]
         assert group["hparams"]["num_towers"] == towers
+        # every setting that can change a result, as TensorBoard reads it
+        assert set(group["hparams"]) == set(settings.hparam_names(Config)) | {"num_towers"}
+        assert group["hparams"]["grad_reduce"] == summary["config"]["grad_reduce"]
         metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
         assert metrics["final/eval_accuracy"] == pytest.approx(summary["eval_accuracy"])
         assert metrics["final/examples_per_sec"] == pytest.approx(summary["examples_per_sec"],

@@ -1,6 +1,7 @@
 """N towers compute what one device computes on the same global batch.
 
-Each aggregation mode, for 1, 2 and 4 towers and for the MLP and the CNN, is
+Each aggregation mode, for 1, 2 and 4 towers and for the MLP and the CNN (the MLP on
+2 and 4 towers for every registered method in tests/test_contract.py), is
 trained 5 steps under --deterministic and compared with third_party's
 single-device step (a plain tf.GradientTape over the whole global batch).
 Tolerance: the towers sum the same numbers in another order, so only float32
@@ -60,17 +61,17 @@ def hierarchy_for(towers):
 
 
 CORE_MODES = ["ps_cpu", "reduce_broadcast", "ring"]  # the core issue: MLP and CNN, 1, 2, 4
+# The MLP on 2 and 4 towers is checked for every registered exact method by
+# tests/test_contract.py (the same reference and bound), so not again here.
 GRID = ([(mode, model, towers) for mode in CORE_MODES
-         for model, towers in [("mlp", 1), ("mlp", 2), ("mlp", 4), ("cnn", 2), ("cnn", 4)]]
-        + [(mode, "mlp", towers) for mode in MODES if mode not in CORE_MODES
-           for towers in (2, 4)]
+         for model, towers in [("mlp", 1), ("cnn", 2), ("cnn", 4)]]
         + [(mode, "cnn", 4) for mode in ("ps_spread", "collective", "colocate")])
 
 
 @pytest.mark.parametrize("mode,model,towers", GRID)
 def test_towers_equal_single_device(mode, towers, model, reference, initial, logdir):
-    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode, model=model,
-                                  hierarchy_groups=hierarchy_for(towers))
+    spec = f"{mode}:groups={hierarchy_for(towers)}" if mode == "hierarchical" else mode
+    config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=spec, model=model)
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
     expected = reference(config)
     copies = helpers.copy_weights(trainer)

@@ -1,6 +1,8 @@
-"""The experiment flagfiles make valid Configs; the aggregation sweep fills an HParams logdir."""
+"""The experiment flagfiles make valid Configs; experiments/variants.py measures variants side by
+side and writes its table, JSON and HParams."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +14,10 @@ from mgloop import flags as mgloop_flags
 from tests import dataset_files, tensorboard_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+import variants_spec  # noqa: E402
+
 FLAGFILES = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.flags")))
 
 
@@ -50,28 +56,117 @@ def test_cifar_flagfile_without_real_files_names_data_dir(tmp_path):
         config.validated()
 
 
-def test_sweep_writes_one_hparams_session_per_run(tmp_path):
-    parent = tmp_path / "sweep"
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "sweep_aggregation.py"),
-         f"--parent_logdir={parent}", "--modes=ps_cpu,ring", "--train_steps=4", "--",
-         "--devices=cpu:2", "--global_batch_size=16", "--steps_per_loop=2",
-         "--summary_every=2", "--log_every=0"],
+def run_variants(*args):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "variants.py"), *args],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
+    """Two variants, one of them a plugin's method: one timed step each, read back from the
+    table, the JSON and TensorBoard's HParams data (real event files, a real server)."""
+    out = tmp_path / "variants"
+    result = run_variants("--plugin=tests.plugins.bench_plugin",  # registers ps_cpu_copy
+                          "--vary=aggregation=ps_cpu_copy,ring", "--set=devices=cpu:2",
+                          "--set=global_batch_size=16", "--steps=1", "--warmup=0",
+                          "--repeats=1", "--measure=traffic,input_wait", f"--output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(os.listdir(parent))[-2:] == ["ps_cpu-pack0", "ring-pack0"]
+    payload = json.loads((out / "variants.json").read_text())
+    rows = {row["variant"]: row for row in payload["rows"]}
+    assert list(rows) == ["aggregation=ps_cpu_copy", "aggregation=ring"]
+    for row in rows.values():
+        (repeats,) = row["step_ms_repeats"]  # one build, one timed loop
+        assert len(repeats) == 1 and row["examples_per_sec"] > 0
+        assert abs(row["examples_per_sec"] - 16 / (repeats[0] / 1e3)) < 1e-6 * row[
+            "examples_per_sec"]
+        assert row["max_sent_kib"] > 0 and row["input_wait_ms"] >= 0
+    ring, ps_cpu = rows["aggregation=ring"], rows["aggregation=ps_cpu_copy"]
+    assert ps_cpu["ratio"] == 1.0
+    assert abs(ring["ratio"] - ring["step_ms"] / ps_cpu["step_ms"]) < 1e-12
+    # the one timed step of each is its first, from the seed's weights on the same batch:
+    # the same forward ops on the same numbers, so the same loss
+    assert ring["loss"] == pytest.approx(ps_cpu["loss"], rel=1e-6)
+    # a ring of T devices sends 2(T-1)/T of the gradients' bytes per device: all of them at
+    # T = 2, as each tower sends its gradients to the parameter server
+    assert ring["max_sent_kib"] == ps_cpu["max_sent_kib"]
+    table = (out / "variants.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| variant"))
+    body = [line for line in table if line.startswith("| aggregation=")]
+    assert len(body) == 2 and all(line.count("|") == header.count("|") for line in body)
+    assert "max sent/device/step (KiB)" in header
     request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS"],
-               "colParams": [{"hparam": "aggregation"},
-                             {"metric": {"tag": "examples_per_sec", "group": "train"}}]}
-    with tensorboard_server.serve(str(parent)) as board:
+               "colParams": [{"hparam": "aggregation"}, {"hparam": "pack_bytes"},
+                             {"hparam": "plugins"}, {"metric": {"tag": "examples_per_sec"}}]}
+    with tensorboard_server.serve(str(out / "tensorboard")) as board:
         sessions = board.wait_for(lambda s: len(s.get("sessionGroups", [])) == 2,
                                   "/data/plugin/hparams/session_groups", body=request)
-    modes = {group["hparams"]["aggregation"] for group in sessions["sessionGroups"]}
-    assert modes == {"ps_cpu", "ring"}
     for group in sessions["sessionGroups"]:
-        values = {(m["name"]["group"], m["name"]["tag"]): m["value"]
-                  for m in group["metricValues"]}
-        assert values[("train", "examples_per_sec")] > 0  # the runs' own scalars
-        assert 0 <= values[("eval", "accuracy")] <= 1
+        row = rows[f"aggregation={group['hparams']['aggregation']}"]
+        # what a training run records (every setting that can change a result)
+        assert group["hparams"]["pack_bytes"] == 0
+        assert group["hparams"]["plugins"] == "tests.plugins.bench_plugin"
+        (value,) = [m["value"] for m in group["metricValues"]
+                    if m["name"]["tag"] == "examples_per_sec"]
+        assert abs(value - row["examples_per_sec"]) < 1e-3 * value
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--vary=global_batch_size=16,x"], "--vary global_batch_size: 'x' is not an int"),
+    (["--vary=diagnostics=maybe"], "--vary diagnostics: 'maybe' is not a bool (true or false)"),
+    (["--set=learning_rate=fast"], "--set learning_rate: 'fast' is not a float"),
+])
+def test_variants_type_errors_are_one_line(tmp_path, args, error):
+    with pytest.raises(variants_spec.SpecError) as raised:
+        variants_spec.variants([a.split("=", 1)[1] for a in args if a.startswith("--vary")],
+                               [a.split("=", 1)[1] for a in args if a.startswith("--set")])
+    assert str(raised.value) == error
+
+
+def test_variants_refuse_a_bad_value_before_building(tmp_path):
+    out = tmp_path / "variants"
+    result = run_variants("--vary=global_batch_size=16,x", f"--output_dir={out}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "variants.py: error: --vary global_batch_size: 'x' is not an int")
+    assert not out.exists()
+
+
+def test_variant_values_split_and_tie():
+    assert variants_spec.split_values("aggregation", "ring:shards=2,chunks=4,ps_cpu") == [
+        "ring:shards=2,chunks=4", "ps_cpu"]
+    assert variants_spec.split_values("devices", "gpu:0,1;gpu:0") == ["gpu:0,1", "gpu:0"]
+    made = variants_spec.variants(["devices/aggregation=cpu:1/ring,cpu:4/ps_cpu",
+                                   "pack_bytes=0,65536"], ["global_batch_size=32"])
+    assert [v.name for v in made][:2] == ["devices/aggregation=cpu:1/ring,pack_bytes=0",
+                                          "devices/aggregation=cpu:1/ring,pack_bytes=65536"]
+    assert made[3].settings == {"devices": "cpu:4", "aggregation": "ps_cpu",
+                                "pack_bytes": 65536, "global_batch_size": 32}
+
+
+def test_overlap_of_a_synthetic_trace():
+    """experiments/overlap.py's figures on a trace made by hand: backward ops (the gradient
+    tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45 and 70..90."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    import overlap_trace
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    one, two = host.lines.add(timestamp_ns=0), host.lines.add(timestamp_ns=0)
+    for line, name, start, end in [
+            (one, "while/body/mgloop_step/compute/dense/MatMul:MatMul", 0, 10),  # forward
+            (one, "while/body/gradient_tape/mgloop_step/compute_1/dense/MatMul:MatMul", 10, 30),
+            (one, "while/body/gradient_tape/mgloop_step/compute_1/dense_1/Add:AddV2", 40, 60),
+            (two, "while/body/mgloop_step/aggregation/split:SplitV", 25, 45),
+            (two, "while/body/mgloop_step/aggregation/add:AddV2", 70, 90),
+            (two, "while/body/mgloop_step/apply/sgd/Sub:Sub", 90, 95)]:
+        metadata_id = len(host.event_metadata) + 1
+        host.event_metadata[metadata_id].id = metadata_id
+        host.event_metadata[metadata_id].name = name
+        line.events.add(metadata_id=metadata_id, offset_ps=start, duration_ps=end - start)
+    figures = overlap_trace.overlap_of(space)
+    assert figures["exchange_ms"] == pytest.approx(40e-9)  # 20 + 20 ps
+    assert figures["backward_ms"] == pytest.approx(40e-9)  # the forward op is not backward
+    assert figures["overlap"] == pytest.approx(10 / 40)  # 25..30 and 40..45 at once
+    assert figures["early"] == pytest.approx(20 / 40)  # 25..45 before the backward ends (60)
+    assert figures["starts"] == pytest.approx((25 - 10) / (60 - 10))

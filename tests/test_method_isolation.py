@@ -31,6 +31,11 @@ class _Zeroing:
     deliberately lossy method); remembers every variable it was handed."""
 
     seen: list = []
+    exact = False  # lossy, declared: ||0 - (1/T) sum_t g_t|| <= max_t ||g_t||
+
+    @classmethod
+    def error_bound(cls, options, num_towers):
+        return 1.0
 
     def reduce(self, tower_values, variables, average=True):
         _Zeroing.seen.extend(variables)

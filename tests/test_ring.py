@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.aggregation import Options, ring
+from mgloop.aggregation import ring
 from mgloop.devices import DeviceSet
 from tests import tolerance
 
@@ -35,7 +35,7 @@ def test_ring_equals_numpy_and_is_identical_everywhere(towers, shape, shards, av
     rng = np.random.default_rng(towers)
     values = [rng.standard_normal(shape).astype(np.float32) for _ in range(towers)]
     devices = tuple(f"/device:CPU:{t}" for t in range(towers))
-    method = ring.Ring(DeviceSet(towers=devices), Options(ring_shards=shards))
+    method = ring.Ring(DeviceSet(towers=devices), ring.RingOptions(shards=shards))
     placed = []
     for device, value in zip(devices, values):
         with tf.device(device):

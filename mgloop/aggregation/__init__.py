@@ -1,21 +1,31 @@
 """Gradient aggregation methods, one small module each, looked up by name.
 
-Adding a method: subclass `Aggregation` in a new module, decorate it with
-`@register`, and import the module below. Its name becomes a valid
-`--aggregation` value.
+A method is chosen with a spec string, `NAME` or `NAME:key=value,...`
+(options.py): `parse(spec)` gives its class and options, `make(spec, devices,
+transport_dtype)` the method itself. Adding a method: subclass `Aggregation`,
+decorate it with `@register` (in a module of this package imported below, or in
+your own module loaded with `--plugin`, plugins.py). Its name becomes a valid
+`--aggregation` value. What every method must do and declare: base.py and the
+README's "The aggregation contract".
 """
 
 from __future__ import annotations
 
-from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options
+from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options, option
+from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
 _REGISTRY: dict[str, type[Aggregation]] = {}
 
 
 def register(cls: type[Aggregation]) -> type[Aggregation]:
-    if cls.name in _REGISTRY:
-        raise ValueError(f"aggregation {cls.name!r} is registered twice")
+    """Class decorator: makes `cls.name` a valid `--aggregation`. The same class imported
+    again (a module reloaded) replaces itself; another class of the same name is refused."""
+    known = _REGISTRY.get(cls.name)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__,
+                                                                        cls.__qualname__):
+        raise ValueError(f"aggregation {cls.name!r} is registered twice ({known.__module__}."
+                         f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__})")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -24,12 +34,38 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> type[Aggregation]:
+def get(spec: str) -> type[Aggregation]:
+    """The method class a spec (or a bare name) names."""
+    name = options_lib.split(spec)[0]
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"--aggregation={name!r} is not one of: {', '.join(names())}") from None
 
+
+def parse(spec: str) -> tuple[type[Aggregation], Options]:
+    """`NAME` or `NAME:key=value,...` -> (the method's class, its options)."""
+    method = get(spec)
+    return method, options_lib.parse_options(method, options_lib.split(spec)[1], spec)
+
+
+def make(spec: str, devices, transport_dtype: str = "float32") -> Aggregation:
+    """The method `spec` names, with its options, on `devices` (a DeviceSet)."""
+    method, options = parse(spec)
+    return method(devices, options, transport_dtype)
+
+
+def canonical_spec(spec: str) -> str:
+    """NAME and the options that differ from their defaults, in field order."""
+    return options_lib.format_spec(*parse(spec))
+
+
+def describe(spec: str) -> dict[str, object]:
+    """{'aggregation': NAME, 'aggregation/KEY': value, ...} of every option (defaults too)."""
+    return options_lib.describe(*parse(spec))
+
+
+from mgloop.aggregation import options as options_lib  # noqa: E402
 
 # Registration happens on import; keep this list in the order of the README.
 from mgloop.aggregation import parameter_server  # noqa: E402,F401
@@ -39,5 +75,9 @@ from mgloop.aggregation import hierarchical  # noqa: E402,F401
 from mgloop.aggregation import collective  # noqa: E402,F401
 from mgloop.aggregation import independent  # noqa: E402,F401
 from mgloop.aggregation import colocate  # noqa: E402,F401
+from mgloop.aggregation import validation  # noqa: E402
+from mgloop.aggregation.validation import check_settings  # noqa: E402
 
-__all__ = ["Aggregation", "Options", "SHARED", "REPLICATED", "register", "names", "get"]
+__all__ = ["Aggregation", "Options", "option", "SHARED", "REPLICATED", "register", "names",
+           "get", "parse", "make", "canonical_spec", "describe", "load_plugins",
+           "check_settings"]

@@ -33,15 +33,27 @@ SHARED = "shared"
 REPLICATED = "replicated"
 
 Gradients = list[tf.Tensor]
+# The class attributes of `Aggregation` that declare what a method can do.
+CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
+                "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
+                "averages_non_trainable")
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Settings an aggregation method may read (validated by Config)."""
+    """A method's own options: subclass it (frozen), one field per option, each made with
+    `option(...)` so that it carries its help line and valid range; set the method's
+    `options_type` to the subclass. Given as `--aggregation=NAME:key=value,...`
+    (options.py parses and checks them). The base class has no options."""
 
-    transport_dtype: str = "float32"
-    hierarchy_groups: int = 2
-    ring_shards: int = 1
+
+def option(default, help: str, low=None, high=None, low_open: bool = False,
+           high_open: bool = False, choices: Sequence | None = None):
+    """A field of an options dataclass: its default, help line, and valid values
+    (`low`/`high` bounds, open or closed, or `choices`), checked when a spec is parsed."""
+    return dataclasses.field(default=default, metadata=dict(
+        help=help, low=low, high=high, low_open=low_open, high_open=high_open,
+        choices=tuple(choices) if choices is not None else None))
 
 
 def canonical(device: str) -> str:
@@ -86,29 +98,64 @@ class Traffic:
 
 
 class Aggregation(abc.ABC):
-    """One gradient-aggregation method. Subclass, set `name` and `layout`, register."""
+    """One gradient-aggregation method. Subclass, set `name` and `layout`, register.
+
+    The contract (README "The aggregation contract"): `reduce` is handed the towers'
+    gradients and nothing else; the method's own options are `self.options` (an
+    instance of `options_type`); its state is made by `build` and listed by
+    `state_variables` (checkpointed, restored on resume, broadcast from the chief,
+    changed by the training step alone). What it can do is declared below as class
+    attributes (capabilities); validation and the contract test read them, never names.
+    """
 
     name: ClassVar[str]
-    layout: ClassVar[str]  # SHARED: one variable copy; REPLICATED: one per tower
+    options_type: ClassVar[type[Options]] = Options  # the method's options dataclass
+
+    # Capabilities.
+    # The layout it supports: SHARED, one variable copy; REPLICATED, one per tower.
+    layout: ClassVar[str]
     exchanges: ClassVar[bool] = True  # False: no gradient exchange to compress or pack
     single_loss: ClassVar[bool] = False  # True: one loss over all towers (colocate.py)
+    # True: `reduce` returns (1/T) sum_t g[t] to float tolerance (equals one device).
+    # False: lossy, within `error_bound` (below), or, without an exchange, not a mean at all.
+    exact: ClassVar[bool] = True
+    # May be packed into buckets and ride on an all-reduce: `reduce` is element-wise linear in
+    # the towers' values and keeps no per-variable state. Otherwise buckets are refused
+    # (validation.py) and never formed, and `unsummable_reason` says why.
+    summable: ClassVar[bool] = True
+    unsummable_reason: ClassVar[str] = ("its reduce is not an element-wise sum of the towers' "
+                                        "values (it needs each tensor whole, e.g. to gather)")
+    # Works across worker processes, as the local stage of cross_worker.py: `reduce(...,
+    # average=False)[0]` is this worker's sum of its towers' contributions on copy 0's device.
+    across_workers: ClassVar[bool] = True
+    # Honours --transport_dtype (sends through `send`); False: its kernel sums in the dtype
+    # it is given, so a compressed transport could not keep the sums in float32.
+    compressed_transport: ClassVar[bool] = True
+    device_kinds: ClassVar[tuple[str, ...]] = ("cpu", "gpu")  # tower kinds it runs on
     # True: `reduce` sums each variable's tower values on `home_of(variable)` and scales
     # them there, so a caller may form that sum itself (ordered_sum.py).
     sums_at_home: ClassVar[bool] = False
-    # The workers whose towers the method also combines (cross_worker.py); None: one process.
-    cluster = None
     # False: copy t keeps tower t's non-trainable state (independent.py); otherwise the
     # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
     averages_non_trainable: ClassVar[bool] = True
+    # The workers whose towers the method also combines (cross_worker.py); None: one process.
+    cluster = None
 
-    # May be packed into buckets and ride on an all-reduce: `reduce` is element-wise linear in
-    # the towers' values and keeps no per-variable state (issue 14's capabilities).
-    summable: ClassVar[bool] = True
+    @classmethod
+    def error_bound(cls, options: Options, num_towers: int) -> float | None:
+        """A lossy method's bound rho: after every exchange since `build`, for every
+        variable v and copy c, ||out[c][v] - (1/T) sum_t g[t][v]||_2 <= rho * G_v, with G_v
+        the largest ||g[t][v]||_2 any tower has sent so far. None: exact, or no exchange."""
+        return None
 
-    def __init__(self, devices: DeviceSet, options: Options = Options()):
+    def __init__(self, devices: DeviceSet, options: Options | None = None,
+                 transport_dtype: str = "float32"):
         self.devices = devices
-        self.options = options
-        self.transport_dtype = tf.as_dtype(options.transport_dtype)
+        self.options = self.options_type() if options is None else options
+        if not isinstance(self.options, self.options_type):
+            raise TypeError(f"aggregation {self.name!r} takes {self.options_type.__name__}, "
+                            f"not {type(self.options).__name__}")
+        self.transport_dtype = tf.as_dtype(transport_dtype)
         self.traffic = Traffic()
 
     @property
@@ -117,11 +164,15 @@ class Aggregation(abc.ABC):
 
     @classmethod
     def check(cls, request: DeviceRequest, options: Options) -> None:
-        """Refuses (ConfigError) devices or options this method cannot run with."""
+        """Refuses (ConfigError, one line) devices this method cannot run with its options
+        on (e.g. groups that do not divide the towers). Ranges are checked before, from
+        the options' field metadata."""
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
-        """Creates the method's own state once, after the variable copies exist: `variables`
-        are copy 0's trainable variables (shapes, dtypes, homes). Default: no state."""
+        """Creates the method's own state once, after the variable copies exist and before
+        any restore: `variables` are copy 0's trainable variables (shapes, dtypes, homes).
+        Make tf.Variables (trainable=False) on the devices the method chooses and list them
+        in `state_variables`. Default: no state."""
 
     @property
     def state_variables(self) -> list[tf.Variable]:

@@ -23,7 +23,6 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, canonical
-from mgloop.errors import ConfigError
 
 _GROUP_KEYS = itertools.count(1)
 _INSTANCE_KEYS = itertools.count(1)
@@ -50,14 +49,7 @@ def ordering_tokens(devices) -> list[tf.Variable]:
 
 class _AllReduceKernel(Aggregation):
     layout = REPLICATED
-
-    @classmethod
-    def check(cls, request, options):
-        if options.transport_dtype != "float32":
-            raise ConfigError(
-                f"--transport_dtype={options.transport_dtype} with --aggregation={cls.name}: "
-                "its kernel sums in the dtype it is given, so the sum could not stay in "
-                "float32; use ring, reduce_broadcast or hierarchical for compressed transport")
+    compressed_transport = False  # the kernel sums in the dtype it is given
 
     def parameter_devices(self):
         return list(self.devices.towers)
@@ -102,14 +94,7 @@ class Collective(_AllReduceKernel):
 @register
 class Nccl(_AllReduceKernel):
     name = "nccl"
-
-    @classmethod
-    def check(cls, request, options):
-        if request.kind != "gpu":
-            raise ConfigError(
-                "--aggregation=nccl needs GPU towers (--devices=gpu or gpu:I,J...); NCCL does "
-                "not run on CPU devices; use collective or ring to simulate on the CPU")
-        super().check(request, options)
+    device_kinds = ("gpu",)  # NCCL does not run on CPU devices
 
     def all_reduce(self, values, average):
         from tensorflow.python.ops import nccl_ops  # the public API has no NCCL entry point

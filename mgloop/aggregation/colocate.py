@@ -29,3 +29,4 @@ class Colocate(ParameterServerCpu):
     name = "colocate"
     exchanges = False
     single_loss = True
+    across_workers = False  # the single loss is over one process's towers

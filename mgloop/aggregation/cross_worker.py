@@ -32,7 +32,7 @@ import itertools
 import tensorflow as tf
 
 from mgloop.aggregation import packing
-from mgloop.aggregation.base import Aggregation, canonical
+from mgloop.aggregation.base import CAPABILITIES, Aggregation, canonical
 from mgloop.cluster import Cluster
 
 _GROUP_KEYS = itertools.count(1_000_000)
@@ -43,12 +43,13 @@ class CrossWorker(Aggregation):
     """Wraps one worker's local aggregation with a collective between the workers."""
 
     def __init__(self, local: Aggregation, cluster: Cluster):
-        super().__init__(local.devices, local.options)
+        super().__init__(local.devices, local.options, local.transport_dtype.name)
         self.local = local
         self.cluster = cluster
         self.traffic = local.traffic  # one set of counts for both stages
-        self.name, self.layout = local.name, local.layout
-        self.exchanges, self.single_loss = local.exchanges, local.single_loss
+        self.name, self.options_type = local.name, local.options_type
+        for capability in CAPABILITIES:  # the local method's, as declared
+            setattr(self, capability, getattr(local, capability))
         self.group_key = next(_GROUP_KEYS)
         self.device = local.parameter_devices()[0]
         with tf.device(self.device):
@@ -63,6 +64,16 @@ class CrossWorker(Aggregation):
 
     def variable_scope(self):
         return self.local.variable_scope()
+
+    def build(self, variables):
+        self.local.build(variables)
+
+    @property
+    def state_variables(self):
+        return self.local.state_variables
+
+    def error_bound(self, options, num_towers):
+        return self.local.error_bound(options, num_towers)
 
     def all_workers_sum(self, value: tf.Tensor) -> tf.Tensor:
         """sum over workers of `value` (on this worker's copy 0 device): one collective."""

@@ -1,6 +1,6 @@
 """`hierarchical`: replicated variables; reduce in groups, all-reduce among leaders, broadcast.
 
-The T towers are cut into G = `--hierarchy_groups` contiguous groups of T/G
+The T towers are cut into G = `--aggregation=hierarchical:groups=G` contiguous groups of T/G
 (tower order), the first tower of each group being its leader:
 
     1. inside each group, the leader sums its members' gradients;
@@ -13,10 +13,12 @@ a group (e.g. GPUs on one PCIe switch), few transfers between groups.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from mgloop.aggregation import register
-from mgloop.aggregation.base import REPLICATED, Aggregation
+from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 from mgloop.errors import ConfigError
 
@@ -25,25 +27,32 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+@dataclasses.dataclass(frozen=True)
+class HierarchicalOptions(Options):
+    groups: int = option(2, "contiguous groups of towers, each summed on its leader "
+                            "(divides the towers)", low=1)
+
+
 @register
 class Hierarchical(Aggregation):
     name = "hierarchical"
     layout = REPLICATED
+    options_type = HierarchicalOptions
 
     @classmethod
     def check(cls, request, options):
-        towers, groups = request.num_towers, options.hierarchy_groups
-        if groups < 1 or towers % groups:
+        towers, groups = request.num_towers, options.groups
+        if towers % groups:
             raise ConfigError(
-                f"--hierarchy_groups={groups} does not divide the {towers} towers; use one of: "
-                f"{', '.join(map(str, divisors(towers)))}")
+                f"--aggregation=hierarchical:groups={groups}: {groups} groups do not divide the "
+                f"{towers} towers; use groups= one of: {', '.join(map(str, divisors(towers)))}")
 
     def parameter_devices(self):
         return list(self.devices.towers)
 
     def groups(self) -> list[list[str]]:
         towers = list(self.devices.towers)
-        size = len(towers) // self.options.hierarchy_groups
+        size = len(towers) // self.options.groups
         return [towers[i:i + size] for i in range(0, len(towers), size)]
 
     def reduce(self, tower_values, variables, average=True):

@@ -18,6 +18,8 @@ class Independent(Aggregation):
     name = "independent"
     layout = REPLICATED
     exchanges = False
+    exact = False  # not a mean: replica t trains on shard t alone (no error bound)
+    across_workers = False  # nothing to sum between workers
     averages_non_trainable = False
 
     def parameter_devices(self):

@@ -60,6 +60,9 @@ class ParameterServerDevice(_ParameterServer):
 @register
 class ParameterServerSpread(_ParameterServer):
     name = "ps_spread"
+    summable = False
+    unsummable_reason = ("a bucket would fuse gradients of variables that live on different "
+                         "devices")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,7 +15,7 @@ and copied), equal to (1/T) * sum_t g[t][v]. Each tower sends and receives
 2 * (T-1)/T * P bytes per step for P bytes of gradients: the bandwidth-optimal
 all-reduce, independent of T for large T.
 
-`--ring_shards=k` (tf_cnn_benchmarks' `xring#k`) cuts each tensor into k
+`--aggregation=ring:shards=k` (tf_cnn_benchmarks' `xring#k`) cuts each tensor into k
 contiguous shards and all-reduces each on its own ring: even shards go
 forward t -> t+1, odd shards backward t -> t-1 (the other direction of every
 link), each ring rotated by a different offset so that the chunk owners differ.
@@ -23,10 +23,12 @@ link), each ring rotated by a different offset so that the chunk owners differ.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from mgloop.aggregation import register
-from mgloop.aggregation.base import REPLICATED, Aggregation
+from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 
 
 def chunk_sizes(num_elements: int, num_chunks: int) -> list[int]:
@@ -100,10 +102,17 @@ def sharded_ring_all_reduce(method: Aggregation, values: list[tf.Tensor], device
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RingOptions(Options):
+    shards: int = option(1, "parallel rings, each on a contiguous shard of every tensor, "
+                            "alternating direction (tf_cnn_benchmarks' xring#k)", low=1)
+
+
 @register
 class Ring(Aggregation):
     name = "ring"
     layout = REPLICATED
+    options_type = RingOptions
 
     def parameter_devices(self):
         return list(self.devices.towers)
@@ -111,6 +120,6 @@ class Ring(Aggregation):
     def reduce(self, tower_values, variables, average=True):
         devices = list(self.devices.towers)
         per_var = [sharded_ring_all_reduce(self, list(vals), devices,
-                                           self.options.ring_shards, average)
+                                           self.options.shards, average)
                    for vals in zip(*tower_values)]
         return [list(per_device) for per_device in zip(*per_var)]

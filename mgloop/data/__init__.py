@@ -18,6 +18,9 @@ from mgloop.data import random_binary
 from mgloop.data import synthetic
 from mgloop.data.base import InMemoryDataset
 from mgloop.errors import ConfigError
+from mgloop.settings import in_range
+
+DEFAULT_GLOBAL_BATCH_SIZE = 128  # when neither --global_batch_size nor a per-tower one is set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,31 @@ def check(name: str, data_dir: str | None) -> None:
     source.check_files(data_dir)
 
 
+def check_settings(config, towers: int, devices_flag: str) -> tuple[int, str | None]:
+    """--dataset and its --data_dir (expanded), and the batch: returns (global batch, data_dir).
+
+    Exactly one of --global_batch_size and --batch_size_per_tower may be set (default: a
+    global batch of 128); the global batch must split into `towers` equal shards."""
+    data_dir = os.path.expanduser(config.data_dir) if config.data_dir is not None else None
+    check(config.dataset, data_dir)
+    global_batch, per_tower = config.global_batch_size, config.batch_size_per_tower
+    if global_batch is not None and per_tower is not None:
+        raise ConfigError("--global_batch_size and --batch_size_per_tower are both set; "
+                          "set one (the other follows from the tower count)")
+    if per_tower is not None:
+        in_range("batch_size_per_tower", per_tower, low=1)
+        return per_tower * towers, data_dir
+    global_batch = DEFAULT_GLOBAL_BATCH_SIZE if global_batch is None else global_batch
+    in_range("global_batch_size", global_batch, low=1)
+    if global_batch % towers:
+        raise ConfigError(
+            f"--global_batch_size={global_batch} does not split into {towers} equal tower "
+            f"shards (--devices={devices_flag}); use a multiple of {towers}")
+    return global_batch, data_dir
+
+
 def load(name: str, seed: int, data_dir: str | None = None) -> InMemoryDataset:
     return _source(name).load(seed, data_dir)
 
 
-__all__ = ["InMemoryDataset", "names", "check", "load"]
+__all__ = ["InMemoryDataset", "names", "check", "check_settings", "load"]

@@ -12,6 +12,7 @@ from typing import Callable
 import keras
 
 from mgloop.errors import ConfigError
+from mgloop.settings import choice
 
 ModelBuilder = Callable[[tuple, int], keras.Model]
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -35,6 +36,11 @@ def get(name: str) -> ModelBuilder:
         return _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"--model={name!r} is not one of: {', '.join(names())}") from None
+
+
+def check_settings(config) -> None:
+    """--model names a registered model."""
+    choice("model", config.model, names())
 
 
 from mgloop.models import big_mlp  # noqa: E402,F401

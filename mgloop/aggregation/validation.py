@@ -1,0 +1,118 @@
+"""Which settings combine with a method, decided from its declared capabilities.
+
+`check_settings(config, request, workers)` is called by `Config.validated()`
+before any device or variable exists. It loads `config.plugins` (plugins.py),
+parses `config.aggregation` (options.py), checks the settings that apply to every
+method (`grad_reduce`, `transport_dtype`, `pack_bytes`) against what the method
+declares (base.py's capabilities; never its name), then the method's own
+`check(request, options)`. Every refusal is one ConfigError line naming the flag
+and what would be valid.
+
+    --transport_dtype != float32   needs an exchange, a REPLICATED layout (shared variables
+                                   are read at float32 by the towers) and
+                                   `compressed_transport`
+    --pack_bytes > 0               needs an exchange and `summable`; a value other than the
+                                   field's default (an explicit choice) is refused otherwise,
+                                   the default is simply not applied (the step packs only
+                                   summable methods)
+    --batch_norm=sync              needs per-tower losses (not `single_loss`) and an
+                                   exchange (--diagnostics: monitor.check_settings)
+    several workers                need `across_workers`
+    tower devices                  must be of a kind in `device_kinds`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mgloop import aggregation as registry
+from mgloop.aggregation.base import SHARED, Aggregation, Options
+from mgloop.aggregation.plugins import load_plugins
+from mgloop.errors import ConfigError
+
+GRAD_REDUCE = ("mean", "sum")
+TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Options]:
+    """Refuses the aggregation settings of `config` (any object with the Config fields
+    read below) that do not combine; returns (the method's class, its options)."""
+    load_plugins(getattr(config, "plugins", ()))
+    method, options = registry.parse(config.aggregation)
+    _choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
+    _choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
+    if config.pack_bytes < 0:
+        raise ConfigError(f"--pack_bytes={config.pack_bytes} is out of range: must be >= 0")
+    mode = f"--aggregation={config.aggregation}"
+    if request.kind not in method.device_kinds:
+        kinds = " or ".join(k.upper() for k in method.device_kinds)
+        raise ConfigError(f"{mode} needs {kinds} towers (--devices={request.kind}... gives "
+                          f"{request.kind.upper()} towers); methods that run there: "
+                          f"{_names(lambda m: request.kind in m.device_kinds)}")
+    _check_transport(config, method, mode)
+    _check_packing(config, method, mode)
+    if config.batch_norm == "sync" and (method.single_loss or not method.exchanges):
+        reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
+                  method.single_loss else "trains each replica alone on its own shard")
+        raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
+                          "per_tower or a mode that exchanges gradients per tower")
+    method.check(request, options)
+    if workers is not None and workers.num_workers > 1 and not method.across_workers:
+        where = f"across {workers.num_workers} workers (TF_CONFIG)"
+        if method.single_loss:
+            reason = "the single-loss baseline runs in one process; use a tower-loop mode"
+        elif not method.exchanges:
+            reason = ("its replicas exchange nothing, so there is nothing to sum between "
+                      "workers; use a mode that averages gradients")
+        else:
+            reason = ("it does not declare across_workers; use one of: "
+                      + _names(lambda m: m.across_workers))
+        raise ConfigError(f"{mode} {where}: {reason}")
+    return method, options
+
+
+def _check_transport(config, method: type[Aggregation], mode: str) -> None:
+    dtype = config.transport_dtype
+    if dtype == "float32":
+        return
+    if not method.exchanges:
+        raise ConfigError(f"--transport_dtype={dtype} means nothing with {mode}, which "
+                          "exchanges no gradients; leave it at float32")
+    compressing = _names(lambda m: m.exchanges and m.layout != SHARED and m.compressed_transport)
+    if method.layout == SHARED:
+        raise ConfigError(f"--transport_dtype={dtype} means nothing with {mode} (shared "
+                          "variables: towers read the float32 variables themselves); use a "
+                          f"replicated mode ({compressing}) or leave it at float32")
+    if not method.compressed_transport:
+        raise ConfigError(f"--transport_dtype={dtype} with {mode}: its kernel sums in the "
+                          "dtype it is given, so the sum could not stay in float32; use "
+                          f"{compressing} for compressed transport")
+
+
+def _check_packing(config, method: type[Aggregation], mode: str) -> None:
+    if not config.pack_bytes or config.pack_bytes == _default(config, "pack_bytes"):
+        return
+    if not method.exchanges:
+        raise ConfigError(f"--pack_bytes={config.pack_bytes} means nothing with {mode}, which "
+                          "exchanges no gradients; leave it at 0")
+    if not method.summable:
+        raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: "
+                          f"{method.unsummable_reason}; use a summable method ("
+                          f"{_names(lambda m: m.summable and m.exchanges)}) or --pack_bytes=0")
+
+
+def _default(config, name: str):
+    if dataclasses.is_dataclass(config):
+        field = {f.name: f for f in dataclasses.fields(config)}.get(name)
+        if field is not None and field.default is not dataclasses.MISSING:
+            return field.default
+    return 0
+
+
+def _names(keep) -> str:
+    return ", ".join(n for n in registry.names() if keep(registry.get(n)))
+
+
+def _choice(flag: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"--{flag}={value!r} is not one of: {', '.join(sorted(choices))}")

@@ -1,0 +1,90 @@
+"""What a setting is: a `Config` field with its help line beside it, and the checks with
+which each module refuses its own bad settings.
+
+`setting(default, help, ...)` is a `dataclasses.field` whose metadata holds what the
+flags (flags.py) and the HParams record (summaries.py) need:
+
+    help     the flag's help line; `{choices}` in it is replaced by the choices
+    choices  the valid values of an enum-like string (a tuple, or a function returning
+             them, read when the help is made, e.g. a registry's `names`)
+    flag     the flag's name when it is not the field's (a repeatable `--plugin` fills
+             the field `plugins`)
+    hparam   True: the setting can change a result (the trained variables, the loss, a
+             metric), so every run records it in its HParams session;
+    neutral  otherwise, the reason why it cannot (it only says where files go, how often
+             something is written, how long to wait...). Each setting states one of the two.
+
+This module imports no TensorFlow and nothing of mgloop but errors.py, so every module
+may check its settings with `choice` and `in_range` without an import cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Iterable
+
+from mgloop.errors import ConfigError
+
+
+def setting(default, help: str, *, hparam: bool = False, neutral: str | None = None,
+            choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+            flag: str | None = None):
+    """A Config field with its help line; give `hparam=True` or `neutral="why not"`."""
+    if hparam == (neutral is not None):
+        raise TypeError("a setting is either hparam=True (it can change a result) or "
+                        "neutral='why it cannot', not both or neither")
+    return dataclasses.field(default=default, metadata={
+        "help": help, "hparam": hparam, "neutral": neutral, "choices": choices, "flag": flag})
+
+
+def choices_of(field: dataclasses.Field) -> tuple[str, ...] | None:
+    choices = field.metadata.get("choices")
+    if choices is None:
+        return None
+    return tuple(choices() if callable(choices) else choices)
+
+
+def help_of(field: dataclasses.Field) -> str:
+    """The field's help line, its `{choices}` filled in."""
+    choices = choices_of(field)
+    text = field.metadata["help"]
+    return text.format(choices=", ".join(choices)) if choices is not None else text
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag") or field.name
+
+
+def hparam_names(config_class) -> tuple[str, ...]:
+    """The fields that can change a result (`hparam=True`), in field order."""
+    return tuple(f.name for f in dataclasses.fields(config_class) if f.metadata.get("hparam"))
+
+
+def choice(flag: str, value: str, choices: Iterable[str]) -> None:
+    """Refuses `value` outside `choices`, in one line naming `--flag` and the choices."""
+    choices = list(choices)
+    if value not in choices:
+        raise ConfigError(f"--{flag}={value!r} is not one of: {', '.join(sorted(choices))}")
+
+
+def in_range(flag: str, value, low=None, high=None, low_open=False, high_open=False) -> None:
+    """`value` within the bounds; NaN and inf are refused before, for every float field
+    (`Config.validated`), as they pass every comparison."""
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low}")
+        if high is not None:
+            bounds.append(f"{'<' if high_open else '<='} {high}")
+        raise ConfigError(f"--{flag}={value} is out of range: must be {' and '.join(bounds)}")
+
+
+def check_finite(config) -> None:
+    """Refuses NaN and inf in every float field, in one pass (they pass every comparison)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{field.name}={value} is not a finite number")

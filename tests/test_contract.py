@@ -1,0 +1,237 @@
+"""The aggregation contract, checked for every registered method (`aggregation.names()`).
+
+Including `topk_ef`, which tests/plugins/topk_ef.py registers through the plugin
+route (`aggregation.load_plugins`, what `--plugin` does). For each method, on the
+small MLP of tests/helpers.py, 5 steps under --deterministic:
+
+- an exact method (`exact`) equals one device on 2 and 4 towers, within the bound
+  of tests/tolerance.py computed along one shared reference run;
+- a lossy method declares `error_bound` rho, and every exchange of a fresh instance
+  (its state built, then carried over 6 calls of stand-in gradients of varied
+  scale) lies within rho * G of the exact mean (G: the largest tower gradient norm
+  sent so far, per variable); its training run moves the weights and stays finite;
+- a method without an exchange (`independent`) trains copy t exactly as one device
+  trains on shard t alone;
+- its state (`state_variables`, made by `build`) survives a checkpoint and a restore
+  into a second trainer, whose next step is then bit-identical to the first's;
+- exchange timing (`Trainer.time_exchange`) leaves its state, and every variable, as
+  training left them;
+- `reduce` never receives a non-trainable variable (a model with batch norm).
+A method whose devices are not here (nccl: GPUs) is checked to refuse in one line.
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mgloop import aggregation, checkpoint
+from mgloop.errors import ConfigError
+from tests import helpers, tolerance
+
+PLUGINS = ("tests.plugins.topk_ef",)
+aggregation.load_plugins(PLUGINS)  # the plugin route: as --plugin=tests.plugins.topk_ef
+METHODS = aggregation.names()
+STEPS = 5
+SPECS = {"topk_ef": "topk_ef:ratio=0.5"}  # an option set, as a user would
+
+
+@dataclasses.dataclass
+class Run:
+    config: object
+    trainer: object
+    start: list  # copy 0's weights before training
+    loss_sum: float
+
+
+def config_for(directory, name, towers, **overrides):
+    return helpers.small_config(str(directory), devices=f"cpu:{towers}",
+                                aggregation=SPECS.get(name, name), plugins=PLUGINS, **overrides)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cache = {}
+
+    def get(name, towers):
+        if (name, towers) not in cache:
+            config = config_for(tmp_path_factory.mktemp("run"), name, towers)
+            trainer = helpers.build_trainer(config)
+            start = helpers.copy_weights(trainer)[0]
+            cache[name, towers] = Run(config, trainer, start,
+                                      helpers.run_batches(trainer, helpers.batches(STEPS)))
+        return cache[name, towers]
+    return get
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(weights, loss sum, StepBound) of one device on the given batches, cached."""
+    cache = {}
+
+    def get(key, batches):
+        if key not in cache:
+            config = helpers.small_config(str(tmp_path_factory.mktemp("reference")))
+            cache[key] = helpers.train_reference_bounded(config, batches)
+        return cache[key]
+    return get
+
+
+def refused_here(name, tmp_path) -> bool:
+    """True (after checking the refusal is one line naming the method) when the method's
+    `device_kinds` exclude the CPU towers of this machine; False when it runs here."""
+    if "cpu" in aggregation.get(name).device_kinds:
+        return False
+    with pytest.raises(ConfigError) as error:
+        config_for(tmp_path, name, 2).validated()
+    assert "\n" not in str(error.value) and f"--aggregation={name}" in str(error.value)
+    return True
+
+
+def shard(batches, tower, towers):
+    size = helpers.GLOBAL_BATCH // towers
+    return [(x[tower * size:(tower + 1) * size], y[tower * size:(tower + 1) * size])
+            for x, y in batches]
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+@pytest.mark.parametrize("name", METHODS)
+def test_aggregate_is_what_the_method_declares(name, towers, trained, reference, tmp_path):
+    if refused_here(name, tmp_path):
+        return
+    method = aggregation.get(name)
+    run = trained(name, towers)
+    copies = helpers.copy_weights(run.trainer)
+    if method.exact or not method.exchanges:  # it trained
+        assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(copies[-1], run.start))
+    if method.exact:
+        expected = reference("global", helpers.batches(STEPS))
+        for weights in copies:
+            tolerance.assert_matches_reference(weights, run.loss_sum, expected)
+    elif method.exchanges:
+        assert all(np.isfinite(w).all() for weights in copies for w in weights)
+        assert_within_declared_bound(run, towers)
+    else:  # no exchange: copy t is one device trained on shard t alone
+        assert len(copies) == towers
+        for t, weights in enumerate(copies):
+            batches = shard(helpers.batches(STEPS), t, towers)
+            tolerance.assert_matches_reference(weights, None, reference((towers, t), batches))
+
+
+def assert_within_declared_bound(run, towers):
+    """Every exchange of a fresh instance within rho * G_v of the exact mean (see top)."""
+    method, options = aggregation.parse(run.config.aggregation)
+    rho = method.error_bound(options, towers)
+    assert rho is not None and rho > 0, f"lossy {method.name} declares no error_bound"
+    fresh = aggregation.make(run.config.aggregation, run.trainer.aggregation.devices)
+    variables = run.trainer.copies[0].trainable
+    fresh.build(variables)
+    rng = np.random.default_rng(0)
+    largest = np.zeros(len(variables))
+    worst = 0.0
+    for scale in (1.0, 0.1, 3.0, 0.01, 1.0, 0.3):
+        values = [[rng.standard_normal(tuple(v.shape)).astype(np.float32) * scale
+                   for v in variables] for _ in range(towers)]
+        placed = []
+        for device, per_tower in zip(fresh.devices.towers, values):
+            with tf.device(device):
+                placed.append([tf.constant(g) for g in per_tower])
+        out = fresh.reduce(placed, variables, average=True)
+        largest = np.maximum(largest, [max(np.linalg.norm(values[t][i]) for t in range(towers))
+                                       for i in range(len(variables))])
+        for per_copy in out:
+            for i, value in enumerate(per_copy):
+                exact = np.mean([values[t][i] for t in range(towers)], axis=0, dtype=np.float64)
+                error = np.linalg.norm(value.numpy() - exact)
+                assert error <= rho * largest[i], (
+                    f"{method.name}: variable {i} off by {error:.3g} > {rho:.3g} * "
+                    f"{largest[i]:.3g}")
+                worst = max(worst, error / largest[i])
+    assert worst > 1e-3  # lossy indeed: the stand-ins were compressed
+
+
+def all_values(trainer, copies=None):
+    """Every variable of `copies` (default all) with their optimizers, the method's state,
+    the step, as numpy arrays."""
+    copies = trainer.copies if copies is None else copies
+    variables = [v for copy in copies for v in copy.variables]
+    variables += [v for copy in copies for v in copy.optimizer.variables]
+    variables += list(trainer.aggregation.state_variables) + [trainer.global_step]
+    return [np.array(v.numpy()) for v in variables]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
+    if refused_here(name, tmp_path):
+        return
+    run = trained(name, 2)
+    state = run.trainer.aggregation.state_variables
+    weights = {id(v) for copy in run.trainer.copies for v in copy.variables}
+    assert all(isinstance(v, tf.Variable) and not v.trainable and id(v) not in weights
+               for v in state)
+    folder = str(tmp_path / "checkpoints")
+    saver = checkpoint.Checkpointer(folder, run.trainer.model, run.trainer.copies[0].optimizer,
+                                    run.trainer.global_step, keep=1,
+                                    aggregation=run.trainer.aggregation)
+    path = saver.save(int(run.trainer.global_step.numpy()))
+    saved = [n for n, _ in tf.train.list_variables(path) if n.startswith("aggregation_state/")]
+    assert len(saved) == len(state)
+    resumed = helpers.build_trainer(dataclasses.replace(run.config, logdir=str(tmp_path)))
+    restorer = checkpoint.Checkpointer(folder, resumed.model, resumed.copies[0].optimizer,
+                                       resumed.global_step, keep=1,
+                                       aggregation=resumed.aggregation)
+    assert restorer.restore_latest() == path
+    resumed.sync_replicas()
+    for restored, original in zip(resumed.aggregation.state_variables, state):
+        np.testing.assert_array_equal(restored.numpy(), original.numpy())
+    batch = helpers.batches(STEPS + 1)[STEPS:]  # the next step, on both: bit-identical
+    helpers.run_batches(run.trainer, batch)
+    helpers.run_batches(resumed, batch)
+    # copy 0 is what a checkpoint holds (independent's other replicas restart from it)
+    for a, b in zip(all_values(resumed, resumed.copies[:1]),
+                    all_values(run.trainer, run.trainer.copies[:1])):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_exchange_timing_leaves_the_state(name, trained, tmp_path):
+    if refused_here(name, tmp_path):
+        return
+    run = trained(name, 2)
+    before = all_values(run.trainer)
+    seconds = run.trainer.time_exchange(repeats=1, per_call=2)
+    assert (seconds is None) == aggregation.get(name).single_loss
+    for after, value in zip(all_values(run.trainer), before):
+        np.testing.assert_array_equal(after, value)
+
+
+def batch_norm_model():
+    return keras.Sequential([
+        keras.Input(helpers.DATASET.input_shape), keras.layers.Flatten(),
+        keras.layers.Dense(16), keras.layers.BatchNormalization(), keras.layers.Dense(10)])
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_reduce_never_receives_a_non_trainable_variable(name, tmp_path):
+    if refused_here(name, tmp_path):
+        return
+    trainer = helpers.build_trainer(config_for(tmp_path, name, 2), batch_norm_model)
+    method = trainer.aggregation
+    handed = []
+    reduce = method.reduce
+
+    def spy(tower_values, variables, average=True):
+        handed.append((list(variables), [list(values) for values in tower_values]))
+        return reduce(tower_values, variables, average)
+
+    method.reduce = spy
+    helpers.run_batches(trainer, helpers.batches(1))
+    trainable = trainer.copies[0].trainable
+    assert trainer.copies[0].non_trainable  # the moving statistics exist
+    assert bool(handed) != method.single_loss  # a per-tower method reduced
+    for variables, tower_values in handed:
+        assert all(any(v is w for w in trainable) for v in variables)
+        for values in tower_values:
+            assert [tuple(g.shape) for g in values] == [tuple(v.shape) for v in variables]

@@ -1,0 +1,135 @@
+"""Settings: each module checks its own, the run folders (run_dir.py), and the HParams record
+holds every setting that can change a result."""
+
+import dataclasses
+import json
+import logging
+import os
+
+import pytest
+import tensorflow as tf
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+import mgloop
+from mgloop import (accumulation, checkpoint, controller, data, models, monitor, optim,
+                    ordered_sum, precision, run_dir, settings, staging, sufficient_factors,
+                    sync_batch_norm)
+from mgloop.config import Config
+from tests import helpers
+
+# (module, a bad setting it owns, the line it refuses it with)
+OWN_CHECKS = [
+    (models, dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, "),
+    (controller, dict(steps_per_loop=0), r"^--steps_per_loop=0 is out of range: must be >= 1$"),
+    (optim, dict(optimizer="lion"), r"^--optimizer='lion' is not one of: adam, momentum, sgd$"),
+    (optim, dict(warmup_steps=500), r"^--warmup_steps=500 is longer than --train_steps=400"),
+    (staging, dict(staging_depth=0), r"^--staging_depth=0 is out of range: must be >= 1$"),
+    (accumulation, dict(accumulation_steps=0), r"^--accumulation_steps=0 is out of range"),
+    (precision, dict(mixed_precision="fp8"), r"^--mixed_precision='fp8' is not one of"),
+    (sync_batch_norm, dict(batch_norm="ghost"), r"^--batch_norm='ghost' is not one of"),
+    (ordered_sum, dict(ordered_sum_bytes=-1), r"^--ordered_sum_bytes=-1 is out of range"),
+    (sufficient_factors, dict(sufficient_factor_bytes=-1),
+     r"^--sufficient_factor_bytes=-1 is out of range"),
+    (checkpoint, dict(keep_checkpoints=0), r"^--keep_checkpoints=0 is out of range"),
+    (monitor, dict(profile_steps="4,2"), r"^--profile_steps='4,2' must be two steps A,B"),
+    (monitor, dict(aggregation="colocate", diagnostics=True), r"^--diagnostics with --agg"),
+]
+
+
+@pytest.mark.parametrize("module, bad, pattern", OWN_CHECKS,
+                         ids=[f"{m.__name__}:{next(iter(b))}" for m, b, _ in OWN_CHECKS])
+def test_each_module_checks_its_own_settings_with_the_gates_line(module, bad, pattern, logdir):
+    module.check_settings(Config())  # the defaults pass
+    with pytest.raises(mgloop.ConfigError, match=pattern) as own:
+        module.check_settings(Config(**bad))
+    with pytest.raises(mgloop.ConfigError) as gate:  # validated() asks the module
+        Config(logdir=logdir, **bad).validated()
+    assert str(gate.value) == str(own.value)
+    assert not os.path.exists(logdir)  # refused before the logdir was made
+
+
+def test_data_resolves_the_batch_and_the_data_dir():
+    assert data.check_settings(Config(), 4, "cpu:4") == (data.DEFAULT_GLOBAL_BATCH_SIZE, None)
+    assert data.check_settings(Config(batch_size_per_tower=8), 4, "cpu:4") == (32, None)
+    with pytest.raises(mgloop.ConfigError, match=r"^--global_batch_size=30 does not split "
+                       r"into 4 equal tower shards \(--devices=cpu:4\); use a multiple of 4$"):
+        data.check_settings(Config(global_batch_size=30), 4, "cpu:4")
+
+
+def test_every_setting_says_whether_it_can_change_a_result():
+    """A setting left out of HParams says why it cannot change a result."""
+    for field in dataclasses.fields(Config):
+        hparam, neutral = field.metadata["hparam"], field.metadata["neutral"]
+        assert hparam is True or (hparam is False and neutral.strip()), field.name
+        assert not (hparam and neutral), field.name
+    for result_changing in ("aggregation", "grad_reduce", "pack_bytes", "transport_dtype",
+                            "ordered_sum_bytes", "sufficient_factor_bytes",
+                            "accumulation_steps", "mixed_precision", "batch_norm", "model",
+                            "dataset", "global_batch_size", "optimizer", "learning_rate",
+                            "lr_schedule", "seed", "deterministic", "plugins"):
+        assert result_changing in settings.hparam_names(Config)
+    with pytest.raises(TypeError, match="either hparam=True"):
+        settings.setting(1, "a setting that says neither")
+
+
+def root_hparams(logdir):
+    """{name: value} of the HParams session start in the root events of `logdir`."""
+    for name in sorted(os.listdir(logdir)):
+        if name.startswith("events"):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
+                for value in event.summary.value:
+                    if value.metadata.plugin_data.plugin_name == "hparams":
+                        record = plugin_data_pb2.HParamsPluginData.FromString(
+                            value.metadata.plugin_data.content)
+                        if record.HasField("session_start_info"):
+                            return {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+                                    for k, v in record.session_start_info.hparams.items()}
+    raise AssertionError(f"no HParams session in {logdir}")
+
+
+def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir):
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring:shards=2",
+                                  grad_reduce="sum", pack_bytes=4096, ordered_sum_bytes=1024,
+                                  sufficient_factor_bytes=2048, learning_rate=0.01,
+                                  train_steps=1, steps_per_loop=1)
+    mgloop.run(config, dataset=helpers.DATASET)
+    recorded = root_hparams(logdir)
+    resolved = config.validated()
+    # the method by name, each of its options apart (aggregation.describe)
+    assert set(recorded) == set(settings.hparam_names(Config)) | {"num_towers",
+                                                                  "aggregation/shards"}
+    assert recorded["num_towers"] == 2 and recorded["aggregation/shards"] == 2
+    for name in settings.hparam_names(Config):
+        value = getattr(resolved, name)
+        expected = ",".join(value) if isinstance(value, tuple) else value
+        expected = "ring" if name == "aggregation" else expected
+        assert recorded[name] == expected, name  # numbers come back as doubles: exact
+
+
+def test_prepare_makes_a_fresh_logdir_under_the_temp_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_dir.tempfile, "tempdir", str(tmp_path))
+    logdir = run_dir.prepare(None, None)
+    assert os.path.isdir(logdir) and os.path.dirname(logdir) == str(tmp_path / "mgloop")
+    assert os.listdir(logdir) == []  # the write probe is gone
+    assert run_dir.prepare(str(tmp_path / "given"), str(tmp_path / "later" / "export")) == str(
+        tmp_path / "given")
+    assert not os.path.exists(tmp_path / "later")  # the export dir is probed, not made
+
+
+def test_resume_compares_with_the_recorded_settings(tmp_path, caplog):
+    """config.json as write_config records it (a tuple comes back as a list) is the same
+    run; a changed CHECKPOINT_SHAPING setting is refused, another one logged."""
+    first = Config(logdir=str(tmp_path), plugins=("my_methods",), global_batch_size=16)
+    run_dir.write_config(first)
+    with open(tmp_path / run_dir.CONFIG_FILENAME) as handle:
+        assert json.load(handle)["plugins"] == ["my_methods"]
+    run_dir.check_resumable(dataclasses.replace(first, seed=9))  # no checkpoints: no check
+    os.makedirs(tmp_path / "checkpoints")
+    (tmp_path / "checkpoints" / "ckpt-2.index").write_bytes(b"")
+    with caplog.at_level(logging.INFO, logger="absl"):
+        run_dir.check_resumable(first)
+        assert "differ from their run" not in caplog.text
+        run_dir.check_resumable(dataclasses.replace(first, learning_rate=0.5))
+        assert "--learning_rate=0.5 (was 0.05)" in caplog.text and "plugins" not in caplog.text
+    with pytest.raises(mgloop.ConfigError, match=r"^--seed=9 differs from 0 of the checkpoints"):
+        run_dir.check_resumable(dataclasses.replace(first, seed=9))
