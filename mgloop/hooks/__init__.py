@@ -31,9 +31,7 @@ scaling or synchronised batch norm, and never on the diagnostics' sampled step) 
 decided once when the hooks are assembled (assemble.py), never in the step.
 
 Mechanisms: loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
-(diagnostics), histograms.py, large_gradients.py (ordered sum, sufficient factors).
-(Module names differ from the mgloop modules they wrap: autograph's cache of converted
-functions confuses two modules of one name.) Accumulation is not
+(diagnostics), histograms.py, large_gradients.py (ordered sum, sufficient factors). Accumulation is not
 a hook but a pass wrapper (accumulation.py): it runs the whole towers' pass K times in
 a `tf.while_loop` and keeps running sums, a change of control flow around the towers
 that no per-tower callback can make.
