@@ -99,7 +99,8 @@ flags.DEFINE_float("learning_rate", 0.01, "learning rate of every system")
 flags.DEFINE_enum("cross_device_ops", None, ["reduce_to_one", "hierarchical_copy", "default"],
                   "MirroredStrategy's cross-device ops (the baselines; default: reduce_to_one "
                   "with --device_kind=cpu, TensorFlow's default, NCCL, with gpu)")
-flags.DEFINE_integer("pack_bytes", 0, "mgloop's --pack_bytes for every mgloop system: "
+flags.DEFINE_integer("pack_bytes", None, "mgloop's --pack_bytes for every mgloop system "
+                     "(default: mgloop's): "
                      "gradients fused into buckets of about this size before the local "
                      "exchange (across workers mgloop always makes one collective per dtype)")
 flags.DEFINE_integer("ordered_sum_bytes", None, "mgloop's --ordered_sum_bytes for every mgloop "
@@ -147,7 +148,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
                 global_batch=global_batch, steps=_FLAGS.steps, seed=_FLAGS.seed,
                 optimizer=_FLAGS.optimizer, learning_rate=_FLAGS.learning_rate,
                 cross_device_ops=cross_device_ops(), workers=entry.workers,
-                device_kind=_FLAGS.device_kind, pack_bytes=_FLAGS.pack_bytes,
+                device_kind=_FLAGS.device_kind,
                 plugins=tuple(_FLAGS.plugin), **mgloop_thresholds())
             systems[entry.name] = bench_processes.System(
                 entry.name, spec.__dict__, entry.workers, logical,

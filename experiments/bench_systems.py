@@ -69,7 +69,7 @@ class Spec:
     learning_rate: float = 0.01
     cross_device_ops: str = "reduce_to_one"  # MirroredStrategy baselines
     workers: int = 1  # processes; `towers` devices each
-    pack_bytes: int = 0  # mgloop's --pack_bytes (mgloop systems)
+    pack_bytes: int | None = None  # mgloop's --pack_bytes (mgloop systems; None: its default)
     ordered_sum_bytes: int | None = None  # mgloop's --ordered_sum_bytes (None: its default)
     sufficient_factor_bytes: int | None = None  # mgloop's --sufficient_factor_bytes (None: default)
     device_kind: str = "cpu"  # "cpu": logical CPU devices; "gpu": gpu:0..towers-1
@@ -229,7 +229,8 @@ def start(spec: Spec):
     raise ValueError(f"{spec.system} runs in one process, not {spec.workers}")
 
 
-MGLOOP_THRESHOLDS = ("ordered_sum_bytes", "sufficient_factor_bytes")  # None: mgloop's default
+# mgloop settings a Spec may leave at None (mgloop's default)
+MGLOOP_THRESHOLDS = ("pack_bytes", "ordered_sum_bytes", "sufficient_factor_bytes")
 
 
 def build(spec: Spec, dataset=None, runtime=None):
@@ -243,10 +244,12 @@ def build(spec: Spec, dataset=None, runtime=None):
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
             devices=devices_flag(spec), aggregation=spec.system[len(MGLOOP_PREFIX):],
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
-            collective_timeout=COLLECTIVE_TIMEOUT, pack_bytes=spec.pack_bytes, workers=workers,
-            device_set=device_set, **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS
-                                      if getattr(spec, name) is not None})
-        return CompiledLoop(trainer.train_loop, iterator, spec.steps, trainer.model, trainer,
+            collective_timeout=COLLECTIVE_TIMEOUT, workers=workers, device_set=device_set,
+            **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS
+               if getattr(spec, name) is not None})
+        # the training step alone, as the other systems run it: the diagnostics' sampled step
+        # (one per summary window, on by default) is measured apart (variants.py, RESULTS.md)
+        return CompiledLoop(functools.partial(trainer.train_loop, sample_stats=False), iterator, spec.steps, trainer.model, trainer,
                             trainer.aggregation.devices.towers)
     parts = _Parts(spec, dataset)
     parts.seed()

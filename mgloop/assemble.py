@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -57,12 +58,11 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     """The ordered sum and sufficient factors, where the towers' gradients of a variable may
     be summed at its home as they come: a shared layout summed at home on logical CPU
     towers (ordered_sum.applies), and not when every tower's gradients must be kept anyway
-    (accumulation sums, packed buckets) nor with synchronised batch norm, whose backward
+    (accumulation sums) nor with synchronised batch norm, whose backward
     passes meet in collectives and so cannot run one after another. Factoring also not
     with loss scaling (the finite check reads every tower's gradients)."""
     aggregation = replicas.aggregation
     if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
-            and not config.pack_bytes
             and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
         return []
     variables, devices = replicas.copies[0].trainable, replicas.tower_devices
@@ -75,6 +75,19 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
         order = OrderedSumHook(aggregation, variables, config.ordered_sum_bytes, devices)
         hooks += [order] if order.indices else []
     return hooks
+
+
+def summed_at_home(large: list) -> list[int]:
+    """Indices of the variables whose gradients `large` (large_gradient_hooks) may sum at
+    their homes: no tower keeps its whole gradient of them, so the diagnostics' statistics
+    leave them out (logged once), rather than the sampled step holding T copies of each."""
+    indices = sorted({i for hook in large
+                      for i in getattr(hook, "indices", []) + getattr(hook, "candidates", [])})
+    if indices:
+        logging.info("--diagnostics: the gradient statistics (grad norms, cosine, norm ratio) "
+                     "leave out the %d large variables summed at their homes (ordered sum, "
+                     "sufficient factors): indices %s", len(indices), indices)
+    return indices
 
 
 def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation,
@@ -117,6 +130,9 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                           config.accumulation_steps)
     average = config.grad_reduce == "mean"
     if single_loss:
+        if config.diagnostics:
+            logging.info("--aggregation=%s computes one loss and one gradient, none per tower: "
+                         "no per-tower diagnostics are written", config.aggregation)
         step = SingleLossStep(replicas, loss_fn, metrics, Hooks(common), passes, streams)
         train_loop = loop.Loop(step, staging, metrics)
     else:
@@ -127,12 +143,12 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                          exchange_lib.make(aggregation, replicas.copies, average,
                                            config.pack_bytes, bool(large)), streams)
         sampled, names = None, []
-        if config.diagnostics:  # large gradients summed as usual: the stats need them all
+        if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
-                                  replicas.copies)
-            sampled = TowerStep(replicas, loss_fn, metrics, Hooks(common + [stats]), passes,
-                                exchange_lib.make(aggregation, replicas.copies, average,
-                                                  config.pack_bytes, False), streams)
+                                  replicas.copies, leave_out=summed_at_home(large))
+            sampled = TowerStep(replicas, loss_fn, metrics,
+                                Hooks(common + large + [stats], step_hooks.gradients), passes,
+                                step.exchange, streams)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
     return Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,

@@ -16,6 +16,7 @@ import dataclasses
 
 from mgloop import accumulation
 from mgloop import aggregation
+from mgloop.aggregation import packing
 from mgloop import checkpoint
 from mgloop import cluster
 from mgloop import controller
@@ -61,9 +62,10 @@ class Config:
         "mean", "mean (default: gradient of the mean loss over the global batch) | sum (the "
         "sum over towers, T times larger)", choices=GRAD_REDUCE, hparam=True)
     pack_bytes: int = setting(
-        0, "fuse gradients into buckets of at most this many bytes before the exchange inside "
-        "a process (0: off); between workers they always travel as one buffer per dtype",
-        hparam=True)
+        packing.DEFAULT_BUCKET_BYTES, "fuse gradients into buckets of at most this many bytes "
+        "before the exchange inside a process (0: off; the default packs for summable methods "
+        "and is ignored by the others; large gradients summed at their home are not packed); "
+        "between workers they always travel as one buffer per dtype", hparam=True)
     transport_dtype: str = setting(
         "float32", "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
         "accumulated in float32", choices=TRANSPORT_DTYPES, hparam=True)
@@ -160,7 +162,7 @@ class Config:
     # Inspection (monitor.py, diagnostics.py): TensorBoard beyond the basic scalars; each
     # reads the towers' losses, gradients or variables and changes none.
     diagnostics: bool = setting(
-        False, "per-tower loss and gradient norm, gradient agreement (cosine, norm ratio) and "
+        True, "per-tower loss and gradient norm, gradient agreement (cosine, norm ratio) and "
         "replica divergence in TensorBoard, every --summary_every steps", neutral=_WRITES)
     eval_every: int = setting(
         0, "steps between evaluations on the held-out split (0: only at the end)",

@@ -61,7 +61,8 @@ def gradient_stats(losses: list[tf.Tensor], grads: list[list[tf.Tensor]],
     flats = []
     for g, device in zip(grads, tower_devices):
         with tf.device(device):
-            flats.append(tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in g], 0))
+            flats.append(tf.concat([tf.reshape(tf.cast(x, tf.float32), [-1]) for x in g]
+                                   or [tf.zeros([0])], 0))  # every variable left out: 0
     with tf.device(host):
         stacked = tf.stack(flats)
         gram = tf.matmul(stacked, stacked, transpose_b=True)

@@ -29,7 +29,6 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from mgloop import aggregation
 from mgloop import breakdown
 from mgloop import diagnostics
 from mgloop.trainer import Trainer
@@ -42,10 +41,8 @@ def check_settings(config) -> None:
     in_range("eval_every", config.eval_every, low=0)
     in_range("histogram_every", config.histogram_every, low=0)
     in_range("breakdown_every", config.breakdown_every, low=0)
-    if config.diagnostics and aggregation.get(config.aggregation).single_loss:
-        raise ConfigError(f"--diagnostics with --aggregation={config.aggregation}, which "
-                          "computes one loss and one gradient, none per tower; use a per-tower "
-                          "mode or leave --diagnostics off")
+    # --diagnostics (on by default) with a single-loss method: there is no per-tower loss or
+    # gradient to describe, so none is written (assemble.build logs it once).
     if config.profile_steps is not None:
         parse_profile_steps(config.profile_steps, config.train_steps)
 

@@ -19,7 +19,8 @@ GLOBAL_BATCH = 16
 
 
 def small_config(logdir: str, **overrides) -> Config:
-    settings = dict(devices="cpu:1", aggregation="ps_cpu", model="mlp",
+    # diagnostics off: its sampled step doubles what each test traces (test_diagnostics sets it)
+    settings = dict(devices="cpu:1", aggregation="ps_cpu", model="mlp", diagnostics=False,
                     global_batch_size=GLOBAL_BATCH, optimizer="momentum", learning_rate=0.1,
                     train_steps=5, steps_per_loop=5, seed=3, deterministic=True,
                     logdir=logdir, summary_every=0, log_every=0)

@@ -118,9 +118,6 @@ CASES = {
                            r"^--staging_depth=0 is out of range: must be >= 1$"),
     "negative staging depth": (dict(staging_depth=-2),
                                r"^--staging_depth=-2 is out of range: must be >= 1$"),
-    "diagnostics without towers": (dict(aggregation="colocate", diagnostics=True),
-                                   r"^--diagnostics with --aggregation=colocate, which computes "
-                                   r"one loss"),
     "negative eval interval": (dict(eval_every=-1), r"^--eval_every=-1 is out of range"),
     "negative histogram interval": (dict(histogram_every=-2),
                                     r"^--histogram_every=-2 is out of range"),

@@ -8,6 +8,7 @@ import tensorflow as tf
 from mgloop import sufficient_factors
 from mgloop.aggregation.base import canonical
 from mgloop.hooks.large_gradients import SufficientFactorsHook
+from mgloop.hooks.sampled_stats import GradientStats
 from tests import helpers
 from tests import tolerance
 from tests.test_ordered_sum import WIDE, step_peak_bytes, wide_model
@@ -171,15 +172,25 @@ def test_the_towers_matmul_gradient_is_tensorflows(transpose_a, transpose_b):
         assert dw is None
 
 
-def test_diagnostics_keep_factoring_off_the_sampled_step(logdir):
-    """--diagnostics: the sampled step keeps every tower's gradients (its statistics need
-    them), the other steps factor; training still matches the single device."""
+def test_diagnostics_keep_factoring_on_the_sampled_step(logdir):
+    """--diagnostics (on by default): the sampled step factors as the others do (no tower
+    holds its whole gradient of a factored kernel, so the statistics leave those kernels
+    out); training still matches the single device."""
     config = helpers.small_config(logdir, devices=f"cpu:{TOWERS}", aggregation="ps_cpu",
                                   sufficient_factor_bytes=1, ordered_sum_bytes=0,
                                   diagnostics=True, summary_every=STEPS)
     trainer = helpers.build_trainer(config)
-    assert trainer.loop.sampled_step.hooks.find(SufficientFactorsHook) is None
-    assert trainer.step.hooks.find(SufficientFactorsHook) is not None
-    loss_sum = helpers.run_batches(trainer, helpers.batches(STEPS))
+    factors = trainer.step.hooks.find(SufficientFactorsHook)
+    assert trainer.loop.sampled_step.hooks.find(SufficientFactorsHook) is factors
+    stats_hook = trainer.loop.sampled_step.hooks.find(GradientStats)
+    assert factors.candidates and stats_hook.leave_out == set(factors.candidates)
+    steps_batches = helpers.batches(STEPS)
+    stream = tf.data.Dataset.from_tensor_slices((np.stack([x for x, _ in steps_batches]),
+                                                 np.stack([y for _, y in steps_batches])))
+    result = trainer.train_loop(iter(stream), STEPS)  # its last step is the sampled one
+    assert result.steps == STEPS and result.stats["tower_0/grad_norm"] > 0
+    assert np.isfinite(list(result.stats.values())).all()
+    assert trainer.large_gradients["factored"]
+    loss_sum = result.loss_sum
     expected = helpers.train_reference_bounded(config, helpers.batches(STEPS))
     tolerance.assert_matches_reference(helpers.copy_weights(trainer)[0], loss_sum, expected)

@@ -11,13 +11,19 @@ from mgloop.hooks import Hook
 
 
 class GradientStats(Hook):
-    def __init__(self, tower_devices: list[str], host: str, copies):
+    """`leave_out`: indices of variables the statistics skip (large gradients summed at
+    their homes: no tower keeps its whole gradient of them, assemble.summed_at_home)."""
+
+    def __init__(self, tower_devices: list[str], host: str, copies, leave_out=()):
         self.tower_devices, self.host, self.copies = list(tower_devices), host, copies
+        self.leave_out = set(leave_out)
         self.names = diagnostics.stat_names(len(self.tower_devices))
         self._stats = None
 
     def observe(self, losses, grads):
-        self._stats = diagnostics.gradient_stats(losses, grads, self.tower_devices, self.host)
+        kept = [[g for i, g in enumerate(tower) if i not in self.leave_out and g is not None]
+                for tower in grads]
+        self._stats = diagnostics.gradient_stats(losses, kept, self.tower_devices, self.host)
 
     def report(self, done):
         with tf.control_dependencies([done]):  # after every copy's update
