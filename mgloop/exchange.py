@@ -59,6 +59,6 @@ def make(aggregation: Aggregation, copies, average: bool, pack_bytes: int,
     packed if asked and the method is summable, else plain."""
     if sums_at_home:
         return HomeSums(aggregation, copies, average)
-    if pack_bytes and aggregation.summable:
+    if pack_bytes and aggregation.exchanges and aggregation.summable:
         return Packed(aggregation, copies, average, pack_bytes)
     return Plain(aggregation, copies, average)

@@ -231,7 +231,14 @@ def test_reduce_never_receives_a_non_trainable_variable(name, tmp_path):
     trainable = trainer.copies[0].trainable
     assert trainer.copies[0].non_trainable  # the moving statistics exist
     assert bool(handed) != method.single_loss  # a per-tower method reduced
+    handed_elements = [0] * len(handed[0][1]) if handed else []
     for variables, tower_values in handed:
         assert all(any(v is w for w in trainable) for v in variables)
-        for values in tower_values:
-            assert [tuple(g.shape) for g in values] == [tuple(v.shape) for v in variables]
+        for t, values in enumerate(tower_values):
+            if method.summable:  # packed buckets: 1-D, several variables' gradients each
+                handed_elements[t] += sum(g.shape.num_elements() for g in values)
+            else:  # one gradient per variable, in its shape
+                assert [tuple(g.shape) for g in values] == [tuple(v.shape) for v in variables]
+    if handed and method.summable:  # every trainable gradient once, nothing else
+        assert handed_elements == [sum(v.shape.num_elements() for v in trainable)] * len(
+            handed_elements)

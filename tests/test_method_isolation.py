@@ -66,6 +66,7 @@ class ResidualRing(Ring):
     running sum of the averaged gradients of the first variable."""
 
     name = "test_residual_ring"
+    summable = False  # state per variable: its gradients must not be packed into buckets
     residual = None
 
     def reduce(self, tower_values, variables, average=True):

@@ -32,7 +32,6 @@ OWN_CHECKS = [
      r"^--sufficient_factor_bytes=-1 is out of range"),
     (checkpoint, dict(keep_checkpoints=0), r"^--keep_checkpoints=0 is out of range"),
     (monitor, dict(profile_steps="4,2"), r"^--profile_steps='4,2' must be two steps A,B"),
-    (monitor, dict(aggregation="colocate", diagnostics=True), r"^--diagnostics with --agg"),
 ]
 
 

@@ -198,6 +198,11 @@ class Aggregation(abc.ABC):
             resident on tower t's device.
           variables: variable copy 0's variables the values belong to (methods
             that place by variable read their devices).
+        Only trainable gradients arrive here. A `summable` method may receive them
+        packed (`--pack_bytes`, on by default; exchange.py): value i is then the 1-D
+        concatenation of the gradients of bucket i (packing.py) and variables[i] the
+        bucket's first variable; a method with state per variable declares
+        `summable = False` and always receives one gradient per variable.
         Returns:
           out[c][v] = (1/T) * sum_t tower_values[t][v], placed on the device of
           variable copy c (len(out) == len(parameter_devices())).
