@@ -16,7 +16,8 @@ and what would be valid.
                                    the default is simply not applied (the step packs only
                                    summable methods)
     --batch_norm=sync              needs per-tower losses (not `single_loss`) and an
-                                   exchange (--diagnostics: monitor.check_settings)
+                                   exchange (--diagnostics with a single-loss method writes
+                                   nothing per tower: assemble.build logs it)
     several workers                need `across_workers`
     tower devices                  must be of a kind in `device_kinds`
 """
