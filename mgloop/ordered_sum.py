@@ -30,8 +30,8 @@ It applies (`applies`) where the towers' gradients share the host's memory and
 meet at one home: a shared layout summed at each variable's device (ps_cpu,
 ps_device, ps_spread) on logical CPU towers. Not on GPUs, where each tower's
 gradient lives in its own device's memory and serialising the backward passes
-would idle the devices; not with accumulation, packing or synchronised batch
-norm, nor on the step that samples the diagnostics (see `assemble.large_gradient_hooks`).
+would idle the devices; not with accumulation or synchronised batch norm (see
+`assemble.large_gradient_hooks`); where it applies, the exchange is not packed.
 A large dense kernel that sufficient_factors.py factors has no per-tower gradient
 to order: its sum comes from the factors, and only the other large variables are
 ordered.

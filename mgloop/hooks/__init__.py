@@ -26,8 +26,9 @@ and its backward pass is `Hooks.gradients(t, tape, target, values)`, the tape's 
 unless one hook was given to replace it (sufficient factors). A `Hook` does nothing in
 each of them; a mechanism overrides only what it changes. A mechanism that is off is
 not in the list: whether it applies (the ordered sum and sufficient factors only on a
-shared layout summed at home on logical CPU towers, without accumulation, packing, loss
-scaling or synchronised batch norm, and never on the diagnostics' sampled step) is
+shared layout summed at home on logical CPU towers, without accumulation, loss
+scaling or synchronised batch norm; they take precedence over packing, and the
+diagnostics' sampled step keeps them, its statistics leaving those variables out) is
 decided once when the hooks are assembled (assemble.py), never in the step.
 
 Mechanisms: loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
