@@ -46,26 +46,19 @@ TAGS = ("loss", "accuracy", "examples_per_sec", "step_time", "input_wait", "lear
         "memory/host/peak_rss_bytes")
 
 
-def rss_kib() -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def slope_per_1000(write: callable, writes: int, warmup: int) -> float:
     """KiB of RSS per 1000 calls of write(i), least squares over samples every 100 calls."""
+    from mgloop.diagnostics import current_rss_kib  # in the child, after its devices
     for i in range(warmup):
         write(i)
     xs, ys = [], []
     for i in range(writes):
         if i % 100 == 0:
             xs.append(i)
-            ys.append(rss_kib())
+            ys.append(current_rss_kib())
         write(warmup + i)
     xs.append(writes)
-    ys.append(rss_kib())
+    ys.append(current_rss_kib())
     return float(np.polyfit(xs, ys, 1)[0] * 1000)
 
 

@@ -49,14 +49,6 @@ def reply(payload: dict) -> None:
     sys.stdout.flush()
 
 
-def current_rss_kib() -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
@@ -73,6 +65,7 @@ def main() -> None:
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if spec.workers > 1 else None
     import numpy as np
     import tensorflow as tf
+    from mgloop.diagnostics import current_rss_kib
     dataset = data.load(spec.dataset, spec.seed)
     dataset._train_tensors  # the host copy every system reads, made before the baseline
     baseline = current_rss_kib()

@@ -92,6 +92,16 @@ def replica_divergence(copies) -> tf.Tensor:
         return tf.reduce_max(tf.stack(maxima))
 
 
+def current_rss_kib() -> int:
+    """The process's resident memory now (VmRSS of /proc/self/status, Linux), in KiB:
+    what leak checks sample (`memory_scalars` reports the peak)."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def memory_scalars(tower_devices: list[str]) -> dict[str, float]:
     """Peak bytes per device where TensorFlow reports them (GPUs), else the host's peak RSS.
 

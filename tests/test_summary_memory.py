@@ -10,6 +10,7 @@ scalar it converts (TFE_TensorHandleCache) and never frees it
 from __future__ import annotations
 
 from mgloop import optim, summaries
+from mgloop.diagnostics import current_rss_kib
 from mgloop.config import Config
 
 WRITES = 3000
@@ -17,14 +18,6 @@ WRITES = 3000
 # ~1.3 KiB per 1000 writes (bench_summary_memory.py). 1.5 MiB sits 4x below the old
 # growth and ~400x above the new, leaving room for allocator noise.
 MAX_GROWTH_KIB = 1536
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def test_summary_windows_and_learning_rate_keep_no_memory(tmp_path):
@@ -40,10 +33,10 @@ def test_summary_windows_and_learning_rate_keep_no_memory(tmp_path):
 
     for step in range(500):  # warm-up: tracing, the allocator's first pools
         window(20 * step)
-    before = rss_kib()
+    before = current_rss_kib()
     for step in range(500, 500 + WRITES):
         window(20 * step)  # distinct steps, as in a run
-    grown = rss_kib() - before
+    grown = current_rss_kib() - before
     writer.close()
     assert grown < MAX_GROWTH_KIB, (
         f"RSS grew by {grown} KiB over {WRITES} summary windows (bound {MAX_GROWTH_KIB})")
