@@ -81,8 +81,7 @@ def summed_at_home(large: list) -> list[int]:
     """Indices of the variables whose gradients `large` (large_gradient_hooks) may sum at
     their homes: no tower keeps its whole gradient of them, so the diagnostics' statistics
     leave them out (logged once), rather than the sampled step holding T copies of each."""
-    indices = sorted({i for hook in large
-                      for i in getattr(hook, "indices", []) + getattr(hook, "candidates", [])})
+    indices = sorted({i for hook in large for i in hook.summed_at_home})
     if indices:
         logging.info("--diagnostics: the gradient statistics (grad norms, cosine, norm ratio) "
                      "leave out the %d large variables summed at their homes (ordered sum, "

@@ -28,6 +28,7 @@ class OrderedSumHook(Hook):
         self.aggregation, self.variables, self.min_bytes = aggregation, variables, min_bytes
         self.tower_devices = list(tower_devices)
         self.indices = ordered_sum.OrderedSum(aggregation, variables, min_bytes).indices
+        self.summed_at_home = self.indices  # no tower keeps its whole gradient of these
         self.order = None
         self.summed: list[int] = []  # what the last traced step summed in tower order
 
@@ -53,6 +54,7 @@ class SufficientFactorsHook(Hook):
         self.tower_devices = list(tower_devices)
         self.candidates = sufficient_factors.SufficientFactors(
             aggregation, variables, min_bytes).candidates
+        self.summed_at_home = self.candidates  # those it may factor (found when traced)
         self.factors = None
         self.forward: dict[int, sufficient_factors.TowerForward] = {}
         self.factored: list[int] = []  # what the last traced step formed from factors
