@@ -8,6 +8,10 @@ holds the aggregation method's state (`Aggregation.state_variables`: residuals,
 counters), under `aggregation_state/<method name>/`: restored when the checkpoint
 holds the same method's state, left as `build` made it (a log line says so) when
 it holds none (a run resumed with another method; its state then starts afresh).
+A method whose copies differ between its synchronisations (`copies_differ`: local
+SGD, DiLoCo) also has every other copy and its optimizer saved, under `replicas/`,
+and restored (`restored_every_copy`), so a run resumed mid-period continues as the
+uninterrupted one; such a checkpoint resumes with the same tower count only.
 TensorFlow writes a checkpoint's data before the index file that names it, so
 an interrupted save never becomes the latest checkpoint.
 
@@ -48,6 +52,7 @@ import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
 from mgloop import failures
+from mgloop import towers
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
 
@@ -106,20 +111,29 @@ class Checkpointer:
     """Saves every so often into `<logdir>/checkpoints`, keeping the last `keep`."""
 
     def __init__(self, directory: str, model: keras.Model, optimizer, step: tf.Variable,
-                 keep: int, aggregation=None):
+                 keep: int, aggregation=None, copies=()):
         self._directory = directory
         self._keep = keep
-        self._without_state = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-        self._checkpoint = self._without_state
+        self._core = dict(model=model, optimizer=optimizer, step=step)
+        self._extras = {}  # checkpoint key prefix -> (name, holder), restored only if saved
         state = list(aggregation.state_variables) if aggregation is not None else []
-        self._state_prefix = None  # the checkpoint keys of the method's state start with it
         if state:
             holder = tf.Module()
             setattr(holder, aggregation.name, state)
-            self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step,
-                                                   aggregation_state=holder)
-            self._state_prefix = f"aggregation_state/{aggregation.name}/"
-        self._variables = [v for v in [*model.variables, *optimizer.variables, *state]
+            self._extras[f"aggregation_state/{aggregation.name}/"] = ("aggregation_state",
+                                                                     holder)
+        # copies besides copy 0 that differ from it (Replicas.checkpointed_copies: local SGD)
+        replicas = [[*c.variables, *(towers.backing(v) for v in c.optimizer.variables)]
+                    for c in copies]
+        if replicas:
+            holder = tf.Module()
+            holder.copies = replicas
+            self._extras["replicas/"] = ("replicas", holder)
+        self._checkpoint = tf.train.Checkpoint(
+            **self._core, **{name: holder for name, holder in self._extras.values()})
+        self.restored_every_copy = False  # the last restore set copies 1.. too
+        self._variables = [v for v in [*model.variables, *optimizer.variables, *state,
+                                       *(v for vs in replicas for v in vs)]
                            if tf.as_dtype(v.dtype).is_floating]
         self._all_finite = None  # compiled on the first save (_check_finite)
         self._manager_instance = None  # built once the state file is known to be readable
@@ -200,13 +214,20 @@ class Checkpointer:
 
     def _restore(self, prefix: str, logdir: str) -> None:
         status = None
-        checkpoint = self._checkpoint
-        if self._state_prefix and not any(name.startswith(self._state_prefix)
-                                          for name, _ in tf.train.list_variables(prefix)):
-            checkpoint = self._without_state
-            logging.info("checkpoint %s holds no state of the aggregation method "
-                         "(%s...): its state starts as the method builds it", prefix,
-                         self._state_prefix)
+        names = [name for name, _ in tf.train.list_variables(prefix)]
+        present = {}
+        for key, (attribute, holder) in self._extras.items():
+            if any(name.startswith(key) for name in names):
+                present[attribute] = holder
+            elif attribute == "replicas":
+                logging.info("checkpoint %s holds copy 0 alone: every copy restarts from it",
+                             prefix)
+            else:
+                logging.info("checkpoint %s holds no state of the aggregation method "
+                             "(%s...): its state starts as the method builds it", prefix, key)
+        checkpoint = (self._checkpoint if len(present) == len(self._extras)
+                      else tf.train.Checkpoint(**self._core, **present))
+        self.restored_every_copy = "replicas" in present
         try:
             status = checkpoint.restore(prefix)
             status.assert_existing_objects_matched()

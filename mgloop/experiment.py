@@ -135,9 +135,10 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
                             dataset.input_shape, workers)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
-        trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation)
+        trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation,
+        copies=trainer.replicas.checkpointed_copies)
     restored = checkpointer.restore_latest(tidy=chief)
-    if restored:
+    if restored and not checkpointer.restored_every_copy:
         trainer.sync_replicas()
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
     trainer.broadcast_from_chief()  # several processes: every worker starts from worker 0's
@@ -170,7 +171,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     def save_rescue(folder):
         return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,
                                        trainer.copies[0].optimizer, trainer.global_step,
-                                       keep=1, aggregation=trainer.aggregation
+                                       keep=1, aggregation=trainer.aggregation,
+                                       copies=trainer.replicas.checkpointed_copies
                                        ).save(int(trainer.global_step.numpy()))
 
     guard = (monitor_lib.logdir_guard(config.logdir, save_rescue) if chief

@@ -33,9 +33,10 @@ class Replicas:
         self.tower_devices = list(aggregation.devices.towers)
         self.copies = towers.make_copies(model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
-        aggregation.build(self.copies[0].trainable)
         with tf.device(aggregation.devices.host):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        aggregation.step_counter = self.global_step  # read by methods acting every H steps
+        aggregation.build(self.copies[0].trainable)
 
     @property
     def num_towers(self) -> int:
@@ -64,7 +65,8 @@ class Replicas:
         """
         device = self.tower_devices[tower]
         copy = self.copy_for_tower(tower)
-        values = towers.read(copy.trainable), towers.read(copy.non_trainable)
+        values = (self.aggregation.tower_values(tower, towers.read(copy.trainable)),
+                  towers.read(copy.non_trainable))
         if self.aggregation.layout == REPLICATED:
             return values
         variables = copy.trainable, copy.non_trainable
@@ -93,6 +95,12 @@ class Replicas:
     def sync_replicas(self) -> None:
         """Copies variable copy 0 (e.g. just restored) into every other copy."""
         towers.copy_first_to_rest(self.copies)
+
+    @property
+    def checkpointed_copies(self) -> list[towers.VariableCopy]:
+        """The copies besides copy 0 a checkpoint must hold: every one when the method's
+        copies differ between its synchronisations (`copies_differ`: local SGD), else none."""
+        return self.copies[1:] if self.aggregation.copies_differ else []
 
     def broadcast_from_chief(self) -> None:
         """Several processes: every worker takes worker 0's variables, optimizer state,

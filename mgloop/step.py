@@ -46,7 +46,9 @@ class TowerStep:
         3. the exchange forms g = (1/T) sum_t g[t] over every worker's towers, placed per
            copy (sums already formed at home are only scaled), with the step's metrics;
         4. every copy applies g with its own optimizer and takes the towers' averaged
-           non-trainable state (non_trainable.py), if the hooks' guard lets it;
+           non-trainable state (non_trainable.py), if the hooks' guard lets it; then the
+           method's `after_update` (a no-op for synchronous methods; local SGD and DiLoCo
+           average the parameters there every H steps);
         5. the global step advances.
 
         loss = (1/(W T)) sum_{w,t} loss_t; metric_state = sum over every tower of its
@@ -73,8 +75,9 @@ class TowerStep:
                 kept = hooks.after_exchange(grads)
                 states = non_trainable.combine(aggregation, out.states, replicas.copies,
                                                replicas.tower_devices)
-            with tf.name_scope(APPLY):  # 4. every copy applies the update
-                replicas.apply(grads, states, may_apply)
+            with tf.name_scope(APPLY):  # 4. every copy applies the update, then the method's
+                replicas.apply(grads, states, may_apply)  # own step after it (averaging)
+                kept += aggregation.after_update(replicas.copies)
         done = replicas.advance(also=kept)  # 5. the step advances
         return StepResult(loss, metric_state, done, hooks.report(done))
 

@@ -36,7 +36,7 @@ Gradients = list[tf.Tensor]
 # The class attributes of `Aggregation` that declare what a method can do.
 CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
                 "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
-                "averages_non_trainable")
+                "averages_non_trainable", "copies_differ", "identity")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +138,20 @@ class Aggregation(abc.ABC):
     # False: copy t keeps tower t's non-trainable state (independent.py); otherwise the
     # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
     averages_non_trainable: ClassVar[bool] = True
+    # True: the variable copies differ between the method's synchronisations (local SGD,
+    # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
+    copies_differ: ClassVar[bool] = False
+    # Options (a spec's `key=value,...` part) under which a method whose updates are by
+    # design not the synchronous one (stale reads, local steps) trains exactly as
+    # synchronous training, e.g. "period=1": the contract test checks that against one
+    # device. None: the method is `exact`, lossy within `error_bound`, or has no exchange.
+    identity: ClassVar[str | None] = None
     # The workers whose towers the method also combines (cross_worker.py); None: one process.
     cluster = None
+    # The global step (int64, the number of steps done before the one running; checkpointed),
+    # set by replicas.py before `build`: a method that acts every H steps reads it, never
+    # writes it. None until then (a method's `reduce` alone, as the contract test calls it).
+    step_counter: tf.Variable | None = None
 
     @classmethod
     def error_bound(cls, options: Options, num_towers: int) -> float | None:
@@ -163,6 +175,12 @@ class Aggregation(abc.ABC):
         return self.devices.num_towers
 
     @classmethod
+    def reproducible(cls, options: Options) -> bool:
+        """False: with these options the method reads a clock (e.g. drop's measured arrival
+        order), so --deterministic refuses it (validation.py). Default: True."""
+        return True
+
+    @classmethod
     def check(cls, request: DeviceRequest, options: Options) -> None:
         """Refuses (ConfigError, one line) devices this method cannot run with its options
         on (e.g. groups that do not divide the towers). Ranges are checked before, from
@@ -183,6 +201,19 @@ class Aggregation(abc.ABC):
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:
         """Devices of the variable copies: one for SHARED, one per tower for REPLICATED."""
+
+    def tower_values(self, tower: int, values: list[tf.Tensor]) -> list[tf.Tensor]:
+        """The trainable values tower `tower` computes with, given copy `values` it reads
+        (on the copy's devices, before any send). Default: those values (stale reads:
+        stale.py's `delay`)."""
+        return values
+
+    def after_update(self, copies) -> list:
+        """Runs in every step once every copy has applied its update and before the step
+        counter advances (`step_counter` still holds this step's index s); may assign the
+        copies (parameter averaging every H steps: local_steps.py). Returns ops the step's
+        end waits for. Default: nothing (every synchronous method)."""
+        return []
 
     def variable_scope(self):
         """Context in which variable copy 0 (the template model) is created."""

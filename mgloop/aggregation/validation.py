@@ -20,6 +20,7 @@ and what would be valid.
                                    nothing per tower: assemble.build logs it)
     several workers                need `across_workers`
     tower devices                  must be of a kind in `device_kinds`
+    --deterministic                needs `reproducible(options)` (no clock read)
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
                   method.single_loss else "trains each replica alone on its own shard")
         raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
                           "per_tower or a mode that exchanges gradients per tower")
+    if getattr(config, "deterministic", False) and not method.reproducible(options):
+        raise ConfigError(f"{mode} reads a clock, which --deterministic forbids; use "
+                          "--nodeterministic or options that draw from a seed")
     method.check(request, options)
     if workers is not None and workers.num_workers > 1 and not method.across_workers:
         where = f"across {workers.num_workers} workers (TF_CONFIG)"

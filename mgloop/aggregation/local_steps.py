@@ -1,0 +1,192 @@
+"""`localsgd` and `diloco`: replicas that step alone and meet every H steps.
+
+Replicated layout, T copies (one per tower), each with its own optimizer. Step s
+(0-based; `step_counter`, the checkpointed global step) of copy c:
+
+    v_c <- inner optimizer of copy c applied to g[c]     (tower c's own gradient;
+                                                          no gradient exchange)
+
+and then, in `after_update` (the step calls it every step), when the step closes a
+period, i.e. s + 1 > W and (s + 1 - W) mod H == 0:
+
+    localsgd   a = (1/T) sum_c v_c  (ring all-reduce, ring.py: every copy gets the
+               same bits), v_c <- a for every copy.
+    diloco     a as above; the outer gradient  delta = x - a  (x: the parameters every
+               copy took at the last sync, `start`), and the outer SGD step
+                   m <- mu m + delta
+                   x <- x - lr_out (delta + mu m)   (nesterov)   or   x - lr_out m
+               (PyTorch's SGD, which torchft's DiLoCo uses); v_c <- x for every copy.
+
+`localsgd:warmup_steps=W` (post-local SGD, Lin et al. 2020, as PyTorch's
+PostLocalSGDState / PeriodicModelAverager): for s < W the towers' gradients are
+averaged by the ring every step (synchronous training), local steps begin after.
+
+Optimizer slots at a sync: `slots=keep` (the default; PyTorch's model averagers and
+PostLocalSGDOptimizer average parameters only, each replica keeps its momentum) or
+`slots=average` (every float slot averaged too, as the momentum buffers in Yu, Jin and
+Yang 2019, "On the linear speedup analysis of communication efficient momentum SGD").
+The step counters of the optimizers are equal on every copy and left alone. DiLoCo
+keeps each replica's inner optimizer state (Douillard et al. 2023, arXiv 2311.08105).
+
+Identity: `localsgd:period=1` is synchronous training in exact arithmetic with a
+linear optimizer (SGD, momentum: the mean of the copies' updates is the update of the
+mean gradient), and so is `diloco:period=1,outer_lr=1,outer_momentum=0`
+(x - (x - a) = a); in float32 they differ from it by the roundings of the mean of T
+copies and, for DiLoCo, of the two subtractions.
+
+Traffic: counted as the step is traced, i.e. the bytes of a step that synchronises
+(2(T-1)/T of the parameters per copy through the ring, DiLoCo's x sent from copy 0 to
+the others); a step in between moves nothing, so the mean per step is 1/H of it (with
+warmup_steps > 0 the warmup's gradient ring is counted too). One process only: the
+copies' checkpoint (`copies_differ`) holds this worker's replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from mgloop.aggregation import register
+from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.ring import sharded_ring_all_reduce
+from mgloop.towers import backing
+
+
+def slot_variables(optimizer) -> list:
+    """The optimizer's float slots (momenta, velocities): its variables but the step
+    counter and the learning rate."""
+    return [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32",
+                                                          "float64")
+            and v.path.split("/")[-1] not in ("iteration", "learning_rate")]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSGDOptions(Options):
+    period: int = option(4, "H: steps between parameter averagings (1: every step)", low=1)
+    warmup_steps: int = option(0, "W: synchronous steps (gradients averaged) before local "
+                                  "steps begin (post-local SGD)", low=0)
+    slots: str = option("keep", "optimizer slots at a sync: keep each replica's (PyTorch's "
+                                "averagers) or average them too", choices=("keep", "average"))
+
+
+@register
+class LocalSGD(Aggregation):
+    name = "localsgd"
+    layout = REPLICATED
+    options_type = LocalSGDOptions
+    exact = False  # local steps are by design not the synchronous update
+    identity = "period=1"
+    summable = False
+    unsummable_reason = "it exchanges no gradients after its warmup"
+    across_workers = False
+    compressed_transport = False  # parameters are averaged at their own dtype
+    copies_differ = True
+
+    def parameter_devices(self):
+        return list(self.devices.towers)
+
+    @property
+    def warmup(self) -> int:
+        return self.options.warmup_steps
+
+    def reduce(self, tower_values, variables, average=True):
+        """Each copy's own gradient; during warmup (s < W), the ring's mean of them."""
+        own = [list(values) for values in tower_values]
+        if self.warmup == 0 or self.num_towers == 1:
+            return own
+        devices = list(self.devices.towers)
+
+        def ring():
+            per_var = [sharded_ring_all_reduce(self, list(vals), devices, 1, average)
+                       for vals in zip(*tower_values)]
+            return [list(per_device) for per_device in zip(*per_var)]
+
+        return tf.cond(self.step_counter < self.warmup, ring, lambda: own)
+
+    def due(self) -> tf.Tensor:
+        """Whether the step now running closes a period: s + 1 > W, (s + 1 - W) mod H = 0."""
+        done = self.step_counter + 1
+        return tf.logical_and(done > self.warmup,
+                              tf.equal((done - self.warmup) % self.options.period, 0))
+
+    def average(self, per_copy: list[list]) -> list[list[tf.Tensor]]:
+        """(1/T) sum_c per_copy[c][i] for every i, on every copy's device (the ring)."""
+        devices = list(self.devices.towers)
+        per_var = [sharded_ring_all_reduce(self, [backing(v).read_value() for v in vals],
+                                           devices, 1, True)
+                   for vals in zip(*per_copy)]
+        return [list(per_device) for per_device in zip(*per_var)]
+
+    def synchronise(self, copies) -> None:
+        """Every copy takes the mean of the copies' parameters (and slots, if asked)."""
+        groups = [list(c.trainable) for c in copies]
+        if self.options.slots == "average":
+            groups = [g + slot_variables(c.optimizer) for g, c in zip(groups, copies)]
+        for variables, means in zip(groups, self.average(groups)):
+            for variable, mean in zip(map(backing, variables), means):
+                with tf.device(variable.device):
+                    variable.assign(mean)
+
+    def after_update(self, copies):
+        if self.num_towers == 1:
+            return []
+
+        def sync():
+            self.synchronise(copies)
+            return tf.constant(True)
+        return [tf.cond(self.due(), sync, lambda: tf.constant(False))]
+
+
+@dataclasses.dataclass(frozen=True)
+class DiLoCoOptions(Options):
+    period: int = option(16, "H: inner steps between outer steps", low=1)
+    outer_lr: float = option(0.7, "the outer SGD's learning rate", low=0.0, low_open=True)
+    outer_momentum: float = option(0.9, "the outer SGD's momentum mu", low=0.0, high=1.0,
+                                   high_open=True)
+    nesterov: bool = option(True, "Nesterov momentum in the outer SGD")
+
+
+@register
+class DiLoCo(LocalSGD):
+    name = "diloco"
+    options_type = DiLoCoOptions
+    identity = "period=1,outer_lr=1,outer_momentum=0"
+    warmup = 0
+
+    def build(self, variables):
+        """x (`start`, the parameters at the last sync) and the outer momentum m, on copy
+        0's devices: x starts as the initial parameters, m at 0."""
+        self._start, self._momentum = [], []
+        for v in variables:
+            with tf.device(v.device):
+                name = v.name.split(":")[0]
+                self._start.append(tf.Variable(v.read_value(), trainable=False,
+                                               name=f"diloco_start/{name}"))
+                self._momentum.append(tf.Variable(tf.zeros_like(v), trainable=False,
+                                                  name=f"diloco_momentum/{name}"))
+
+    @property
+    def state_variables(self):
+        return self._start + self._momentum
+
+    def synchronise(self, copies) -> None:
+        """The outer step on the mean a of the copies; every copy takes the new x."""
+        means = self.average([list(c.trainable) for c in copies])[0]  # on copy 0
+        lr, mu = self.options.outer_lr, self.options.outer_momentum
+        home = copies[0].device
+        for i, (x, m, a) in enumerate(zip(self._start, self._momentum, means)):
+            with tf.device(x.device):
+                delta = x - a
+                m.assign(mu * m + delta)
+                step = delta + mu * m if self.options.nesterov else m.read_value()
+                x.assign(x - lr * step)
+                new = x.read_value()
+            for copy in copies:
+                target = copy.trainable[i]
+                value = self.send(new, home, copy.device)
+                with tf.device(target.device):
+                    target.assign(value)
+
+    def reduce(self, tower_values, variables, average=True):
+        return [list(values) for values in tower_values]
