@@ -12,8 +12,11 @@ small MLP of tests/helpers.py, 5 steps under --deterministic:
   sent so far, per variable); its training run moves the weights and stays finite;
 - a method without an exchange (`independent`) trains copy t exactly as one device
   trains on shard t alone;
+- a method whose updates are by design not the synchronous one (stale reads, local
+  steps) declares `identity` options, with which it equals one device as an exact one;
 - its state (`state_variables`, made by `build`) survives a checkpoint and a restore
-  into a second trainer, whose next step is then bit-identical to the first's;
+  into a second trainer, whose next step is then bit-identical to the first's (every
+  copy's, when the method's copies differ between syncs: `copies_differ`);
 - exchange timing (`Trainer.time_exchange`) leaves its state, and every variable, as
   training left them;
 - `reduce` never receives a non-trainable variable (a model with batch norm).
@@ -47,22 +50,25 @@ class Run:
 
 
 def config_for(directory, name, towers, **overrides):
-    return helpers.small_config(str(directory), devices=f"cpu:{towers}",
-                                aggregation=SPECS.get(name, name), plugins=PLUGINS, **overrides)
+    settings = dict(aggregation=SPECS.get(name, name), plugins=PLUGINS)
+    settings.update(overrides)
+    return helpers.small_config(str(directory), devices=f"cpu:{towers}", **settings)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     cache = {}
 
-    def get(name, towers):
-        if (name, towers) not in cache:
-            config = config_for(tmp_path_factory.mktemp("run"), name, towers)
+    def get(name, towers, identity=False):
+        if (name, towers, identity) not in cache:
+            overrides = dict(aggregation=f"{name}:{aggregation.get(name).identity}") \
+                if identity else {}
+            config = config_for(tmp_path_factory.mktemp("run"), name, towers, **overrides)
             trainer = helpers.build_trainer(config)
             start = helpers.copy_weights(trainer)[0]
-            cache[name, towers] = Run(config, trainer, start,
-                                      helpers.run_batches(trainer, helpers.batches(STEPS)))
-        return cache[name, towers]
+            cache[name, towers, identity] = Run(
+                config, trainer, start, helpers.run_batches(trainer, helpers.batches(STEPS)))
+        return cache[name, towers, identity]
     return get
 
 
@@ -102,11 +108,12 @@ def test_aggregate_is_what_the_method_declares(name, towers, trained, reference,
     if refused_here(name, tmp_path):
         return
     method = aggregation.get(name)
-    run = trained(name, towers)
+    identity = method.identity is not None  # its identity options: as an exact method
+    run = trained(name, towers, identity)
     copies = helpers.copy_weights(run.trainer)
-    if method.exact or not method.exchanges:  # it trained
+    if method.exact or identity or not method.exchanges:  # it trained
         assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(copies[-1], run.start))
-    if method.exact:
+    if method.exact or identity:
         expected = reference("global", helpers.batches(STEPS))
         for weights in copies:
             tolerance.assert_matches_reference(weights, run.loss_sum, expected)
@@ -174,24 +181,30 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
     folder = str(tmp_path / "checkpoints")
     saver = checkpoint.Checkpointer(folder, run.trainer.model, run.trainer.copies[0].optimizer,
                                     run.trainer.global_step, keep=1,
-                                    aggregation=run.trainer.aggregation)
+                                    aggregation=run.trainer.aggregation,
+                                    copies=run.trainer.replicas.checkpointed_copies)
     path = saver.save(int(run.trainer.global_step.numpy()))
     saved = [n for n, _ in tf.train.list_variables(path) if n.startswith("aggregation_state/")]
     assert len(saved) == len(state)
     resumed = helpers.build_trainer(dataclasses.replace(run.config, logdir=str(tmp_path)))
     restorer = checkpoint.Checkpointer(folder, resumed.model, resumed.copies[0].optimizer,
                                        resumed.global_step, keep=1,
-                                       aggregation=resumed.aggregation)
+                                       aggregation=resumed.aggregation,
+                                       copies=resumed.replicas.checkpointed_copies)
     assert restorer.restore_latest() == path
-    resumed.sync_replicas()
+    assert restorer.restored_every_copy == aggregation.get(name).copies_differ
+    if not restorer.restored_every_copy:
+        resumed.sync_replicas()
     for restored, original in zip(resumed.aggregation.state_variables, state):
         np.testing.assert_array_equal(restored.numpy(), original.numpy())
     batch = helpers.batches(STEPS + 1)[STEPS:]  # the next step, on both: bit-identical
     helpers.run_batches(run.trainer, batch)
     helpers.run_batches(resumed, batch)
-    # copy 0 is what a checkpoint holds (independent's other replicas restart from it)
-    for a, b in zip(all_values(resumed, resumed.copies[:1]),
-                    all_values(run.trainer, run.trainer.copies[:1])):
+    # copy 0 is what a checkpoint holds (independent's other replicas restart from it),
+    # every copy when they differ between syncs
+    held = len(run.trainer.copies) if aggregation.get(name).copies_differ else 1
+    for a, b in zip(all_values(resumed, resumed.copies[:held]),
+                    all_values(run.trainer, run.trainer.copies[:held])):
         np.testing.assert_array_equal(a, b)
 
 
