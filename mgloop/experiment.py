@@ -138,8 +138,9 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation,
         copies=trainer.replicas.checkpointed_copies)
     restored = checkpointer.restore_latest(tidy=chief)
-    if restored and not checkpointer.restored_every_copy:
-        trainer.sync_replicas()
+    if restored:
+        if not checkpointer.restored_every_copy:  # else every copy was saved and restored
+            trainer.sync_replicas()
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
     trainer.broadcast_from_chief()  # several processes: every worker starts from worker 0's
     start_step = int(trainer.global_step.numpy())
