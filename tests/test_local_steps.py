@@ -8,25 +8,19 @@ resume mid-period.
 """
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, checkpoint, diagnostics
+import mgloop
+from mgloop import aggregation, diagnostics
 from mgloop.hooks import Hook
 from tests import helpers, tolerance
 from tests.test_step import build
 
 U = 2.0 ** -24  # float32 unit roundoff
-
-
-def all_values(trainer):
-    """Every copy's variables and optimizer variables, the method's state, the step."""
-    variables = [v for copy in trainer.copies for v in copy.variables]
-    variables += [v for copy in trainer.copies for v in copy.optimizer.variables]
-    variables += list(trainer.aggregation.state_variables) + [trainer.global_step]
-    return [np.array(v.numpy()) for v in variables]
 
 
 @pytest.fixture(scope="module")
@@ -161,62 +155,52 @@ def test_local_sgd_replicas_diverge_between_syncs_and_meet_at_them(slots, logdir
     assert seen[1] == 0.0 and seen[3] == 0.0
 
 
-@pytest.fixture(scope="module")
-def diloco(tmp_path_factory):
-    """diloco:period=2 on 2 towers, run uninterrupted over 6 batches, checkpointed after
-    step 3 (mid-period): {start, after_2 (every copy's weights), checkpoint, final}."""
-    folder = tmp_path_factory.mktemp("diloco")
-    config = helpers.small_config(str(folder / "run"), devices="cpu:2",
-                                  aggregation="diloco:period=2")
-    batches = helpers.batches(6)
-    trainer = helpers.build_trainer(config)
-    run = dict(config=config, batches=batches, start=helpers.copy_weights(trainer)[0])
-    helpers.run_batches(trainer, batches[:2])
-    run["after_2"] = helpers.copy_weights(trainer)
-    helpers.run_batches(trainer, batches[2:3])
-    assert diagnostics.replica_divergence(trainer.copies).numpy() > 0  # mid-period indeed
-    run["checkpoint"] = str(folder / "checkpoints")
-    checkpointer(trainer, run["checkpoint"]).save(3)
-    helpers.run_batches(trainer, batches[3:])
-    run["final"] = all_values(trainer)
-    return run
-
-
-def checkpointer(trainer, folder):
-    return checkpoint.Checkpointer(folder, trainer.model, trainer.copies[0].optimizer,
-                                   trainer.global_step, keep=1,
-                                   aggregation=trainer.aggregation,
-                                   copies=trainer.replicas.checkpointed_copies)
-
-
-def test_diloco_outer_step(diloco, logdir):
+def test_diloco_outer_step(logdir):
     """diloco:period=2 (outer_lr 0.7, Nesterov momentum 0.9): after 2 steps every copy holds
     x = x0 - 0.7 (delta + 0.9 m), m = delta = x0 - a, a the mean of the copies after 2
     local steps (those of localsgd with no sync yet: the same inner steps). Within
     8 roundings of the magnitudes involved."""
+    batches = helpers.batches(2)
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="diloco:period=2")
+    outer = helpers.build_trainer(config)
+    start = helpers.copy_weights(outer)[0]
+    helpers.run_batches(outer, batches)
     local, _ = helpers.train_mgloop(dataclasses.replace(
-        diloco["config"], logdir=logdir, aggregation="localsgd:period=100"),
-        diloco["batches"][:2])
+        config, aggregation="localsgd:period=100"), batches)
     copies = helpers.copy_weights(local)
-    for i, x0 in enumerate(diloco["start"]):
+    for i, x0 in enumerate(start):
         a = np.mean([c[i] for c in copies], axis=0, dtype=np.float64)
         delta = x0 - a
         want = x0 - 0.7 * (delta + 0.9 * delta)
         allowed = 8 * U * (np.abs(x0) + np.abs(a) + 2 * np.abs(delta))
-        for c in diloco["after_2"]:
+        for c in helpers.copy_weights(outer):
             assert np.all(np.abs(c[i] - want) <= allowed)
         assert np.abs(delta).max() > 1e-4  # the replicas moved: a real outer step
 
 
-def test_resume_mid_period_is_bit_identical(diloco, tmp_path):
-    """6 steps in one run equal its checkpoint after step 3 (mid-period: copies apart)
-    restored into a new trainer and 3 more steps (the outer steps closing steps 4 and 6
-    after the resume), bit for bit under --deterministic: every copy, its optimizer, the
-    method's state (x, m) and the step."""
-    resumed = helpers.build_trainer(dataclasses.replace(diloco["config"],
-                                                        logdir=str(tmp_path)))
-    restorer = checkpointer(resumed, diloco["checkpoint"])
-    assert restorer.restore_latest(tidy=False) and restorer.restored_every_copy
-    helpers.run_batches(resumed, diloco["batches"][3:])
-    for a, b in zip(all_values(resumed), diloco["final"]):
-        np.testing.assert_array_equal(a, b)
+def checkpoint_tensors(logdir):
+    """{key: value} of every variable in the latest checkpoint of a run's logdir (not the
+    count of saves nor the object graph)."""
+    reader = tf.train.load_checkpoint(os.path.join(logdir, "checkpoints"))
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_dtype_map()
+            if not key.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))}
+
+
+def test_resume_mid_period_is_bit_identical(tmp_path):
+    """diloco:period=4 on 2 towers (mgloop.run): 6 steps straight equal 3 steps (checkpoint
+    mid-period, the copies apart), then a resumed run of 3 more (the outer step closing
+    step 4 after the resume), bit for bit under --deterministic: every tensor of the last
+    checkpoint (every copy, its optimizer, the method's x and m, the step)."""
+    def run(name, steps):
+        return mgloop.run(helpers.small_config(
+            str(tmp_path / name), devices="cpu:2", aggregation="diloco:period=4",
+            train_steps=steps, steps_per_loop=3, checkpoint_every=0, eval_every=0))
+    run("straight", 6)
+    assert run("resumed", 3)["final_step"] == 3
+    assert run("resumed", 6)["start_step"] == 3
+    straight, resumed = (checkpoint_tensors(tmp_path / n) for n in ("straight", "resumed"))
+    assert any(k.startswith("replicas/") for k in straight)  # the copies are saved
+    assert any(k.startswith("aggregation_state/diloco/") for k in straight)
+    assert straight.keys() == resumed.keys()
+    for key, value in straight.items():
+        np.testing.assert_array_equal(resumed[key], value, err_msg=key)
