@@ -13,7 +13,8 @@ and, once every copy holds the step's update,
 
     replica/divergence max over replicas c > 0 and variable elements of |v_c - v_0|
                        (0 for the shared layout and for every synchronous
-                       replicated mode; growing under `independent`)
+                       replicated mode; growing under `independent`; a saw-tooth
+                       under `localsgd`/`diloco`, 0 right after each sync)
 
 The norm ratio is 1 when every tower's gradient points the same way and
 about 1/sqrt(T) when they are independent noise (the signal-to-noise view of

@@ -66,7 +66,16 @@ class CrossWorker(Aggregation):
         return self.local.variable_scope()
 
     def build(self, variables):
+        self.local.step_counter = self.step_counter  # set on this wrapper by replicas.py
         self.local.build(variables)
+
+    def tower_values(self, tower, values):
+        return self.local.tower_values(tower, values)
+
+    def after_update(self, copies):
+        """The local method's (this worker's copies only: the methods that average
+        parameters after the update, local_steps.py, declare across_workers=False)."""
+        return self.local.after_update(copies)
 
     @property
     def state_variables(self):
