@@ -25,7 +25,9 @@ Optimizer slots at a sync: `slots=keep` (the default; PyTorch's model averagers 
 PostLocalSGDOptimizer average parameters only, each replica keeps its momentum) or
 `slots=average` (every float slot averaged too, as the momentum buffers in Yu, Jin and
 Yang 2019, "On the linear speedup analysis of communication efficient momentum SGD").
-The step counters of the optimizers are equal on every copy and left alone. DiLoCo
+The step counters of the optimizers are equal on every copy and left alone.
+Non-trainable state (batch-norm statistics) is averaged every step, as for every
+method (non_trainable.py: `averages_non_trainable`). DiLoCo
 keeps each replica's inner optimizer state (Douillard et al. 2023, arXiv 2311.08105).
 
 Identity: `localsgd:period=1` is synchronous training in exact arithmetic with a
