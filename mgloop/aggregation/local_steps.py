@@ -97,14 +97,8 @@ class LocalSGD(Aggregation):
         own = [list(values) for values in tower_values]
         if self.warmup == 0 or self.num_towers == 1:
             return own
-        devices = list(self.devices.towers)
-
-        def ring():
-            per_var = [sharded_ring_all_reduce(self, list(vals), devices, 1, average)
-                       for vals in zip(*tower_values)]
-            return [list(per_device) for per_device in zip(*per_var)]
-
-        return tf.cond(self.step_counter < self.warmup, ring, lambda: own)
+        return tf.cond(self.step_counter < self.warmup,
+                       lambda: self.ring_mean(own, average), lambda: own)
 
     def due(self) -> tf.Tensor:
         """Whether the step now running closes a period: s + 1 > W, (s + 1 - W) mod H = 0."""
@@ -113,12 +107,30 @@ class LocalSGD(Aggregation):
                               tf.equal((done - self.warmup) % self.options.period, 0))
 
     def average(self, per_copy: list[list]) -> list[list[tf.Tensor]]:
-        """(1/T) sum_c per_copy[c][i] for every i, on every copy's device (the ring)."""
+        """(1/T) sum_c per_copy[c][i] of variables, on every copy's device (`ring_mean`)."""
+        return self.ring_mean([[backing(v).read_value() for v in variables]
+                               for variables in per_copy], True)
+
+    def ring_mean(self, per_copy: list[list[tf.Tensor]], average: bool) -> list[list]:
+        """(1/T) sum_c per_copy[c][i] (the sum if not `average`) for every i, on every
+        copy's device: the values of each dtype flattened into one vector per copy, one
+        ring all-reduce of it (ring.py: every copy gets the same bits), split back."""
         devices = list(self.devices.towers)
-        per_var = [sharded_ring_all_reduce(self, [backing(v).read_value() for v in vals],
-                                           devices, 1, True)
-                   for vals in zip(*per_copy)]
-        return [list(per_device) for per_device in zip(*per_var)]
+        out = [[None] * len(per_copy[0]) for _ in per_copy]
+        for dtype in sorted({value.dtype.name for value in per_copy[0]}):
+            indices = [i for i, x in enumerate(per_copy[0]) if x.dtype.name == dtype]
+            shapes = [per_copy[0][i].shape for i in indices]
+            flats = []
+            for device, values in zip(devices, per_copy):
+                with tf.device(device):
+                    flats.append(tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0))
+            means = sharded_ring_all_reduce(self, flats, devices, 1, average)
+            for c, (device, mean) in enumerate(zip(devices, means)):
+                with tf.device(device):
+                    parts = tf.split(mean, [shape.num_elements() for shape in shapes])
+                    for i, part, shape in zip(indices, parts, shapes):
+                        out[c][i] = tf.reshape(part, shape)
+        return out
 
     def synchronise(self, copies) -> None:
         """Every copy takes the mean of the copies' parameters (and slots, if asked)."""
