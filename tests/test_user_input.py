@@ -140,8 +140,7 @@ def _weights(logdir_run, data_dir, steps):
         logdir_run, devices="cpu:2", aggregation="ring", plugins=("tests.plugins.tfrecord_data",),
         dataset="tfrecord_examples", data_dir=data_dir, global_batch_size=4, train_steps=steps,
         steps_per_loop=1, drop_remainder=False, export_dir=os.path.join(logdir_run, "export"))
-    mgloop.run(config, model_fn=lambda: keras.Sequential(
-        [keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)]))
+    mgloop.run(config)  # --model=mlp on the registered dataset, as from the command line
     model = keras.saving.load_model(os.path.join(logdir_run, "export", "model.keras"))
     return [w for w in model.get_weights()]
 
