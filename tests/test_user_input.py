@@ -106,6 +106,17 @@ def test_batched_dataset_is_recut_into_the_same_global_batches(drop, logdir):
         np.testing.assert_allclose(first[1].weights.numpy(), [8 / 6] * 6 + [0, 0])
 
 
+def test_padding_weights_are_formed_over_the_accumulated_step(logdir):
+    """K = 2: step 1 is global batches 2 (6 real, padded to 8) and 3 (the next pass's first
+    8): S = 16, n = 14, so the real examples weigh 16/14 and the mean is over the 14."""
+    config = helpers.small_config(logdir, devices="cpu:4", global_batch_size=BATCH,
+                                  drop_remainder=False, accumulation_steps=2).validated()
+    x, y = next(iter(data.as_input((X, Y), config).train_batches(1)))
+    assert x.shape == (16, FEATURES) and y.labels.shape == (16,)
+    np.testing.assert_allclose(y.weights.numpy(), [16 / 14] * 6 + [0, 0] + [16 / 14] * 8)
+    assert sum(float(w) > 0 for w in y.weights.numpy()) == 14
+
+
 @pytest.mark.parametrize("given, message", [
     ([1, 2], "train_data: got list [1, 2]; give a tf.data.Dataset"),
     ({"a": X}, "train_data: got a dict of ['a'] with no labels"),
@@ -113,6 +124,7 @@ def test_batched_dataset_is_recut_into_the_same_global_batches(drop, logdir):
     (tf.data.Dataset.from_tensor_slices((X, X)),  # every leaf's leading size is 4
      "may be batches or single examples; pass mgloop.data.Batched"),
     (lambda context: [X], "returned list"),
+    (tf.data.Dataset.from_tensor_slices((X[:5], Y[:5])), "5 examples are fewer than"),
 ])
 def test_what_is_not_accepted_is_refused_in_one_line(given, message, logdir):
     config = config_for(logdir, True)

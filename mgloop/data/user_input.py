@@ -263,8 +263,13 @@ def _from_dataset(dataset: tf.data.Dataset, batched: bool | None, config, worker
                           "elements (features, labels) (each a tensor, tuple or dict)")
     if batched is None:
         batched = _is_batched(spec, dataset, what)
-    if tf.data.experimental.cardinality(dataset) == 0:
+    count = int(tf.data.experimental.cardinality(dataset))  # < 0: unknown or infinite
+    if count == 0:
         raise ConfigError(f"{what}: the tf.data.Dataset is empty")
+    if not batched and config.drop_remainder and 0 < count < config.global_batch_size:
+        raise ConfigError(f"{what}: {count} examples are fewer than --global_batch_size="
+                          f"{config.global_batch_size}, so with --drop_remainder=true no full "
+                          "batch fits in a pass; use a smaller batch or --drop_remainder=false")
     kind = "batches" if batched else "examples"
     return StreamInput(f"a tf.data.Dataset of {kind}", lambda epoch, context: dataset,
                        batched, spec, config, workers)
