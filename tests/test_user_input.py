@@ -1,6 +1,7 @@
 """A user's data (data.as_input): tf.data with dict features, short batches (dropped, or
 padded and weighted: the mean over the real examples), refusals, TFRecord files with resume."""
 
+import dataclasses
 import os
 
 import keras
@@ -114,6 +115,29 @@ def test_padding_weights_are_formed_over_the_accumulated_step(logdir):
     x, y = next(iter(data.as_input((X, Y), config).train_batches(1)))
     assert x.shape == (16, FEATURES) and y.labels.shape == (16,)
     np.testing.assert_allclose(y.weights.numpy(), [16 / 13] * 5 + [0] * 3 + [16 / 13] * 8)
+
+
+def test_a_function_gets_its_workers_input_context_and_reads_b_over_w_per_step(logdir):
+    """Worker 1 of 2, 2 towers each: InputContext(2 pipelines, id 1, 4 replicas); its own
+    examples (here the odd ones, by `shard`) cut into 8 / 2 = 4 per step."""
+    config = helpers.small_config(logdir, devices="cpu:2", global_batch_size=BATCH).validated()
+    # as Config.validated() resolves it under TF_CONFIG with 2 workers: 4 towers in all
+    config = dataclasses.replace(config, batch_size_per_tower=BATCH // 4)
+    seen = []
+
+    def worker_data(context):
+        seen.append((context.num_input_pipelines, context.input_pipeline_id,
+                     context.num_replicas_in_sync))
+        return tf.data.Dataset.from_tensor_slices((X, Y)).shard(
+            context.num_input_pipelines, context.input_pipeline_id)
+
+    class SecondOfTwo:
+        num_workers, index = 2, 1
+    source = data.as_input(worker_data, config, SecondOfTwo())
+    steps = [y.numpy() for _, y in source.train_batches(0).take(3)]
+    assert seen[-1] == (2, 1, 2 * 2)
+    odd = Y[1::2]  # 10 examples: steps of 4, the pass's last 2 dropped
+    np.testing.assert_array_equal(np.stack(steps), [odd[0:4], odd[4:8], odd[0:4]])
 
 
 @pytest.mark.parametrize("given, message", [
