@@ -16,6 +16,7 @@ import tensorflow as tf
 from mgloop import aggregation, devices
 from mgloop.aggregation import adasum, bulyan, geomedian, krum, median, trimmed_mean
 from mgloop.errors import ConfigError
+from tests import helpers, tolerance
 
 RTOL = 1e-5
 
@@ -187,3 +188,24 @@ def test_tower_counts_a_method_cannot_serve_are_refused_in_one_line(spec, towers
         method.check(devices.DeviceRequest("cpu", tuple(range(towers))), options)
     assert "\n" not in str(error.value) and needed in str(error.value)
     assert str(error.value).startswith(f"--aggregation={spec.split(':')[0]}")
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """The single-device reference of 5 steps on helpers' batches (weights, loss, bound)."""
+    config = helpers.small_config(str(tmp_path_factory.mktemp("reference")))
+    return helpers.train_reference_bounded(config, helpers.batches(5))
+
+
+@pytest.mark.parametrize("spec", ["trimmed_mean:trim=0", "multikrum:f=0,m=4"])
+def test_identity_settings_equal_synchronous_training(spec, one_device, tmp_path):
+    """trim=0 keeps every value and f=0, m=T averages every tower: the mean, so 5 steps on
+    4 towers equal one device (synchronous training's reference) within tolerance.py's
+    bound on any other order of the float32 sums."""
+    method, options = aggregation.parse(spec)
+    assert not method.exact and method.error_bound(options, 4) is None
+    trainer, loss_sum = helpers.train_mgloop(
+        helpers.small_config(str(tmp_path), devices="cpu:4", aggregation=spec),
+        helpers.batches(5))
+    for weights in helpers.copy_weights(trainer):
+        tolerance.assert_matches_reference(weights, loss_sum, one_device)
