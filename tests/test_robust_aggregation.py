@@ -209,3 +209,19 @@ def test_identity_settings_equal_synchronous_training(spec, one_device, tmp_path
         helpers.batches(5))
     for weights in helpers.copy_weights(trainer):
         tolerance.assert_matches_reference(weights, loss_sum, one_device)
+
+
+def test_bulyan_f1_reduce_compiled_on_seven_towers():
+    """The method's whole path (gather, selection on the flattened vector, per-element
+    means, broadcast) in a tf.function, on 7 towers (4f + 3 for f = 1) placed on one
+    device, against the numpy model on the two variables concatenated."""
+    device_set = devices.DeviceSet(towers=("/device:CPU:0",) * 7)
+    method = aggregation.make("bulyan:f=1", device_set)
+    x = tower_gradients(7, seed=3, outliers=[5])
+    variables = [tf.Variable(tf.zeros([2, 2])), tf.Variable(tf.zeros([2]))]
+    values = [[tf.constant(row[:4].reshape(2, 2)), tf.constant(row[4:])] for row in x]
+    out = tf.function(lambda v: method.reduce(v, variables))(values)
+    _, expected = bulyan_model(x, 1)
+    assert len(out) == 7
+    np.testing.assert_allclose(out[6][0].numpy().ravel(), expected[:4], rtol=RTOL)
+    np.testing.assert_allclose(out[6][1].numpy(), expected[4:], rtol=RTOL)
