@@ -73,14 +73,6 @@ class MultiKrumOptions(Options):
     m: int = option(0, "towers averaged, those of lowest score (0: towers - f)", low=0)
 
 
-def check_krum(method, request, options) -> None:
-    """Refuses (one line) fewer than 2f + 3 towers."""
-    if request.num_towers < 2 * options.f + 3:
-        refuse_towers(method, request, options, f"more than 2f + 2 = {2 * options.f + 2} "
-                      "towers", f"use f <= {(request.num_towers - 3) // 2} or more towers"
-                      if request.num_towers >= 3 else "use at least 3 towers")
-
-
 @register
 class Krum(GatherAtRoot):
     name = "krum"
@@ -88,18 +80,24 @@ class Krum(GatherAtRoot):
 
     @classmethod
     def check(cls, request, options):
-        check_krum(cls, request, options)
+        """Refuses (one line) fewer than 2f + 3 towers."""
+        num, f = request.num_towers, options.f
+        if num < 2 * f + 3:
+            refuse_towers(cls, request, options, f"more than 2f + 2 = {2 * f + 2} towers",
+                          f"use f <= {(num - 3) // 2} or more towers" if num >= 3
+                          else "use at least 3 towers")
 
     @classmethod
     def error_bound(cls, options, num_towers):
         return 2.0 + 1e-5
 
-    def selected(self, rows: tf.Tensor) -> tf.Tensor:
-        scores = krum_scores(squared_distances(rows), self.num_towers - self.options.f - 2)
-        return lowest(scores, 1)
-
     def chosen_count(self) -> int:
         return 1
+
+    def selected(self, rows: tf.Tensor) -> tf.Tensor:
+        """[T] 0/1 mask of the chosen_count() towers of lowest score."""
+        scores = krum_scores(squared_distances(rows), self.num_towers - self.options.f - 2)
+        return lowest(scores, self.chosen_count())
 
     def combine(self, stacked):
         mask = self.selected(flat_rows(stacked))
@@ -115,8 +113,7 @@ class MultiKrum(Krum):
     def check(cls, request, options):
         super().check(request, options)
         if options.m > request.num_towers:
-            raise ConfigError(f"--aggregation={cls.name}:f={options.f},m={options.m}: "
-                              f"m={options.m} is "
+            raise ConfigError(f"--aggregation={cls.name}:f={options.f},m={options.m}: m is "
                               f"more than the {request.num_towers} towers; use 1 <= m <= "
                               f"{request.num_towers} (0: towers - f)")
 
@@ -127,7 +124,3 @@ class MultiKrum(Krum):
 
     def chosen_count(self) -> int:
         return self.options.m or self.num_towers - self.options.f
-
-    def selected(self, rows):
-        scores = krum_scores(squared_distances(rows), self.num_towers - self.options.f - 2)
-        return lowest(scores, self.chosen_count())
