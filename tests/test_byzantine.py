@@ -3,7 +3,6 @@ hooks/byzantine.py): what the attacks send, which towers, where it is reported, 
 refused, and the robustness result of the issue: with one of four towers sign-flipped x10
 the mean fails to learn while the median and Krum learn."""
 
-import dataclasses
 
 import numpy as np
 import pytest
