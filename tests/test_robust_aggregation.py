@@ -174,6 +174,8 @@ def test_methods_gather_on_tower_0_and_broadcast_one_tensor():
     np.testing.assert_allclose(out[0][0].numpy(), expected, rtol=RTOL)
     size = 6 * 4
     traffic = method.traffic.as_dict()
+    summed = method.reduce(placed, variables, average=False)  # --grad_reduce=sum: T x
+    np.testing.assert_allclose(summed[1][0].numpy(), 4 * out[0][0].numpy(), rtol=RTOL)
     assert traffic["CPU:0"] == {"sent": 3 * size, "received": 3 * size}
     assert all(traffic[f"CPU:{t}"] == {"sent": size, "received": size} for t in (1, 2, 3))
 
