@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from mgloop import accumulation
+from mgloop import byzantine as byzantine_lib
 from mgloop import exchange as exchange_lib
 from mgloop import inference
 from mgloop import losses
@@ -31,6 +32,7 @@ from mgloop import sync_batch_norm
 from mgloop.aggregation import Aggregation
 from mgloop.config import Config
 from mgloop.hooks import Hook, Hooks, tape_gradients
+from mgloop.hooks.byzantine import ByzantineTowers
 from mgloop.hooks.sampled_stats import GradientStats
 from mgloop.hooks.histograms import KeepLastGradients
 from mgloop.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
@@ -60,14 +62,15 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     towers (ordered_sum.applies), and not when every tower's gradients must be kept anyway
     (accumulation sums) nor with synchronised batch norm, whose backward
     passes meet in collectives and so cannot run one after another. Factoring also not
-    with loss scaling (the finite check reads every tower's gradients)."""
+    with loss scaling (the finite check reads every tower's gradients) nor with
+    --byzantine_towers (the attack alters every tower's whole gradient)."""
     aggregation = replicas.aggregation
     if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
             and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
         return []
     variables, devices = replicas.copies[0].trainable, replicas.tower_devices
     hooks = []
-    if config.sufficient_factor_bytes and not loss_scaling:
+    if config.sufficient_factor_bytes and not loss_scaling and not config.byzantine_towers:
         factors = SufficientFactorsHook(aggregation, variables, config.sufficient_factor_bytes,
                                         devices)
         hooks += [factors] if factors.candidates else []
@@ -108,6 +111,13 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     streams = random_streams_lib.RandomStreams(model, first_tower)
     units = [aggregation.devices.host] if single_loss else replicas.tower_devices
     common = []  # the hooks of every step, in data-path order
+    byzantine = None
+    if config.byzantine_towers:  # first, so that its `unscale` is the last applied
+        byzantine = ByzantineTowers(
+            byzantine_lib.parse_attack(config.attack), config.byzantine_towers,
+            config.byzantine_choice, config.seed, replicas.global_step, first_tower,
+            replicas.num_towers * replicas.num_workers, aggregation.devices.host)
+        common.append(byzantine)
     loss_scaling = precision.uses_loss_scaling(config.mixed_precision)
     if loss_scaling:
         scales = [precision.DynamicLossScale(c.optimizer, c.device) for c in replicas.copies]
@@ -144,7 +154,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
-                                  replicas.copies, leave_out=summed_at_home(large))
+                                  replicas.copies, leave_out=summed_at_home(large),
+                                  byzantine=byzantine)
             sampled = TowerStep(replicas, loss_fn, metrics,
                                 Hooks(common + large + [stats], step_hooks.gradients), passes,
                                 step.exchange, streams)

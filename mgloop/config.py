@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from mgloop import accumulation
+from mgloop import byzantine
 from mgloop import aggregation
 from mgloop.aggregation import packing
 from mgloop import checkpoint
@@ -85,6 +86,17 @@ class Config:
         (), "import this module (a name on the Python path, or a .py file path) before "
         "validation (repeatable): it may register aggregation methods", flag="plugin",
         hparam=True)
+    # Fault injection (byzantine.py): towers whose gradients are altered before the exchange.
+    byzantine_towers: int = setting(
+        0, "k: towers whose gradients --attack alters before the exchange, for robustness "
+        "studies (0: none; 1 <= k < towers)", hparam=True)
+    attack: str = setting(
+        "signflip", "what a --byzantine_towers tower sends instead of its gradient g: "
+        "signflip[:factor=F] (-F g), scaled:factor=F (F g), gaussian:std=S (N(0, S^2) "
+        "noise instead of g), zero", hparam=True)
+    byzantine_choice: str = setting(
+        "fixed", "which towers: fixed (towers 0..k-1 every step) | random (k drawn each "
+        "step, seeded by --seed)", choices=byzantine.CHOICES, hparam=True)
     # Accumulation, precision and batch norm (apply across modes).
     accumulation_steps: int = setting(
         1, "micro-batches per update: each tower sums its gradients over K consecutive global "
@@ -118,7 +130,9 @@ class Config:
     drop_remainder: bool = setting(
         True, "true: each epoch gives floor(N/B) full batches, its last N mod B examples "
         "unused; false: epochs run on into one another, so the last batch of an epoch is "
-        "completed from the next (every batch is full)", hparam=True)
+        "completed from the next (every batch is full); for a user's data (tf.data, arrays, "
+        "a --plugin dataset) false pads the short batch and weighs it to the mean over its "
+        "real examples (mgloop/data/padding.py)", hparam=True)
     # Input staging (staging.py): every mode hands the towers the same shards; recorded in
     # HParams all the same, as the speed of runs is compared by it.
     staging: str = setting(
@@ -205,6 +219,7 @@ class Config:
         towers = request.num_towers * (workers.num_workers if workers else 1)
         # --plugin modules loaded, then the method, its options and what combines with it
         aggregation.check_settings(self, request, workers)
+        byzantine.check_settings(self, towers)
         for module in (models, controller, optim, staging, accumulation, precision,
                        sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor):
             module.check_settings(self)  # the settings the module uses

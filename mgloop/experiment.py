@@ -91,30 +91,35 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
-        loss_fn=None, dataset: data.InMemoryDataset | None = None,
-        command_line: list[str] | None = None) -> dict:
+        loss_fn=None, dataset=None, command_line: list[str] | None = None,
+        eval_data=None) -> dict:
     """Trains per `config` and returns the summary (also written to <logdir>/summary.json).
 
     `model_fn` (no arguments, returns a Keras model) and `loss_fn`
     (y_true, y_pred) -> loss override `--model` and the default cross-entropy
     (matched to the model's output activation, losses.py). `final_train_accuracy`
     and `eval_accuracy` are None where the loss defines no accuracy (accuracy.py).
-    `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
+    `command_line` (e.g. sys.argv) is recorded as TensorBoard text. `dataset` (the
+    training data) and `eval_data` take whatever `data.as_input` accepts (user_input.py:
+    tf.data pipelines, functions of an InputContext, arrays); `dataset` None: --dataset.
+    Without eval data (a user's training data and no `eval_data`) the run evaluates nothing.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
     the logdir is refused). SIGTERM or SIGINT ends the run after the current loop with a
     checkpoint of that step; the summary then holds `"preempted": {"signal", "step"}`
     (preemption.py).
     """
     config = config.validated()
-    if dataset is not None:  # already in memory: check that it fits before any device exists
+    if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
         check_data(dataset, config)
+    for given, what in ((dataset, "train_data"), (eval_data, "eval_data")):
+        data.user_input.check_accepted(given, what)  # one line, before any device exists
     request = devices.parse(config.devices)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
     with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
           contextlib.ExitStack() as on_exit):
-        return _run(config, model_fn, loss_fn, dataset, command_line, request, workers, chief,
-                    stop, on_exit)
+        return _run(config, model_fn, loss_fn, (dataset, eval_data), command_line, request,
+                    workers, chief, stop, on_exit)
 
 
 def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, workers,
@@ -125,14 +130,23 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     # until the last collective between workers (stopped there, or on any exit)
     health = on_exit.enter_context(peer_health.watch(workers, config.collective_timeout))
     logging.info("logdir: %s", config.logdir)
-    if dataset is None:  # readers may start TensorFlow: after the devices, before variables
-        dataset = data.load(config.dataset, config.seed, config.data_dir)
-        check_data(dataset, config)
+    # readers may start TensorFlow: after the devices, before variables
+    train_data, eval_data = dataset
+    train = data.as_input(train_data, config, workers, "train_data")
+    evaluation = (data.as_input(eval_data, config, workers, "eval_data") if eval_data is not None
+                  else train if train.has_eval_split else None)
+    logging.info("training data: %s; eval data: %s", train.description,
+                 evaluation.description if evaluation else "none (nothing is evaluated)")
     if model_fn is None:
-        model_fn = functools.partial(models.get(config.model), dataset.input_shape,
-                                     dataset.num_classes)
+        if train.num_classes is None or train.input_shape is None:
+            raise ConfigError(f"--model={config.model} needs one feature tensor and the number "
+                              f"of classes, which {train.description} does not give; pass "
+                              "model_fn")
+        model_fn = functools.partial(models.get(config.model), train.input_shape,
+                                     train.num_classes)
     trainer = build_trainer(config, device_set, model_fn, loss_fn or default_loss(),
-                            dataset.input_shape, workers)
+                            train.input_shape, workers)
+    train.check_model(trainer.model)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
         trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation,
@@ -149,12 +163,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         return _finished(config, trainer, start_step, summary_path, chief)
     if chief:  # the settings the checkpoints of this logdir are made with (run_dir.check_resumable)
         run_dir.write_config(config)
-    batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
-                                  config.seed, start_step, config.drop_remainder)
-    if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
-        part = functools.partial(staging.worker_part, workers=workers.num_workers,
-                                 index=workers.index, micro_batches=config.accumulation_steps)
-        batches = batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
+    batches = train.train_batches(start_step)  # this worker's part, from the step on
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
         summaries.write_run_record(config.logdir, config, total_towers, command_line)
@@ -163,7 +172,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     schedule = optim.make_schedule(config)
     monitor = monitor_lib.Monitor(
         trainer, train_writer, eval_writer,
-        lambda: trainer.evaluate(dataset.eval_batches(config.global_batch_size)),
+        (lambda: trainer.evaluate(evaluation.eval_batches())) if evaluation else dict,
         eval_every=config.eval_every, histogram_every=config.histogram_every,
         profile_steps=(monitor_lib.parse_profile_steps(config.profile_steps, config.train_steps)
                        if config.profile_steps and chief else None),
@@ -209,8 +218,9 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
                 "final/train_loss": result.train.get("loss"),
                 "final/eval_accuracy": eval_metrics.get("accuracy"),
                 "final/examples_per_sec": result.examples_per_sec})
-    logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
-                 accuracy.log_text(eval_metrics))
+    if eval_metrics:
+        logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
+                     accuracy.log_text(eval_metrics))
     export_path = None
     if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)
@@ -225,7 +235,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         "final_step": result.final_step,
         "final_train_loss": result.train.get("loss"),
         "final_train_accuracy": result.train.get("accuracy"),
-        "eval_loss": eval_metrics["loss"],
+        "eval_loss": eval_metrics.get("loss"),
         "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,

@@ -77,6 +77,12 @@ from mgloop.aggregation import independent  # noqa: E402,F401
 from mgloop.aggregation import local_steps  # noqa: E402,F401
 from mgloop.aggregation import stale  # noqa: E402,F401
 from mgloop.aggregation import colocate  # noqa: E402,F401
+from mgloop.aggregation import adasum  # noqa: E402,F401
+from mgloop.aggregation import median  # noqa: E402,F401
+from mgloop.aggregation import trimmed_mean  # noqa: E402,F401
+from mgloop.aggregation import krum  # noqa: E402,F401
+from mgloop.aggregation import bulyan  # noqa: E402,F401
+from mgloop.aggregation import geomedian  # noqa: E402,F401
 from mgloop.aggregation import validation  # noqa: E402
 from mgloop.aggregation.validation import check_settings  # noqa: E402
 
