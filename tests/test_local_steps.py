@@ -101,13 +101,14 @@ def test_drop_leaves_out_one_tower_and_averages_the_rest(logdir):
     """drop:k=1 on 4 towers, hand-made tower gradients g_t = (t + 1) * c: each call's result
     is the mean of 3 towers' (the sums exact: small integers times c; the means without
     different towers lie >= c/3 apart), the one left out is found from it, and the seeded
-    draws are reproducible and not always the same tower."""
+    draws are reproducible and not always the same tower; by arrival order, too, one
+    tower is left out and the others averaged."""
     config = helpers.small_config(logdir, devices="cpu:4").validated()
     from mgloop import devices
     device_set = devices.setup(devices.parse(config.devices))
 
-    def draws(seed):
-        method = aggregation.make(f"drop:k=1,seed={seed}", device_set)
+    def draws(seed, choose="seeded"):
+        method = aggregation.make(f"drop:k=1,seed={seed},choose={choose}", device_set)
         variables = [tf.Variable(tf.zeros([3]))]
         method.build(variables)
         base = np.array([1.0, 2.0, 4.0], np.float32)
@@ -132,6 +133,13 @@ def test_drop_leaves_out_one_tower_and_averages_the_rest(logdir):
     assert draws(0) == first  # seeded
     assert len(set(first)) > 1  # a draw per step, not one tower forever
     assert draws(1) != first
+    determinism = tf.config.is_op_determinism_enabled()  # a clock read is refused under it
+    tf.config.experimental.disable_op_determinism()
+    try:
+        draws(0, "arrival")  # one tower (the last to finish) left out, the others' mean
+    finally:
+        if determinism:
+            tf.config.experimental.enable_op_determinism()
 
 
 @pytest.mark.parametrize("slots", ["keep", "average"])

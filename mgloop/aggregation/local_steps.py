@@ -37,9 +37,10 @@ mean gradient), and so is `diloco:period=1,outer_lr=1,outer_momentum=0`
 copies and, for DiLoCo, of the two subtractions.
 
 Traffic: counted as the step is traced, i.e. the bytes of a step that synchronises
-(2(T-1)/T of the parameters per copy through the ring, DiLoCo's x sent from copy 0 to
-the others); a step in between moves nothing, so the mean per step is 1/H of it (with
-warmup_steps > 0 the warmup's gradient ring is counted too). One process only: the
+(2(T-1)/T of the parameters per copy through the ring; DiLoCo's outer step is computed
+on every copy from the same bits, so it moves nothing more); a step in between moves
+nothing, so the mean per step is 1/H of it (with warmup_steps > 0 the warmup's
+gradient ring is counted too). One process only: the
 copies' checkpoint (`copies_differ`) holds this worker's replicas.
 """
 
@@ -169,38 +170,38 @@ class DiLoCo(LocalSGD):
     warmup = 0
 
     def build(self, variables):
-        """x (`start`, the parameters at the last sync) and the outer momentum m, on copy
-        0's devices: x starts as the initial parameters, m at 0."""
+        """x (`start`, the parameters at the last sync) and the outer momentum m, one pair
+        per copy on its device (as every DiLoCo worker holds the outer optimizer): x starts
+        as the initial parameters, m at 0. Every copy computes the same outer step from
+        the same bits, so the pairs stay equal and the sync moves only the ring's bytes."""
         self._start, self._momentum = [], []
-        for v in variables:
-            with tf.device(v.device):
-                name = v.name.split(":")[0]
-                self._start.append(tf.Variable(v.read_value(), trainable=False,
-                                               name=f"diloco_start/{name}"))
-                self._momentum.append(tf.Variable(tf.zeros_like(v), trainable=False,
-                                                  name=f"diloco_momentum/{name}"))
+        for c, device in enumerate(self.parameter_devices()):
+            with tf.device(device):
+                self._start.append([tf.Variable(v.read_value(), trainable=False,
+                                                name=f"diloco_start_{c}/{v.name.split(':')[0]}")
+                                    for v in variables])
+                self._momentum.append([tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                   name=f"diloco_momentum_{c}/"
+                                                        f"{v.name.split(':')[0]}")
+                                       for v in variables])
 
     @property
     def state_variables(self):
-        return self._start + self._momentum
+        return [v for pair in zip(self._start, self._momentum) for vs in pair for v in vs]
 
     def synchronise(self, copies) -> None:
-        """The outer step on the mean a of the copies; every copy takes the new x."""
-        means = self.average([list(c.trainable) for c in copies])[0]  # on copy 0
+        """The outer step on the mean a of the copies (every copy has the same bits of a, x
+        and m), on every copy's device; every copy takes the new x."""
+        means = self.average([list(c.trainable) for c in copies])
         lr, mu = self.options.outer_lr, self.options.outer_momentum
-        home = copies[0].device
-        for i, (x, m, a) in enumerate(zip(self._start, self._momentum, means)):
-            with tf.device(x.device):
-                delta = x - a
-                m.assign(mu * m + delta)
-                step = delta + mu * m if self.options.nesterov else m.read_value()
-                x.assign(x - lr * step)
-                new = x.read_value()
-            for copy in copies:
-                target = copy.trainable[i]
-                value = self.send(new, home, copy.device)
-                with tf.device(target.device):
-                    target.assign(value)
+        for copy, starts, momenta, averages in zip(copies, self._start, self._momentum, means):
+            with tf.device(copy.device):
+                for target, x, m, a in zip(copy.trainable, starts, momenta, averages):
+                    delta = x - a
+                    m.assign(mu * m + delta)
+                    step = delta + mu * m if self.options.nesterov else m.read_value()
+                    x.assign(x - lr * step)
+                    target.assign(x.read_value())
 
     def reduce(self, tower_values, variables, average=True):
         return [list(values) for values in tower_values]
