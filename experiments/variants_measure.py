@@ -5,7 +5,8 @@
     exchange    the gradient exchange alone (Trainer.time_exchange: stand-in gradients,
                 20 exchanges per compiled call, median of call time / 20)
     traffic     bytes each device sends and receives per step, counted from the
-                algorithm while the step is traced (max over devices; all in the JSON)
+                algorithm while the step is traced (max over devices; all in the JSON,
+                with the messages)
     memory      the host allocator's peak during one more loop of `--steps` steps above
                 what it held when the loop started (tf.config.experimental memory stats on
                 TensorFlow's BFC allocator, which devices.configure_logical_cpus turns
@@ -91,7 +92,7 @@ def traffic(trainer) -> dict:
     counts = trainer.aggregation.traffic.as_dict()
     return {"max_sent_kib": max((c["sent"] for c in counts.values()), default=0) / 1024,
             "max_received_kib": max((c["received"] for c in counts.values()), default=0) / 1024,
-            "traffic": counts}
+            "traffic": counts, "messages": trainer.aggregation.traffic.messages_as_dict()}
 
 
 def link(trainer, links, step_seconds: float, exchange_ms: float | None) -> dict:
