@@ -199,7 +199,9 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         traffic = trainer.aggregation.traffic.as_dict()
         link_report = link_model.report(
             trainer.aggregation.traffic, [link_model.parse(text) for text in config.links],
-            link_model.compute_seconds(result.median_step_time, exchange_seconds))
+            link_model.compute_seconds(result.median_step_time, exchange_seconds),
+            gradient_bytes=sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable),
+            num_towers=trainer.aggregation.num_towers)
         train_writer.scalars(result.final_step, {
             **summaries.aggregation_scalars(traffic, exchange_seconds),
             **link_model.scalars(link_report)})

@@ -106,6 +106,18 @@ def check_settings(config) -> None:
             raise ConfigError(f"--link={name} is given twice; give each link once")
 
 
+def traffic_of(bytes_per_device: dict, messages_per_device: dict):
+    """A Traffic from `Traffic.as_dict()` and `messages_as_dict()` (e.g. read from JSON)."""
+    from mgloop.aggregation.base import Traffic
+    traffic = Traffic()
+    for device, counts in bytes_per_device.items():
+        messages = messages_per_device.get(device, {})
+        traffic.add(device, sent=counts["sent"], received=counts["received"],
+                    messages_sent=messages.get("sent", 0),
+                    messages_received=messages.get("received", 0))
+    return traffic
+
+
 def device_seconds(traffic, link: Link) -> dict[str, float]:
     """t_d (top of the module) of every device that sends or receives in the step."""
     out = {}
@@ -139,10 +151,26 @@ def compute_seconds(median_step_time: float | None,
     return max(median_step_time - (exchange_alone or 0.0), 0.0)
 
 
-def report(traffic, links, compute: float | None) -> dict:
+def dense_ring_bytes(gradient_bytes: int, num_towers: int) -> int:
+    """Bytes per device of a float32 ring all-reduce of the gradients: 2(T-1)/T of them."""
+    return 2 * (num_towers - 1) * gradient_bytes // num_towers
+
+
+def report(traffic, links, compute: float | None, gradient_bytes: int | None = None,
+           num_towers: int = 1) -> dict:
     """summary.json's "link_model": the measured compute, the step's bytes and messages of
-    the busiest device, and per link its exchange time and the modelled step times."""
-    out = {"compute_seconds": compute, "bytes_per_device": bytes_per_device(traffic),
+    the busiest device, and per link its exchange time and the modelled step times. With
+    the float32 bytes of the trainable gradients, `compression_ratio` is the bytes per
+    device of a dense float32 ring all-reduce of them (`dense_ring_bytes`) over the
+    busiest device's counted bytes (None with one tower or no traffic): a measurement,
+    since the counts include everything the step moves (non-trainable state averaged,
+    a shared layout's parameter reads)."""
+    counted = bytes_per_device(traffic)
+    dense = (dense_ring_bytes(gradient_bytes, num_towers)
+             if gradient_bytes is not None and num_towers > 1 else None)
+    out = {"compute_seconds": compute, "bytes_per_device": counted,
+           "dense_ring_bytes_per_device": dense,
+           "compression_ratio": dense / counted if dense and counted else None,
            "messages_per_device": max(
                (max(traffic.messages_sent.get(d, 0), traffic.messages_received.get(d, 0))
                 for d in traffic.devices()), default=0),
@@ -159,9 +187,12 @@ def report(traffic, links, compute: float | None) -> dict:
 
 
 def scalars(link_report: dict) -> dict[str, float]:
-    """TensorBoard scalars of a `report`: link/compute_seconds, link/bytes_per_device and
+    """TensorBoard scalars of a `report`: link/compute_seconds, link/bytes_per_device,
+    link/compression_ratio and
     link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}."""
     values = {"link/bytes_per_device": float(link_report["bytes_per_device"])}
+    if link_report.get("compression_ratio") is not None:
+        values["link/compression_ratio"] = link_report["compression_ratio"]
     if link_report["compute_seconds"] is not None:
         values["link/compute_seconds"] = link_report["compute_seconds"]
     for tag, figures in link_report["links"].items():
@@ -173,7 +204,7 @@ def scalars(link_report: dict) -> dict[str, float]:
 
 def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The HParams metrics (root-run scalars) of a run with these --link values."""
-    tags = ["final/bytes_per_device", "final/compute_seconds"]
+    tags = ["final/bytes_per_device", "final/compression_ratio", "final/compute_seconds"]
     for link in map(parse, links):
         tags += [f"final/link/{link.tag}/{key}" for key in
                  ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")]
@@ -183,6 +214,7 @@ def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 def final_metrics(link_report: dict) -> dict[str, float | None]:
     """The values of `final_metric_tags` from a `report` (None: not measured)."""
     values = {"final/bytes_per_device": float(link_report["bytes_per_device"]),
+              "final/compression_ratio": link_report.get("compression_ratio"),
               "final/compute_seconds": link_report["compute_seconds"]}
     for tag, figures in link_report["links"].items():
         for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):

@@ -7,12 +7,13 @@ Layout of a logdir (tags are stable; the README lists them):
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
                       (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds,
                       and the link model's (link_model.py): link/bytes_per_device,
-                      link/compute_seconds, link/<LINK>/exchange_seconds, .../step_seconds_
+                      link/compression_ratio, link/compute_seconds, link/<LINK>/exchange_seconds, .../step_seconds_
                       no_overlap, .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
     <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
     <logdir>/         events of the root run: HParams session, text config and command_line,
                       final/train_loss, final/eval_accuracy, final/examples_per_sec,
-                      final/bytes_per_device, final/compute_seconds, final/link/<LINK>/...
+                      final/bytes_per_device, final/compression_ratio, final/compute_seconds,
+                      final/link/<LINK>/...
     <logdir>/summary.json
 
 Diagnostic tags (tower_i/..., grad/..., replica/divergence, loss_scale, memory/...,

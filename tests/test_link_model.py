@@ -175,6 +175,9 @@ def test_summary_and_tensorboard_report_the_model_of_the_counted_traffic(logdir)
         assert figures["step_seconds_overlap"] == pytest.approx(max(compute, expected))
     assert messages["CPU:0"]["sent"] % 2 == 0 and messages["CPU:0"]["sent"] > 0  # 2(T-1) each
     assert report["bytes_per_device"] == max(max(c.values()) for c in bytes_sent.values())
+    # a float32 ring of 2 towers: each device moves 2(T-1)/T P = P bytes, all it counted
+    # (up to the odd element of a bucket halved), so compression 1
+    assert report["compression_ratio"] == pytest.approx(1.0, rel=1e-3)
     with tensorboard_server.serve(logdir) as board:
         tags = board.wait_for(lambda t: "link/1gbit_50us/exchange_seconds" in t.get("train", {})
                               and "final/link/100gbit_2us/exchange_seconds" in t.get(".", {}),
@@ -197,3 +200,4 @@ def test_summary_and_tensorboard_report_the_model_of_the_counted_traffic(logdir)
             assert metrics[f"final/link/{tag}/exchange_seconds"] == pytest.approx(
                 figures["exchange_seconds"], rel=1e-6)
         assert metrics["final/bytes_per_device"] == report["bytes_per_device"]
+        assert metrics["final/compression_ratio"] == pytest.approx(report["compression_ratio"])
