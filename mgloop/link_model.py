@@ -21,8 +21,10 @@ For the algorithms of mgloop, with S the bytes of gradients and T towers, this i
     ring all-gather       (T-1) a + (T-1)/T * S/B     (S the gathered bytes, S/T each)
     reduce_broadcast      (T-1) a + (T-1) S/B          (tower 0 receives T-1 copies and
                           sends T-1; its two directions overlap)
-    ps_cpu (host = tower 0's CPU) the same as reduce_broadcast: T-1 parameter reads sent
-                          and T-1 gradients received by the host, per variable
+    ps_cpu                (T-1) (k a + S/B)            (host = tower 0's CPU: it sends the
+                          k variables to T-1 towers and receives their gradients)
+
+per tensor or bucket for reduce_broadcast and the ring (k of them: k times the latency).
 
 Limits (what the model leaves out; README "The link model"):
   * every message pays the full latency, and messages of one device are
