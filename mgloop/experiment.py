@@ -197,11 +197,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
         health.stop()  # no collective between workers from here on: a peer may now exit
         traffic = trainer.aggregation.traffic.as_dict()
-        link_report = link_model.report(
-            trainer.aggregation.traffic, [link_model.parse(text) for text in config.links],
-            link_model.compute_seconds(result.median_step_time, exchange_seconds),
-            gradient_bytes=sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable),
-            num_towers=trainer.aggregation.num_towers)
+        link_report = link_model.report_of_run(trainer, config.links, result.median_step_time,
+                                               exchange_seconds)
         train_writer.scalars(result.final_step, {
             **summaries.aggregation_scalars(traffic, exchange_seconds),
             **link_model.scalars(link_report)})

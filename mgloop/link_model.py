@@ -188,6 +188,18 @@ def report(traffic, links, compute: float | None, gradient_bytes: int | None = N
     return out
 
 
+def report_of_run(trainer, links, median_step_time: float | None,
+                  exchange_alone: float | None) -> dict:
+    """`report` of a trained Trainer: its aggregation's counted traffic, the --link values
+    `links`, compute from the run's median step and exchange timed alone, and the float32
+    bytes of its trainable gradients over all its towers (for the compression ratio)."""
+    return report(trainer.aggregation.traffic, [parse(text) for text in links],
+                  compute_seconds(median_step_time, exchange_alone),
+                  gradient_bytes=sum(4 * v.shape.num_elements()
+                                     for v in trainer.copies[0].trainable),
+                  num_towers=trainer.aggregation.num_towers)
+
+
 def scalars(link_report: dict) -> dict[str, float]:
     """TensorBoard scalars of a `report`: link/compute_seconds, link/bytes_per_device,
     link/compression_ratio and
