@@ -23,6 +23,7 @@ from mgloop import cluster
 from mgloop import controller
 from mgloop import data
 from mgloop import devices
+from mgloop import link_model
 from mgloop import models
 from mgloop import monitor
 from mgloop import optim
@@ -189,6 +190,13 @@ class Config:
     breakdown_every: int = setting(
         0, "steps between profiled steps whose time is split into input, compute, "
         "aggregation and apply (breakdown/... scalars; 0: none)", neutral=_WRITES)
+    links: tuple[str, ...] = setting(
+        (), "BANDWIDTH,LATENCY, e.g. 10gbit,10us (repeatable): model the step's exchange on "
+        "such a network from its exact traffic (mgloop/link_model.py) and report the modelled "
+        "exchange and step times beside the measured compute time (summary.json link_model, "
+        "link/... scalars); bandwidth in bit, kbit, mbit, gbit, tbit per second, latency in "
+        "ns, us, ms, s", flag="link",
+        neutral="a model computed after training from the traffic counts")
     # Repeatability.
     seed: int = setting(0, "seed of data, initialisation and shuffling", hparam=True)
     deterministic: bool = setting(False, "TensorFlow op determinism: bit-repeatable runs",
@@ -221,7 +229,8 @@ class Config:
         aggregation.check_settings(self, request, workers)
         byzantine.check_settings(self, towers)
         for module in (models, controller, optim, staging, accumulation, precision,
-                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor):
+                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
+                       link_model):
             module.check_settings(self)  # the settings the module uses
         _check_range("seed", self.seed, low=0, high=MAX_SEED)
         devices_flag = self.devices if workers is None else (

@@ -30,6 +30,7 @@ from mgloop import cluster
 from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
+from mgloop import link_model
 from mgloop import controller
 from mgloop import logdir_lock
 from mgloop import losses
@@ -205,8 +206,11 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
         health.stop()  # no collective between workers from here on: a peer may now exit
         traffic = trainer.aggregation.traffic.as_dict()
-        train_writer.scalars(result.final_step, summaries.aggregation_scalars(traffic,
-                                                                              exchange_seconds))
+        link_report = link_model.report_of_run(trainer, config.links, result.median_step_time,
+                                               exchange_seconds)
+        train_writer.scalars(result.final_step, {
+            **summaries.aggregation_scalars(traffic, exchange_seconds),
+            **link_model.scalars(link_report)})
         eval_metrics = monitor.eval_at(result.final_step)
         train_writer.close()
         eval_writer.close()
@@ -214,7 +218,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
             summaries.write_final_metrics(config.logdir, result.final_step, {
                 "final/train_loss": result.train.get("loss"),
                 "final/eval_accuracy": eval_metrics.get("accuracy"),
-                "final/examples_per_sec": result.examples_per_sec})
+                "final/examples_per_sec": result.examples_per_sec,
+                **link_model.final_metrics(link_report)})
     if eval_metrics:
         logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
                      accuracy.log_text(eval_metrics))
@@ -237,6 +242,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": traffic,
+        "traffic_messages_per_step": trainer.aggregation.traffic.messages_as_dict(),
+        "link_model": link_report,
         "exchange_seconds": exchange_seconds,
         "input_wait": result.input_wait,
         "input_wait_fraction": result.input_wait_fraction,
