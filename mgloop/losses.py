@@ -122,3 +122,82 @@ def for_model(loss_fn, model: keras.Model, input_shape=None):
         raise ConfigError("model_fn: the model ends in a softmax over one unit, which is "
                           "always 1; end it in a sigmoid (or no activation) for two classes")
     return CrossEntropy(activation)
+
+
+def select(structure, key):
+    """One output's part of a model's outputs (or of the labels): `key` an OutputKey (a
+    dict is read by its name, a list or tuple by its index), or None for all of it."""
+    if key is None:
+        return structure
+    if isinstance(structure, dict):
+        return structure[key.name]
+    if isinstance(structure, (list, tuple)):
+        return structure[key.index]
+    raise ConfigError(f"output {key.name!r}: the model's outputs (or labels) are one tensor, "
+                      "not a list or dict of outputs; give one loss, not a loss per output")
+
+
+class OutputKey(tuple):
+    """(name, index) of one output of a model with several."""
+
+    name = property(lambda self: self[0])
+    index = property(lambda self: self[1])
+
+
+def output_keys(model, names) -> list[OutputKey]:
+    """Keys of the outputs `names` refers to: int positions (a list of losses) or output
+    names (a dict, matched to `model.output_names` for a model that outputs a list)."""
+    model_names = list(getattr(model, "output_names", None) or [])
+    keys = []
+    for position, name in enumerate(names):
+        if isinstance(name, int):
+            label = model_names[name] if name < len(model_names) else f"output_{name}"
+            keys.append(OutputKey((label, name)))
+        elif name in model_names:
+            keys.append(OutputKey((name, model_names.index(name))))
+        else:
+            keys.append(OutputKey((name, position)))
+    return keys
+
+
+class PerOutput:
+    """The loss of a model with several outputs, as `keras.Model.compile(loss=[...] or
+    {...}, loss_weights=...)` computes it:
+
+        loss = sum over outputs o of w_o * mean over the shard's elements of loss_o(y_o, z_o)
+
+    (w_o = 1 unless weighted; an output whose loss is None adds nothing). Every term is a
+    mean over its shard, so the towers' mean of it is the one-device value on the global
+    batch (shards are equal). `losses` and `weights`: a list (by position) or a dict (by
+    output name), as compile takes them."""
+
+    def __init__(self, losses, weights=None, model=None):
+        names = list(losses) if isinstance(losses, dict) else list(range(len(losses)))
+        given = list(losses.values()) if isinstance(losses, dict) else list(losses)
+        if weights is None:
+            weights = [1.0] * len(given)
+        elif isinstance(weights, dict):
+            unknown = set(weights) - set(names)
+            if unknown:
+                raise ConfigError(f"loss_weights names outputs {sorted(unknown)} that have no "
+                                  f"loss; valid: {names}")
+            weights = [float(weights.get(n, 1.0)) for n in names]
+        elif len(weights) != len(given):
+            raise ConfigError(f"loss_weights has {len(weights)} entries for {len(given)} "
+                              "losses; give one weight per output")
+        keys = output_keys(model, names)
+        self.terms = [(key, keras.losses.get(loss) if isinstance(loss, str) else loss,
+                       float(weight))
+                      for key, loss, weight in zip(keys, given, weights) if loss is not None]
+        if not self.terms:
+            raise ConfigError("loss: every output's loss is None; give at least one")
+
+    def __repr__(self) -> str:
+        return "PerOutput(" + ", ".join(f"{k.name}: {l!r} x {w:g}" for k, l, w in self.terms) + ")"
+
+    def __call__(self, y_true, outputs) -> tf.Tensor:
+        total = 0.0
+        for key, loss_fn, weight in self.terms:
+            term = tf.reduce_mean(loss_fn(select(y_true, key), select(outputs, key)))
+            total += weight * term
+        return total

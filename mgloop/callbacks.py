@@ -1,0 +1,85 @@
+"""Callbacks between compiled loops (Orbit's actions): functions of (step, metrics).
+
+`controller.fit` calls every callback after each compiled loop, in order, as
+
+    callback(step, metrics) -> stop?
+
+with `step` the global step reached and `metrics` that loop's values: "train/loss" (the
+mean loss over the loop's steps) and "train/NAME" for each metric (metrics.py, summed
+over the loop's towers and steps), and, on a loop after which an eval ran
+(--eval_every, every loop boundary on its multiples), "eval/loss" and "eval/NAME". A
+truthy return ends training there: the fit saves its checkpoint, and the run evaluates,
+exports and writes summary.json as at --train_steps (summary["stopped_by"] names the
+callback). Several workers call their callbacks with the same values (train metrics are
+merged across workers; every worker evaluates the same data with the same weights), so a
+callback that decides from them alone decides the same on every worker. Loops end on
+--steps_per_loop, --eval_every, summary and log boundaries: a callback runs at least once
+per --steps_per_loop steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+from absl import logging
+
+from mgloop.errors import ConfigError
+
+
+class EarlyStopping:
+    """Stops when the eval metric `monitor` (e.g. "eval/loss", "eval/accuracy") has not
+    improved for `patience` evals: improved means below best - min_delta (mode "min") or
+    above best + min_delta (mode "max"). Acts only on loops that evaluated."""
+
+    def __init__(self, monitor: str = "eval/loss", patience: int = 0, mode: str = "min",
+                 min_delta: float = 0.0):
+        if mode not in ("min", "max"):
+            raise ConfigError(f"EarlyStopping: mode={mode!r}; valid: 'min', 'max'")
+        if patience < 0 or min_delta < 0:
+            raise ConfigError(f"EarlyStopping: patience={patience}, min_delta={min_delta}; "
+                              "both must be >= 0")
+        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
+        self.best, self.best_step, self.waited = math.inf if mode == "min" else -math.inf, None, 0
+        self.stopped_step = None
+
+    def __repr__(self) -> str:
+        return f"EarlyStopping({self.monitor!r}, patience={self.patience}, mode={self.mode!r})"
+
+    def __call__(self, step: int, metrics: dict) -> bool:
+        if self.monitor not in metrics:
+            return False
+        value = metrics[self.monitor]
+        better = (value < self.best - self.min_delta if self.mode == "min"
+                  else value > self.best + self.min_delta)
+        if better:
+            self.best, self.best_step, self.waited = value, step, 0
+            return False
+        self.waited += 1
+        if self.waited > self.patience:
+            self.stopped_step = step
+            logging.info("early stopping at step %d: %s has not improved on %.6g (step %s) "
+                         "for %d evals", step, self.monitor, self.best, self.best_step,
+                         self.waited)
+            return True
+        return False
+
+
+class History:
+    """Keeps every loop's record: `records` is a list of {"step": s, **metrics}."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def __call__(self, step: int, metrics: dict) -> bool:
+        self.records.append({"step": step, **metrics})
+        return False
+
+    def of(self, name: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric, e.g. "eval/loss", where it was recorded."""
+        pairs = [(r["step"], r[name]) for r in self.records if name in r]
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def name_of(callback) -> str:
+    return repr(callback) if isinstance(callback, EarlyStopping) else getattr(
+        callback, "__name__", type(callback).__name__)
