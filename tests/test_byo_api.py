@@ -1,0 +1,266 @@
+"""Bring your own loss, metrics, optimizer and callbacks (issue 16): `mgloop.run`'s API.
+
+Every training case runs mgloop on 2 or 4 towers and the single-device tf.GradientTape
+reference (third_party.single_device's step, written out here for nested labels) on
+the same global batches, and compares the weights within tests/tolerance.py's bound
+(float32 orders of summation); metrics are compared with the Keras metric object on
+the global batch of the same weights.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mgloop
+from mgloop import callbacks, checkpoint, devices, experiment, losses, metrics, training_spec
+from mgloop.errors import ConfigError
+from tests import helpers
+from tests import tolerance
+
+STEPS = 3
+SHAPE = helpers.DATASET.input_shape
+
+
+def dense_model(heads, compile_args=None):
+    """Flatten -> Dense(8, tanh) -> one Dense per head; `heads`: [(name, units, activation)]."""
+    def make():
+        inputs = keras.Input(SHAPE)
+        hidden = keras.layers.Dense(8, activation="tanh")(keras.layers.Flatten()(inputs))
+        outputs = [keras.layers.Dense(units, activation=act, name=name)(hidden)
+                   for name, units, act in heads]
+        model = keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0])
+        if compile_args:
+            model.compile(**compile_args)
+        return model
+    return make
+
+
+def build(devices_spec, make_model, loss=None, metric_list=None, optimizer=None, **overrides):
+    config = helpers.small_config("/unused", devices=devices_spec, aggregation="ring",
+                                  **overrides).validated()
+    device_set = devices.setup(devices.parse(config.devices))
+    return experiment.build_trainer(config, device_set, make_model, loss, SHAPE,
+                                    metrics=metric_list, optimizer=optimizer)
+
+
+def run_steps(trainer, steps):
+    """`steps` [(x, y)] (y nested) in one compiled loop; the LoopResult."""
+    stacked = tf.nest.map_structure(lambda *a: np.stack(a), *steps)
+    result = trainer.train_loop(iter(tf.data.Dataset.from_tensor_slices(stacked)), len(steps))
+    assert result.steps == len(steps)
+    return result
+
+
+def reference(make_model, optimizer, loss_fn, steps, per_example_loss, packed=None,
+              step_metrics=()):
+    """The one-device run: model, bound (tolerance.StepBound with `per_example_loss` on the
+    `packed` labels, a single tensor per batch), and `step_metrics` updated on every step's
+    outputs (training mode, before the update), as Keras's fit would."""
+    experiment.seed_everything(3, True)
+    with tf.device("/device:CPU:0"):
+        model = make_model()
+    bound = tolerance.StepBound()
+    for index, (x, y) in enumerate(steps):
+        x = tf.constant(x)
+        y = tf.nest.map_structure(tf.constant, y)
+        bound.before(model, optimizer, per_example_loss, x,
+                     tf.constant(packed[index]) if packed is not None else y)
+        with tf.GradientTape() as tape:
+            outputs = model(x, training=True)
+            loss = tf.reduce_mean(loss_fn(y, outputs))
+        for metric, pick in step_metrics:
+            metric.update_state(*pick(y, outputs))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        bound.after()
+    return model, bound
+
+
+def assert_weights_match(trainer, model, bound):
+    for copy in trainer.copies:
+        tolerance.assert_within([v.numpy() for v in copy.trainable],
+                                [v.numpy() for v in model.trainable_variables], bound.weights())
+
+
+# --- Keras metric objects: per-tower states merged exactly -------------------------------
+
+def test_keras_metric_states_of_shards_sum_to_the_global_batch_value():
+    rng = np.random.default_rng(0)
+    y = (rng.random(24) > 0.5).astype(np.float32)
+    p = rng.random((24, 1)).astype(np.float32)
+    for keras_metric in (keras.metrics.BinaryAccuracy(), keras.metrics.AUC(num_thresholds=50),
+                         keras.metrics.MeanSquaredError(), keras.metrics.Precision()):
+        wrapped = metrics.KerasMetric(keras_metric)
+        shards = [(y[:5], p[:5]), (y[5:16], p[5:16]), (y[16:], p[16:])]  # uneven shards
+        summed = sum(wrapped.counts(tf.constant(a), tf.constant(b)).numpy().astype(np.float64)
+                     for a, b in shards)
+        whole = type(keras_metric).from_config(keras_metric.get_config())
+        whole.update_state(y, p)
+        assert wrapped.result(summed) == pytest.approx(float(whole.result()), rel=1e-6)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (keras.metrics.R2Score(), "builds its state on its first batch"),
+    (keras.metrics.F1Score(), "builds its state on its first batch")])
+def test_metrics_whose_state_cannot_be_merged_are_refused(bad, words):
+    with pytest.raises(ConfigError, match=words):
+        metrics.KerasMetric(bad)
+
+
+def test_bad_arguments_are_refused_in_one_line():
+    model = dense_model([("out", 1, None)], dict(loss="mse", weighted_metrics=["mae"]))()
+    cases = [
+        (lambda: training_spec.check_arguments(3, None, None, None), "loss: got int"),
+        (lambda: training_spec.check_arguments(None, "accuracy", None, None), "metrics: got str"),
+        (lambda: training_spec.check_arguments(None, None, 0.1, None), "optimizer: got float"),
+        (lambda: training_spec.check_arguments(None, None, None, [3]), "callbacks: 3 is not"),
+        (lambda: training_spec.compiled_settings(model), "weighted_metrics"),
+        (lambda: training_spec.make_metrics(["accuracy"], keras.losses.mean_squared_error,
+                                            model), "'accuracy' .* not defined by its loss"),
+        (lambda: training_spec.make_metrics([keras.metrics.MeanSquaredError(name="loss")],
+                                            None, model), "used twice \\(or are 'loss'\\)"),
+        (lambda: training_spec.optimizer_factory(lambda: 0.1)(), "returned float"),
+        (lambda: callbacks.EarlyStopping(mode="up"), "mode='up'")]
+    for call, words in cases:
+        with pytest.raises(ConfigError, match=words) as raised:
+            call()
+        assert "\n" not in str(raised.value)
+
+
+# --- heads, labels and losses against one device -----------------------------------------
+
+def test_sigmoid_head_accuracy_is_binary_accuracy_on_the_global_batch():
+    """Sigmoid output, the default loss (Keras's binary cross-entropy on probabilities):
+    train accuracy equals keras.metrics.BinaryAccuracy over the reference's step outputs,
+    eval accuracy equals it on the trained model's predictions (threshold 0.5, not 0)."""
+    steps = [(x, (y % 2).astype(np.float32)) for x, y in helpers.batches(STEPS)]
+    make = dense_model([("out", 1, "sigmoid")])
+    trainer = build("cpu:2", make)
+    result = run_steps(trainer, steps)
+    assert [m.name for m in trainer.metrics] == ["accuracy"]
+    binary = keras.metrics.BinaryAccuracy()
+    bce = lambda y, o: keras.losses.binary_crossentropy(y[:, None], o)  # noqa: E731
+    model, bound = reference(make, keras.optimizers.SGD(0.1, momentum=0.9), bce, steps, bce,
+                             step_metrics=[(binary, lambda y, o: (y[:, None], o))])
+    assert_weights_match(trainer, model, bound)
+    train = metrics.results(trainer.metrics, result.metric_sums)["accuracy"]
+    assert train == pytest.approx(float(binary.result()), abs=1e-7)
+    x_eval = helpers.DATASET.eval_x
+    y_eval = (helpers.DATASET.eval_y % 2).astype(np.float32)
+    evaluated = trainer.evaluate(tf.data.Dataset.from_tensor_slices((x_eval, y_eval)).batch(24))
+    on_model = keras.metrics.BinaryAccuracy()
+    on_model.update_state(y_eval[:, None], trainer.model.predict(x_eval, verbose=0))
+    assert evaluated["accuracy"] == pytest.approx(float(on_model.result()), abs=1e-7)
+
+
+def test_one_hot_labels_train_as_integer_labels():
+    integer_steps = helpers.batches(STEPS)
+    steps = [(x, np.eye(10, dtype=np.float32)[y]) for x, y in integer_steps]
+    make = dense_model([("out", 10, None)])
+    trainer = build("cpu:2", make)
+    result = run_steps(trainer, steps)
+
+    def one_hot_loss(y, logits):
+        return tf.nn.softmax_cross_entropy_with_logits(y, logits)
+    model, bound = reference(make, keras.optimizers.SGD(0.1, momentum=0.9), one_hot_loss,
+                             steps, one_hot_loss)
+    assert_weights_match(trainer, model, bound)
+    counts = result.metric_sums["accuracy"]
+    assert counts[1] == STEPS * helpers.GLOBAL_BATCH  # one comparison per example
+
+
+def test_compiled_softmax_model_trains_with_its_loss_metrics_and_optimizer():
+    make = dense_model([("out", 10, "softmax")], dict(
+        optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+        metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3, name="top3")]))
+    trainer = build("cpu:4", make)
+    assert trainer.spec.sources == {"loss": "compiled model", "metrics": "compiled model",
+                                    "optimizer": "compiled model"}
+    assert isinstance(trainer.copies[0].optimizer, keras.optimizers.Adam)
+    steps = helpers.batches(STEPS)
+    result = run_steps(trainer, steps)
+    accuracy, top3 = (keras.metrics.SparseCategoricalAccuracy(),
+                      keras.metrics.SparseTopKCategoricalAccuracy(k=3))
+    loss = keras.losses.sparse_categorical_crossentropy
+    model, bound = reference(make, keras.optimizers.Adam(0.01), loss, steps, loss,
+                             step_metrics=[(accuracy, lambda y, o: (y, o)),
+                                           (top3, lambda y, o: (y, o))])
+    assert_weights_match(trainer, model, bound)
+    values = metrics.results(trainer.metrics, result.metric_sums)
+    assert values["accuracy"] == pytest.approx(float(accuracy.result()), abs=1e-7)
+    assert values["top3"] == pytest.approx(float(top3.result()), abs=1e-7)
+
+
+def test_two_outputs_with_two_losses_and_loss_weights():
+    """A class head (logits) and a regression head; loss = 1.0 * CE + 0.5 * MSE as compile
+    weighs them; per-output metrics named <output>_<metric>."""
+    make = dense_model([("cls", 10, None), ("reg", 1, None)])
+    weights = {"cls": 1.0, "reg": 0.5}
+    loss = losses.PerOutput(
+        {"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+        weights)
+    trainer = build("cpu:2", make, loss=loss,
+                    metric_list={"cls": ["accuracy"], "reg": [keras.metrics.MeanAbsoluteError()]})
+    assert [m.name for m in trainer.metrics] == ["cls_accuracy", "reg_mean_absolute_error"]
+    plain = helpers.batches(STEPS)
+    steps = [(x, (y, (y / 10.0).astype(np.float32)[:, None])) for x, y in plain]
+
+    def per_example(packed, outputs):  # labels packed as [B, 2]: class, target
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(packed[:, 0], tf.int32),
+                                                            outputs[0])
+        return ce + 0.5 * tf.square(outputs[1][:, 0] - packed[:, 1])
+
+    def mean_loss(y, outputs):
+        return (tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y[0], outputs[0]))
+                + 0.5 * tf.reduce_mean(tf.square(outputs[1] - y[1])))
+    result = run_steps(trainer, steps)
+    packed = [np.stack([y.astype(np.float32), y / 10.0], 1).astype(np.float32) for _, y in plain]
+    mae = keras.metrics.MeanAbsoluteError()
+    model, bound = reference(make, keras.optimizers.SGD(0.1, momentum=0.9), mean_loss, steps,
+                             per_example, packed, step_metrics=[(mae, lambda y, o: (y[1], o[1]))])
+    assert_weights_match(trainer, model, bound)
+    values = metrics.results(trainer.metrics, result.metric_sums)
+    assert values["reg_mean_absolute_error"] == pytest.approx(float(mae.result()), rel=1e-5)
+    assert result.metric_sums["cls_accuracy"][1] == STEPS * helpers.GLOBAL_BATCH
+
+
+def test_regression_with_mse_reports_its_metrics_and_no_accuracy():
+    make = dense_model([("out", 1, None)])
+    steps = [(x, (y / 10.0).astype(np.float32)) for x, y in helpers.batches(STEPS)]
+    trainer = build("cpu:2", make, loss=keras.losses.MeanSquaredError(),
+                    metric_list=[keras.metrics.MeanAbsoluteError(name="mae")])
+    result = run_steps(trainer, steps)
+    mae = keras.metrics.MeanAbsoluteError()
+    per_example = keras.losses.mean_squared_error
+    model, bound = reference(make, keras.optimizers.SGD(0.1, momentum=0.9),
+                             lambda y, o: per_example(y[:, None], o), steps,
+                             lambda y, o: per_example(y[:, None], o),
+                             step_metrics=[(mae, lambda y, o: (y[:, None], o))])
+    assert_weights_match(trainer, model, bound)
+    values = metrics.results(trainer.metrics, result.metric_sums)
+    assert set(values) == {"mae"}  # no accuracy
+    assert values["mae"] == pytest.approx(float(mae.result()), rel=1e-5)
+
+
+# --- optimizers ------------------------------------------------------------------------
+
+def test_keras_optimizer_object_with_a_schedule_gives_each_copy_its_own():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=1, decay_rate=0.5)
+    given = keras.optimizers.SGD(schedule, momentum=0.9)
+    make = dense_model([("out", 10, None)])
+    trainer = build("cpu:2", make, loss=helpers.experiment.default_loss(), optimizer=given)
+    first, second = (copy.optimizer for copy in trainer.copies)
+    assert first is not second and given not in (first, second)
+    steps = helpers.batches(STEPS)
+    run_steps(trainer, steps)
+    assert int(given.iterations.numpy()) == 0  # the object given is a template, never applied
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    per_example = lambda y, o: keras.losses.sparse_categorical_crossentropy(y, o, True)  # noqa
+    model, bound = reference(make, keras.optimizers.SGD(schedule, momentum=0.9), loss, steps,
+                             per_example)
+    assert_weights_match(trainer, model, bound)
+    from mgloop import optim
+    assert optim.current_rate(first)(STEPS) == pytest.approx(0.2 * 0.5 ** STEPS, rel=1e-6)
