@@ -264,3 +264,47 @@ def test_keras_optimizer_object_with_a_schedule_gives_each_copy_its_own():
     assert_weights_match(trainer, model, bound)
     from mgloop import optim
     assert optim.current_rate(first)(STEPS) == pytest.approx(0.2 * 0.5 ** STEPS, rel=1e-6)
+
+
+# --- run: callbacks, the result object ------------------------------------------------
+
+def test_run_stops_early_calls_back_and_returns_a_usable_model(tmp_path):
+    """EarlyStopping with a min_delta no eval can beat stops after its patience (evals at
+    steps 1, 2, 3: best at 1, then 2 evals without improvement > patience 1); the user's
+    function sees every loop's step and metrics; the result's model predicts as the export."""
+    seen = []
+
+    def record(step, values):
+        seen.append((step, sorted(values)))
+
+    stopper = callbacks.EarlyStopping("eval/loss", patience=1, min_delta=1e9)
+    config = helpers.small_config(str(tmp_path / "run"), train_steps=8,
+                                  steps_per_loop=1, eval_every=1,
+                                  export_dir=str(tmp_path / "export"))
+    result = mgloop.run(config, model_fn=dense_model([("out", 10, None)]),
+                        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+                        optimizer=keras.optimizers.SGD(0.05), callbacks=[stopper, record])
+    assert result["final_step"] == 3 and stopper.stopped_step == 3
+    assert result["stopped_by"] == repr(stopper)
+    assert [step for step, _ in seen] == [1, 2, 3]
+    assert seen[0][1] == sorted(["eval/loss", "eval/acc", "train/loss", "train/acc",
+                                 "train/examples_per_sec", "train/step_time",
+                                 "train/input_wait"])
+    steps, losses_seen = result.history.of("eval/loss")
+    assert steps == [1, 2, 3] and losses_seen[-1] == pytest.approx(result["eval_loss"])
+    assert set(result["eval_metrics"]) == {"loss", "acc"}
+    assert result["training"]["optimizer"] == "run" and result["eval_accuracy"] is None
+    exported = keras.models.load_model(os.path.join(str(tmp_path / "export"),
+                                                    checkpoint.EXPORT_FILENAME))
+    x = helpers.DATASET.eval_x[:20]
+    np.testing.assert_array_equal(result.model.predict(x, verbose=0),
+                                  exported.predict(x, verbose=0))
+    np.testing.assert_allclose(result.predict(x, batch_size=8), exported.predict(x, verbose=0),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_old_argument_names_still_work_but_not_with_the_new_ones(logdir):
+    config = helpers.small_config(logdir)
+    with pytest.raises(ConfigError, match="both loss_fn= and loss= given"):
+        mgloop.run(config, loss=keras.losses.MeanSquaredError(),
+                   loss_fn=keras.losses.MeanSquaredError())
