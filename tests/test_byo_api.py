@@ -19,6 +19,7 @@ from mgloop import callbacks, checkpoint, devices, experiment, losses, metrics, 
 from mgloop.errors import ConfigError
 from tests import helpers
 from tests import tolerance
+from tests.test_accuracy import event_tags
 
 STEPS = 3
 SHAPE = helpers.DATASET.input_shape
@@ -128,6 +129,22 @@ def test_bad_arguments_are_refused_in_one_line():
         with pytest.raises(ConfigError, match=words) as raised:
             call()
         assert "\n" not in str(raised.value)
+
+
+def test_compiled_losses_per_output_take_the_compiled_loss_weights():
+    model = dense_model([("cls", 10, None), ("reg", 1, None)], dict(
+        loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              "reg": "mse"}, loss_weights={"cls": 0.25, "reg": 2.0}))()
+    spec = training_spec.resolve(model, None, None, None, losses.cross_entropy, None)
+    assert spec.sources["loss"] == "compiled model"
+    rng = np.random.default_rng(1)
+    logits, value = rng.normal(size=(6, 10)).astype(np.float32), rng.normal(size=(6, 1))
+    labels, target = rng.integers(0, 10, 6), rng.normal(size=(6, 1))
+    expected = (0.25 * np.mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+                + 2.0 * np.mean((value - target) ** 2))
+    got = spec.loss_fn((labels, target.astype(np.float32)),
+                       [tf.constant(logits), tf.constant(value, tf.float32)])
+    assert float(got) == pytest.approx(expected, rel=1e-6)
 
 
 # --- heads, labels and losses against one device -----------------------------------------
@@ -279,7 +296,7 @@ def test_run_stops_early_calls_back_and_returns_a_usable_model(tmp_path):
 
     stopper = callbacks.EarlyStopping("eval/loss", patience=1, min_delta=1e9)
     config = helpers.small_config(str(tmp_path / "run"), train_steps=8,
-                                  steps_per_loop=1, eval_every=1,
+                                  steps_per_loop=1, eval_every=1, summary_every=1,
                                   export_dir=str(tmp_path / "export"))
     result = mgloop.run(config, model_fn=dense_model([("out", 10, None)]),
                         metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
@@ -294,6 +311,9 @@ def test_run_stops_early_calls_back_and_returns_a_usable_model(tmp_path):
     assert steps == [1, 2, 3] and losses_seen[-1] == pytest.approx(result["eval_loss"])
     assert set(result["eval_metrics"]) == {"loss", "acc"}
     assert result["training"]["optimizer"] == "run" and result["eval_accuracy"] is None
+    for folder in ("train", "eval"):
+        assert {"loss", "acc"} <= event_tags(str(tmp_path / "run" / folder))
+    assert "learning_rate" in event_tags(str(tmp_path / "run" / "train"))
     exported = keras.models.load_model(os.path.join(str(tmp_path / "export"),
                                                     checkpoint.EXPORT_FILENAME))
     x = helpers.DATASET.eval_x[:20]
