@@ -99,7 +99,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=None,
         train_data=None, eval_data=None, metrics=None, optimizer=None, callbacks=None, *,
         command_line: list[str] | None = None, loss_fn=None,
-        dataset: data.InMemoryDataset | None = None) -> run_result.RunResult:
+        dataset=None) -> run_result.RunResult:
     """Trains per `config`; returns a RunResult (run_result.py: the trained template model,
     the history, and the summary, also written to <logdir>/summary.json, read by indexing).
 
@@ -107,7 +107,10 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     `loss`, `metrics`, `optimizer`: as given, else the compiled model's, else the default
     cross-entropy (matched to the model's output, losses.py), accuracy where that loss
     defines one, the flag-driven optimizer (training_spec.py; the log says which).
-    `train_data` (None: --dataset) is the training input. `callbacks`: functions
+    `train_data` and `eval_data` take whatever `data.as_input` accepts (user_input.py:
+    tf.data pipelines, functions of an InputContext, arrays; `train_data` None: --dataset);
+    without eval data (a user's training data and no `eval_data`) the run evaluates
+    nothing. `callbacks`: functions
     (step, metrics) -> stop?, called after every compiled loop (callbacks.py).
     `final_train_accuracy` and `eval_accuracy` are None where no accuracy is defined;
     `train_metrics`/`eval_metrics` hold every metric. `loss_fn=` and `dataset=` are the
@@ -120,24 +123,19 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     """
     config = config.validated()
     loss = _renamed("loss_fn", loss_fn, "loss", loss)
-    train_data = _renamed("dataset", dataset, "train_data", train_data)
+    dataset = train_data = _renamed("dataset", dataset, "train_data", train_data)
     training_spec.check_arguments(loss, metrics, optimizer, callbacks)
-    if eval_data is not None:
-        raise ConfigError("eval_data: separate eval data needs mgloop.data.as_input (branch "
-                          "byo_data); give an InMemoryDataset with an eval split as train_data")
-    if train_data is not None and not isinstance(train_data, data.InMemoryDataset):
-        raise ConfigError(f"train_data: got {type(train_data).__name__}; give a "
-                          "mgloop.data.InMemoryDataset (other inputs: mgloop.data.as_input)")
-    dataset = train_data
-    if dataset is not None:  # already in memory: check that it fits before any device exists
+    if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
         check_data(dataset, config)
+    for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
+        data.user_input.check_accepted(value, what)  # one line, before any device exists
     request = devices.parse(config.devices)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
     with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
           contextlib.ExitStack() as on_exit):
         return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
-                    dataset, command_line, request, workers, chief, stop, on_exit)
+                    (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
 
 
 def _renamed(old: str, old_value, new: str, new_value):
@@ -160,14 +158,23 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     # until the last collective between workers (stopped there, or on any exit)
     health = on_exit.enter_context(peer_health.watch(workers, config.collective_timeout))
     logging.info("logdir: %s", config.logdir)
-    if dataset is None:  # readers may start TensorFlow: after the devices, before variables
-        dataset = data.load(config.dataset, config.seed, config.data_dir)
-        check_data(dataset, config)
+    # readers may start TensorFlow: after the devices, before variables
+    train_data, eval_data = dataset
+    train = data.as_input(train_data, config, workers, "train_data")
+    evaluation = (data.as_input(eval_data, config, workers, "eval_data") if eval_data is not None
+                  else train if train.has_eval_split else None)
+    logging.info("training data: %s; eval data: %s", train.description,
+                 evaluation.description if evaluation else "none (nothing is evaluated)")
     if model_fn is None:
-        model_fn = functools.partial(models.get(config.model), dataset.input_shape,
-                                     dataset.num_classes)
-    trainer = build_trainer(config, device_set, model_fn, given.loss, dataset.input_shape,
+        if train.num_classes is None or train.input_shape is None:
+            raise ConfigError(f"--model={config.model} needs one feature tensor and the number "
+                              f"of classes, which {train.description} does not give; pass "
+                              "model_fn")
+        model_fn = functools.partial(models.get(config.model), train.input_shape,
+                                     train.num_classes)
+    trainer = build_trainer(config, device_set, model_fn, given.loss, train.input_shape,
                             workers, given.metrics, given.optimizer)
+    train.check_model(trainer.model)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
         trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation)
@@ -183,12 +190,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                                     trainer)
     if chief:  # the settings the checkpoints of this logdir are made with (run_dir.check_resumable)
         run_dir.write_config(config)
-    batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
-                                  config.seed, start_step, config.drop_remainder)
-    if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
-        part = functools.partial(staging.worker_part, workers=workers.num_workers,
-                                 index=workers.index, micro_batches=config.accumulation_steps)
-        batches = batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
+    batches = train.train_batches(start_step)  # this worker's part, from the step on
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
         summaries.write_run_record(config.logdir, config, total_towers, command_line)
@@ -200,7 +202,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     history = callbacks_lib.History()
     monitor = monitor_lib.Monitor(
         trainer, train_writer, eval_writer,
-        lambda: trainer.evaluate(dataset.eval_batches(config.global_batch_size)),
+        (lambda: trainer.evaluate(evaluation.eval_batches())) if evaluation else dict,
         eval_every=config.eval_every, histogram_every=config.histogram_every,
         profile_steps=(monitor_lib.parse_profile_steps(config.profile_steps, config.train_steps)
                        if config.profile_steps and chief else None),
@@ -247,8 +249,9 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                 "final/train_loss": result.train.get("loss"),
                 "final/eval_accuracy": eval_metrics.get("accuracy"),
                 "final/examples_per_sec": result.examples_per_sec})
-    logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
-                 metrics_lib.log_text(eval_metrics, trainer.metrics))
+    if eval_metrics:
+        logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
+                     metrics_lib.log_text(eval_metrics, trainer.metrics))
     export_path = None
     if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)
@@ -263,7 +266,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
         "final_step": result.final_step,
         "final_train_loss": result.train.get("loss"),
         "final_train_accuracy": result.train.get("accuracy"),
-        "eval_loss": eval_metrics["loss"],
+        "eval_loss": eval_metrics.get("loss"),
         "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
         "train_metrics": _metric_values(result.train, trainer.metrics),
         "eval_metrics": _metric_values(eval_metrics, trainer.metrics),

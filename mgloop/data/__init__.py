@@ -1,9 +1,12 @@
-"""Datasets by `--dataset` name; each loader returns an `InMemoryDataset`.
+"""Datasets by `--dataset` name, and `as_input` (user_input.py): what a run reads.
 
 `synthetic`, `synthetic_cifar` and `random_binary` are generated from the seed;
 `cifar10` and `mnist` read their files from `--data_dir`, whose layout `check`
 verifies with plain Python (headers and sizes, no TensorFlow) during
-`Config.validated()`.
+`Config.validated()`. Each of these loaders returns an `InMemoryDataset`.
+A `--plugin` module may `register` a dataset read from files (data larger than
+memory): a function (data_dir, input_context) -> tf.data.Dataset of its training
+examples or batches, and optionally one data_dir -> Dataset of its eval data.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from mgloop.data import cifar10
 from mgloop.data import mnist
 from mgloop.data import random_binary
 from mgloop.data import synthetic
+from mgloop.data import user_input
 from mgloop.data.base import InMemoryDataset
+from mgloop.data.padding import Weighted
+from mgloop.data.user_input import Batched, Examples, Input, as_input
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
 
@@ -28,6 +34,9 @@ class _Source:
     load: Callable[[int, str | None], InMemoryDataset]  # (seed, data_dir) -> dataset
     check_files: Callable[[str], None] | None = None  # None: reads no files
     files: str = ""  # what --data_dir must hold, for the error when it is not set
+    # registered (`register`): (data_dir, input_context) -> tf.data.Dataset, and eval's
+    train: Callable | None = None
+    eval: Callable | None = None
 
 
 _SOURCES: dict[str, _Source] = {
@@ -40,6 +49,33 @@ _SOURCES: dict[str, _Source] = {
     "mnist": _Source(lambda seed, data_dir: mnist.load(data_dir), mnist.check_files,
                      "the four MNIST IDX files"),
 }
+
+
+def register(name: str, train: Callable, eval: Callable | None = None,
+             files: str = "the dataset's files") -> None:
+    """Registers `--dataset=name` (from a --plugin module): `train(data_dir, input_context)`
+    returns a tf.data.Dataset of (features, labels) examples or batches of this worker's
+    training data (user_input.py: how global batches are formed), `eval(data_dir)` (None:
+    the run has no eval data) its eval data; `files` says what --data_dir must hold."""
+    if name in _SOURCES and _SOURCES[name].train is not train:
+        raise ConfigError(f"--dataset={name} is already registered; pick another name")
+    _SOURCES[name] = _Source(None, lambda data_dir: None, files, train, eval)
+
+
+def load_input(config, workers=None) -> Input:
+    """The input of `--dataset` (and --data_dir) of a validated config."""
+    source = _source(config.dataset)
+    if source.train is None:
+        return user_input.InMemoryInput(load(config.dataset, config.seed, config.data_dir),
+                                        config, workers)
+    data_dir = config.data_dir
+    fn = lambda context: source.train(data_dir, context)  # noqa: E731
+    fn.__name__ = f"--dataset={config.dataset}"
+    made = user_input.as_input(fn, config, workers, what=f"--dataset={config.dataset}")
+    made.description = f"--dataset={config.dataset} (--data_dir={data_dir})"
+    if source.eval is not None:
+        made.eval_pass, made.has_eval_split = (lambda: source.eval(data_dir)), True
+    return made
 
 
 def names() -> list[str]:
@@ -101,4 +137,5 @@ def load(name: str, seed: int, data_dir: str | None = None) -> InMemoryDataset:
     return _source(name).load(seed, data_dir)
 
 
-__all__ = ["InMemoryDataset", "names", "check", "check_settings", "load"]
+__all__ = ["InMemoryDataset", "names", "check", "check_settings", "load", "register",
+           "load_input", "as_input", "Input", "Batched", "Examples", "Weighted"]
