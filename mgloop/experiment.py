@@ -122,8 +122,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     (preemption.py).
     """
     config = config.validated()
-    loss = _renamed("loss_fn", loss_fn, "loss", loss)
-    dataset = train_data = _renamed("dataset", dataset, "train_data", train_data)
+    loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
+    dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
     training_spec.check_arguments(loss, metrics, optimizer, callbacks)
     if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
         check_data(dataset, config)
@@ -136,17 +136,6 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
           contextlib.ExitStack() as on_exit):
         return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
                     (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
-
-
-def _renamed(old: str, old_value, new: str, new_value):
-    """The value of an argument given by its deprecated name (a warning), or the new one."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise ConfigError(f"run: both {old}= and {new}= given; {old}= is the deprecated name "
-                          f"of {new}=, give {new}= alone")
-    logging.warning("run(%s=...) is deprecated: call run(%s=...) (same meaning)", old, new)
-    return old_value
 
 
 def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_line,
@@ -268,10 +257,12 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
         "final_train_accuracy": result.train.get("accuracy"),
         "eval_loss": eval_metrics.get("loss"),
         "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
-        "train_metrics": _metric_values(result.train, trainer.metrics),
-        "eval_metrics": _metric_values(eval_metrics, trainer.metrics),
-        "training": {**trainer.spec.sources, "loss_fn": repr(trainer.loss_fn),
-                     "metrics": [m.name for m in trainer.metrics]},
+        "train_metrics": metrics_lib.values_of(result.train, trainer.metrics),
+        "eval_metrics": metrics_lib.values_of(eval_metrics, trainer.metrics),
+        "training": {"loss": trainer.spec.sources["loss"], "loss_fn": repr(trainer.loss_fn),
+                     "metrics_from": trainer.spec.sources["metrics"],
+                     "metrics": [m.name for m in trainer.metrics],
+                     "optimizer": trainer.spec.sources["optimizer"]},
         "stopped_by": (callbacks_lib.name_of(result.stopped_by)
                        if result.stopped_by is not None else None),
         "examples_per_sec": result.examples_per_sec,
@@ -287,12 +278,6 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
         with monitor_lib.logdir_guard(config.logdir, save_rescue):
             summaries.write_json_atomically(summary_path, summary)
     return run_result.RunResult(summary, trainer, history)
-
-
-def _metric_values(values: dict, metrics) -> dict[str, float]:
-    """"loss" and every metric defined on what was seen (a name absent: undefined)."""
-    return {name: values[name] for name in ["loss", *(m.name for m in metrics)]
-            if name in values}
 
 
 def _finished(config: Config, trainer: Trainer, step: int, summary_path: str,

@@ -159,3 +159,9 @@ def results(metrics: Sequence[Metric], sums_by_name: dict[str, np.ndarray]) -> d
         if value is not None:
             out[m.name] = value
     return out
+
+
+def values_of(values: dict, metrics: Sequence[Metric]) -> dict[str, float]:
+    """"loss" and every metric of `values` (a window's or an eval's; absent: undefined)."""
+    return {name: values[name] for name in ["loss", *(m.name for m in metrics)]
+            if name in values}

@@ -286,37 +286,46 @@ def test_keras_optimizer_object_with_a_schedule_gives_each_copy_its_own():
 # --- run: callbacks, the result object ------------------------------------------------
 
 def test_run_stops_early_calls_back_and_returns_a_usable_model(tmp_path):
-    """EarlyStopping with a min_delta no eval can beat stops after its patience (evals at
-    steps 1, 2, 3: best at 1, then 2 evals without improvement > patience 1); the user's
-    function sees every loop's step and metrics; the result's model predicts as the export."""
+    """numpy regression data, a model compiled with MSE and MAE (and an optimizer the run
+    overrides): no accuracy anywhere; EarlyStopping with a min_delta no eval can beat stops
+    after its patience (evals at steps 1, 2, 3: best at 1, then 2 evals without improvement
+    > patience 1); the user's function sees every loop's step and metrics; the result's
+    model predicts as the export."""
     seen = []
 
     def record(step, values):
         seen.append((step, sorted(values)))
 
+    source = helpers.DATASET
+    train = (source.train_x, (source.train_y / 10.0).astype(np.float32)[:, None])
+    evaluation = (source.eval_x, (source.eval_y / 10.0).astype(np.float32)[:, None])
     stopper = callbacks.EarlyStopping("eval/loss", patience=1, min_delta=1e9)
     config = helpers.small_config(str(tmp_path / "run"), train_steps=8,
                                   steps_per_loop=1, eval_every=1, summary_every=1,
                                   export_dir=str(tmp_path / "export"))
-    result = mgloop.run(config, model_fn=dense_model([("out", 10, None)]),
-                        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    make = dense_model([("out", 1, None)], dict(optimizer="adam", loss="mse",
+                                                 metrics=[keras.metrics.MeanAbsoluteError()]))
+    result = mgloop.run(config, model_fn=make, train_data=train, eval_data=evaluation,
                         optimizer=keras.optimizers.SGD(0.05), callbacks=[stopper, record])
     assert result["final_step"] == 3 and stopper.stopped_step == 3
     assert result["stopped_by"] == repr(stopper)
     assert [step for step, _ in seen] == [1, 2, 3]
-    assert seen[0][1] == sorted(["eval/loss", "eval/acc", "train/loss", "train/acc",
-                                 "train/examples_per_sec", "train/step_time",
-                                 "train/input_wait"])
+    assert seen[0][1] == sorted(["eval/loss", "eval/mean_absolute_error", "train/loss",
+                                 "train/mean_absolute_error", "train/examples_per_sec",
+                                 "train/step_time", "train/input_wait"])
     steps, losses_seen = result.history.of("eval/loss")
     assert steps == [1, 2, 3] and losses_seen[-1] == pytest.approx(result["eval_loss"])
-    assert set(result["eval_metrics"]) == {"loss", "acc"}
-    assert result["training"]["optimizer"] == "run" and result["eval_accuracy"] is None
+    assert set(result["eval_metrics"]) == {"loss", "mean_absolute_error"}
+    assert result["training"]["optimizer"] == "run"
+    assert result["training"]["loss"] == result["training"]["metrics_from"] == "compiled model"
+    assert result["eval_accuracy"] is None and result["final_train_accuracy"] is None
     for folder in ("train", "eval"):
-        assert {"loss", "acc"} <= event_tags(str(tmp_path / "run" / folder))
+        tags = event_tags(str(tmp_path / "run" / folder))
+        assert {"loss", "mean_absolute_error"} <= tags and "accuracy" not in tags
     assert "learning_rate" in event_tags(str(tmp_path / "run" / "train"))
     exported = keras.models.load_model(os.path.join(str(tmp_path / "export"),
                                                     checkpoint.EXPORT_FILENAME))
-    x = helpers.DATASET.eval_x[:20]
+    x = source.eval_x[:20]
     np.testing.assert_array_equal(result.model.predict(x, verbose=0),
                                   exported.predict(x, verbose=0))
     np.testing.assert_allclose(result.predict(x, batch_size=8), exported.predict(x, verbose=0),
