@@ -82,9 +82,21 @@ def compiled_settings(model: keras.Model) -> dict:
             "optimizer": getattr(model, "optimizer", None) or config.get("optimizer")}
 
 
+def _check_several_outputs(model: keras.Model, what: str) -> None:
+    """Refuses a per-output `what` for a Functional/Sequential model with one output."""
+    try:
+        count = len(model.outputs) if getattr(model, "outputs", None) is not None else None
+    except (AttributeError, ValueError):  # a subclassed model: checked when traced
+        count = None
+    if count == 1:
+        raise ConfigError(f"{what}: given per output (a list or dict), but the model has one "
+                          f"output; give {what} for that output alone")
+
+
 def make_loss(loss, model: keras.Model, weights=None):
     """A callable loss from a run's or compile's `loss` (see the module docstring)."""
     if isinstance(loss, (list, tuple, dict)):
+        _check_several_outputs(model, "loss")
         return losses.PerOutput(loss, weights, model)
     if weights is not None:
         raise ConfigError("loss_weights: given for one loss; they weigh a loss per output")
@@ -120,6 +132,7 @@ def _one_metric(item, loss_fn, output: losses.OutputKey | None):
 def make_metrics(given, loss_fn, model: keras.Model) -> list:
     """mgloop metric objects of a run's or compile's `metrics`, each name once."""
     if isinstance(given, dict) or (given and all(isinstance(m, (list, tuple)) for m in given)):
+        _check_several_outputs(model, "metrics")
         names = list(given) if isinstance(given, dict) else list(range(len(given)))
         lists = list(given.values()) if isinstance(given, dict) else list(given)
         keys = losses.output_keys(model, names)

@@ -124,7 +124,10 @@ def test_bad_arguments_are_refused_in_one_line():
         (lambda: training_spec.make_metrics([keras.metrics.MeanSquaredError(name="loss")],
                                             None, model), "used twice \\(or are 'loss'\\)"),
         (lambda: training_spec.optimizer_factory(lambda: 0.1)(), "returned float"),
-        (lambda: callbacks.EarlyStopping(mode="up"), "mode='up'")]
+        (lambda: callbacks.EarlyStopping(mode="up"), "mode='up'"),
+        (lambda: training_spec.make_loss(["mse", "mae"], model), "loss: given per output"),
+        (lambda: training_spec.make_metrics({"out": ["mae"]}, None, model),
+         "metrics: given per output")]
     for call, words in cases:
         with pytest.raises(ConfigError, match=words) as raised:
             call()
@@ -145,6 +148,16 @@ def test_compiled_losses_per_output_take_the_compiled_loss_weights():
     got = spec.loss_fn((labels, target.astype(np.float32)),
                        [tf.constant(logits), tf.constant(value, tf.float32)])
     assert float(got) == pytest.approx(expected, rel=1e-6)
+
+
+def test_optimizer_names_and_factories_make_a_fresh_optimizer_per_copy():
+    for given in ("adam", lambda: keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.01)):
+        make = training_spec.optimizer_factory(given)
+        first, second = make(), make()
+        assert isinstance(first, keras.optimizers.Adam) and first is not second
+        settings = [{k: v for k, v in o.get_config().items() if k != "name"}
+                    for o in (first, second)]
+        assert settings[0] == settings[1]
 
 
 # --- heads, labels and losses against one device -----------------------------------------
