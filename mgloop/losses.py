@@ -166,10 +166,16 @@ class PerOutput:
 
         loss = sum over outputs o of w_o * mean over the shard's elements of loss_o(y_o, z_o)
 
-    (w_o = 1 unless weighted; an output whose loss is None adds nothing). Every term is a
-    mean over its shard, so the towers' mean of it is the one-device value on the global
-    batch (shards are equal). `losses` and `weights`: a list (by position) or a dict (by
-    output name), as compile takes them."""
+    (w_o = 1 unless weighted; an output whose loss is None adds nothing). It is returned
+    per example where every term can be: l_i = sum_o w_o * (mean of loss_o over example
+    i's elements), whose mean over the shard is the loss above (every example has the same
+    number of elements); a Keras Loss object with Keras's default reduction
+    ("sum_over_batch_size") gives its unreduced values (`Loss.call`, labels and outputs
+    converted to its dtype as its __call__ does). A term that is one value per batch
+    makes the whole loss one value (then short batches cannot be padded: data/padding.py
+    refuses). Every term is a mean over its shard, so the towers' mean of it is the
+    one-device value on the global batch (shards are equal). `losses` and `weights`: a
+    list (by position) or a dict (by output name), as compile takes them."""
 
     def __init__(self, losses, weights=None, model=None):
         names = list(losses) if isinstance(losses, dict) else list(range(len(losses)))
@@ -196,8 +202,23 @@ class PerOutput:
         return "PerOutput(" + ", ".join(f"{k.name}: {l!r} x {w:g}" for k, l, w in self.terms) + ")"
 
     def __call__(self, y_true, outputs) -> tf.Tensor:
-        total = 0.0
-        for key, loss_fn, weight in self.terms:
-            term = tf.reduce_mean(loss_fn(select(y_true, key), select(outputs, key)))
-            total += weight * term
-        return total
+        terms = [(weight, _per_example(loss_fn, select(y_true, key), select(outputs, key)))
+                 for key, loss_fn, weight in self.terms]
+        if any(values.shape.rank == 0 for _, values in terms):
+            return tf.add_n([weight * tf.reduce_mean(values) for weight, values in terms])
+        return tf.add_n([weight * values for weight, values in terms])
+
+
+def _per_example(loss_fn, y_true, outputs) -> tf.Tensor:
+    """`loss_fn`'s values per example ([B]: the mean over each example's other axes), or one
+    value ([]) where the loss reduces the batch itself."""
+    if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction == "sum_over_batch_size":
+        convert = lambda v: tf.cast(v, loss_fn.dtype)  # noqa: E731 -- as Loss.__call__ does
+        values = loss_fn.call(tf.nest.map_structure(convert, y_true),
+                              tf.nest.map_structure(convert, outputs))
+    else:
+        values = loss_fn(y_true, outputs)
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank is not None and values.shape.rank > 1:
+        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+    return values
