@@ -351,3 +351,30 @@ def test_old_argument_names_still_work_but_not_with_the_new_ones(logdir):
     with pytest.raises(ConfigError, match="both loss_fn= and loss= given"):
         mgloop.run(config, loss=keras.losses.MeanSquaredError(),
                    loss_fn=keras.losses.MeanSquaredError())
+
+
+def test_two_outputs_on_a_padded_short_batch_train_on_the_real_examples():
+    """A loss per output is per example (losses.PerOutput), so a short batch padded to the
+    global batch with weights (data/padding.py) trains as one device on its real examples."""
+    from mgloop.data import padding
+    make = dense_model([("cls", 10, None), ("reg", 1, None)])
+    loss = losses.PerOutput([keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                             keras.losses.MeanSquaredError()], [1.0, 0.5])
+    trainer = build("cpu:2", make, loss=loss, metric_list=[])
+    (x, y), = helpers.batches(1)
+    real = 11  # of 16: the short batch, padded with copies of its first examples
+    index = np.arange(helpers.GLOBAL_BATCH) % real
+    target = (y / 10.0).astype(np.float32)[:, None]
+    mask = (np.arange(helpers.GLOBAL_BATCH) < real).astype(np.float32)
+    weights = mask * helpers.GLOBAL_BATCH / real
+    run_steps(trainer, [(x[index], padding.Weighted((y[index], target[index]), weights))])
+
+    def per_example(packed, outputs):
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(packed[:, 0], tf.int32),
+                                                            outputs[0])
+        return ce + 0.5 * tf.square(outputs[1][:, 0] - packed[:, 1])
+    packed = np.stack([y[:real].astype(np.float32), target[:real, 0]], 1)
+    model, bound = reference(make, keras.optimizers.SGD(0.1, momentum=0.9),
+                             lambda labels, o: per_example(packed, o),
+                             [(x[:real], (y[:real], target[:real]))], per_example, [packed])
+    assert_weights_match(trainer, model, bound)
