@@ -155,7 +155,17 @@ def optimizer_factory(optimizer) -> Callable[[], keras.optimizers.Optimizer]:
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer  # compile's auto_scale_loss: mgloop scales
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        kind, config = type(optimizer), optimizer.get_config()
+        kind = type(optimizer)
+        try:
+            config = optimizer.get_config()
+            schedule = getattr(optimizer, "_learning_rate", None)  # Keras keeps the object there
+            if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+                config["learning_rate"] = schedule  # shared: a function of the step alone
+            kind.from_config(dict(config))
+        except Exception as error:  # noqa: BLE001 -- any failure: one line, before any copy
+            raise ConfigError(f"optimizer: {kind.__name__} cannot be remade from its config "
+                              f"({type(error).__name__}: {str(error).splitlines()[0][:120]}); "
+                              "give a factory that returns a fresh optimizer") from None
         return lambda: kind.from_config(dict(config))
 
     def make():

@@ -378,3 +378,28 @@ def test_two_outputs_on_a_padded_short_batch_train_on_the_real_examples():
                              lambda labels, o: per_example(packed, o),
                              [(x[:real], (y[:real], target[:real]))], per_example, [packed])
     assert_weights_match(trainer, model, bound)
+
+
+def test_a_schedule_is_shared_not_serialized_and_one_without_a_config_refused():
+    @keras.saving.register_keras_serializable(package="test_byo_api")
+    class Halving(keras.optimizers.schedules.LearningRateSchedule):
+        def __init__(self, start):
+            self.start = start
+
+        def __call__(self, step):
+            return self.start * tf.pow(0.5, tf.cast(step, tf.float32))
+
+        def get_config(self):
+            return {"start": self.start}
+
+    schedule = Halving(0.4)
+    make = training_spec.optimizer_factory(keras.optimizers.SGD(schedule))
+    first, second = make(), make()
+    assert first is not second and first._learning_rate is schedule  # noqa: SLF001
+
+    class NoConfig(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            return 0.1
+
+    with pytest.raises(ConfigError, match="cannot be remade from its config .* factory"):
+        training_spec.optimizer_factory(keras.optimizers.SGD(NoConfig()))
