@@ -65,13 +65,18 @@ class EarlyStopping:
 
 
 class History:
-    """Keeps every loop's record: `records` is a list of {"step": s, **metrics}."""
+    """Keeps the records {"step": s, **metrics} of the loops that evaluated and of those
+    ending on a multiple of `every` steps (0: every loop), in `records`; a long run with
+    short loops keeps what its summaries keep, not one record per loop."""
 
-    def __init__(self):
+    def __init__(self, every: int = 0):
+        self.every = every
         self.records: list[dict] = []
 
     def __call__(self, step: int, metrics: dict) -> bool:
-        self.records.append({"step": step, **metrics})
+        if not self.every or step % self.every == 0 or any(k.startswith("eval/")
+                                                           for k in metrics):
+            self.records.append({"step": step, **metrics})
         return False
 
     def of(self, name: str) -> tuple[list[int], list[float]]:

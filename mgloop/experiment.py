@@ -188,7 +188,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     learning_rate = (optim.compiled_schedule(optim.make_schedule(config))
                      if trainer.spec.sources["optimizer"].startswith("default")
                      else optim.current_rate(trainer.copies[0].optimizer))
-    history = callbacks_lib.History()
+    history = callbacks_lib.History(config.summary_every or config.log_every)
     monitor = monitor_lib.Monitor(
         trainer, train_writer, eval_writer,
         (lambda: trainer.evaluate(evaluation.eval_batches())) if evaluation else dict,

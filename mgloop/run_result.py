@@ -6,8 +6,9 @@ summary.json), and adds
     model      the trained template model (variable copy 0: every copy holds the same
                values), a plain Keras model: `model.predict(x)`, `model.evaluate(...)`
                after `model.compile(...)`, `model.save(...)` work in the same process
-    history    callbacks.History: one record per compiled loop, {"step", "train/loss",
-               "train/NAME", ... and "eval/..." where it evaluated}; `history.of(name)`
+    history    callbacks.History: the records {"step", "train/loss", "train/NAME", ...,
+               and "eval/..." where it evaluated} of every eval and of the loops ending on
+               --summary_every (else --log_every, else every loop); `history.of(name)`
     trainer    the Trainer (trainer.py), whose `evaluate(batches)` and `predict(x,
                batch_size)` run on the towers with the run's loss and metrics
 

@@ -403,3 +403,19 @@ def test_a_schedule_is_shared_not_serialized_and_one_without_a_config_refused():
 
     with pytest.raises(ConfigError, match="cannot be remade from its config .* factory"):
         training_spec.optimizer_factory(keras.optimizers.SGD(NoConfig()))
+
+
+def test_history_keeps_evals_and_summary_steps_and_early_stopping_counts_evals():
+    history = callbacks.History(every=4)
+    stopper = callbacks.EarlyStopping("eval/accuracy", patience=1, mode="max")
+    stopped = []
+    for step, value in zip(range(1, 9), (None, 0.5, None, 0.6, None, 0.6, 0.55, None)):
+        metrics_seen = {"train/loss": 1.0 / step}
+        if value is not None:
+            metrics_seen["eval/accuracy"] = value
+        history(step, metrics_seen)
+        if stopper(step, metrics_seen):
+            stopped.append(step)
+    assert [r["step"] for r in history.records] == [2, 4, 6, 7, 8]
+    assert history.of("eval/accuracy") == ([2, 4, 6, 7], [0.5, 0.6, 0.6, 0.55])
+    assert stopped == [7] and stopper.best == 0.6 and stopper.best_step == 4
