@@ -118,7 +118,9 @@ class Config:
     drop_remainder: bool = setting(
         True, "true: each epoch gives floor(N/B) full batches, its last N mod B examples "
         "unused; false: epochs run on into one another, so the last batch of an epoch is "
-        "completed from the next (every batch is full)", hparam=True)
+        "completed from the next (every batch is full); for a user's data (tf.data, arrays, "
+        "a --plugin dataset) false pads the short batch and weighs it to the mean over its "
+        "real examples (mgloop/data/padding.py)", hparam=True)
     # Input staging (staging.py): every mode hands the towers the same shards; recorded in
     # HParams all the same, as the speed of runs is compared by it.
     staging: str = setting(

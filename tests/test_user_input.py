@@ -1,6 +1,7 @@
 """A user's data (data.as_input): tf.data with dict features, short batches (dropped, or
 padded and weighted: the mean over the real examples), refusals, TFRecord files with resume."""
 
+import dataclasses
 import os
 
 import keras
@@ -15,13 +16,13 @@ from mgloop.errors import ConfigError
 from tests import helpers, tolerance
 from tests.plugins import tfrecord_data
 
-N, FEATURES, CLASSES, BATCH, STEPS = 22, 4, 3, 8, 4  # a pass: 8 + 8 + a short batch of 6
+N, FEATURES, CLASSES, BATCH, STEPS = 21, 4, 3, 8, 4  # a pass: 8 + 8 + a short batch of 5
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((N, FEATURES)).astype(np.float32)
 Y = RNG.integers(CLASSES, size=N).astype(np.int32)
-# the reference's global batches: a pass in order, its last 6 examples dropped or trained
+# the reference's global batches: a pass in order, its last 5 examples dropped or trained
 EXPECTED = {True: [slice(0, 8), slice(8, 16), slice(0, 8), slice(8, 16)],
-            False: [slice(0, 8), slice(8, 16), slice(16, 22), slice(0, 8)]}
+            False: [slice(0, 8), slice(8, 16), slice(16, 21), slice(0, 8)]}
 
 
 def dict_examples():
@@ -36,7 +37,7 @@ def dict_model():
 
 
 def config_for(logdir, drop_remainder):
-    return helpers.small_config(logdir, devices="cpu:4", aggregation="ring",
+    return helpers.small_config(logdir, devices="cpu:2", aggregation="ring",
                                 global_batch_size=BATCH, drop_remainder=drop_remainder,
                                 train_steps=STEPS, steps_per_loop=STEPS).validated()
 
@@ -75,9 +76,9 @@ def trained(request, tmp_path_factory):
 
 
 def test_dict_features_and_short_batches_equal_one_device_on_the_real_examples(trained):
-    """drop: the 6 examples left at the end of a pass are not trained; pad: they are one step
-    of 6 (not divisible by 4 towers), padded to 8 with weights 8/6, 0 — the one-device step
-    on the 6. Bound: the reference's StepBound, doubled: the weights add two roundings per
+    """drop: the 5 examples left at the end of a pass are not trained; pad: they are one step
+    of 5 (not divisible by 2 towers), padded to 8 with weights 8/5, 0 — the one-device step
+    on the 5. Bound: the reference's StepBound, doubled: the weights add two roundings per
     term (S/n and the product), and gamma(n+1) <= 2 gamma(n-1) for n >= 3."""
     drop, trainer, result, (weights, loss_sum, bound) = trained
     assert result.steps == STEPS
@@ -85,8 +86,8 @@ def test_dict_features_and_short_batches_equal_one_device_on_the_real_examples(t
         tolerance.assert_within([v.numpy() for v in copy.trainable], weights,
                                 [2 * t for t in bound.weights()])
     assert abs(result.loss_sum - loss_sum) <= 2 * bound.loss_sum
-    # accuracy counts the real examples only: 8 + 8 + (8 dropped-pass | 6 real) + 8
-    assert result.metric_sums["accuracy"][1] == (32 if drop else 30)
+    # accuracy counts the real examples only: 8 + 8 + (8 of the next pass | 5 real) + 8
+    assert result.metric_sums["accuracy"][1] == (32 if drop else 29)
 
 
 @pytest.mark.parametrize("drop", [True, False])
@@ -101,9 +102,42 @@ def test_batched_dataset_is_recut_into_the_same_global_batches(drop, logdir):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
     first = next(iter(examples.train_batches(2)))  # step 2: the short batch (pad) or step 0
     labels = first[1].labels if not drop else first[1]
-    np.testing.assert_array_equal(labels.numpy()[:6], Y[16:22] if not drop else Y[:6])
+    np.testing.assert_array_equal(labels.numpy()[:5], Y[16:21] if not drop else Y[:5])
     if not drop:
-        np.testing.assert_allclose(first[1].weights.numpy(), [8 / 6] * 6 + [0, 0])
+        np.testing.assert_allclose(first[1].weights.numpy(), [8 / 5] * 5 + [0, 0, 0])
+
+
+def test_padding_weights_are_formed_over_the_accumulated_step(logdir):
+    """K = 2: step 1 is global batches 2 (5 real, padded to 8) and 3 (the next pass's first
+    8): S = 16, n = 13, so the real examples weigh 16/13 and the mean is over the 13."""
+    config = helpers.small_config(logdir, devices="cpu:4", global_batch_size=BATCH,
+                                  drop_remainder=False, accumulation_steps=2).validated()
+    x, y = next(iter(data.as_input((X, Y), config).train_batches(1)))
+    assert x.shape == (16, FEATURES) and y.labels.shape == (16,)
+    np.testing.assert_allclose(y.weights.numpy(), [16 / 13] * 5 + [0] * 3 + [16 / 13] * 8)
+
+
+def test_a_function_gets_its_workers_input_context_and_reads_b_over_w_per_step(logdir):
+    """Worker 1 of 2, 2 towers each: InputContext(2 pipelines, id 1, 4 replicas); its own
+    examples (here the odd ones, by `shard`) cut into 8 / 2 = 4 per step."""
+    config = helpers.small_config(logdir, devices="cpu:2", global_batch_size=BATCH).validated()
+    # as Config.validated() resolves it under TF_CONFIG with 2 workers: 4 towers in all
+    config = dataclasses.replace(config, batch_size_per_tower=BATCH // 4)
+    seen = []
+
+    def worker_data(context):
+        seen.append((context.num_input_pipelines, context.input_pipeline_id,
+                     context.num_replicas_in_sync))
+        return tf.data.Dataset.from_tensor_slices((X, Y)).shard(
+            context.num_input_pipelines, context.input_pipeline_id)
+
+    class SecondOfTwo:
+        num_workers, index = 2, 1
+    source = data.as_input(worker_data, config, SecondOfTwo())
+    steps = [y.numpy() for _, y in source.train_batches(0).take(3)]
+    assert seen[-1] == (2, 1, 2 * 2)
+    odd = Y[1::2]  # 10 examples: steps of 4, the pass's last 2 dropped
+    np.testing.assert_array_equal(np.stack(steps), [odd[0:4], odd[4:8], odd[0:4]])
 
 
 @pytest.mark.parametrize("given, message", [
@@ -113,6 +147,7 @@ def test_batched_dataset_is_recut_into_the_same_global_batches(drop, logdir):
     (tf.data.Dataset.from_tensor_slices((X, X)),  # every leaf's leading size is 4
      "may be batches or single examples; pass mgloop.data.Batched"),
     (lambda context: [X], "returned list"),
+    (tf.data.Dataset.from_tensor_slices((X[:5], Y[:5])), "5 examples are fewer than"),
 ])
 def test_what_is_not_accepted_is_refused_in_one_line(given, message, logdir):
     config = config_for(logdir, True)
@@ -137,11 +172,10 @@ def test_padding_refuses_batch_norm_a_scalar_loss_and_per_worker_functions(logdi
 
 def _weights(logdir_run, data_dir, steps):
     config = helpers.small_config(
-        logdir_run, devices="cpu:2", aggregation="ring", plugins=("tests.plugins.tfrecord_data",),
+        logdir_run, devices="cpu:1", plugins=("tests.plugins.tfrecord_data",),
         dataset="tfrecord_examples", data_dir=data_dir, global_batch_size=4, train_steps=steps,
         steps_per_loop=1, drop_remainder=False, export_dir=os.path.join(logdir_run, "export"))
-    mgloop.run(config, model_fn=lambda: keras.Sequential(
-        [keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)]))
+    mgloop.run(config)  # --model=mlp on the registered dataset, as from the command line
     model = keras.saving.load_model(os.path.join(logdir_run, "export", "model.keras"))
     return [w for w in model.get_weights()]
 

@@ -37,6 +37,7 @@ class _Source:
     # registered (`register`): (data_dir, input_context) -> tf.data.Dataset, and eval's
     train: Callable | None = None
     eval: Callable | None = None
+    num_classes: int | None = None
 
 
 _SOURCES: dict[str, _Source] = {
@@ -52,14 +53,15 @@ _SOURCES: dict[str, _Source] = {
 
 
 def register(name: str, train: Callable, eval: Callable | None = None,
-             files: str = "the dataset's files") -> None:
+             files: str = "the dataset's files", num_classes: int | None = None) -> None:
     """Registers `--dataset=name` (from a --plugin module): `train(data_dir, input_context)`
     returns a tf.data.Dataset of (features, labels) examples or batches of this worker's
     training data (user_input.py: how global batches are formed), `eval(data_dir)` (None:
-    the run has no eval data) its eval data; `files` says what --data_dir must hold."""
+    the run has no eval data) its eval data; `files` says what --data_dir must hold;
+    `num_classes` lets the built-in --model's build on it (None: pass model_fn)."""
     if name in _SOURCES and _SOURCES[name].train is not train:
         raise ConfigError(f"--dataset={name} is already registered; pick another name")
-    _SOURCES[name] = _Source(None, lambda data_dir: None, files, train, eval)
+    _SOURCES[name] = _Source(None, lambda data_dir: None, files, train, eval, num_classes)
 
 
 def load_input(config, workers=None) -> Input:
@@ -73,6 +75,7 @@ def load_input(config, workers=None) -> Input:
     fn.__name__ = f"--dataset={config.dataset}"
     made = user_input.as_input(fn, config, workers, what=f"--dataset={config.dataset}")
     made.description = f"--dataset={config.dataset} (--data_dir={data_dir})"
+    made.num_classes = source.num_classes
     if source.eval is not None:
         made.eval_pass, made.has_eval_split = (lambda: source.eval(data_dir)), True
     return made

@@ -31,7 +31,7 @@ def train(data_dir, input_context):
 
 
 data.register("tfrecord_examples", train, eval=lambda data_dir: read(data_dir, "eval"),
-              files="train-*.tfrecord and eval-*.tfrecord")
+              files="train-*.tfrecord and eval-*.tfrecord", num_classes=3)
 
 
 def write(path, xs, ys) -> None:
