@@ -85,6 +85,20 @@ class History:
         return [s for s, _ in pairs], [v for _, v in pairs]
 
 
+def check(callbacks, eval_every: int, evaluates: bool = True) -> None:
+    """Refuses an EarlyStopping on an eval metric that no eval during training would feed
+    (--eval_every=0, or no eval data): it would never act (one line)."""
+    for callback in callbacks or ():
+        if isinstance(callback, EarlyStopping) and callback.monitor.startswith("eval/"):
+            if not eval_every:
+                raise ConfigError(f"callbacks: {callback!r} watches an eval metric, but "
+                                  "--eval_every=0 evaluates only after training; set "
+                                  "--eval_every=N (steps between evals)")
+            if not evaluates:
+                raise ConfigError(f"callbacks: {callback!r} watches an eval metric, but the "
+                                  "run has no eval data; give eval_data=")
+
+
 def name_of(callback) -> str:
     return repr(callback) if isinstance(callback, EarlyStopping) else getattr(
         callback, "__name__", type(callback).__name__)

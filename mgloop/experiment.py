@@ -125,6 +125,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
     dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
     training_spec.check_arguments(loss, metrics, optimizer, callbacks)
+    callbacks_lib.check(callbacks, config.eval_every)
     if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
         check_data(dataset, config)
     for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
@@ -154,6 +155,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                   else train if train.has_eval_split else None)
     logging.info("training data: %s; eval data: %s", train.description,
                  evaluation.description if evaluation else "none (nothing is evaluated)")
+    callbacks_lib.check(given.callbacks, config.eval_every, evaluation is not None)
     if model_fn is None:
         if train.num_classes is None or train.input_shape is None:
             raise ConfigError(f"--model={config.model} needs one feature tensor and the number "

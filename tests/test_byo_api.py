@@ -125,6 +125,8 @@ def test_bad_arguments_are_refused_in_one_line():
                                             None, model), "used twice \\(or are 'loss'\\)"),
         (lambda: training_spec.optimizer_factory(lambda: 0.1)(), "returned float"),
         (lambda: callbacks.EarlyStopping(mode="up"), "mode='up'"),
+        (lambda: callbacks.check([callbacks.EarlyStopping()], 0), "--eval_every=0 evaluates"),
+        (lambda: callbacks.check([callbacks.EarlyStopping()], 5, False), "no eval data"),
         (lambda: training_spec.make_loss(["mse", "mae"], model), "loss: given per output"),
         (lambda: training_spec.make_metrics({"out": ["mae"]}, None, model),
          "metrics: given per output")]
