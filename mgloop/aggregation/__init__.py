@@ -75,6 +75,7 @@ from mgloop.aggregation import hierarchical  # noqa: E402,F401
 from mgloop.aggregation import collective  # noqa: E402,F401
 from mgloop.aggregation import independent  # noqa: E402,F401
 from mgloop.aggregation import colocate  # noqa: E402,F401
+from mgloop.aggregation.compression import topk  # noqa: E402,F401
 from mgloop.aggregation import validation  # noqa: E402
 from mgloop.aggregation.validation import check_settings  # noqa: E402
 
