@@ -137,6 +137,7 @@ class Compressed(Aggregation):
 
     def exchange_started(self, average: bool) -> None:
         """Called once per traced exchange before any variable (e.g. to read `average`)."""
+        return None  # (a body of only a docstring is one AutoGraph cannot convert)
 
     # ---- the machinery ----
     @property
