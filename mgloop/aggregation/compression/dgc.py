@@ -14,11 +14,12 @@ On tower t, per variable of n elements, k = kept(r, n) (topk.py):
     v  <- x - c,  u <- u on the complement of I  (factor masking: both cleared on I)
 
 u and v are per-tower state. The towers' c are summed by ring all-gather, as top-k
-(bytes: (T-1) k values + (T-1) k int32 indices per tower and variable). Because the
-momentum is applied here, train with plain SGD (--optimizer=sgd): a momentum
-optimizer would apply momentum twice. The paper's warm-up of the sparsity (ratio
-decreasing over the first epochs) and its sampled threshold (in place of an exact
-top-k) are not implemented; ratio=1, momentum=0, clip_norm=0 is lossless.
+(bytes: (T-1) k values + (T-1) k int32 indices per tower and variable). The momentum
+is applied here, so momentum > 0 needs plain SGD (--optimizer=sgd; another optimizer
+is refused in one line: it would apply a second momentum). The paper's warm-up of the
+sparsity (ratio decreasing over the first epochs) and its sampled threshold (in
+place of an exact top-k) are not implemented; ratio=1, momentum=0, clip_norm=0 is
+lossless.
 
 Bound (G: the largest tower gradient norm): ||u|| <= G / (1 - m) (masking only clears
 entries), the residual ||v|| <= q G / ((1 - q)(1 - m)) with q = sqrt(1 - k/n) (as top-k),
@@ -69,6 +70,10 @@ class DeepGradientCompression(Compressed):
         kept_error = 2 * q / (1 - q) if options.memory == "residual" and q < 1 else q
         clipping = 1.0 if options.clip_norm > 0 else 0.0
         return (kept_error + m) / (1 - m) + clipping + rounding_bound(num_towers) / (1 - m)
+
+    @classmethod
+    def applies_momentum(cls, options):
+        return options.momentum > 0
 
     def extra_state(self, variable, index, tower):
         return {"momentum": tf.zeros(tuple(variable.shape), variable.dtype)}
