@@ -25,7 +25,8 @@ Seeds: `site.shared_seed` is the stateless seed pair
 fold_in(fold_in([S, steps], v), 0) with S the global TensorFlow seed when the method
 was made (`--seed`: experiment.seed_everything runs first), identical on every tower
 in a step, different per step and variable, and restored with `steps` on resume;
-`site.tower_seed` folds in the tower index as well (an independent stream per tower).
+`site.tower_seed` folds in the tower's global index as well (an independent stream
+per tower, across workers too).
 
 Bytes: every part of every payload goes through `send`: float values at
 `--transport_dtype`, indices at their own integer dtype (int32), so the traffic
@@ -144,6 +145,16 @@ class Compressed(Aggregation):
     def uses_memory(self) -> bool:
         return self.options.memory == "residual"
 
+    @property
+    def all_towers(self) -> int:
+        """T over every worker (cross_worker.py sets `cluster` on its local stage)."""
+        return self.num_towers * (self.cluster.num_workers if self.cluster else 1)
+
+    @property
+    def first_tower(self) -> int:
+        """The global index of this worker's tower 0 (worker-major order)."""
+        return self.cluster.index * self.num_towers if self.cluster else 0
+
     def residual(self, site: Site):
         return self.residuals[site.tower][site.index] if self.uses_memory else None
 
@@ -180,7 +191,8 @@ class Compressed(Aggregation):
         shared = tf.random.experimental.stateless_fold_in(base, index)
         return Site(tower, index, self.devices.towers[tower], value.shape, value.dtype,
                     tf.random.experimental.stateless_fold_in(shared, 0),
-                    tf.random.experimental.stateless_fold_in(shared, _TOWER_DOMAIN + tower),
+                    tf.random.experimental.stateless_fold_in(
+                        shared, _TOWER_DOMAIN + self.first_tower + tower),
                     self.extra[tower][index])
 
     def wire_round(self, payload: tuple) -> tuple:

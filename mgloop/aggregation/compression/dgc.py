@@ -3,10 +3,10 @@
 
 On tower t, per variable of n elements, k = kept(r, n) (topk.py):
 
-    g  <- g * min(1, c_T / ||g||)    local clipping (clip_norm=c > 0), c_T = c sqrt(T) for
-                                     the mean (the paper's c N^(-1/2) restated: the mean of
-                                     T independent gradients of norm c sqrt(T) has norm ~ c);
-                                     c / sqrt(T) with --grad_reduce=sum, as in the paper
+    g  <- g * min(1, c_T / ||g||)    local clipping (clip_norm=c > 0), c_T = c sqrt(T), T the
+                                     towers of every worker (the paper's c N^(-1/2) rule for
+                                     a sum, restated for the mean: the mean of T independent
+                                     gradients of norm c sqrt(T) has norm ~ c)
     u  <- m u + g                    momentum correction: momentum accumulated locally
     x  =  v + u                      v: the residual (memory=residual; 0 with none)
     I  =  the k largest |x|          payload (x[I], I), gathered as top-k's (topk.py)
@@ -78,13 +78,9 @@ class DeepGradientCompression(Compressed):
     def extra_state(self, variable, index, tower):
         return {"momentum": tf.zeros(tuple(variable.shape), variable.dtype)}
 
-    def exchange_started(self, average):
-        self.local_clip = (self.options.clip_norm * math.sqrt(self.num_towers) if average
-                           else self.options.clip_norm / math.sqrt(self.num_towers))
-
     def prepare(self, g, site):
         if self.options.clip_norm > 0:
-            g = tf.clip_by_norm(g, self.local_clip)
+            g = tf.clip_by_norm(g, self.options.clip_norm * math.sqrt(self.all_towers))
         u = self.options.momentum * tf.reshape(site.state["momentum"], [-1]) + g
         site.notes["u"] = u
         residual = self.residual(site)
