@@ -3,6 +3,7 @@
 Per step, variable v (n elements, flattened) and tower t (on tower t's device):
 
     x_t = prepare(g_t)                 default: g_t + e_t with memory=residual, else g_t
+    a_t = agree(x_0..x_{T-1})[t]       default None; e.g. a scale every tower shares
     p_t = compress(x_t)                the payload: a tuple of tensors, as they travel
     c_t = decompress(p_t)              what the other towers will reconstruct, dense
     e_t <- x_t - c_t                   memory=residual (error feedback), else no state
@@ -16,7 +17,8 @@ tower did not send this step is added to its next gradient, so the identity
 c_t + e_t(new) = g_t + e_t(old) holds exactly for the sparsifiers (c_t and e_t take
 complementary entries of x_t). The float parts of p_t are rounded to
 `--transport_dtype` on tower t before c_t is formed, so c_t is exactly what the
-receivers decode and the residual keeps what the cast lost.
+receivers decode and the residual keeps what the cast lost (on the summable
+transport the ring also rounds its partial sums at every hop, as `ring` does).
 
 State (contract state: checkpointed, restored, broadcast, changed by the step alone),
 per tower t on tower t's device: the residuals e_t (memory=residual only), the
