@@ -99,6 +99,9 @@ class Compressed(Aggregation):
     across_workers = True  # the workers add their dense local sums (module docstring)
     options_type: ClassVar[type[Options]] = CompressionOptions
     transport: ClassVar[str] = GATHER
+    # GATHER payloads that are (values, int32 indices), each index once: every tower adds
+    # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
+    sparse_payload: ClassVar[bool] = False
 
     def __init__(self, devices, options=None, transport_dtype="float32"):
         super().__init__(devices, options, transport_dtype)
@@ -236,13 +239,19 @@ class Compressed(Aggregation):
         return [list(per_copy) for per_copy in zip(*per_var)]
 
     def _gathered_sums(self, payloads, sent, sites):
-        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same reduction of the same
-        values on every tower (replicas bit-identical)."""
+        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
+        same values in the same order on every tower (replicas bit-identical)."""
         towers = list(self.devices.towers)
         have = ring_all_gather(self, payloads, towers)
         totals = []
         for t, device in enumerate(towers):
             with tf.device(device):
+                if self.sparse_payload:  # (values, int32 indices): scattered in tower order
+                    total = tf.zeros([sites[t].size], sites[t].dtype)
+                    for values, index in have[t]:
+                        total = tf.tensor_scatter_nd_add(total, index[:, None], values)
+                    totals.append(total)
+                    continue
                 terms = [sent[t] if s == t else self.decompress(have[t][s], sites[t])
                          for s in range(len(towers))]
                 # One reduction over the stacked terms: the same kernel on the same [T, n]

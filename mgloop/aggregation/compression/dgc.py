@@ -63,6 +63,7 @@ class DeepGradientCompression(Compressed):
     name = "dgc"
     options_type = DgcOptions
     transport = GATHER
+    sparse_payload = True
 
     @classmethod
     def error_bound(cls, options, num_towers):
