@@ -175,6 +175,19 @@ class Aggregation(abc.ABC):
         the largest ||g[t][v]||_2 any tower has sent so far. None: exact, or no exchange."""
         return None
 
+    @classmethod
+    def applies_momentum(cls, options: Options) -> bool:
+        """True: with these options the method applies momentum to the gradients itself
+        (DGC's momentum correction), so validation refuses any optimizer but plain SGD,
+        which would apply a second momentum or rescaling on top."""
+        return False
+
+    @classmethod
+    def error_bound_for(cls, options: Options, num_towers: int, num_elements: int) -> float | None:
+        """`error_bound` for a variable of `num_elements` entries, for methods whose bound
+        grows with n (e.g. quantisers); default: `error_bound`, the same for every n."""
+        return cls.error_bound(options, num_towers)
+
     def __init__(self, devices: DeviceSet, options: Options | None = None,
                  transport_dtype: str = "float32"):
         self.devices = devices

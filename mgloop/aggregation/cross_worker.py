@@ -47,6 +47,7 @@ class CrossWorker(Aggregation):
         super().__init__(local.devices, local.options, local.transport_dtype.name)
         self.local = local
         self.cluster = cluster
+        local.cluster = cluster  # the local stage knows the workers it is one of
         self.traffic = local.traffic  # one set of counts for both stages
         self.name, self.options_type = local.name, local.options_type
         for capability in CAPABILITIES:  # the local method's, as declared
@@ -75,6 +76,9 @@ class CrossWorker(Aggregation):
 
     def error_bound(self, options, num_towers):
         return self.local.error_bound(options, num_towers)
+
+    def error_bound_for(self, options, num_towers, num_elements):
+        return self.local.error_bound_for(options, num_towers, num_elements)
 
     def all_workers_sum(self, value: tf.Tensor) -> tf.Tensor:
         """sum over workers of `value` (on this worker's copy 0 device): one collective."""
