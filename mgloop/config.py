@@ -81,6 +81,11 @@ class Config:
         "float32 Dense kernel) gets its summed gradient as one product X^T dZ of the towers' "
         "inputs and output gradients at its home, instead of one full-size gradient per "
         "tower; 0: off", hparam=True)
+    sparse_as_dense: bool = setting(
+        False, "send an Embedding's sparse gradient (IndexedSlices) as a dense tensor "
+        "everywhere; false: as rows (values and indices) where that moves fewer bytes: to "
+        "the home of a ps_* variable, or all-gathered for a replicated exact method in one "
+        "process (sparse_gradients.py)", hparam=True)
     plugins: tuple[str, ...] = setting(
         (), "import this module (a name on the Python path, or a .py file path) before "
         "validation (repeatable): it may register aggregation methods", flag="plugin",
