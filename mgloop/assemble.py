@@ -24,6 +24,7 @@ from mgloop import loop
 from mgloop import metrics as metrics_lib
 from mgloop import model_input
 from mgloop import ordered_sum
+from mgloop import perplexity
 from mgloop import precision
 from mgloop import random_streams as random_streams_lib
 from mgloop import staging as staging_lib
@@ -96,12 +97,14 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     """A Trainer of `model_fn`'s model for `aggregation` with the step `config` asks for
     (grad_reduce, pack_bytes, accumulation_steps, mixed_precision, batch_norm,
     diagnostics, histogram_every, ordered_sum_bytes, sufficient_factor_bytes).
-    `metrics`: objects of metrics.py; default: accuracy where the loss defines it.
+    `metrics`: objects of metrics.py; default: accuracy where the loss defines it, and
+    perplexity for a language model (perplexity.py).
     `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
     single_loss = aggregation.single_loss
     model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
     loss_fn = losses.for_model(loss_fn, model, input_shape)  # its output's loss
-    metrics = metrics_lib.default_metrics(loss_fn) if metrics is None else list(metrics)
+    metrics = (metrics_lib.default_metrics(loss_fn) + perplexity.for_sequences(loss_fn, model)
+               if metrics is None else list(metrics))
     replicas = Replicas(model, aggregation, optimizer_fn)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0

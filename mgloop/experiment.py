@@ -126,11 +126,11 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     health = on_exit.enter_context(peer_health.watch(workers, config.collective_timeout))
     logging.info("logdir: %s", config.logdir)
     if dataset is None:  # readers may start TensorFlow: after the devices, before variables
-        dataset = data.load(config.dataset, config.seed, config.data_dir)
+        dataset = data.load(config.dataset, config.seed, config.data_dir,
+                            config.sequence_length)
         check_data(dataset, config)
     if model_fn is None:
-        model_fn = functools.partial(models.get(config.model), dataset.input_shape,
-                                     dataset.num_classes)
+        model_fn = models.builder_of(config, dataset.input_shape, dataset.num_classes)
     trainer = build_trainer(config, device_set, model_fn, loss_fn or default_loss(),
                             dataset.input_shape, workers)
     checkpointer = checkpoint.Checkpointer(
@@ -224,6 +224,8 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         "final_train_accuracy": result.train.get("accuracy"),
         "eval_loss": eval_metrics["loss"],
         "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
+        "final_train_perplexity": result.train.get("perplexity"),  # None: not a language model
+        "eval_perplexity": eval_metrics.get("perplexity"),
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": traffic,
