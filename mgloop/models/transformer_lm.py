@@ -11,7 +11,9 @@ Built only of Keras layers and ops (Embedding, MultiHeadAttention with
 `use_causal_mask=True`, LayerNormalization, Dense), no dropout, so the exported
 model loads with `keras.models.load_model` alone. The default cross-entropy on the
 [B, L, V] logits and labels [B, L] is the next-token loss per token; its mean is over
-every token (mgloop.data.text). Defaults (2 blocks, width 64, 4 heads) run on a CPU.
+every token (mgloop.data.text). The attention's projections have no biases (as in
+PaLM and LLaMA): a key bias shifts every score of a query by the same amount, which the
+softmax cancels, so its gradient is 0 and it would never train. Defaults (2 blocks, width 64, 4 heads) run on a CPU.
 """
 
 import keras
@@ -37,7 +39,7 @@ def transformer_lm(input_shape, num_classes, lm_layers=DEFAULT_LAYERS, lm_width=
     for block in range(lm_layers):
         normed = keras.layers.LayerNormalization(epsilon=1e-5, name=f"block{block}_ln1")(h)
         h = h + keras.layers.MultiHeadAttention(
-            lm_heads, lm_width // lm_heads, name=f"block{block}_attention")(
+            lm_heads, lm_width // lm_heads, use_bias=False, name=f"block{block}_attention")(
                 normed, normed, use_causal_mask=True)
         normed = keras.layers.LayerNormalization(epsilon=1e-5, name=f"block{block}_ln2")(h)
         hidden = keras.layers.Dense(4 * lm_width, activation="relu",
