@@ -23,6 +23,7 @@ import tensorflow as tf
 from mgloop import accuracy
 from mgloop import failures
 from mgloop import metrics as metrics_lib
+from mgloop import perplexity
 from mgloop.loop import LoopResult
 from mgloop.trainer import Trainer
 from mgloop.settings import in_range
@@ -166,7 +167,8 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 eta = (train_steps - step) * metrics["step_time"]
                 logging.info("step %d/%d  loss %.4f%s  %.0f examples/sec  "
                              "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
-                             metrics["loss"], accuracy.log_text(metrics),
+                             metrics["loss"],
+                             accuracy.log_text(metrics) + perplexity.log_text(metrics),
                              metrics["examples_per_sec"], 1e3 * metrics["input_wait"], eta)
                 log_window = new_window()
             if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:

@@ -36,6 +36,7 @@ from mgloop import losses
 from mgloop import models
 from mgloop import monitor as monitor_lib
 from mgloop import optim
+from mgloop import perplexity
 from mgloop import peer_health
 from mgloop import preemption
 from mgloop import run_dir
@@ -207,7 +208,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
                 "final/eval_accuracy": eval_metrics.get("accuracy"),
                 "final/examples_per_sec": result.examples_per_sec})
     logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
-                 accuracy.log_text(eval_metrics))
+                 accuracy.log_text(eval_metrics) + perplexity.log_text(eval_metrics))
     export_path = None
     if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)

@@ -56,3 +56,8 @@ def for_sequences(loss_fn, model) -> list[Perplexity]:
         return []
     shape = outputs[0].shape
     return [Perplexity(loss_fn)] if len(shape) == 3 and (shape[-1] or 0) > 1 else []
+
+
+def log_text(metrics: dict) -> str:
+    """'  perplexity 12.34' for a log line, or '' where the metrics have none."""
+    return f"  perplexity {metrics['perplexity']:.2f}" if "perplexity" in metrics else ""
