@@ -12,6 +12,11 @@ One of three, chosen when the step is assembled (assemble.py):
     HomeSums  the variables in `home_sums` were summed over the towers at their homes
               (hooks/large_gradients.py) and are only scaled; the others go through the
               method's reduce (ordered_sum.reduce). One process only: metrics as given.
+
+inside `SparseRows`, which first decides what becomes of the towers' sparse gradients
+(an Embedding's IndexedSlices, sparse_gradients.py): kept as rows where that moves
+fewer bytes (sent home through the method, or all-gathered apart from it), else made
+dense on their towers.
 """
 
 from __future__ import annotations
