@@ -59,6 +59,7 @@ def test_bad_text_settings_are_refused_in_one_line(tmp_path, text_dir):
     for settings, message in [
             (dict(sequence_length=8), "--dataset=synthetic has no sequences"),
             (dict(lm_layers=2), "only --model=transformer_lm reads it, not --model=mlp"),
+            (dict(model="transformer_lm"), "--dataset=synthetic does not give; use --dataset"),
             (dict(model="transformer_lm", dataset="text", data_dir=text_dir, lm_width=30,
                   lm_heads=4), "--lm_width=30 does not split into --lm_heads=4"),
             (dict(model="transformer_lm", dataset="text", data_dir=text_dir, lm_layers=0),

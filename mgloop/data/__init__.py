@@ -1,8 +1,8 @@
 """Datasets by `--dataset` name; each loader returns an `InMemoryDataset`.
 
 `synthetic`, `synthetic_cifar` and `random_binary` are generated from the seed;
-`cifar10`, `mnist` and `text` (text.py, byte tokens) read their files from `--data_dir`, whose layout `check`
-verifies with plain Python (headers and sizes, no TensorFlow) during
+`cifar10`, `mnist` and `text` (text.py: byte tokens) read their files from `--data_dir`,
+whose layout `check` verifies with plain Python (headers and sizes, no TensorFlow) during
 `Config.validated()`.
 """
 

@@ -19,16 +19,20 @@ from mgloop.settings import choice, in_range
 ModelBuilder = Callable[[tuple, int], keras.Model]
 _REGISTRY: dict[str, ModelBuilder] = {}
 _SETTINGS: dict[str, tuple[str, ...]] = {}  # model -> the Config fields its builder takes
+_CHECKS: dict[str, Callable] = {}  # model -> its check of those settings' combination
 
 
-def register(name: str, settings: tuple[str, ...] = ()):
+def register(name: str, settings: tuple[str, ...] = (), check: Callable | None = None):
     """`settings`: Config fields (default None) the builder takes as keyword arguments;
-    set for another model, they are refused (check_settings)."""
+    set for another model, they are refused (check_settings). `check(config)` refuses a
+    bad combination of them (ConfigError, one line)."""
     def decorate(builder: ModelBuilder) -> ModelBuilder:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is registered twice")
         _REGISTRY[name] = builder
         _SETTINGS[name] = tuple(settings)
+        if check is not None:
+            _CHECKS[name] = check
         return builder
     return decorate
 
@@ -55,9 +59,8 @@ def check_settings(config) -> None:
                                   f"it, not --model={config.model}; drop --{field}")
             if model == config.model and value is not None:
                 in_range(field, value, low=1)
-    check = getattr(get(config.model), "check_settings", None)
-    if check is not None:
-        check(config)
+    if config.model in _CHECKS:
+        _CHECKS[config.model](config)
 
 
 def resolved_settings(config) -> dict:

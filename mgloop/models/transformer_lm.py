@@ -24,7 +24,22 @@ from mgloop.models import register
 DEFAULT_LAYERS, DEFAULT_WIDTH, DEFAULT_HEADS = 2, 64, 4
 
 
-@register("transformer_lm", settings=("lm_layers", "lm_width", "lm_heads"))
+def check_settings(config) -> None:
+    """The data are token sequences (--dataset=text); --lm_width is a multiple of
+    --lm_heads (each head gets width / heads)."""
+    from mgloop import data  # noqa: PLC0415 -- data's registry, not needed to build
+    if data.sequence_length_of(config) is None:
+        raise ConfigError(f"--model=transformer_lm reads sequences of tokens, which "
+                          f"--dataset={config.dataset} does not give; use --dataset=text")
+    width = config.lm_width or DEFAULT_WIDTH
+    heads = config.lm_heads or DEFAULT_HEADS
+    if width % heads:
+        raise ConfigError(f"--lm_width={width} does not split into --lm_heads={heads} equal "
+                          f"heads; use a multiple of {heads}")
+
+
+@register("transformer_lm", settings=("lm_layers", "lm_width", "lm_heads"),
+          check=check_settings)
 def transformer_lm(input_shape, num_classes, lm_layers=DEFAULT_LAYERS, lm_width=DEFAULT_WIDTH,
                    lm_heads=DEFAULT_HEADS):
     if len(input_shape) != 1:
@@ -48,15 +63,3 @@ def transformer_lm(input_shape, num_classes, lm_layers=DEFAULT_LAYERS, lm_width=
     h = keras.layers.LayerNormalization(epsilon=1e-5, name="final_ln")(h)
     return keras.Model(tokens, keras.layers.Dense(num_classes, name="logits")(h),
                        name="transformer_lm")
-
-
-def check_settings(config) -> None:
-    """--lm_width is a multiple of --lm_heads (each head gets width / heads)."""
-    width = config.lm_width or DEFAULT_WIDTH
-    heads = config.lm_heads or DEFAULT_HEADS
-    if width % heads:
-        raise ConfigError(f"--lm_width={width} does not split into --lm_heads={heads} equal "
-                          f"heads; use a multiple of {heads}")
-
-
-transformer_lm.check_settings = check_settings
