@@ -13,7 +13,8 @@ model loads with `keras.models.load_model` alone. The default cross-entropy on t
 [B, L, V] logits and labels [B, L] is the next-token loss per token; its mean is over
 every token (mgloop.data.text). The attention's projections have no biases (as in
 PaLM and LLaMA): a key bias shifts every score of a query by the same amount, which the
-softmax cancels, so its gradient is 0 and it would never train. Defaults (2 blocks, width 64, 4 heads) run on a CPU.
+softmax cancels, so its gradient is 0 and it would never train. The defaults (2 blocks,
+width 64, 4 heads) run on a CPU.
 """
 
 import keras
