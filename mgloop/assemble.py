@@ -155,7 +155,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
         step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
-                                           config.pack_bytes, bool(large)), streams)
+                                           config.pack_bytes, bool(large),
+                                           config.sparse_as_dense), streams)
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,

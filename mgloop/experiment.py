@@ -38,6 +38,7 @@ from mgloop import metrics as metrics_lib
 from mgloop import models
 from mgloop import monitor as monitor_lib
 from mgloop import optim
+from mgloop import perplexity
 from mgloop import peer_health
 from mgloop import preemption
 from mgloop import run_dir
@@ -162,8 +163,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
             raise ConfigError(f"--model={config.model} needs one feature tensor and the number "
                               f"of classes, which {train.description} does not give; pass "
                               "model_fn")
-        model_fn = functools.partial(models.get(config.model), train.input_shape,
-                                     train.num_classes)
+        model_fn = models.builder_of(config, train.input_shape, train.num_classes)
     trainer = build_trainer(config, device_set, model_fn, given.loss, train.input_shape,
                             workers, given.metrics, given.optimizer)
     train.check_model(trainer.model)
@@ -272,6 +272,8 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                      "optimizer": trainer.spec.sources["optimizer"]},
         "stopped_by": (callbacks_lib.name_of(result.stopped_by)
                        if result.stopped_by is not None else None),
+        "final_train_perplexity": result.train.get("perplexity"),  # None: not a language model
+        "eval_perplexity": eval_metrics.get("perplexity"),
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": traffic,

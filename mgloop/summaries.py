@@ -133,6 +133,8 @@ def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
     values = {}
     for name in settings.hparam_names(type(config)):
         value = getattr(config, name)
+        if value is None:  # a setting of another model or dataset (e.g. --lm_layers): unused
+            continue
         values[name] = ",".join(value) if isinstance(value, (tuple, list)) else value
     values["num_towers"] = num_towers
     # The aggregation method by its name, and its own options, one hparam per option

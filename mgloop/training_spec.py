@@ -34,6 +34,7 @@ import keras
 
 from mgloop import losses
 from mgloop import metrics as metrics_lib
+from mgloop import perplexity
 from mgloop.errors import ConfigError
 
 _ACCURACY_NAMES = ("accuracy", "acc")
@@ -197,7 +198,8 @@ def resolve(model: keras.Model, loss, metrics, optimizer, default_loss,
         made, sources["metrics"] = make_metrics(compiled["metrics"], loss_fn, model), \
             "compiled model"
     else:
-        made, sources["metrics"] = metrics_lib.default_metrics(loss_fn), "default"
+        made = metrics_lib.default_metrics(loss_fn) + perplexity.for_sequences(loss_fn, model)
+        sources["metrics"] = "default"
     if optimizer is not None:
         optimizer_fn, sources["optimizer"] = optimizer_factory(optimizer), "run"
     elif compiled.get("optimizer") is not None:

@@ -269,6 +269,8 @@ class Aggregation(abc.ABC):
         (`exact`: sent at its own dtype, e.g. non-trainable state; counted all the same)."""
         if canonical(src) == canonical(dst):
             return value
+        if isinstance(value, tf.IndexedSlices):  # rows (sparse_gradients.py): values, indices
+            return self._send_rows(value, src, dst, exact)
         wire = (self.transport_dtype if value.dtype.is_floating and not exact
                 else value.dtype)
         self.traffic.record(canonical(src), canonical(dst),
@@ -281,10 +283,32 @@ class Aggregation(abc.ABC):
         with tf.device(dst):
             return tf.cast(packed, value.dtype)
 
+    def _send_rows(self, rows: tf.IndexedSlices, src: str, dst: str,
+                   exact: bool) -> tf.IndexedSlices:
+        """`rows` on `dst`: its values as `send` sends a tensor (in the transport dtype), its
+        indices at their own dtype; recorded as one transfer of both."""
+        values, indices = rows.values, rows.indices
+        wire = (self.transport_dtype if values.dtype.is_floating and not exact
+                else values.dtype)
+        self.traffic.record(canonical(src), canonical(dst),
+                            values.shape.num_elements() * wire.size
+                            + indices.shape.num_elements() * indices.dtype.size)
+        with tf.device(src):
+            packed = tf.cast(values, wire)
+        with tf.device(dst):
+            return tf.IndexedSlices(tf.cast(tf.identity(packed), values.dtype),
+                                    tf.identity(indices), rows.dense_shape)
+
     def sum_on(self, device: str, values: Sequence[tf.Tensor], sources: Sequence[str]) -> tf.Tensor:
         """sum_i values[i] (values[i] on sources[i]), each sent to `device` and added there."""
         received = [self.send(v, s, device) for v, s in zip(values, sources)]
         with tf.device(device):
+            if isinstance(received[0], tf.IndexedSlices):  # rows: added in order, made dense
+                rows = tf.concat([r.values for r in received], 0)
+                num_rows = tf.get_static_value(received[0].dense_shape[0])
+                return tf.math.unsorted_segment_sum(
+                    rows, tf.concat([r.indices for r in received], 0),
+                    received[0].dense_shape[0] if num_rows is None else int(num_rows))
             return received[0] if len(received) == 1 else tf.add_n(received)
 
     @contextlib.contextmanager
