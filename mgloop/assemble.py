@@ -29,6 +29,7 @@ from mgloop import precision
 from mgloop import random_streams as random_streams_lib
 from mgloop import staging as staging_lib
 from mgloop import sync_batch_norm
+from mgloop import training_spec
 from mgloop.aggregation import Aggregation
 from mgloop.config import Config
 from mgloop.hooks import Hook, Hooks, tape_gradients
@@ -95,17 +96,21 @@ def summed_at_home(large: list) -> list[int]:
 def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation,
           optimizer_fn: Callable[[], keras.optimizers.Optimizer], input_shape=None,
           config: Config = Config(), staging: staging_lib.HostStaging | None = None,
-          metrics: list | None = None, hooks: Sequence[Hook] = ()) -> Trainer:
+          metrics: list | None = None, hooks: Sequence[Hook] = (),
+          optimizer=None) -> Trainer:
     """A Trainer of `model_fn`'s model for `aggregation` with the step `config` asks for
     (grad_reduce, pack_bytes, accumulation_steps, mixed_precision, batch_norm,
     diagnostics, histogram_every, ordered_sum_bytes, sufficient_factor_bytes).
-    `metrics`: objects of metrics.py; default: accuracy where the loss defines it.
+    `loss_fn`, `metrics`, `optimizer` (a Keras optimizer, name or factory): as given, else
+    the compiled model's, else the default cross-entropy, accuracy where the loss defines
+    it, and `optimizer_fn` (training_spec.py; `Trainer.spec` says which were used).
     `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
     single_loss = aggregation.single_loss
     model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
-    loss_fn = losses.for_model(loss_fn, model, input_shape)  # its output's loss
-    metrics = metrics_lib.default_metrics(loss_fn) if metrics is None else list(metrics)
-    replicas = Replicas(model, aggregation, optimizer_fn)
+    spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
+                                 optimizer_fn, input_shape)
+    loss_fn, metrics = spec.loss_fn, spec.metrics
+    replicas = Replicas(model, aggregation, spec.optimizer_fn)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
     streams = random_streams_lib.RandomStreams(model, first_tower)
@@ -150,7 +155,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
         step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
-                                           config.pack_bytes, bool(large)), streams)
+                                           config.pack_bytes, bool(large),
+                                           config.sparse_as_dense), streams)
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
@@ -161,5 +167,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                 step.exchange, streams)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
-    return Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
-                                                                        metrics), streams)
+    trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
+                                                                           metrics), streams)
+    trainer.spec = spec
+    return trainer

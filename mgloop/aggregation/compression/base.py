@@ -1,0 +1,284 @@
+"""The base of every compressed method: compress on each tower, move, decompress, sum.
+
+Per step, variable v (n elements, flattened) and tower t (on tower t's device):
+
+    x_t = prepare(g_t)                 default: g_t + e_t with memory=residual, else g_t
+    a_t = agree(x_0..x_{T-1})[t]       default None; e.g. a scale every tower shares
+    p_t = compress(x_t)                the payload: a tuple of tensors, as they travel
+    c_t = decompress(p_t)              what the other towers will reconstruct, dense
+    e_t <- x_t - c_t                   memory=residual (error feedback), else no state
+
+then the payloads travel (transport.py) and every tower forms
+
+    out[v] = (1/T) sum_t c_t           (the sum with average=False)
+
+`memory=residual` is error feedback (Seide et al. 2014; Stich et al. 2018): what a
+tower did not send this step is added to its next gradient, so the identity
+c_t + e_t(new) = g_t + e_t(old) holds exactly for the sparsifiers (c_t and e_t take
+complementary entries of x_t). The float parts of p_t are rounded to
+`--transport_dtype` on tower t before c_t is formed, so c_t is exactly what the
+receivers decode and the residual keeps what the cast lost (on the summable
+transport the ring also rounds its partial sums at every hop, as `ring` does).
+
+State (contract state: checkpointed, restored, broadcast, changed by the step alone),
+per tower t on tower t's device: the residuals e_t (memory=residual only), the
+method's own `extra_state` per variable, and `steps`, an int64 count of exchanges.
+Seeds: `site.shared_seed` is the stateless seed pair
+fold_in(fold_in([S, steps], v), 0) with S the global TensorFlow seed when the method
+was made (`--seed`: experiment.seed_everything runs first), identical on every tower
+in a step, different per step and variable, and restored with `steps` on resume;
+`site.tower_seed` folds in the tower's global index as well (an independent stream
+per tower, across workers too).
+
+Bytes: every part of every payload goes through `send`: float values at
+`--transport_dtype`, indices at their own integer dtype (int32), so the traffic
+counts are exact, with no bit-packing. Across workers (cross_worker.py): the local
+stage returns this worker's sum of decompressed contributions, sum_{t in w} c_t,
+and the workers add those DENSE sums in the float collective: bytes between workers
+are those of the dense exchange, not compressed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import tensorflow as tf
+
+from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, ring_all_gather
+from mgloop.aggregation.ring import ring_all_reduce
+
+MEMORIES = ("none", "residual")
+_TOWER_DOMAIN = 1 << 20  # folded in with the tower index: apart from variable indices
+
+
+def memory_option(default: str, paper: str):
+    """The `memory` field every compressed method's options carry, with its paper default."""
+    return option(default, f"error feedback: residual keeps what was not sent and adds it "
+                           f"to the next gradient; none drops it (default from {paper})",
+                  choices=MEMORIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionOptions(Options):
+    memory: str = memory_option("residual", "the method's paper")
+
+
+@dataclasses.dataclass
+class Site:
+    """Where one compression happens: tower `tower` (device `device`), variable `index`."""
+
+    tower: int
+    index: int
+    device: str
+    shape: tf.TensorShape  # the variable's shape; the method works on x flattened
+    dtype: tf.DType
+    shared_seed: tf.Tensor  # [2] int64: the same on every tower this step, for variable index
+    tower_seed: tf.Tensor  # [2] int64: this tower's own stream this step, for variable index
+    state: dict  # name -> this tower's tf.Variable of `extra_state` for this variable
+    notes: dict = dataclasses.field(default_factory=dict)  # a method's scratch within a step
+    agreed: object = None  # what `agree` gave this tower (e.g. a scale shared by the towers)
+
+    @property
+    def size(self) -> int:
+        return self.shape.num_elements()
+
+
+class Compressed(Aggregation):
+    """Subclass, set `name`, `options_type` (with a `memory` field: memory_option),
+    `transport` (SUMMABLE or GATHER), implement `compress`, `decompress`, `error_bound`;
+    optionally `prepare`/`update_state` (e.g. DGC's momentum) and `extra_state`."""
+
+    layout = REPLICATED
+    exact = False
+    # Buckets are never packed: the residuals and selections are per variable.
+    summable = False
+    unsummable_reason = ("it compresses each gradient by itself (per-variable residuals and "
+                         "selections), so gradients cannot be packed into buckets")
+    across_workers = True  # the workers add their dense local sums (module docstring)
+    options_type: ClassVar[type[Options]] = CompressionOptions
+    transport: ClassVar[str] = GATHER
+    # GATHER payloads that are (values, int32 indices), each index once: every tower adds
+    # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
+    sparse_payload: ClassVar[bool] = False
+
+    def __init__(self, devices, options=None, transport_dtype="float32"):
+        super().__init__(devices, options, transport_dtype)
+        self.seed = tf.compat.v1.get_seed(None)[0] or 0  # --seed (set before make)
+        self.residuals, self.extra, self.steps = [], [], []
+
+    # ---- what a method implements ----
+    def compress(self, x: tf.Tensor, site: Site) -> tuple:
+        """Payload of the flat x (on site.device): a tuple of tensors as they travel."""
+        raise NotImplementedError
+
+    def decompress(self, payload: tuple, site: Site) -> tf.Tensor:
+        """The flat dense tensor (site.size elements) a payload stands for. SUMMABLE: must be
+        linear in the payload (it is applied to the sum of the towers' payloads)."""
+        raise NotImplementedError
+
+    def extra_state(self, variable: tf.Variable, index: int, tower: int) -> dict:
+        """{name: initial value} of per-tower state for one variable besides the residual
+        (e.g. DGC's momentum, PowerSGD's Q). Default: none."""
+        return {}
+
+    def prepare(self, g: tf.Tensor, site: Site) -> tf.Tensor:
+        """x_t from the flat gradient: g + residual with memory=residual, else g."""
+        residual = self.residual(site)
+        return g if residual is None else g + tf.reshape(residual, [-1])
+
+    def update_state(self, x: tf.Tensor, sent: tf.Tensor, site: Site) -> list:
+        """After compressing: e <- x - c with memory=residual. Returns the assign ops."""
+        residual = self.residual(site)
+        if residual is None:
+            return []
+        return [residual.assign(tf.reshape(x - sent, residual.shape))]
+
+    def agree(self, xs: list, sites: list) -> list:
+        """Per tower, a value every tower agrees on before any compresses, given every
+        tower's x (may exchange through `send`, e.g. a shared scale); stored as
+        `site.agreed`. Default: None for every tower, nothing exchanged."""
+        return [None] * len(xs)
+
+    def exchange_started(self, average: bool) -> None:
+        """Called once per traced exchange before any variable (e.g. to read `average`)."""
+        return None  # (a body of only a docstring is one AutoGraph cannot convert)
+
+    # ---- the machinery ----
+    @property
+    def uses_memory(self) -> bool:
+        return self.options.memory == "residual"
+
+    @property
+    def all_towers(self) -> int:
+        """T over every worker (cross_worker.py sets `cluster` on its local stage)."""
+        return self.num_towers * (self.cluster.num_workers if self.cluster else 1)
+
+    @property
+    def first_tower(self) -> int:
+        """The global index of this worker's tower 0 (worker-major order)."""
+        return self.cluster.index * self.num_towers if self.cluster else 0
+
+    def residual(self, site: Site):
+        return self.residuals[site.tower][site.index] if self.uses_memory else None
+
+    def parameter_devices(self):
+        return list(self.devices.towers)
+
+    def build(self, variables):
+        self.residuals, self.extra, self.steps = [], [], []
+        for t, device in enumerate(self.devices.towers):
+            with tf.device(device):
+                self.steps.append(tf.Variable(0, dtype=tf.int64, trainable=False,
+                                              name=f"{self.name}_steps_{t}"))
+                self.residuals.append([
+                    tf.Variable(tf.zeros(tuple(v.shape), v.dtype), trainable=False,
+                                name=f"{self.name}_residual_{t}_{i}")
+                    for i, v in enumerate(variables)] if self.uses_memory else [])
+                self.extra.append([
+                    {key: tf.Variable(value, trainable=False, name=f"{self.name}_{key}_{t}_{i}")
+                     for key, value in self.extra_state(v, i, t).items()}
+                    for i, v in enumerate(variables)])
+
+    @property
+    def state_variables(self):
+        out = list(self.steps)
+        for t in range(len(self.steps)):
+            out += list(self.residuals[t])
+            out += [self.extra[t][i][key] for i in range(len(self.extra[t]))
+                    for key in sorted(self.extra[t][i])]
+        return out
+
+    def site(self, tower: int, index: int, value: tf.Tensor) -> Site:
+        """Made on the tower's device (the seeds are computed there)."""
+        base = tf.stack([tf.constant(self.seed, tf.int64), self.steps[tower].read_value()])
+        shared = tf.random.experimental.stateless_fold_in(base, index)
+        return Site(tower, index, self.devices.towers[tower], value.shape, value.dtype,
+                    tf.random.experimental.stateless_fold_in(shared, 0),
+                    tf.random.experimental.stateless_fold_in(
+                        shared, _TOWER_DOMAIN + self.first_tower + tower),
+                    self.extra[tower][index])
+
+    def wire_round(self, payload: tuple) -> tuple:
+        """The payload as the receivers will see it: floats through --transport_dtype."""
+        wire = self.transport_dtype
+        return tuple(tf.cast(tf.cast(p, wire), p.dtype) if p.dtype.is_floating
+                     and p.dtype != wire else p for p in payload)
+
+    def reduce(self, tower_values, variables, average=True):
+        towers = list(self.devices.towers)
+        self.exchange_started(average)
+        per_var = []
+        for i in range(len(variables)):
+            sites, xs, payloads, sent = [], [], [], []
+            for t, device in enumerate(towers):
+                with tf.device(device):
+                    g = tower_values[t][i]
+                    sites.append(self.site(t, i, g))
+                    xs.append(self.prepare(tf.reshape(g, [-1]), sites[t]))
+            for site, agreed in zip(sites, self.agree(xs, sites)):
+                site.agreed = agreed
+            for t, device in enumerate(towers):
+                with tf.device(device):
+                    payload = self.wire_round(tuple(self.compress(xs[t], sites[t])))
+                    c = self.decompress(payload, sites[t])
+                    self.update_state(xs[t], c, sites[t])
+                payloads.append(payload)
+                sent.append(c)
+            totals = (self._gathered_sums(payloads, sent, sites) if self.transport == GATHER
+                      else self._summed(payloads, sites))
+            outs = []
+            for device, total, site in zip(towers, totals, sites):
+                with tf.device(device):
+                    outs.append(tf.reshape(self.scale(total, average), site.shape))
+            per_var.append(outs)
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                self.steps[t].assign_add(1)
+        return [list(per_copy) for per_copy in zip(*per_var)]
+
+    def _gathered_sums(self, payloads, sent, sites):
+        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
+        same values in the same order on every tower (replicas bit-identical)."""
+        towers = list(self.devices.towers)
+        have = ring_all_gather(self, payloads, towers)
+        totals = []
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                if self.sparse_payload:  # (values, int32 indices): scattered in tower order
+                    total = tf.zeros([sites[t].size], sites[t].dtype)
+                    for values, index in have[t]:
+                        total = tf.tensor_scatter_nd_add(total, index[:, None], values)
+                    totals.append(total)
+                    continue
+                terms = [sent[t] if s == t else self.decompress(have[t][s], sites[t])
+                         for s in range(len(towers))]
+                # One reduction over the stacked terms: the same kernel on the same [T, n]
+                # input on every tower. (A chain of adds is regrouped by Grappler's
+                # arithmetic optimizer differently per tower, changing the last bits.)
+                totals.append(terms[0] if len(terms) == 1
+                              else tf.reduce_sum(tf.stack(terms), axis=0))
+        return totals
+
+    def _summed(self, payloads, sites):
+        """Every tower: decompress(sum_t p_t), each part summed by the ring all-reduce."""
+        towers = list(self.devices.towers)
+        summed = [[] for _ in towers]
+        for j in range(len(payloads[0])):
+            flats = []
+            for device, payload in zip(towers, payloads):
+                with tf.device(device):
+                    flats.append(tf.reshape(payload[j], [-1]))
+            for t, total in enumerate(ring_all_reduce(self, flats, towers, average=False)):
+                with tf.device(towers[t]):
+                    summed[t].append(tf.reshape(total, payloads[t][j].shape))
+        totals = []
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                totals.append(self.decompress(tuple(summed[t]), sites[t]))
+        return totals
+
+
+__all__ = ["Compressed", "CompressionOptions", "Site", "memory_option", "GATHER", "SUMMABLE",
+           "MEMORIES"]
