@@ -1,0 +1,55 @@
+"""Scales the towers agree on before quantising, and the roundings the quantisers' bounds add.
+
+`shared_max(method, values, sites)`: tower t holds a float32 scalar values[t] (e.g.
+||x_t||_2); a ring all-gather (transport.py) hands every tower all T of them, sent at
+float32 whatever --transport_dtype is, and each tower takes their maximum. The maximum of
+the same T floats is the same float on every tower, so every tower quantises and decodes
+on one scale. Bytes: (T-1) x 4 sent and received per tower and variable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from mgloop.aggregation.compression.transport import ring_all_gather
+from mgloop.errors import ConfigError
+
+
+def rounding(num_towers: int) -> float:
+    """Relative roundings a decoded value adds to a bound: the largest transport cast of a
+    float part (bfloat16, 2^-8) and float32's (u = 2^-24) in the scale, its products and
+    the T-term sum and 1/T of the mean."""
+    return 2.0 ** -8 + (8 + 4 * num_towers) * 2.0 ** -24
+
+
+def contraction_bound(q: float, memory: str, num_towers: int) -> float:
+    """rho of a compressor with ||x - C(x)|| <= q ||x|| on every tower, for T towers:
+    q without memory; with error feedback ||e|| <= q (G + ||e||) holds the residual to
+    q G / (1 - q) and out - mean = (1/T) sum_t (e_t(old) - e_t(new)) is within
+    2 q / (1 - q) G (inf when q >= 1). Plus `rounding`."""
+    if memory == "residual":
+        q = 2 * q / (1 - q) if q < 1 else math.inf
+    return q + rounding(num_towers) * (1 + q)
+
+
+def sum_dtype(num_towers: int, largest: int) -> tf.DType:
+    """The smallest signed integer type holding any sum of T integers in [-largest, largest]."""
+    for dtype in (tf.int8, tf.int16, tf.int32):
+        if num_towers * largest <= dtype.max:
+            return dtype
+    raise ConfigError(f"{num_towers} towers x {largest} levels do not fit an int32 sum; "
+                      "use fewer levels")
+
+
+def shared_max(method, values, sites) -> list[tf.Tensor]:
+    """max_t values[t] (float32 scalars, values[t] on sites[t].device), on every tower."""
+    devices = [site.device for site in sites]
+    have = ring_all_gather(method, [(tf.reshape(v, [1]),) for v in values], devices,
+                           exact=True)
+    out = []
+    for t, device in enumerate(devices):
+        with tf.device(device):
+            out.append(tf.reduce_max(tf.concat([part for (part,) in have[t]], axis=0)))
+    return out
