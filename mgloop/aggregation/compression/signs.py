@@ -11,7 +11,8 @@ sign of the sum of the workers' signs. Transport: summable. The signs and the sc
 ride the ring all-reduce (ring.py; the integer sum is exact), and every tower forms
 
     out = (1/T) (sum_t s_t) sign(sum_t sign(x_t))      (scaled=true)
-    out = sign(sum_t sign(x_t))                        (scaled=false: the paper's update)
+    out = sign(sum_t sign(x_t))                        (scaled=false: the paper's update;
+                                                        T times it with --grad_reduce=sum)
 
 `scaled=true` gives the vote the towers' mean 1-norm per element, so the learning rate keeps
 the meaning it has for the other methods; `scaled=false` sends no scale, and the learning
@@ -98,9 +99,10 @@ class SignSgd(Compressed):
         return (signs, size) if self.options.scaled else (signs,)
 
     def decompress(self, payload, site):
-        # own payload: s_t sign(x_t); the ring's sums: (sum_t s_t) sign(sum_t sign(x_t))
+        # own payload: s_t sign(x_t); the ring's sums: (sum_t s_t) sign(sum_t sign(x_t));
+        # unscaled: T times the vote, so that the mean (the base's 1/T) is the vote itself
         vote = tf.sign(tf.cast(payload[0], site.dtype))
-        return vote * payload[1] if self.options.scaled else vote
+        return vote * (payload[1] if self.options.scaled else float(self.num_towers))
 
 
 @register
