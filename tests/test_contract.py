@@ -35,7 +35,8 @@ PLUGINS = ("tests.plugins.topk_ef",)
 aggregation.load_plugins(PLUGINS)  # the plugin route: as --plugin=tests.plugins.topk_ef
 METHODS = aggregation.names()
 STEPS = 5
-SPECS = {"topk_ef": "topk_ef:ratio=0.5"}  # an option set, as a user would
+SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
+         "threshold": "threshold:value=0.5"}  # drops enough of the stand-ins to be lossy
 
 
 @dataclasses.dataclass

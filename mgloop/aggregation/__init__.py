@@ -76,6 +76,9 @@ from mgloop.aggregation import collective  # noqa: E402,F401
 from mgloop.aggregation import independent  # noqa: E402,F401
 from mgloop.aggregation import colocate  # noqa: E402,F401
 from mgloop.aggregation.compression import topk  # noqa: E402,F401
+from mgloop.aggregation.compression import randomk  # noqa: E402,F401
+from mgloop.aggregation.compression import threshold  # noqa: E402,F401
+from mgloop.aggregation.compression import dgc  # noqa: E402,F401
 from mgloop.aggregation.compression import qsgd  # noqa: E402,F401
 from mgloop.aggregation.compression import onebit  # noqa: E402,F401
 from mgloop.aggregation.compression import signs  # noqa: E402,F401

@@ -74,6 +74,7 @@ class Site:
     shared_seed: tf.Tensor  # [2] int64: the same on every tower this step, for variable index
     tower_seed: tf.Tensor  # [2] int64: this tower's own stream this step, for variable index
     state: dict  # name -> this tower's tf.Variable of `extra_state` for this variable
+    notes: dict = dataclasses.field(default_factory=dict)  # a method's scratch within a step
 
     @property
     def size(self) -> int:
@@ -127,6 +128,9 @@ class Compressed(Aggregation):
             return []
         return [residual.assign(tf.reshape(x - sent, residual.shape))]
 
+    def exchange_started(self, average: bool) -> None:
+        """Called once per traced exchange before any variable (e.g. to read `average`)."""
+
     # ---- the machinery ----
     @property
     def uses_memory(self) -> bool:
@@ -179,6 +183,7 @@ class Compressed(Aggregation):
 
     def reduce(self, tower_values, variables, average=True):
         towers = list(self.devices.towers)
+        self.exchange_started(average)
         per_var = []
         for i in range(len(variables)):
             sites, payloads, sent = [], [], []
@@ -206,17 +211,20 @@ class Compressed(Aggregation):
         return [list(per_copy) for per_copy in zip(*per_var)]
 
     def _gathered_sums(self, payloads, sent, sites):
-        """Every tower: sum_s decompress(p_s), s = 0..T-1 in order (replicas bit-identical)."""
+        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same reduction of the same
+        values on every tower (replicas bit-identical)."""
         towers = list(self.devices.towers)
         have = ring_all_gather(self, payloads, towers)
         totals = []
         for t, device in enumerate(towers):
             with tf.device(device):
-                total = None
-                for s in range(len(towers)):
-                    c = sent[t] if s == t else self.decompress(have[t][s], sites[t])
-                    total = c if total is None else total + c
-                totals.append(total)
+                terms = [sent[t] if s == t else self.decompress(have[t][s], sites[t])
+                         for s in range(len(towers))]
+                # One reduction over the stacked terms: the same kernel on the same [T, n]
+                # input on every tower. (A chain of adds is regrouped by Grappler's
+                # arithmetic optimizer differently per tower, changing the last bits.)
+                totals.append(terms[0] if len(terms) == 1
+                              else tf.reduce_sum(tf.stack(terms), axis=0))
         return totals
 
     def _summed(self, payloads, sites):
