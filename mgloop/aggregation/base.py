@@ -148,6 +148,12 @@ class Aggregation(abc.ABC):
         the largest ||g[t][v]||_2 any tower has sent so far. None: exact, or no exchange."""
         return None
 
+    @classmethod
+    def error_bound_for(cls, options: Options, num_towers: int, num_elements: int) -> float | None:
+        """`error_bound` for a variable of `num_elements` entries, for methods whose bound
+        grows with n (e.g. quantisers); default: `error_bound`, the same for every n."""
+        return cls.error_bound(options, num_towers)
+
     def __init__(self, devices: DeviceSet, options: Options | None = None,
                  transport_dtype: str = "float32"):
         self.devices = devices

@@ -75,6 +75,9 @@ class CrossWorker(Aggregation):
     def error_bound(self, options, num_towers):
         return self.local.error_bound(options, num_towers)
 
+    def error_bound_for(self, options, num_towers, num_elements):
+        return self.local.error_bound_for(options, num_towers, num_elements)
+
     def all_workers_sum(self, value: tf.Tensor) -> tf.Tensor:
         """sum over workers of `value` (on this worker's copy 0 device): one collective."""
         if self.cluster.num_workers == 1:

@@ -75,6 +75,7 @@ class Site:
     tower_seed: tf.Tensor  # [2] int64: this tower's own stream this step, for variable index
     state: dict  # name -> this tower's tf.Variable of `extra_state` for this variable
     notes: dict = dataclasses.field(default_factory=dict)  # a method's scratch within a step
+    agreed: object = None  # what `agree` gave this tower (e.g. a scale shared by the towers)
 
     @property
     def size(self) -> int:
@@ -127,6 +128,12 @@ class Compressed(Aggregation):
         if residual is None:
             return []
         return [residual.assign(tf.reshape(x - sent, residual.shape))]
+
+    def agree(self, xs: list, sites: list) -> list:
+        """Per tower, a value every tower agrees on before any compresses, given every
+        tower's x (may exchange through `send`, e.g. a shared scale); stored as
+        `site.agreed`. Default: None for every tower, nothing exchanged."""
+        return [None] * len(xs)
 
     def exchange_started(self, average: bool) -> None:
         """Called once per traced exchange before any variable (e.g. to read `average`)."""
@@ -186,16 +193,19 @@ class Compressed(Aggregation):
         self.exchange_started(average)
         per_var = []
         for i in range(len(variables)):
-            sites, payloads, sent = [], [], []
+            sites, xs, payloads, sent = [], [], [], []
             for t, device in enumerate(towers):
                 with tf.device(device):
                     g = tower_values[t][i]
-                    site = self.site(t, i, g)
-                    x = self.prepare(tf.reshape(g, [-1]), site)
-                    payload = self.wire_round(tuple(self.compress(x, site)))
-                    c = self.decompress(payload, site)
-                    self.update_state(x, c, site)
-                sites.append(site)
+                    sites.append(self.site(t, i, g))
+                    xs.append(self.prepare(tf.reshape(g, [-1]), sites[t]))
+            for site, agreed in zip(sites, self.agree(xs, sites)):
+                site.agreed = agreed
+            for t, device in enumerate(towers):
+                with tf.device(device):
+                    payload = self.wire_round(tuple(self.compress(xs[t], sites[t])))
+                    c = self.decompress(payload, sites[t])
+                    self.update_state(xs[t], c, sites[t])
                 payloads.append(payload)
                 sent.append(c)
             totals = (self._gathered_sums(payloads, sent, sites) if self.transport == GATHER

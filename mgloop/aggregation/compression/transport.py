@@ -27,8 +27,10 @@ SUMMABLE = "summable"
 GATHER = "gather"
 
 
-def ring_all_gather(method, payloads: Sequence[tuple], devices: Sequence[str]) -> list[list]:
-    """have[t][s]: tower s's payload (a tuple of tensors) as present on devices[t]."""
+def ring_all_gather(method, payloads: Sequence[tuple], devices: Sequence[str],
+                    exact: bool = False) -> list[list]:
+    """have[t][s]: tower s's payload (a tuple of tensors) as present on devices[t].
+    `exact`: floats travel at their own dtype, not --transport_dtype (`send`)."""
     num = len(devices)
     have = [[None] * num for _ in range(num)]
     for t in range(num):
@@ -36,6 +38,6 @@ def ring_all_gather(method, payloads: Sequence[tuple], devices: Sequence[str]) -
     for step in range(num - 1):
         for src in range(num):
             dst, origin = (src + 1) % num, (src - step) % num
-            have[dst][origin] = tuple(method.send(part, devices[src], devices[dst])
+            have[dst][origin] = tuple(method.send(part, devices[src], devices[dst], exact)
                                       for part in have[src][origin])
     return have
