@@ -139,41 +139,28 @@ def test_one_exchange_matches_the_model(spec, device_set, variables):
     # bytes: int8 levels on the ring, one float32 per tower and variable gathered for M
     expected_bytes = sum(ring_bytes(math.prod(s), 1) + TOWERS * (TOWERS - 1) * 4 for s in SHAPES)
     assert total_sent(method) == expected_bytes
+    again = exchange(method, values, variables)  # the next step draws anew: other levels
+    assert any(np.any(a != b) for a, b in zip(again, out))
 
 
-@pytest.mark.parametrize("spec,levels", [("qsgd:levels=2", 2), ("terngrad", 1)])
-def test_quantisers_are_unbiased(spec, levels, device_set, variables):
-    """The mean of N exchanges (each step its own draws) lies within the Hoeffding bound of
-    the exact mean: out_i is (M / s T) times a sum of T independent levels, each within one
-    level of its mean, so P(|mean_N - E| >= eps) <= 2 exp(-2 N T eps^2 s^2 / M^2); eps for
-    a chance of 1e-9 per entry. A biased rounding (floor, or nearest) is off by up to
-    M / (2 s) on these values, far outside eps."""
-    method = make(spec, device_set, variables)
-    values = tower_values(seed=1)
-    placed = place(method, values)
-    draws = 200
-    first = [v.numpy() for v in method.reduce(placed, variables, average=True)[0]]
-
-    @tf.function
-    def later_draws():  # draws - 1 more exchanges, summed (in float32: exact enough below)
-        total = [tf.zeros(shape) for shape in SHAPES]
-        for _ in tf.range(draws - 1):
-            total = [a + b for a, b in zip(total, method.reduce(placed, variables)[0])]
-        return total
-
-    total = [v.numpy().astype(np.float64) for v in later_draws()]
-    changed = False
-    for i, shape in enumerate(SHAPES):
-        total[i] += first[i]
-        xs = [values[t][i] for t in range(TOWERS)]
-        norm = 2 if levels > 1 else np.inf
-        scale = max(np.linalg.norm(x.ravel(), norm) for x in xs)
-        eps = scale / levels * math.sqrt(math.log(2e9) / (2 * draws * TOWERS))
-        exact = np.mean(xs, axis=0, dtype=np.float64)
-        assert np.abs(total[i] / draws - exact).max() <= eps
-        changed |= bool(np.any(np.abs(first[i] - exact) > scale / levels / TOWERS / 2))
-    assert changed  # and one exchange alone is visibly quantised
-    assert int(method.steps[0].numpy()) == draws
+@pytest.mark.parametrize("levels", [1, 2])
+def test_levels_are_unbiased(levels):
+    """The mean of N independent draws of the decoded levels (M / s) l lies
+    within the Hoeffding bound of x: each draw is within one level M / s of its mean, so
+    P(|mean_N - x_i| >= eps) <= 2 exp(-2 N eps^2 s^2 / M^2); eps for a chance of 1e-9 per
+    entry. A biased rounding (floor, or to nearest) is off by up to M / (2 s) on these x."""
+    x = np.array([0.0, 0.1, -0.25, 0.5, -0.7, 0.95, 1.0, -0.3333], np.float32)
+    scale, draws = np.float32(1.0), 4000
+    uniform = tf.random.stateless_uniform([draws, x.size], [0, 7])  # N independent rows
+    levels_drawn = qsgd.stochastic_levels(tf.constant(np.tile(x, (draws, 1))),
+                                          tf.constant(scale), levels, uniform).numpy()
+    decoded = levels_drawn.astype(np.float64) * scale / levels
+    eps = scale / levels * math.sqrt(math.log(2e9) / (2 * draws))
+    assert np.abs(decoded.mean(axis=0) - x).max() <= eps
+    on_grid = np.floor(np.abs(x) * levels / scale)  # each draw is one of two adjacent levels
+    assert np.all((np.abs(levels_drawn) == on_grid) | (np.abs(levels_drawn) == on_grid + 1))
+    nearest = np.sign(x) * np.round(np.abs(x) * levels / scale) * scale / levels
+    assert np.abs(nearest - x).max() > 2 * eps  # what a biased rounding would miss by
 
 
 # ---- signs ---------------------------------------------------------------------------------

@@ -51,7 +51,11 @@ class OneBit(Compressed):
     transport = GATHER
 
     @classmethod
-    def error_bound(cls, options, num_towers, num_elements=None):
+    def error_bound(cls, options, num_towers):
+        return cls.error_bound_for(options, num_towers, None)
+
+    @classmethod
+    def error_bound_for(cls, options, num_towers, num_elements):
         return scales.contraction_bound(sign_contraction(num_elements), options.memory,
                                         num_towers)
 

@@ -97,7 +97,7 @@ class PowerSgd(Compressed):
     transport = SUMMABLE
 
     @classmethod
-    def error_bound(cls, options, num_towers, num_elements=None):
+    def error_bound(cls, options, num_towers):
         if options.memory == "residual":
             return math.inf
         return 1.0 + scales.rounding(num_towers) * 2 * (1 + num_towers)

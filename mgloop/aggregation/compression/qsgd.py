@@ -11,16 +11,17 @@ The paper takes M = ||x||_2, each worker its own. TernGrad (Wen et al. 2017, "Te
 ternary gradients to reduce communication in distributed deep learning") is the case s = 1
 with M = ||x||_inf, and shares M between workers ("scaler sharing") so that the ternary
 values can be added. Both methods here share it: M = max_t ||x_t|| (the 2-norm for qsgd, the
-max-norm for terngrad), agreed first by a ring all-gather of one value per variable and
-tower (scales.shared_max: every tower computes the same M, never below any ||x_t||).
+max-norm for terngrad), agreed first (the base's `agree`) by a ring all-gather of one float32
+per variable and tower, sent at float32 whatever --transport_dtype is (scales.shared_max:
+every tower takes the maximum of the same T numbers, never below any ||x_t||).
 Every tower's quantiser stays unbiased (M >= ||x_t|| >= |x_ti|), and the levels are summable:
 
     out = (M / s) (sum_t l_t) / T        (the integer sum is exact: replicas bit-identical)
 
 Transport: summable. l_t rides the ring all-reduce (ring.py) as the smallest signed integer
 type that holds T s (int8 while T s <= 127, then int16, int32): 2 (T-1)/T n bytes sent and
-received per tower and variable with int8, a quarter of float32's, plus the (T-1) scalars of
-the agreement at --transport_dtype. No Elias coding or bit-packing (the paper's coding is not implemented).
+received per tower and variable with int8, a quarter of float32's, plus (T-1) 4 bytes for
+the agreement. No Elias coding or bit-packing (the paper's coding is not implemented).
 The draws b_i come from tower t's own stateless stream (`site.tower_seed`). Levels are
 clipped to s (a float32 norm may round just below the largest |x_i|).
 
@@ -63,8 +64,6 @@ def stochastic_levels(x: tf.Tensor, scale: tf.Tensor, levels: int,
 
 def levels_bound(levels, memory, num_towers, num_elements) -> float:
     """rho of the module docstring, c = sqrt(n) / s (inf where no bound is stated)."""
-    if num_elements is None:
-        return math.inf
     return scales.contraction_bound(math.sqrt(num_elements) / levels, memory, num_towers)
 
 
@@ -92,34 +91,27 @@ class SharedScaleQuantiser(Compressed):
         return self.options.levels
 
     @classmethod
-    def error_bound(cls, options, num_towers, num_elements=None):
+    def error_bound(cls, options, num_towers):
+        return math.inf  # grows with n: error_bound_for
+
+    @classmethod
+    def error_bound_for(cls, options, num_towers, num_elements):
         return levels_bound(getattr(options, "levels", 1), options.memory, num_towers,
                             num_elements)
 
-    def reduce(self, tower_values, variables, average=True):
-        """First every variable's shared scale M (before any residual changes), then the
-        base's compress-and-sum, whose compress and decompress read it."""
-        towers = list(self.devices.towers)
-        self.agreed = []
-        for i in range(len(variables)):
-            norms, devices = [], []
-            for t, device in enumerate(towers):
-                with tf.device(device):
-                    site = self.site(t, i, tower_values[t][i])
-                    x = self.prepare(tf.reshape(tower_values[t][i], [-1]), site)
-                    norms.append(tf.norm(x, ord=self.norm))
-                devices.append(device)
-            self.agreed.append(scales.shared_max(self, norms, devices))
-        return super().reduce(tower_values, variables, average)
+    def agree(self, xs, sites):
+        """M = max_t ||x_t||, the same float32 on every tower."""
+        return scales.shared_max(self, [tf.norm(x, ord=self.norm) for x in xs],
+                                 [site.device for site in sites])
 
     def compress(self, x, site):
         uniform = tf.random.stateless_uniform(tf.shape(x), site.tower_seed, dtype=x.dtype)
-        levels = stochastic_levels(x, self.agreed[site.index][site.tower], self.levels, uniform)
+        levels = stochastic_levels(x, site.agreed, self.levels, uniform)
         return (tf.cast(levels, scales.sum_dtype(self.num_towers, self.levels)),)
 
     def decompress(self, payload, site):
-        scale = self.agreed[site.index][site.tower]
-        return tf.cast(payload[0], site.dtype) * (scale / tf.cast(self.levels, scale.dtype))
+        return tf.cast(payload[0], site.dtype) * (
+            site.agreed / tf.cast(self.levels, site.agreed.dtype))
 
 
 @register

@@ -1,13 +1,10 @@
 """Scales the towers agree on before quantising, and the roundings the quantisers' bounds add.
 
-`shared_max(method, values, devices)`: tower t holds a float32 scalar values[t] >= 0 (e.g.
-||x_t||_2); a ring all-gather (transport.py) hands every tower all T of them and each tower
-takes their maximum. Each value travels at --transport_dtype; a tower first rounds its own
-value as the wire will (`wire_round`), so that all towers take the maximum of the same T
-numbers and agree on it exactly. Below float32 each value is first raised by 2^-7 relative,
-so the wire's rounding (at most 2^-8 relative for bfloat16) can only leave it above the
-true value: a shared scale is never below any tower's norm. Bytes: (T-1) values sent and
-received per tower and variable.
+`shared_max(method, values, devices)`: tower t holds a float32 scalar values[t] (e.g.
+||x_t||_2); a ring all-gather (transport.py) hands every tower all T of them, sent at
+float32 whatever --transport_dtype is (a rounded scale could fall below a tower's norm, and
+a tower's own value would differ from its copies elsewhere), and each tower takes their
+maximum: the same float on every tower. Bytes: (T-1) x 4 sent and received per tower.
 """
 
 from __future__ import annotations
@@ -47,13 +44,9 @@ def sum_dtype(num_towers: int, largest: int) -> tf.DType:
 
 
 def shared_max(method, values, devices) -> list[tf.Tensor]:
-    """max_t values[t] (float32 scalars >= 0, values[t] on devices[t]), on every tower."""
-    raised = 1.0 if method.transport_dtype == tf.float32 else 1.0 + 2.0 ** -7
-    payloads = []
-    for value, device in zip(values, devices):
-        with tf.device(device):
-            payloads.append(method.wire_round((tf.reshape(value * raised, [1]),)))
-    have = ring_all_gather(method, payloads, devices)
+    """max_t values[t] (float32 scalars, values[t] on devices[t]), on every tower."""
+    have = ring_all_gather(method, [(tf.reshape(v, [1]),) for v in values], devices,
+                           exact=True)
     out = []
     for t, device in enumerate(devices):
         with tf.device(device):

@@ -87,7 +87,11 @@ class SignSgd(Compressed):
                               "residual x - sign(x) mixes units; use scaled=true or memory=none")
 
     @classmethod
-    def error_bound(cls, options, num_towers, num_elements=None):
+    def error_bound(cls, options, num_towers):
+        return cls.error_bound_for(options, num_towers, None)
+
+    @classmethod
+    def error_bound_for(cls, options, num_towers, num_elements):
         if not options.scaled:
             return math.inf
         q = sign_contraction(num_elements) if options.memory == "residual" else 0.0
@@ -112,7 +116,11 @@ class EfSignSgd(Compressed):
     transport = GATHER
 
     @classmethod
-    def error_bound(cls, options, num_towers, num_elements=None):
+    def error_bound(cls, options, num_towers):
+        return cls.error_bound_for(options, num_towers, None)
+
+    @classmethod
+    def error_bound_for(cls, options, num_towers, num_elements):
         return scales.contraction_bound(sign_contraction(num_elements), options.memory,
                                         num_towers)
 
