@@ -15,7 +15,6 @@ Tolerances, u = 2^-24 and gamma(k) = k u / (1 - k u) (tests/tolerance.py):
   its column space), and the products' gamma(n + m + T).
 """
 
-import dataclasses
 import math
 import types
 
@@ -292,7 +291,8 @@ def test_powersgd_one_exchange_matches_the_model(device_set, variables):
         np.testing.assert_allclose(out[1], np.mean([values[t][1] for t in range(TOWERS)], 0),
                                    rtol=0, atol=tolerance.gamma(TOWERS + 1) * 4)
     # bytes of the two exchanges: ring 1 carries the P's (n r) and the vector, ring 2 the Q's
-    assert total_sent(method) == 2 * (ring_bytes(6 * 2 + 5 + 6 * 2, 4) + ring_bytes(5 * 2 + 4 * 2, 4))
+    assert total_sent(method) == 2 * (ring_bytes(6 * 2 + 5 + 6 * 2, 4)
+                                      + ring_bytes(5 * 2 + 4 * 2, 4))
 
 
 class FullRankBound(tolerance.StepBound):
