@@ -23,7 +23,10 @@ type that holds T s (int8 while T s <= 127, then int16, int32): 2 (T-1)/T n byte
 received per tower and variable with int8, a quarter of float32's, plus (T-1) 4 bytes for
 the agreement. No Elias coding or bit-packing (the paper's coding is not implemented).
 The draws b_i come from tower t's own stateless stream (`site.tower_seed`). Levels are
-clipped to s (a float32 norm may round just below the largest |x_i|).
+clipped to s (a float32 norm may round just below the largest |x_i|). Across workers each
+worker agrees on its own M and the workers add their dense decoded sums (base.py); tower t
+of every worker draws the same stream (the local tower index repeats), so every tower stays
+unbiased but those draws are correlated between workers.
 
 memory=none by default (neither paper uses error feedback; `residual` adds it).
 Bound (memory=none): |Q(x)_i - x_i| <= M / s and Q(x)_i = 0 where x_i = 0, so
