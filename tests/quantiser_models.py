@@ -25,12 +25,18 @@ def stochastic_levels(x, scale, levels, uniform):
     return (np.sign(x) * (low + (np.asarray(uniform, np.float32) < a - low))).astype(np.int32)
 
 
-def shared_scale_quantiser(xs, levels, uniform, norm):
-    """QSGD (norm=2) or TernGrad (norm=inf, levels=1) with the scale shared by the towers:
-    M = max_t ||x_t||_norm, l_t = stochastic_levels(x_t, M, s, u_t); the integer levels are
+def shared_scale_quantiser(xs, levels, uniform, norm, bucket=0):
+    """QSGD (norm=2) or TernGrad (norm=inf, levels=1) with scales shared by the towers: per
+    bucket b of `bucket` consecutive entries (0: the whole tensor), M_b = max_t ||x_t on b||,
+    l_t = stochastic_levels(x_t, M, s, u_t) with each entry's M_b; the integer levels are
     summed; out = (M / s) sum_t l_t / T; sent_t = (M / s) l_t."""
-    scale = max(np.linalg.norm(np.ravel(x).astype(np.float32), norm) for x in xs)
-    scale = np.float32(scale)
+    xs = [np.ravel(x).astype(np.float32) for x in xs]
+    n = xs[0].size
+    size = n if bucket <= 0 else min(bucket, n)
+    starts = range(0, n, size)
+    scales = np.array([max(np.linalg.norm(x[i:i + size], norm) for x in xs) for i in starts],
+                      np.float32)
+    scale = np.repeat(scales, size)[:n]
     ls = [stochastic_levels(x, scale, levels, u) for x, u in zip(xs, uniform)]
     unit = scale / np.float32(levels)
     total = np.sum(ls, axis=0)

@@ -117,26 +117,31 @@ def test_stochastic_levels_match_the_model(levels):
     assert np.abs(got).max() <= levels and np.all(got[x == 0] == 0)
 
 
-@pytest.mark.parametrize("spec", ["qsgd:levels=2", "terngrad"])
-def test_one_exchange_matches_the_model(spec, device_set, variables):
+@pytest.mark.parametrize("spec,levels,bucket", [("qsgd:levels=2", 2, 512),
+                                                 ("qsgd:levels=3,bucket=4", 3, 4),
+                                                 ("terngrad", 1, 0)])
+def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variables):
     method = make(spec, device_set, variables)
     values = tower_values()
     sites = [[method.site(t, i, tf.constant(values[t][i])) for i in range(len(SHAPES))]
              for t in range(TOWERS)]  # the seeds of step 0, as the exchange draws them
     out = exchange(method, values, variables)
-    levels, norm = (2, 2) if spec.startswith("qsgd") else (1, np.inf)
+    norm = np.inf if spec == "terngrad" else 2
     for i in range(len(SHAPES)):
         xs = [values[t][i].ravel() for t in range(TOWERS)]
         uniform = [tf.random.stateless_uniform([xs[t].size], sites[t][i].tower_seed).numpy()
                    for t in range(TOWERS)]
-        expected, _, ls, scale = model.shared_scale_quantiser(xs, levels, uniform, norm)
-        # the decoded mean is the integer sum on the shared scale: recover and compare levels
+        expected, _, ls, scale = model.shared_scale_quantiser(xs, levels, uniform, norm, bucket)
+        # the decoded mean is the integer sum on the shared scales: recover and compare levels
         recovered = out[i].ravel() * TOWERS * levels / scale
-        np.testing.assert_allclose(recovered, np.sum(ls, axis=0), rtol=0,
-                                   atol=tolerance.gamma(TOWERS + 8 + xs[0].size) * TOWERS * levels)
-        np.testing.assert_allclose(out[i].ravel(), expected, rtol=tolerance.gamma(TOWERS + 8))
-    # bytes: int8 levels on the ring, one float32 per tower and variable gathered for M
-    expected_bytes = sum(ring_bytes(math.prod(s), 1) + TOWERS * (TOWERS - 1) * 4 for s in SHAPES)
+        assert_close(recovered, np.sum(ls, axis=0),
+                     tolerance.gamma(TOWERS + 8 + xs[0].size) * TOWERS * levels)
+        assert_close(out[i].ravel(), expected, tolerance.gamma(TOWERS + 8) * np.abs(expected))
+    # bytes: int8 levels on the ring, one float32 per bucket, tower and variable gathered
+    buckets = [-(-math.prod(s) // (bucket or math.prod(s))) for s in SHAPES]
+    assert buckets == ([1, 1, 1] if bucket != 4 else [8, 2, 6])
+    expected_bytes = sum(ring_bytes(math.prod(s), 1) + TOWERS * (TOWERS - 1) * 4 * b
+                         for s, b in zip(SHAPES, buckets))
     assert total_sent(method) == expected_bytes
     again = exchange(method, values, variables)  # the next step draws anew: other levels
     assert any(np.any(a != b) for a, b in zip(again, out))
@@ -209,7 +214,7 @@ def test_gathered_signs_match_the_model(spec, reference, extra, device_set, vari
 # ---- error feedback ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec,rank", [("efsignsgd", 1), ("onebit", 1),
-                                       ("qsgd:levels=4,memory=residual", 1),
+                                       ("qsgd:levels=4,bucket=8,memory=residual", 1),
                                        ("terngrad:memory=residual", 1),
                                        ("powersgd:rank=1,min_compression=0", 1)])
 def test_error_feedback_identity(spec, rank, device_set, variables):

@@ -1,40 +1,44 @@
-"""`qsgd:levels=s` and `terngrad`: stochastic, unbiased quantisers on a scale the towers
-share, their integer levels summed by the ring all-reduce.
+"""`qsgd:levels=s,bucket=d` and `terngrad`: stochastic, unbiased quantisers on scales the
+towers share, their integer levels summed by the ring all-reduce.
 
 QSGD (Alistarh et al. 2017, "QSGD: Communication-efficient SGD via gradient quantization
 and encoding", eq. 1) quantises x (n elements, flattened) to s levels of a scale M:
 
     a_i = s |x_i| / M,   l_i = sgn(x_i) (floor(a_i) + b_i),   b_i ~ Bernoulli(a_i - floor(a_i))
-    Q(x)_i = (M / s) l_i,   E[Q(x)] = x   whenever M >= max_i |x_i|
+    Q(x)_i = (M / s) l_i,   E[Q(x)] = x   whenever M >= |x_i|
 
-The paper takes M = ||x||_2, each worker its own. TernGrad (Wen et al. 2017, "TernGrad:
-ternary gradients to reduce communication in distributed deep learning") is the case s = 1
-with M = ||x||_inf, and shares M between workers ("scaler sharing") so that the ternary
-values can be added. Both methods here share it: M = max_t ||x_t|| (the 2-norm for qsgd, the
-max-norm for terngrad), agreed first (the base's `agree`) by a ring all-gather of one float32
-per variable and tower, sent at float32 whatever --transport_dtype is (scales.shared_max:
-every tower takes the maximum of the same T numbers, never below any ||x_t||).
-Every tower's quantiser stays unbiased (M >= ||x_t|| >= |x_ti|), and the levels are summable:
+The paper takes M = ||x||_2 per bucket of d consecutive entries (its bucketing: the variance
+bound min(d / s^2, sqrt(d) / s) M^2 of its Lemma 3.1 then holds per bucket, where one scale
+for a whole tensor of n entries would let it grow with n), each worker its own. TernGrad
+(Wen et al. 2017, "TernGrad: ternary gradients to reduce communication in distributed deep
+learning") is the case s = 1 with M = ||x||_inf per tensor (layer-wise), and shares M between
+workers ("scaler sharing") so that the ternary values can be added; its gradient clipping is
+not applied. Both methods here share the scales: M_b = max_t ||x_t on bucket b|| (the 2-norm
+for qsgd, the max-norm for terngrad), agreed first (the base's `agree`) by a ring all-gather
+of the ceil(n / d) bucket norms of every tower, sent at float32 whatever --transport_dtype is
+(scales.shared_max: every tower takes the maximum of the same numbers, never below any
+tower's). Every tower's quantiser stays unbiased (M_b >= |x_ti| on its bucket), and the levels
+are summable:
 
-    out = (M / s) (sum_t l_t) / T        (the integer sum is exact: replicas bit-identical)
+    out_i = (M_b(i) / s) (sum_t l_ti) / T      (the integer sum is exact: replicas bit-identical)
 
 Transport: summable. l_t rides the ring all-reduce (ring.py) as the smallest signed integer
 type that holds T s (int8 while T s <= 127, then int16, int32): 2 (T-1)/T n bytes sent and
-received per tower and variable with int8, a quarter of float32's, plus (T-1) 4 bytes for
-the agreement. No Elias coding or bit-packing (the paper's coding is not implemented).
-The draws b_i come from tower t's own stateless stream (`site.tower_seed`). Levels are
-clipped to s (a float32 norm may round just below the largest |x_i|). Across workers each
-worker agrees on its own M and the workers add their dense decoded sums (base.py); tower t
-of every worker draws the same stream (the local tower index repeats), so every tower stays
-unbiased but those draws are correlated between workers.
+received per tower and variable with int8, a quarter of float32's, plus (T-1) 4 ceil(n / d)
+bytes for the agreement. No Elias coding or bit-packing (the paper's coding is not
+implemented). The draws b_i come from tower t's own stateless stream (`site.tower_seed`).
+Levels are clipped to s (a float32 norm may round just below the largest |x_i|). Across
+workers each worker agrees on its own scales and the workers add their dense decoded sums
+(base.py); tower t of every worker draws the same stream (the local tower index repeats), so
+every tower stays unbiased but those draws are correlated between workers.
 
 memory=none by default (neither paper uses error feedback; `residual` adds it).
-Bound (memory=none): |Q(x)_i - x_i| <= M / s and Q(x)_i = 0 where x_i = 0, so
-||out - mean|| <= (1/T) sum_t ||Q(x_t) - x_t|| <= c G with c = sqrt(n) / s (M <= G: for
-terngrad the max-norm is at most the 2-norm); with memory=residual, ||e|| <= c (G + ||e||)
-holds the residual to c G / (1 - c) only when c < 1, the error of out within 2 c / (1 - c) G;
-otherwise no bound is stated (inf). The variance is far smaller than this worst case: QSGD's
-Lemma 3.1, E||Q(x) - x||^2 <= min(n / s^2, sqrt(n) / s) M^2.
+Bound (memory=none): |Q(x)_i - x_i| <= M_b(i) / s and Q(x)_i = 0 where x_i = 0; with k
+entries per scale and b scales, sum_i M_b(i)^2 <= k sum_b max_t ||x_tb||^2 <= k min(T, b) G^2,
+so ||out - mean|| <= (1/T) sum_t ||Q(x_t) - x_t|| <= c G with c = sqrt(k min(T, b)) / s;
+with memory=residual, ||e_t|| <= c (G + ||e_t||) holds the residual to c G / (1 - c) only
+when c < 1, the error of out within 2 c / (1 - c) G; otherwise no bound is stated (inf).
+The variance is far smaller than this worst case (Lemma 3.1 above).
 """
 
 from __future__ import annotations
@@ -65,16 +69,39 @@ def stochastic_levels(x: tf.Tensor, scale: tf.Tensor, levels: int,
     return tf.sign(x) * magnitude
 
 
-def levels_bound(levels, memory, num_towers, num_elements) -> float:
-    """rho of the module docstring, c = sqrt(n) / s (inf where no bound is stated)."""
-    return scales.contraction_bound(math.sqrt(num_elements) / levels, memory, num_towers)
+def bucket_size(bucket: int, n: int) -> int:
+    """Entries per scale: d (`bucket`), or the whole tensor when d is 0 or n <= d."""
+    return n if bucket <= 0 else min(bucket, n)
+
+
+def bucket_norms(x: tf.Tensor, size: int, norm) -> tf.Tensor:
+    """[ceil(n / size)] norms of consecutive runs of `size` entries of the flat x (the last
+    run padded with zeros)."""
+    n = x.shape.num_elements()
+    count = -(-n // size)
+    runs = tf.reshape(tf.pad(x, [[0, count * size - n]]), [count, size])
+    return tf.norm(runs, ord=norm, axis=1)
+
+
+def per_entry(scales_: tf.Tensor, size: int, n: int) -> tf.Tensor:
+    """Each entry's bucket scale: scales_[i // size] for i < n."""
+    return tf.reshape(tf.tile(scales_[:, None], [1, size]), [-1])[:n]
+
+
+def levels_bound(levels, bucket, memory, num_towers, num_elements) -> float:
+    """rho of the module docstring: c = sqrt(k min(T, b)) / s, k entries per scale, b scales."""
+    size = bucket_size(bucket, num_elements)
+    count = -(-num_elements // size)
+    c = math.sqrt(size * min(num_towers, count)) / levels
+    return scales.contraction_bound(c, memory, num_towers)
 
 
 @dataclasses.dataclass(frozen=True)
 class QsgdOptions(CompressionOptions):
-    levels: int = option(1, "s, the number of quantisation levels per sign (s = 1: "
-                            "{-M, 0, M}); sent as int8 while towers x s <= 127",
-                         low=1, high=MAX_LEVELS)
+    levels: int = option(8, "s, quantisation levels per sign (s = 1: {-M, 0, M}); sent as "
+                            "int8 while towers x s <= 127", low=1, high=MAX_LEVELS)
+    bucket: int = option(512, "d, consecutive entries that share one scale M (the paper's "
+                              "bucketing); 0: one scale per tensor", low=0)
     memory: str = memory_option("none", "Alistarh et al. 2017")
 
 
@@ -84,7 +111,7 @@ class TernGradOptions(CompressionOptions):
 
 
 class SharedScaleQuantiser(Compressed):
-    """Compress with the levels of a scale agreed by all towers (module docstring)."""
+    """Compress with the levels of scales agreed by all towers (module docstring)."""
 
     transport = SUMMABLE
     norm: float  # the norm whose maximum over towers is the shared scale M
@@ -93,28 +120,37 @@ class SharedScaleQuantiser(Compressed):
     def levels(self) -> int:
         return self.options.levels
 
+    @property
+    def bucket(self) -> int:
+        return self.options.bucket
+
     @classmethod
     def error_bound(cls, options, num_towers):
         return math.inf  # grows with n: error_bound_for
 
     @classmethod
     def error_bound_for(cls, options, num_towers, num_elements):
-        return levels_bound(getattr(options, "levels", 1), options.memory, num_towers,
-                            num_elements)
+        return levels_bound(getattr(options, "levels", 1), getattr(options, "bucket", 0),
+                            options.memory, num_towers, num_elements)
 
     def agree(self, xs, sites):
-        """M = max_t ||x_t||, the same float32 on every tower."""
-        return scales.shared_max(self, [tf.norm(x, ord=self.norm) for x in xs],
+        """M_b = max_t ||x_t on bucket b||, the same float32s on every tower."""
+        size = bucket_size(self.bucket, sites[0].size)
+        return scales.shared_max(self, [bucket_norms(x, size, self.norm) for x in xs],
                                  [site.device for site in sites])
+
+    def entry_scales(self, site) -> tf.Tensor:
+        size = bucket_size(self.bucket, site.size)
+        return per_entry(site.agreed, size, site.size)
 
     def compress(self, x, site):
         uniform = tf.random.stateless_uniform(tf.shape(x), site.tower_seed, dtype=x.dtype)
-        levels = stochastic_levels(x, site.agreed, self.levels, uniform)
+        levels = stochastic_levels(x, self.entry_scales(site), self.levels, uniform)
         return (tf.cast(levels, scales.sum_dtype(self.num_towers, self.levels)),)
 
     def decompress(self, payload, site):
         return tf.cast(payload[0], site.dtype) * (
-            site.agreed / tf.cast(self.levels, site.agreed.dtype))
+            self.entry_scales(site) / tf.cast(self.levels, site.dtype))
 
 
 @register
@@ -130,3 +166,4 @@ class TernGrad(SharedScaleQuantiser):
     options_type = TernGradOptions
     norm = math.inf
     levels = 1
+    bucket = 0  # one scale per tensor (layer-wise, as the paper)

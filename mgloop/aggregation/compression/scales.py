@@ -1,10 +1,11 @@
 """Scales the towers agree on before quantising, and the roundings the quantisers' bounds add.
 
-`shared_max(method, values, devices)`: tower t holds a float32 scalar values[t] (e.g.
-||x_t||_2); a ring all-gather (transport.py) hands every tower all T of them, sent at
+`shared_max(method, values, devices)`: tower t holds float32 values[t] (e.g. the norms
+||x_t||_2 of its buckets); a ring all-gather (transport.py) hands every tower all T of them, sent at
 float32 whatever --transport_dtype is (a rounded scale could fall below a tower's norm, and
 a tower's own value would differ from its copies elsewhere), and each tower takes their
-maximum: the same float on every tower. Bytes: (T-1) x 4 sent and received per tower.
+maximum: the same floats on every tower. Bytes: (T-1) x 4 per value, sent and received
+per tower.
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ def sum_dtype(num_towers: int, largest: int) -> tf.DType:
 
 
 def shared_max(method, values, devices) -> list[tf.Tensor]:
-    """max_t values[t] (float32 scalars, values[t] on devices[t]), on every tower."""
-    have = ring_all_gather(method, [(tf.reshape(v, [1]),) for v in values], devices,
-                           exact=True)
+    """max_t values[t] elementwise (float32 vectors of one shape, values[t] on devices[t]),
+    the same on every tower."""
+    have = ring_all_gather(method, [(v,) for v in values], devices, exact=True)
     out = []
     for t, device in enumerate(devices):
         with tf.device(device):
-            out.append(tf.reduce_max(tf.concat([part for (part,) in have[t]], axis=0)))
+            out.append(tf.reduce_max(tf.stack([part for (part,) in have[t]]), axis=0))
     return out
