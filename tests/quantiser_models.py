@@ -25,12 +25,15 @@ def stochastic_levels(x, scale, levels, uniform):
     return (np.sign(x) * (low + (np.asarray(uniform, np.float32) < a - low))).astype(np.int32)
 
 
-def shared_scale_quantiser(xs, levels, uniform, norm, bucket=0):
+def shared_scale_quantiser(xs, levels, uniform, norm, bucket=0, clip=0.0):
     """QSGD (norm=2) or TernGrad (norm=inf, levels=1) with scales shared by the towers: per
     bucket b of `bucket` consecutive entries (0: the whole tensor), M_b = max_t ||x_t on b||,
     l_t = stochastic_levels(x_t, M, s, u_t) with each entry's M_b; the integer levels are
-    summed; out = (M / s) sum_t l_t / T; sent_t = (M / s) l_t."""
+    summed; out = (M / s) sum_t l_t / T; sent_t = (M / s) l_t. clip > 0: each x_t first
+    limited to +-clip std(x_t) (TernGrad's gradient clipping)."""
     xs = [np.ravel(x).astype(np.float32) for x in xs]
+    if clip > 0:
+        xs = [np.clip(x, -np.float32(clip * x.std()), np.float32(clip * x.std())) for x in xs]
     n = xs[0].size
     size = n if bucket <= 0 else min(bucket, n)
     starts = range(0, n, size)

@@ -119,19 +119,21 @@ def test_stochastic_levels_match_the_model(levels):
 
 @pytest.mark.parametrize("spec,levels,bucket", [("qsgd:levels=2", 2, 512),
                                                  ("qsgd:levels=3,bucket=4", 3, 4),
-                                                 ("terngrad", 1, 0)])
+                                                 ("terngrad", 1, 0),
+                                                 ("terngrad:clip=0", 1, 0)])
 def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variables):
     method = make(spec, device_set, variables)
     values = tower_values()
     sites = [[method.site(t, i, tf.constant(values[t][i])) for i in range(len(SHAPES))]
              for t in range(TOWERS)]  # the seeds of step 0, as the exchange draws them
     out = exchange(method, values, variables)
-    norm = np.inf if spec == "terngrad" else 2
+    norm = np.inf if spec.startswith("terngrad") else 2
     for i in range(len(SHAPES)):
         xs = [values[t][i].ravel() for t in range(TOWERS)]
         uniform = [tf.random.stateless_uniform([xs[t].size], sites[t][i].tower_seed).numpy()
                    for t in range(TOWERS)]
-        expected, _, ls, scale = model.shared_scale_quantiser(xs, levels, uniform, norm, bucket)
+        expected, _, ls, scale = model.shared_scale_quantiser(
+            xs, levels, uniform, norm, bucket, clip=2.5 if spec == "terngrad" else 0.0)
         # the decoded mean is the integer sum on the shared scales: recover and compare levels
         recovered = out[i].ravel() * TOWERS * levels / scale
         assert_close(recovered, np.sum(ls, axis=0),
@@ -145,6 +147,14 @@ def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variab
     assert total_sent(method) == expected_bytes
     again = exchange(method, values, variables)  # the next step draws anew: other levels
     assert any(np.any(a != b) for a, b in zip(again, out))
+
+
+def test_terngrad_clips_at_c_standard_deviations():
+    x = np.array([10.0, 0.5, -0.5, 0.25, -1.0, 0.0, 0.75, -0.25], np.float32)  # one outlier
+    limit = 2.5 * x.astype(np.float64).std()
+    got = qsgd.clipped(tf.constant(x), 2.5).numpy()
+    assert_close(got, np.clip(x, -limit, limit), tolerance.gamma(2 * x.size + 4) * limit)
+    assert got[0] < 9 and np.array_equal(got[1:], x[1:])  # only the outlier moved
 
 
 @pytest.mark.parametrize("levels", [1, 2])

@@ -12,8 +12,10 @@ bound min(d / s^2, sqrt(d) / s) M^2 of its Lemma 3.1 then holds per bucket, wher
 for a whole tensor of n entries would let it grow with n), each worker its own. TernGrad
 (Wen et al. 2017, "TernGrad: ternary gradients to reduce communication in distributed deep
 learning") is the case s = 1 with M = ||x||_inf per tensor (layer-wise), and shares M between
-workers ("scaler sharing") so that the ternary values can be added; its gradient clipping is
-not applied. Both methods here share the scales: M_b = max_t ||x_t on bucket b|| (the 2-norm
+workers ("scaler sharing") so that the ternary values can be added; its gradient clipping
+(`clip=c`, 2.5 as in the paper) first limits x to +-c sigma (sigma: the std of x's entries),
+so M is at most c max_t sigma_t; what clipping removes is lost (memory=none, as the paper) or
+kept in the residual (memory=residual); the bound below adds ||clip(x) - x|| <= ||x||. Both methods here share the scales: M_b = max_t ||x_t on bucket b|| (the 2-norm
 for qsgd, the max-norm for terngrad), agreed first (the base's `agree`) by a ring all-gather
 of the ceil(n / d) bucket norms of every tower, sent at float32 whatever --transport_dtype is
 (scales.shared_max: every tower takes the maximum of the same numbers, never below any
@@ -107,7 +109,18 @@ class QsgdOptions(CompressionOptions):
 
 @dataclasses.dataclass(frozen=True)
 class TernGradOptions(CompressionOptions):
+    clip: float = option(2.5, "c: entries beyond c standard deviations of the tensor are "
+                              "clipped to +-c sigma before ternarising (the paper's gradient "
+                              "clipping); 0: none", low=0.0)
     memory: str = memory_option("none", "Wen et al. 2017")
+
+
+def clipped(x: tf.Tensor, clip: float) -> tf.Tensor:
+    """TernGrad's gradient clipping: x limited to +-c sigma, sigma the std of x's entries."""
+    if clip <= 0:
+        return x
+    limit = clip * tf.math.reduce_std(x)
+    return tf.clip_by_value(x, -limit, limit)
 
 
 class SharedScaleQuantiser(Compressed):
@@ -133,11 +146,18 @@ class SharedScaleQuantiser(Compressed):
         return levels_bound(getattr(options, "levels", 1), getattr(options, "bucket", 0),
                             options.memory, num_towers, num_elements)
 
+    def quantised(self, x: tf.Tensor) -> tf.Tensor:
+        """What is quantised of x (TernGrad: x clipped); x itself by default."""
+        return x
+
     def agree(self, xs, sites):
         """M_b = max_t ||x_t on bucket b||, the same float32s on every tower."""
         size = bucket_size(self.bucket, sites[0].size)
-        return scales.shared_max(self, [bucket_norms(x, size, self.norm) for x in xs],
-                                 [site.device for site in sites])
+        norms = []
+        for x, site in zip(xs, sites):
+            with tf.device(site.device):
+                norms.append(bucket_norms(self.quantised(x), size, self.norm))
+        return scales.shared_max(self, norms, [site.device for site in sites])
 
     def entry_scales(self, site) -> tf.Tensor:
         size = bucket_size(self.bucket, site.size)
@@ -145,7 +165,8 @@ class SharedScaleQuantiser(Compressed):
 
     def compress(self, x, site):
         uniform = tf.random.stateless_uniform(tf.shape(x), site.tower_seed, dtype=x.dtype)
-        levels = stochastic_levels(x, self.entry_scales(site), self.levels, uniform)
+        levels = stochastic_levels(self.quantised(x), self.entry_scales(site), self.levels,
+                                   uniform)
         return (tf.cast(levels, scales.sum_dtype(self.num_towers, self.levels)),)
 
     def decompress(self, payload, site):
@@ -167,3 +188,14 @@ class TernGrad(SharedScaleQuantiser):
     norm = math.inf
     levels = 1
     bucket = 0  # one scale per tensor (layer-wise, as the paper)
+
+    @classmethod
+    def error_bound_for(cls, options, num_towers, num_elements):
+        if options.clip <= 0:
+            return super().error_bound_for(options, num_towers, num_elements)
+        # ||Q(clip x) - x|| <= sqrt(n) M + ||clip x - x|| <= (sqrt(n) + 1) G
+        return scales.contraction_bound(math.sqrt(num_elements) + 1, options.memory,
+                                        num_towers)
+
+    def quantised(self, x):
+        return clipped(x, self.options.clip)
