@@ -251,6 +251,16 @@ def test_bad_options_are_refused_in_one_line(spec, words, tmp_path):
     assert "\n" not in str(error.value) and words in str(error.value)
 
 
+def test_dgc_refuses_an_optimizer_that_adds_momentum(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        helpers.small_config(str(tmp_path), devices="cpu:2", aggregation="dgc",
+                             optimizer="momentum").validated()
+    assert "\n" not in str(error.value) and "--optimizer=sgd" in str(error.value)
+    for fine in (dict(aggregation="dgc", optimizer="sgd"),
+                 dict(aggregation="dgc:momentum=0", optimizer="adam")):
+        helpers.small_config(str(tmp_path), devices="cpu:2", **fine).validated()
+
+
 def test_explicit_packing_is_refused(tmp_path):
     with pytest.raises(ConfigError) as error:
         helpers.small_config(str(tmp_path), devices="cpu:2", aggregation="randomk",

@@ -48,6 +48,9 @@ class Run:
 
 
 def config_for(directory, name, towers, **overrides):
+    method, options = aggregation.parse(SPECS.get(name, name))
+    if method.applies_momentum(options):  # momentum inside the method: plain SGD outside
+        overrides.setdefault("optimizer", "sgd")
     return helpers.small_config(str(directory), devices=f"cpu:{towers}",
                                 aggregation=SPECS.get(name, name), plugins=PLUGINS, **overrides)
 

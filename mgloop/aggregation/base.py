@@ -149,6 +149,13 @@ class Aggregation(abc.ABC):
         return None
 
     @classmethod
+    def applies_momentum(cls, options: Options) -> bool:
+        """True: with these options the method applies momentum to the gradients itself
+        (DGC's momentum correction), so validation refuses any optimizer but plain SGD,
+        which would apply a second momentum or rescaling on top."""
+        return False
+
+    @classmethod
     def error_bound_for(cls, options: Options, num_towers: int, num_elements: int) -> float | None:
         """`error_bound` for a variable of `num_elements` entries, for methods whose bound
         grows with n (e.g. quantisers); default: `error_bound`, the same for every n."""

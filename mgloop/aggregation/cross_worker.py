@@ -46,6 +46,7 @@ class CrossWorker(Aggregation):
         super().__init__(local.devices, local.options, local.transport_dtype.name)
         self.local = local
         self.cluster = cluster
+        local.cluster = cluster  # the local stage knows the workers it is one of
         self.traffic = local.traffic  # one set of counts for both stages
         self.name, self.options_type = local.name, local.options_type
         for capability in CAPABILITIES:  # the local method's, as declared

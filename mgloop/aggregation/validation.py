@@ -18,6 +18,7 @@ and what would be valid.
     --batch_norm=sync              needs per-tower losses (not `single_loss`) and an
                                    exchange (--diagnostics with a single-loss method writes
                                    nothing per tower: assemble.build logs it)
+    `applies_momentum(options)`    needs --optimizer=sgd (DGC's momentum correction)
     several workers                need `across_workers`
     tower devices                  must be of a kind in `device_kinds`
 """
@@ -58,6 +59,11 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
         raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
                           "per_tower or a mode that exchanges gradients per tower")
     method.check(request, options)
+    optimizer = getattr(config, "optimizer", "sgd")
+    if method.applies_momentum(options) and isinstance(optimizer, str) and optimizer != "sgd":
+        raise ConfigError(f"{mode} applies momentum itself, so --optimizer={optimizer} would "
+                          "apply a second one on top; use --optimizer=sgd (or the method's "
+                          "momentum=0)")
     if workers is not None and workers.num_workers > 1 and not method.across_workers:
         where = f"across {workers.num_workers} workers (TF_CONFIG)"
         if method.single_loss:

@@ -3,6 +3,7 @@
 Per step, variable v (n elements, flattened) and tower t (on tower t's device):
 
     x_t = prepare(g_t)                 default: g_t + e_t with memory=residual, else g_t
+    a_t = agree(x_0..x_{T-1})[t]       default None; e.g. a scale every tower shares
     p_t = compress(x_t)                the payload: a tuple of tensors, as they travel
     c_t = decompress(p_t)              what the other towers will reconstruct, dense
     e_t <- x_t - c_t                   memory=residual (error feedback), else no state
@@ -16,7 +17,8 @@ tower did not send this step is added to its next gradient, so the identity
 c_t + e_t(new) = g_t + e_t(old) holds exactly for the sparsifiers (c_t and e_t take
 complementary entries of x_t). The float parts of p_t are rounded to
 `--transport_dtype` on tower t before c_t is formed, so c_t is exactly what the
-receivers decode and the residual keeps what the cast lost.
+receivers decode and the residual keeps what the cast lost (on the summable
+transport the ring also rounds its partial sums at every hop, as `ring` does).
 
 State (contract state: checkpointed, restored, broadcast, changed by the step alone),
 per tower t on tower t's device: the residuals e_t (memory=residual only), the
@@ -25,7 +27,8 @@ Seeds: `site.shared_seed` is the stateless seed pair
 fold_in(fold_in([S, steps], v), 0) with S the global TensorFlow seed when the method
 was made (`--seed`: experiment.seed_everything runs first), identical on every tower
 in a step, different per step and variable, and restored with `steps` on resume;
-`site.tower_seed` folds in the tower index as well (an independent stream per tower).
+`site.tower_seed` folds in the tower's global index as well (an independent stream
+per tower, across workers too).
 
 Bytes: every part of every payload goes through `send`: float values at
 `--transport_dtype`, indices at their own integer dtype (int32), so the traffic
@@ -96,6 +99,9 @@ class Compressed(Aggregation):
     across_workers = True  # the workers add their dense local sums (module docstring)
     options_type: ClassVar[type[Options]] = CompressionOptions
     transport: ClassVar[str] = GATHER
+    # GATHER payloads that are (values, int32 indices), each index once: every tower adds
+    # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
+    sparse_payload: ClassVar[bool] = False
 
     def __init__(self, devices, options=None, transport_dtype="float32"):
         super().__init__(devices, options, transport_dtype)
@@ -137,11 +143,22 @@ class Compressed(Aggregation):
 
     def exchange_started(self, average: bool) -> None:
         """Called once per traced exchange before any variable (e.g. to read `average`)."""
+        return None  # (a body of only a docstring is one AutoGraph cannot convert)
 
     # ---- the machinery ----
     @property
     def uses_memory(self) -> bool:
         return self.options.memory == "residual"
+
+    @property
+    def all_towers(self) -> int:
+        """T over every worker (cross_worker.py sets `cluster` on its local stage)."""
+        return self.num_towers * (self.cluster.num_workers if self.cluster else 1)
+
+    @property
+    def first_tower(self) -> int:
+        """The global index of this worker's tower 0 (worker-major order)."""
+        return self.cluster.index * self.num_towers if self.cluster else 0
 
     def residual(self, site: Site):
         return self.residuals[site.tower][site.index] if self.uses_memory else None
@@ -179,7 +196,8 @@ class Compressed(Aggregation):
         shared = tf.random.experimental.stateless_fold_in(base, index)
         return Site(tower, index, self.devices.towers[tower], value.shape, value.dtype,
                     tf.random.experimental.stateless_fold_in(shared, 0),
-                    tf.random.experimental.stateless_fold_in(shared, _TOWER_DOMAIN + tower),
+                    tf.random.experimental.stateless_fold_in(
+                        shared, _TOWER_DOMAIN + self.first_tower + tower),
                     self.extra[tower][index])
 
     def wire_round(self, payload: tuple) -> tuple:
@@ -221,13 +239,19 @@ class Compressed(Aggregation):
         return [list(per_copy) for per_copy in zip(*per_var)]
 
     def _gathered_sums(self, payloads, sent, sites):
-        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same reduction of the same
-        values on every tower (replicas bit-identical)."""
+        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
+        same values in the same order on every tower (replicas bit-identical)."""
         towers = list(self.devices.towers)
         have = ring_all_gather(self, payloads, towers)
         totals = []
         for t, device in enumerate(towers):
             with tf.device(device):
+                if self.sparse_payload:  # (values, int32 indices): scattered in tower order
+                    total = tf.zeros([sites[t].size], sites[t].dtype)
+                    for values, index in have[t]:
+                        total = tf.tensor_scatter_nd_add(total, index[:, None], values)
+                    totals.append(total)
+                    continue
                 terms = [sent[t] if s == t else self.decompress(have[t][s], sites[t])
                          for s in range(len(towers))]
                 # One reduction over the stacked terms: the same kernel on the same [T, n]

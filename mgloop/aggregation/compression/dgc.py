@@ -3,10 +3,10 @@
 
 On tower t, per variable of n elements, k = kept(r, n) (topk.py):
 
-    g  <- g * min(1, c_T / ||g||)    local clipping (clip_norm=c > 0), c_T = c sqrt(T) for
-                                     the mean (the paper's c N^(-1/2) restated: the mean of
-                                     T independent gradients of norm c sqrt(T) has norm ~ c);
-                                     c / sqrt(T) with --grad_reduce=sum, as in the paper
+    g  <- g * min(1, c_T / ||g||)    local clipping (clip_norm=c > 0), c_T = c sqrt(T), T the
+                                     towers of every worker (the paper's c N^(-1/2) rule for
+                                     a sum, restated for the mean: the mean of T independent
+                                     gradients of norm c sqrt(T) has norm ~ c)
     u  <- m u + g                    momentum correction: momentum accumulated locally
     x  =  v + u                      v: the residual (memory=residual; 0 with none)
     I  =  the k largest |x|          payload (x[I], I), gathered as top-k's (topk.py)
@@ -14,11 +14,12 @@ On tower t, per variable of n elements, k = kept(r, n) (topk.py):
     v  <- x - c,  u <- u on the complement of I  (factor masking: both cleared on I)
 
 u and v are per-tower state. The towers' c are summed by ring all-gather, as top-k
-(bytes: (T-1) k values + (T-1) k int32 indices per tower and variable). Because the
-momentum is applied here, train with plain SGD (--optimizer=sgd): a momentum
-optimizer would apply momentum twice. The paper's warm-up of the sparsity (ratio
-decreasing over the first epochs) and its sampled threshold (in place of an exact
-top-k) are not implemented; ratio=1, momentum=0, clip_norm=0 is lossless.
+(bytes: (T-1) k values + (T-1) k int32 indices per tower and variable). The momentum
+is applied here, so momentum > 0 needs plain SGD (--optimizer=sgd; another optimizer
+is refused in one line: it would apply a second momentum). The paper's warm-up of the
+sparsity (ratio decreasing over the first epochs) and its sampled threshold (in
+place of an exact top-k) are not implemented; ratio=1, momentum=0, clip_norm=0 is
+lossless.
 
 Bound (G: the largest tower gradient norm): ||u|| <= G / (1 - m) (masking only clears
 entries), the residual ||v|| <= q G / ((1 - q)(1 - m)) with q = sqrt(1 - k/n) (as top-k),
@@ -62,6 +63,7 @@ class DeepGradientCompression(Compressed):
     name = "dgc"
     options_type = DgcOptions
     transport = GATHER
+    sparse_payload = True
 
     @classmethod
     def error_bound(cls, options, num_towers):
@@ -70,16 +72,16 @@ class DeepGradientCompression(Compressed):
         clipping = 1.0 if options.clip_norm > 0 else 0.0
         return (kept_error + m) / (1 - m) + clipping + rounding_bound(num_towers) / (1 - m)
 
+    @classmethod
+    def applies_momentum(cls, options):
+        return options.momentum > 0
+
     def extra_state(self, variable, index, tower):
         return {"momentum": tf.zeros(tuple(variable.shape), variable.dtype)}
 
-    def exchange_started(self, average):
-        self.local_clip = (self.options.clip_norm * math.sqrt(self.num_towers) if average
-                           else self.options.clip_norm / math.sqrt(self.num_towers))
-
     def prepare(self, g, site):
         if self.options.clip_norm > 0:
-            g = tf.clip_by_norm(g, self.local_clip)
+            g = tf.clip_by_norm(g, self.options.clip_norm * math.sqrt(self.all_towers))
         u = self.options.momentum * tf.reshape(site.state["momentum"], [-1]) + g
         site.notes["u"] = u
         residual = self.residual(site)

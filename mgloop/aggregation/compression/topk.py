@@ -69,6 +69,7 @@ class TopK(Compressed):
     name = "topk"
     options_type = TopKOptions
     transport = GATHER
+    sparse_payload = True
 
     @classmethod
     def error_bound(cls, options, num_towers):
