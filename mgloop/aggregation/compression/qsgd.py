@@ -31,8 +31,7 @@ bytes for the agreement. No Elias coding or bit-packing (the paper's coding is n
 implemented). The draws b_i come from tower t's own stateless stream (`site.tower_seed`).
 Levels are clipped to s (a float32 norm may round just below the largest |x_i|). Across
 workers each worker agrees on its own scales and the workers add their dense decoded sums
-(base.py); tower t of every worker draws the same stream (the local tower index repeats), so
-every tower stays unbiased but those draws are correlated between workers.
+(base.py); every tower of the job draws its own stream (seeded by its global index).
 
 memory=none by default (neither paper uses error feedback; `residual` adds it).
 Bound (memory=none): |Q(x)_i - x_i| <= M_b(i) / s and Q(x)_i = 0 where x_i = 0; with k
