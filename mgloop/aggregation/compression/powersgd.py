@@ -140,12 +140,10 @@ class PowerSgd(Compressed):
             with tf.device(device):
                 p_hats.append([orthonormal(tf.reshape(s, [p.n, p.rank])) if p else None
                                for s, p in zip(first_sums[t], self.plans)])
-                second.append([
-                    tf.reshape(tf.matmul(tf.reshape(x, [p.n, p.m]), p_hat, transpose_a=True),
-                               [-1]) if p else None
-                    for x, p_hat, p in zip(xs[t], p_hats[t], self.plans)])
-        second = [[self.wire_round((q,))[0] if q is not None else None for q in per]
-                  for per in second]
+                second.append([  # Q_t, rounded as the wire will (c_t is formed from it)
+                    self.wire_round((tf.reshape(tf.matmul(tf.reshape(x, [p.n, p.m]), p_hat,
+                                                          transpose_a=True), [-1]),))[0]
+                    if p else None for x, p_hat, p in zip(xs[t], p_hats[t], self.plans)])
         second_sums = self._all_reduce(second, towers)
         out = []
         for t, device in enumerate(towers):
