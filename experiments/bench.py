@@ -43,6 +43,7 @@ and metrics, for the HParams dashboard; per-repeat examples/sec as scalars).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -63,6 +64,7 @@ import bench_plan  # noqa: E402
 import bench_processes  # noqa: E402
 import bench_systems  # noqa: E402
 import benchlib  # noqa: E402
+from mgloop.errors import ConfigError  # noqa: E402
 
 DEFAULT_DATASET = {"mlp": "synthetic", "cnn": "synthetic", "big_mlp": "random_binary",
                    "resnet20": "synthetic_cifar", "minigooglenet": "synthetic_cifar"}
@@ -112,6 +114,10 @@ flags.DEFINE_bool("profile", False, "after timing, trace one loop of every syste
 flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (default: a fresh "
                     "folder under the temp dir)")
 flags.DEFINE_integer("seed", 0, "seed of data and initial weights")
+flags.DEFINE_multi_string("link", [], "BANDWIDTH,LATENCY, e.g. 10gbit,10us (repeatable): "
+                          "per mgloop system, the modelled exchange of its counted traffic "
+                          "on such a network (mgloop/link_model.py) and the measured step "
+                          "plus it")
 flags.DEFINE_multi_string("plugin", [], "a module to import in the harness and in every "
                           "worker before anything is built (e.g. one registering an aggregation "
                           "method that --modes then names); repeatable")
@@ -172,7 +178,8 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
             for name in names:
                 systems[name].ask({"trace": os.path.join(output_dir, "profile", model,
                                                          safe(name))})
-        peaks = {name: systems[name].ask("stop")["peak_rss_kib"] for name in names}
+        stops = {name: systems[name].ask("stop") for name in names}
+        peaks = {name: stops[name]["peak_rss_kib"] for name in names}
     finally:
         for system in systems.values():
             system.close()
@@ -202,10 +209,46 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
             "build_seconds": ready[name]["build_seconds"],
             "baseline_rss_mib": ready[name]["baseline_rss_kib"] / 1024,
             "peak_rss_mib": peaks[name] / 1024})
+        rows[-1].update(link_figures(stops[name].get("traffic"), 1e3 * step_median))
     add_ratios(rows)
     check_first_losses(rows)
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "rows": rows,
             "speedup": speedups(rows)}
+
+
+def links() -> list:
+    from mgloop import link_model
+    return [link_model.parse(text) for text in _FLAGS.link]
+
+
+def link_figures(traffic: dict | None, step_ms: float) -> dict:
+    """--link, for an mgloop system (its chief's counted traffic): bytes per device and per
+    link the modelled exchange, and the measured step plus it (no overlap) or the larger of
+    the two (overlap). The measured step includes the exchange through shared memory, so
+    these step figures are upper bounds (variants.py subtracts the exchange timed alone)."""
+    if traffic is None or not _FLAGS.link:
+        return {}
+    from mgloop import link_model
+    counts = link_model.traffic_of(traffic["bytes"], traffic["messages"])
+    out = {"bytes_per_device_kib": link_model.bytes_per_device(counts) / 1024,
+           "traffic": traffic}
+    for link in links():
+        exchange_ms = 1e3 * link_model.exchange_seconds(counts, link)
+        out[f"link_{link.tag}_exchange_ms"] = exchange_ms
+        out[f"link_{link.tag}_step_ms"] = step_ms + exchange_ms
+        out[f"link_{link.tag}_step_overlap_ms"] = max(step_ms, exchange_ms)
+    return out
+
+
+def link_columns() -> list[tuple[str, str, str]]:
+    columns = [("bytes_per_device_kib", "bytes/device/step (KiB)", ".1f")] if _FLAGS.link else []
+    for link in links():
+        columns += [(f"link_{link.tag}_exchange_ms", f"modelled exchange at {link.name} (ms)",
+                     ".3f"),
+                    (f"link_{link.tag}_step_ms", f"step + exchange at {link.name} (ms)", ".2f"),
+                    (f"link_{link.tag}_step_overlap_ms",
+                     f"max(step, exchange) at {link.name} (ms)", ".2f")]
+    return columns
 
 
 def check_first_losses(rows: list[dict], rtol: float = 1e-3) -> None:
@@ -275,7 +318,7 @@ def markdown(results: list[dict], command: str) -> str:
         lines += [f"### {result['model']} (dataset {result['dataset']}, global batch "
                   f"{result['global_batch']}, {_FLAGS.steps} steps per loop, {_FLAGS.repeats} "
                   f"interleaved repeats after {_FLAGS.warmup} warm-up loops)", "",
-                  benchlib.markdown(result["rows"], TABLE), ""]
+                  benchlib.markdown(result["rows"], TABLE + link_columns()), ""]
         if any(row["workers"] > 1 for row in result["rows"]):
             lines += ["WxT: W processes (workers, TF_CONFIG on loopback) of T devices each; a "
                       "multi-worker system's step time is its chief's, its RSS the sum over "
@@ -301,7 +344,8 @@ def write_tensorboard(results: list[dict], logdir: str) -> None:
     }
     metrics = ["examples_per_sec", "mad_examples_per_sec", "step_ms", "step_ratio_to_mirrored",
                "step_ratio_to_multi_worker_mirrored", "step_ratio_to_single", "peak_rss_mib",
-               "peak_rss_ratio_to_single", "first_loop_loss"]
+               "peak_rss_ratio_to_single", "first_loop_loss"] + [
+                   key for key, _, _ in link_columns()]
     with tf.summary.create_file_writer(logdir).as_default():
         hp.hparams_config(hparams=list(params.values()),
                           metrics=[hp.Metric(m, display_name=m) for m in metrics])
@@ -355,7 +399,10 @@ def main(argv):
     try:
         benchlib.load_plugins(_FLAGS.plugin)  # its methods are valid --modes
         plan = make_plan()
-    except (bench_plan.PlanError, benchlib.PluginError) as error:  # before any process starts
+        from mgloop import link_model
+        link_model.check_settings(argparse.Namespace(links=tuple(_FLAGS.link)))
+    except (bench_plan.PlanError, benchlib.PluginError, ConfigError) as error:  # before any
+        # process starts
         print(f"bench.py: error: {error}", file=sys.stderr)
         sys.exit(2)
     output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-bench-")
@@ -369,7 +416,7 @@ def main(argv):
                             "learning_rate": _FLAGS.learning_rate,
                             "cross_device_ops": cross_device_ops(),
                             "device_kind": _FLAGS.device_kind, "pack_bytes": _FLAGS.pack_bytes,
-                            "plugins": list(_FLAGS.plugin),
+                            "plugins": list(_FLAGS.plugin), "links": list(_FLAGS.link),
                             **mgloop_thresholds()},
                "results": results}
     table = markdown(results, command)

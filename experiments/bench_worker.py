@@ -92,7 +92,11 @@ def main() -> None:
             reply({"path": path})
         elif command == "stop":
             system.close()
-            reply({"peak_rss_kib": peak_rss_kib()})
+            counted = getattr(getattr(system, "owner", None), "aggregation", None)
+            traffic = None if counted is None else {  # mgloop's counts (the link model)
+                "bytes": counted.traffic.as_dict(),
+                "messages": counted.traffic.messages_as_dict()}
+            reply({"peak_rss_kib": peak_rss_kib(), "traffic": traffic})
             return
 
 

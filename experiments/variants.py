@@ -25,7 +25,11 @@ Reported per variant: median examples/sec over the timed loops with its
 median absolute deviation (propagated from the step time's), the median step,
 its ratio to the baseline's median step, the mean loss of the last loop (the
 variants start from the same weights and data, so an exact method's losses
-agree), and the `--measure` columns (experiments/variants_measure.py). With
+agree), and the `--measure` columns (experiments/variants_measure.py); with
+`--link=BANDWIDTH,LATENCY` (repeatable) the link model of each variant's counted
+traffic (bytes per device, compression ratio to the baseline, compute, modelled
+exchange and step per link; mgloop/link_model.py). Issue 15's compression table:
+`--flagfile=experiments/variants_flags/compression_ablation.flags`. With
 `--copies=2` also the median over rounds of (variant's builds) / (baseline's
 builds) with its standard error, and the A/A control of the variant's two
 builds, the noise floor of the moment. Outputs in --output_dir: variants.md,
@@ -35,6 +39,7 @@ run records, every setting that can change a result; the figures as scalars).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -58,6 +63,10 @@ _FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,... (a Config field and its values; K1/K2="
                           "A1/B1,A2/B2 ties keys); repeatable: the variants are the cross product")
 flags.DEFINE_multi_string("set", [], "KEY=VALUE: a Config setting of every variant; repeatable")
+flags.DEFINE_multi_string("link", [], "BANDWIDTH,LATENCY, e.g. 10gbit,10us (repeatable): the "
+                          "link model of each variant's counted traffic (bytes per device, "
+                          "compression ratio, compute, modelled exchange and step per link; "
+                          "measures the exchange alone)")
 flags.DEFINE_multi_string("plugin", [], "a module to import first (e.g. one registering an "
                           "aggregation method); repeatable")
 flags.DEFINE_list("measure", [], f"extra measurements: {', '.join(measure_lib.MEASURES)}")
@@ -123,6 +132,8 @@ def validated_variants() -> tuple[list, list]:
         except ValueError:
             raise UsageError(f"--input_delay_ms={_FLAGS.input_delay_ms!r}: give milliseconds "
                              "(>= 0) or auto") from None
+    from mgloop import link_model
+    link_model.check_settings(argparse.Namespace(links=tuple(_FLAGS.link)))
     if _FLAGS.copies not in (1, 2) or min(_FLAGS.steps, _FLAGS.repeats) < 1:
         raise UsageError("--copies must be 1 or 2, --steps and --repeats at least 1")
     chosen, skipped = [], []
@@ -230,8 +241,12 @@ def extra_measures(build: Build) -> dict:
         out["input_wait_ms"] = 1e3 * float(np.median(build.waits))
     if "traffic" in measures:
         out.update(measure_lib.traffic(build.trainer))
-    if "exchange" in measures:
+    if "exchange" in measures or _FLAGS.link:
         out.update(measure_lib.exchange(build.trainer, _FLAGS.repeats))
+    if _FLAGS.link:
+        from mgloop import link_model
+        out.update(measure_lib.link(build.trainer, [link_model.parse(t) for t in _FLAGS.link],
+                                    float(np.median(build.times)), out["exchange_ms"]))
     if "memory" in measures:
         out.update(measure_lib.memory(build.trainer, build.iterator, _FLAGS.steps))
     if "breakdown" in measures:
@@ -265,6 +280,7 @@ def main(argv):
                 "copies": _FLAGS.copies, "measure": list(_FLAGS.measure),
                 "vary": list(_FLAGS.vary), "set": list(_FLAGS.set),
                 "plugins": list(_FLAGS.plugin), "group": list(_FLAGS.group),
+                "links": list(_FLAGS.link),
                 "input_delay_ms": _FLAGS.input_delay_ms}
     payload = {"command": command, "machine": variants_report.machine(), "settings": settings,
                "ideal": ideal, "rows": rows,

@@ -5,7 +5,8 @@
     exchange    the gradient exchange alone (Trainer.time_exchange: stand-in gradients,
                 20 exchanges per compiled call, median of call time / 20)
     traffic     bytes each device sends and receives per step, counted from the
-                algorithm while the step is traced (max over devices; all in the JSON)
+                algorithm while the step is traced (max over devices; all in the JSON,
+                with the messages)
     memory      the host allocator's peak during one more loop of `--steps` steps above
                 what it held when the loop started (tf.config.experimental memory stats on
                 TensorFlow's BFC allocator, which devices.configure_logical_cpus turns
@@ -24,6 +25,12 @@
                 t_input, the input pipeline alone (with --input_delay_ms), pulled in
                 a compiled loop; each variant's ratio to 1 / max(t_input, t_compute)
                 (1.0: input fully hidden)
+
+With `--link=BANDWIDTH,LATENCY` (repeatable; mgloop/link_model.py), every variant also
+gets the link model of its counted traffic: the busiest device's bytes per step and its
+messages, the compression ratio (the baseline's bytes per device over the variant's),
+the compute time (median step less the exchange alone, measured as by `exchange`) and
+per link the modelled exchange time and step time without and with overlap.
 
 A slow input (`--input_delay_ms`): every global batch waits that long on the
 host (a tf.py_function that sleeps, like a read or decode that does not use
@@ -85,7 +92,22 @@ def traffic(trainer) -> dict:
     counts = trainer.aggregation.traffic.as_dict()
     return {"max_sent_kib": max((c["sent"] for c in counts.values()), default=0) / 1024,
             "max_received_kib": max((c["received"] for c in counts.values()), default=0) / 1024,
-            "traffic": counts}
+            "traffic": counts, "messages": trainer.aggregation.traffic.messages_as_dict()}
+
+
+def link(trainer, links, step_seconds: float, exchange_ms: float | None) -> dict:
+    """The link model (mgloop/link_model.py) of the variant's counted traffic, per link."""
+    from mgloop import link_model
+    compute = link_model.compute_seconds(
+        step_seconds, None if exchange_ms is None else exchange_ms / 1e3)
+    report = link_model.report(trainer.aggregation.traffic, links, compute)
+    out = {"bytes_per_device_kib": report["bytes_per_device"] / 1024,
+           "messages_per_device": report["messages_per_device"], "compute_ms": 1e3 * compute}
+    for tag, figures in report["links"].items():
+        out[f"link_{tag}_exchange_ms"] = 1e3 * figures["exchange_seconds"]
+        out[f"link_{tag}_step_ms"] = 1e3 * figures["step_seconds_no_overlap"]
+        out[f"link_{tag}_step_overlap_ms"] = 1e3 * figures["step_seconds_overlap"]
+    return out
 
 
 def exchange(trainer, repeats: int) -> dict:

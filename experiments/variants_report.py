@@ -31,7 +31,15 @@ COLUMNS = [("variant", "variant", "s"), ("examples_per_sec", "examples/sec (medi
            ("max_received_kib", "max received/device/step (KiB)", ".1f"),
            ("factored", "variables factored", "d"), ("ordered", "variables summed in order", "d"),
            ("loop_peak_mib", "allocator peak above start (MiB)", ".0f"),
-           ("eval_loss", "eval loss", ".4f"), ("eval_accuracy", "eval accuracy", ".4f")]
+           ("eval_loss", "eval loss", ".4f"), ("eval_accuracy", "eval accuracy", ".4f"),
+           ("bytes_per_device_kib", "bytes/device/step (KiB)", ".1f"),
+           ("compression_ratio", "compression (baseline bytes ÷ bytes)", ".2f"),
+           ("messages_per_device", "messages/device/step", "d"),
+           ("compute_ms", "compute (ms): step − exchange alone", ".3f")]
+# --link columns, per link TAG (link_model.Link.tag): (key suffix, header)
+LINK_COLUMNS = [("exchange_ms", "modelled exchange at {} (ms)"),
+                ("step_ms", "modelled step at {} (ms)"),
+                ("step_overlap_ms", "modelled step at {}, overlapped (ms)")]
 
 
 def rows(chosen, builds, group: list[str], extra) -> list[dict]:
@@ -64,6 +72,11 @@ def rows(chosen, builds, group: list[str], extra) -> list[dict]:
                        paired_se=1.2533 * 1.4826 * spread / np.sqrt(len(paired)))
         row.update(extra(mine[0]))
         out.append(row)
+    by_variant = {row["variant"]: row for row in out}
+    for row in out:  # --link: the baseline's bytes per device over the variant's
+        base_bytes = by_variant[row["baseline"]].get("bytes_per_device_kib")
+        if row.get("bytes_per_device_kib") and base_bytes is not None:
+            row["compression_ratio"] = base_bytes / row["bytes_per_device_kib"]
     return out
 
 
@@ -89,6 +102,10 @@ def markdown(payload: dict, measures: list[str], copies: int) -> str:
     known = {key for key, _, _ in COLUMNS}
     columns += [(key, f"profiled {key[len('breakdown_'):-len('_ms')]} (ms)", ".3f")
                 for key in sorted(present - known) if key.startswith("breakdown_")]
+    from mgloop import link_model
+    for link in map(link_model.parse, settings.get("links", [])):
+        columns += [(f"link_{link.tag}_{suffix}", header.format(link.name), ".3f")
+                    for suffix, header in LINK_COLUMNS if f"link_{link.tag}_{suffix}" in present]
     lines = [f"Command: `{payload['command']}`", "",
              f"{settings['steps']} steps per timed loop, {settings['repeats']} interleaved "
              f"repeats after {settings['warmup']} warm-up loops, {copies} build(s) per variant; "

@@ -87,7 +87,7 @@ class Accumulate:
         """xs[t], ys[t] are tower t's shards of the step (K micro-shards each); `states`
         the towers' non-trainable values before the step."""
         steps, traffic = self.steps, self.traffic
-        before = (dict(traffic.sent), dict(traffic.received))
+        before = traffic.snapshot()
         micro_x, micro_y = _micro_shards(xs, steps), _micro_shards(ys, steps)
         losses, counts, grads = [], [], []
         for device in self.unit_devices:  # the sums start at zero on each unit's device
@@ -113,11 +113,7 @@ class Accumulate:
         _, losses, counts, grads, states = tf.while_loop(
             lambda k, *_: k < steps, body, loop_vars, parallel_iterations=1,
             maximum_iterations=steps)
-        for device in set(traffic.sent) | set(traffic.received):  # traced once, runs K times
-            traffic.add(device,
-                        sent=(steps - 1) * (traffic.sent.get(device, 0) - before[0].get(device, 0)),
-                        received=(steps - 1) * (traffic.received.get(device, 0)
-                                                - before[1].get(device, 0)))
+        traffic.repeat_since(before, steps)  # traced once, runs K times
         means = []
         for device, loss, grad in zip(self.unit_devices, losses, grads):
             with tf.device(device):

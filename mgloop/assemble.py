@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from mgloop import accumulation
+from mgloop import byzantine as byzantine_lib
 from mgloop import exchange as exchange_lib
 from mgloop import inference
 from mgloop import losses
@@ -28,9 +29,11 @@ from mgloop import precision
 from mgloop import random_streams as random_streams_lib
 from mgloop import staging as staging_lib
 from mgloop import sync_batch_norm
+from mgloop import training_spec
 from mgloop.aggregation import Aggregation
 from mgloop.config import Config
 from mgloop.hooks import Hook, Hooks, tape_gradients
+from mgloop.hooks.byzantine import ByzantineTowers
 from mgloop.hooks.sampled_stats import GradientStats
 from mgloop.hooks.histograms import KeepLastGradients
 from mgloop.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
@@ -60,14 +63,15 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     towers (ordered_sum.applies), and not when every tower's gradients must be kept anyway
     (accumulation sums) nor with synchronised batch norm, whose backward
     passes meet in collectives and so cannot run one after another. Factoring also not
-    with loss scaling (the finite check reads every tower's gradients)."""
+    with loss scaling (the finite check reads every tower's gradients) nor with
+    --byzantine_towers (the attack alters every tower's whole gradient)."""
     aggregation = replicas.aggregation
     if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
             and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
         return []
     variables, devices = replicas.copies[0].trainable, replicas.tower_devices
     hooks = []
-    if config.sufficient_factor_bytes and not loss_scaling:
+    if config.sufficient_factor_bytes and not loss_scaling and not config.byzantine_towers:
         factors = SufficientFactorsHook(aggregation, variables, config.sufficient_factor_bytes,
                                         devices)
         hooks += [factors] if factors.candidates else []
@@ -92,22 +96,33 @@ def summed_at_home(large: list) -> list[int]:
 def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation,
           optimizer_fn: Callable[[], keras.optimizers.Optimizer], input_shape=None,
           config: Config = Config(), staging: staging_lib.HostStaging | None = None,
-          metrics: list | None = None, hooks: Sequence[Hook] = ()) -> Trainer:
+          metrics: list | None = None, hooks: Sequence[Hook] = (),
+          optimizer=None) -> Trainer:
     """A Trainer of `model_fn`'s model for `aggregation` with the step `config` asks for
     (grad_reduce, pack_bytes, accumulation_steps, mixed_precision, batch_norm,
     diagnostics, histogram_every, ordered_sum_bytes, sufficient_factor_bytes).
-    `metrics`: objects of metrics.py; default: accuracy where the loss defines it.
+    `loss_fn`, `metrics`, `optimizer` (a Keras optimizer, name or factory): as given, else
+    the compiled model's, else the default cross-entropy, accuracy where the loss defines
+    it, and `optimizer_fn` (training_spec.py; `Trainer.spec` says which were used).
     `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
     single_loss = aggregation.single_loss
     model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
-    loss_fn = losses.for_model(loss_fn, model, input_shape)  # its output's loss
-    metrics = metrics_lib.default_metrics(loss_fn) if metrics is None else list(metrics)
-    replicas = Replicas(model, aggregation, optimizer_fn)
+    spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
+                                 optimizer_fn, input_shape)
+    loss_fn, metrics = spec.loss_fn, spec.metrics
+    replicas = Replicas(model, aggregation, spec.optimizer_fn)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
     streams = random_streams_lib.RandomStreams(model, first_tower)
     units = [aggregation.devices.host] if single_loss else replicas.tower_devices
     common = []  # the hooks of every step, in data-path order
+    byzantine = None
+    if config.byzantine_towers:  # first, so that its `unscale` is the last applied
+        byzantine = ByzantineTowers(
+            byzantine_lib.parse_attack(config.attack), config.byzantine_towers,
+            config.byzantine_choice, config.seed, replicas.global_step, first_tower,
+            replicas.num_towers * replicas.num_workers, aggregation.devices.host)
+        common.append(byzantine)
     loss_scaling = precision.uses_loss_scaling(config.mixed_precision)
     if loss_scaling:
         scales = [precision.DynamicLossScale(c.optimizer, c.device) for c in replicas.copies]
@@ -140,15 +155,19 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
         step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
-                                           config.pack_bytes, bool(large)), streams)
+                                           config.pack_bytes, bool(large),
+                                           config.sparse_as_dense), streams)
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
-                                  replicas.copies, leave_out=summed_at_home(large))
+                                  replicas.copies, leave_out=summed_at_home(large),
+                                  byzantine=byzantine)
             sampled = TowerStep(replicas, loss_fn, metrics,
                                 Hooks(common + large + [stats], step_hooks.gradients), passes,
                                 step.exchange, streams)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
-    return Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
-                                                                        metrics), streams)
+    trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
+                                                                           metrics), streams)
+    trainer.spec = spec
+    return trainer

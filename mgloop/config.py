@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from mgloop import accumulation
+from mgloop import byzantine
 from mgloop import aggregation
 from mgloop.aggregation import packing
 from mgloop import checkpoint
@@ -22,6 +23,7 @@ from mgloop import cluster
 from mgloop import controller
 from mgloop import data
 from mgloop import devices
+from mgloop import link_model
 from mgloop import models
 from mgloop import monitor
 from mgloop import optim
@@ -81,10 +83,26 @@ class Config:
         "float32 Dense kernel) gets its summed gradient as one product X^T dZ of the towers' "
         "inputs and output gradients at its home, instead of one full-size gradient per "
         "tower; 0: off", hparam=True)
+    sparse_as_dense: bool = setting(
+        False, "send an Embedding's sparse gradient (IndexedSlices) as a dense tensor "
+        "everywhere; false: as rows (values and indices) where that moves fewer bytes: to "
+        "the home of a ps_* variable, or all-gathered for a replicated exact method in one "
+        "process (sparse_gradients.py)", hparam=True)
     plugins: tuple[str, ...] = setting(
         (), "import this module (a name on the Python path, or a .py file path) before "
         "validation (repeatable): it may register aggregation methods", flag="plugin",
         hparam=True)
+    # Fault injection (byzantine.py): towers whose gradients are altered before the exchange.
+    byzantine_towers: int = setting(
+        0, "k: towers whose gradients --attack alters before the exchange, for robustness "
+        "studies (0: none; 1 <= k < towers)", hparam=True)
+    attack: str = setting(
+        "signflip", "what a --byzantine_towers tower sends instead of its gradient g: "
+        "signflip[:factor=F] (-F g), scaled:factor=F (F g), gaussian:std=S (N(0, S^2) "
+        "noise instead of g), zero", hparam=True)
+    byzantine_choice: str = setting(
+        "fixed", "which towers: fixed (towers 0..k-1 every step) | random (k drawn each "
+        "step, seeded by --seed)", choices=byzantine.CHOICES, hparam=True)
     # Accumulation, precision and batch norm (apply across modes).
     accumulation_steps: int = setting(
         1, "micro-batches per update: each tower sums its gradients over K consecutive global "
@@ -101,15 +119,24 @@ class Config:
         choices=sync_batch_norm.MODES, hparam=True)
     # Data and model. Exactly one of the two batch sizes may be set; the global batch is the
     # unit (default 128 when neither is set).
-    dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist: files in "
+    dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist, text: files in "
                            "--data_dir)", choices=data.names, hparam=True)
     data_dir: str | None = setting(
         None, "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
         "data_batch_5.bin and test_batch.bin (binary version); mnist reads "
         "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-        "t10k-labels-idx1-ubyte (each may be .gz)",
+        "t10k-labels-idx1-ubyte (each may be .gz); text reads every UTF-8 file under it",
         neutral="where the files of --dataset are (recorded: dataset); data.check verifies them")
+    sequence_length: int | None = setting(
+        None, "--dataset=text: tokens (bytes) per sequence (default 64)", hparam=True)
     model: str = setting("mlp", "one of: {choices}", choices=models.names, hparam=True)
+    lm_layers: int | None = setting(
+        None, "--model=transformer_lm: decoder blocks (default 2)", hparam=True)
+    lm_width: int | None = setting(
+        None, "--model=transformer_lm: model width, a multiple of --lm_heads (default 64)",
+        hparam=True)
+    lm_heads: int | None = setting(
+        None, "--model=transformer_lm: attention heads (default 4)", hparam=True)
     global_batch_size: int | None = setting(
         None, "examples per step over all towers (default 128); or set --batch_size_per_tower",
         hparam=True)
@@ -118,7 +145,9 @@ class Config:
     drop_remainder: bool = setting(
         True, "true: each epoch gives floor(N/B) full batches, its last N mod B examples "
         "unused; false: epochs run on into one another, so the last batch of an epoch is "
-        "completed from the next (every batch is full)", hparam=True)
+        "completed from the next (every batch is full); for a user's data (tf.data, arrays, "
+        "a --plugin dataset) false pads the short batch and weighs it to the mean over its "
+        "real examples (mgloop/data/padding.py)", hparam=True)
     # Input staging (staging.py): every mode hands the towers the same shards; recorded in
     # HParams all the same, as the speed of runs is compared by it.
     staging: str = setting(
@@ -175,6 +204,13 @@ class Config:
     breakdown_every: int = setting(
         0, "steps between profiled steps whose time is split into input, compute, "
         "aggregation and apply (breakdown/... scalars; 0: none)", neutral=_WRITES)
+    links: tuple[str, ...] = setting(
+        (), "BANDWIDTH,LATENCY, e.g. 10gbit,10us (repeatable): model the step's exchange on "
+        "such a network from its exact traffic (mgloop/link_model.py) and report the modelled "
+        "exchange and step times beside the measured compute time (summary.json link_model, "
+        "link/... scalars); bandwidth in bit, kbit, mbit, gbit, tbit per second, latency in "
+        "ns, us, ms, s", flag="link",
+        neutral="a model computed after training from the traffic counts")
     # Repeatability.
     seed: int = setting(0, "seed of data, initialisation and shuffling", hparam=True)
     deterministic: bool = setting(False, "TensorFlow op determinism: bit-repeatable runs",
@@ -205,8 +241,10 @@ class Config:
         towers = request.num_towers * (workers.num_workers if workers else 1)
         # --plugin modules loaded, then the method, its options and what combines with it
         aggregation.check_settings(self, request, workers)
+        byzantine.check_settings(self, towers)
         for module in (models, controller, optim, staging, accumulation, precision,
-                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor):
+                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
+                       link_model):
             module.check_settings(self)  # the settings the module uses
         _check_range("seed", self.seed, low=0, high=MAX_SEED)
         devices_flag = self.devices if workers is None else (
@@ -216,7 +254,8 @@ class Config:
         resolved = dataclasses.replace(
             self, logdir=run_dir.prepare(self.logdir, self.export_dir), data_dir=data_dir,
             plugins=aggregation.plugins.plugin_list(self.plugins),
-            global_batch_size=global_batch, batch_size_per_tower=global_batch // towers)
+            global_batch_size=global_batch, batch_size_per_tower=global_batch // towers,
+            sequence_length=data.sequence_length_of(self), **models.resolved_settings(self))
         run_dir.check_resumable(resolved)
         return resolved
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from mgloop import accuracy
 from mgloop import failures
 from mgloop import metrics as metrics_lib
 from mgloop.loop import LoopResult
@@ -73,6 +72,7 @@ class FitResult:
     loop_seconds: float  # all loops, tracing included
     input_ended: bool = False  # the input ran out before train_steps
     stopped: bool = False  # should_stop() ended the fit early (a signal: preemption.py)
+    stopped_by: object = None  # the callback that ended the fit early (callbacks.py)
 
 
 def check_settings(config) -> None:
@@ -91,7 +91,8 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
         steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
         checkpoint_every: int = 0, summaries=None, checkpointer=None,
         learning_rate: Callable[[int], float] | None = None, monitor=None,
-        should_stop: Callable[[], bool] | None = None) -> FitResult:
+        should_stop: Callable[[], bool] | None = None,
+        callbacks: Sequence[Callable[[int, dict], bool]] = ()) -> FitResult:
     """Runs `trainer` from its current step to `train_steps` on `batches`.
 
     `batches` yields the global batches from the trainer's current step on;
@@ -106,14 +107,16 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     `before_loop(step)` / `after_loop(step)` around each loop, and adds scalars
     to each summary (`scalars(step)`). `should_stop()` is asked after every loop that
     does not end the fit (the same number of times on every worker); True ends the fit
-    there, with its checkpoint (`FitResult.stopped`).
+    there, with its checkpoint (`FitResult.stopped`). `callbacks` (callbacks.py) are called
+    after every loop with (step, that loop's "train/..." and, if it evaluated, "eval/..."
+    metrics); one returning True ends the fit there (`FitResult.stopped_by`).
     """
     start = step = int(trainer.global_step.numpy())
     iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
     new_window = functools.partial(Window, trainer.metrics)
     summary_window, log_window, steady, last = (new_window() for _ in range(4))
     per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
-    stopped = False
+    stopped, stopped_by = False, None
     try:
         while step < train_steps:
             stops = [train_steps, step + steps_per_loop] + [
@@ -166,13 +169,18 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 eta = (train_steps - step) * metrics["step_time"]
                 logging.info("step %d/%d  loss %.4f%s  %.0f examples/sec  "
                              "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
-                             metrics["loss"], accuracy.log_text(metrics),
+                             metrics["loss"], metrics_lib.log_text(metrics, trainer.metrics),
                              metrics["examples_per_sec"], 1e3 * metrics["input_wait"], eta)
                 log_window = new_window()
             if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
                 checkpointer.save(step)
             if monitor is not None:
                 monitor.after_loop(step)
+            if callbacks:
+                stopped_by = _call_back(callbacks, step, last.means(global_batch), monitor)
+                if stopped_by is not None and step < train_steps:
+                    break
+                stopped_by = None  # at train_steps: the fit ends there anyway
             if input_ended:
                 break
             if should_stop is not None and step < train_steps and should_stop():
@@ -194,4 +202,18 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                           if steady.steps and per_step_times else None),
         input_wait=steady.input_wait / steady.steps if steady.steps else None,
         input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
-        loop_seconds=loop_seconds, input_ended=input_ended, stopped=stopped)
+        loop_seconds=loop_seconds, input_ended=input_ended, stopped=stopped,
+        stopped_by=stopped_by)
+
+
+def _call_back(callbacks, step: int, train: dict, monitor):
+    """Calls every callback with the loop's metrics; the first that says stop, or None."""
+    values = {f"train/{k}": v for k, v in train.items()}
+    last_eval = getattr(monitor, "last_eval", None)
+    if last_eval is not None and last_eval[0] == step:
+        values.update({f"eval/{k}": v for k, v in last_eval[1].items()})
+    stop = None
+    for callback in callbacks:
+        if callback(step, dict(values)) and stop is None:
+            stop = callback
+    return stop

@@ -15,6 +15,10 @@ and, once every copy holds the step's update,
                        (0 for the shared layout and for every synchronous
                        replicated mode; growing under `independent`)
 
+With --byzantine_towers (byzantine.py), also `tower_t/byzantine`: 1 if tower t's gradient
+was altered by the attack on the sampled step, else 0 (its grad_norm is then the norm of
+what it sent).
+
 The norm ratio is 1 when every tower's gradient points the same way and
 about 1/sqrt(T) when they are independent noise (the signal-to-noise view of
 large-batch studies). All gradient statistics come from the towers' Gram
@@ -36,14 +40,16 @@ import sys
 import tensorflow as tf
 
 
-def stat_names(num_towers: int) -> list[str]:
-    """Names of the entries of the vector `gradient_stats` returns, in order."""
+def stat_names(num_towers: int, byzantine: bool = False) -> list[str]:
+    """Names of the sampled step's statistics, in order: those `gradient_stats` returns,
+    the divergence, and with `byzantine` each tower's `tower_t/byzantine` flag."""
     names = [f"tower_{t}/loss" for t in range(num_towers)]
     names += [f"tower_{t}/grad_norm" for t in range(num_towers)]
     names.append("grad/norm_ratio")
     if num_towers > 1:
         names.append("grad/cosine_mean")
-    return names + ["replica/divergence"]
+    names.append("replica/divergence")
+    return names + ([f"tower_{t}/byzantine" for t in range(num_towers)] if byzantine else [])
 
 
 def gradient_stats(losses: list[tf.Tensor], grads: list[list[tf.Tensor]],

@@ -31,7 +31,14 @@ from mgloop import metrics as metrics_lib
 from mgloop.towers import TowerOutput
 
 
-def _random_like(value):
+def _random_like(value, variable=None):
+    """Random values of `value`'s shape; for rows (IndexedSlices, sparse_gradients.py) as
+    many random rows of `variable`, so the timed exchange moves rows as the step's does."""
+    if isinstance(value, tf.IndexedSlices):
+        indices = tf.random.uniform(value.indices.shape, 0, variable.shape[0],
+                                    dtype=value.indices.dtype)
+        return tf.IndexedSlices(_random_like(value.values), indices,
+                                tf.constant(variable.shape.as_list(), value.indices.dtype))
     return None if value is None else tf.random.normal(value.shape, dtype=value.dtype)
 
 
@@ -44,7 +51,8 @@ def stand_ins(trainer) -> list[TowerOutput]:
     for t, device in enumerate(trainer.tower_devices):
         with tf.device(device):
             if traced:
-                grads = [_random_like(g) for g in traced[t].grads]
+                grads = [_random_like(g, v)
+                         for g, v in zip(traced[t].grads, trainer.copies[0].trainable)]
                 factors = {i: (_random_like(x), _random_like(dz))
                            for i, (x, dz) in traced[t].factors.items()}
             else:

@@ -22,25 +22,30 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mgloop import accuracy
 from mgloop import aggregation
 from mgloop import assemble
+from mgloop import callbacks as callbacks_lib
 from mgloop import checkpoint
 from mgloop import cluster
 from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
+from mgloop import link_model
 from mgloop import controller
 from mgloop import logdir_lock
 from mgloop import losses
+from mgloop import metrics as metrics_lib
 from mgloop import models
 from mgloop import monitor as monitor_lib
 from mgloop import optim
+from mgloop import perplexity
 from mgloop import peer_health
 from mgloop import preemption
 from mgloop import run_dir
+from mgloop import run_result
 from mgloop import staging
 from mgloop import summaries
+from mgloop import training_spec
 from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.config import Config
 from mgloop.errors import ConfigError
@@ -75,9 +80,11 @@ def check_data(dataset: data.InMemoryDataset, config: Config) -> None:
 
 def build_trainer(config: Config, device_set: devices.DeviceSet,
                   model_fn: Callable[[], keras.Model], loss_fn, input_shape,
-                  workers: cluster.Cluster | None = None) -> Trainer:
+                  workers: cluster.Cluster | None = None, metrics=None,
+                  optimizer=None) -> Trainer:
     """Seeds, then builds the template model, its copies, their optimizers, the step the
-    config asks for (assemble.py) and the staging.
+    config asks for (assemble.py) and the staging. `loss_fn`, `metrics`, `optimizer`:
+    None takes the compiled model's, else mgloop's defaults (training_spec.py).
 
     With several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
@@ -87,18 +94,29 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     return assemble.build(model_fn, loss_fn, method,
                           functools.partial(optim.make_optimizer, config), input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,
-                                       config.accumulation_steps))
+                                       config.accumulation_steps),
+                          metrics=metrics, optimizer=optimizer)
 
 
-def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
-        loss_fn=None, dataset: data.InMemoryDataset | None = None,
-        command_line: list[str] | None = None) -> dict:
-    """Trains per `config` and returns the summary (also written to <logdir>/summary.json).
+def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=None,
+        train_data=None, eval_data=None, metrics=None, optimizer=None, callbacks=None, *,
+        command_line: list[str] | None = None, loss_fn=None,
+        dataset=None) -> run_result.RunResult:
+    """Trains per `config`; returns a RunResult (run_result.py: the trained template model,
+    the history, and the summary, also written to <logdir>/summary.json, read by indexing).
 
-    `model_fn` (no arguments, returns a Keras model) and `loss_fn`
-    (y_true, y_pred) -> loss override `--model` and the default cross-entropy
-    (matched to the model's output activation, losses.py). `final_train_accuracy`
-    and `eval_accuracy` are None where the loss defines no accuracy (accuracy.py).
+    `model_fn` (no arguments, returns a Keras model, compiled or not) overrides `--model`.
+    `loss`, `metrics`, `optimizer`: as given, else the compiled model's, else the default
+    cross-entropy (matched to the model's output, losses.py), accuracy where that loss
+    defines one, the flag-driven optimizer (training_spec.py; the log says which).
+    `train_data` and `eval_data` take whatever `data.as_input` accepts (user_input.py:
+    tf.data pipelines, functions of an InputContext, arrays; `train_data` None: --dataset);
+    without eval data (a user's training data and no `eval_data`) the run evaluates
+    nothing. `callbacks`: functions
+    (step, metrics) -> stop?, called after every compiled loop (callbacks.py).
+    `final_train_accuracy` and `eval_accuracy` are None where no accuracy is defined;
+    `train_metrics`/`eval_metrics` hold every metric. `loss_fn=` and `dataset=` are the
+    old names of `loss=` and `train_data=` (deprecated: a warning, same behaviour).
     `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
     the logdir is refused). SIGTERM or SIGINT ends the run after the current loop with a
@@ -106,33 +124,49 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None,
     (preemption.py).
     """
     config = config.validated()
-    if dataset is not None:  # already in memory: check that it fits before any device exists
+    loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
+    dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
+    training_spec.check_arguments(loss, metrics, optimizer, callbacks)
+    callbacks_lib.check(callbacks, config.eval_every)
+    if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
         check_data(dataset, config)
+    for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
+        data.user_input.check_accepted(value, what)  # one line, before any device exists
     request = devices.parse(config.devices)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
     with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
           contextlib.ExitStack() as on_exit):
-        return _run(config, model_fn, loss_fn, dataset, command_line, request, workers, chief,
-                    stop, on_exit)
+        return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
+                    (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
 
 
-def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, workers,
-         chief: bool, stop: preemption.StopOnSignal, on_exit: contextlib.ExitStack) -> dict:
+def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_line,
+         request, workers, chief: bool, stop: preemption.StopOnSignal,
+         on_exit: contextlib.ExitStack) -> run_result.RunResult:
     """`run` after validation, holding the logdir's lock, with the signal handlers set;
     `on_exit` stops the peers' health checks however `run` ends (an error included)."""
     device_set = devices.setup(request, workers, config.startup_timeout)
     # until the last collective between workers (stopped there, or on any exit)
     health = on_exit.enter_context(peer_health.watch(workers, config.collective_timeout))
     logging.info("logdir: %s", config.logdir)
-    if dataset is None:  # readers may start TensorFlow: after the devices, before variables
-        dataset = data.load(config.dataset, config.seed, config.data_dir)
-        check_data(dataset, config)
+    # readers may start TensorFlow: after the devices, before variables
+    train_data, eval_data = dataset
+    train = data.as_input(train_data, config, workers, "train_data")
+    evaluation = (data.as_input(eval_data, config, workers, "eval_data") if eval_data is not None
+                  else train if train.has_eval_split else None)
+    logging.info("training data: %s; eval data: %s", train.description,
+                 evaluation.description if evaluation else "none (nothing is evaluated)")
+    callbacks_lib.check(given.callbacks, config.eval_every, evaluation is not None)
     if model_fn is None:
-        model_fn = functools.partial(models.get(config.model), dataset.input_shape,
-                                     dataset.num_classes)
-    trainer = build_trainer(config, device_set, model_fn, loss_fn or default_loss(),
-                            dataset.input_shape, workers)
+        if train.num_classes is None or train.input_shape is None:
+            raise ConfigError(f"--model={config.model} needs one feature tensor and the number "
+                              f"of classes, which {train.description} does not give; pass "
+                              "model_fn")
+        model_fn = models.builder_of(config, train.input_shape, train.num_classes)
+    trainer = build_trainer(config, device_set, model_fn, given.loss, train.input_shape,
+                            workers, given.metrics, given.optimizer)
+    train.check_model(trainer.model)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
         trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation)
@@ -144,24 +178,23 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     start_step = int(trainer.global_step.numpy())
     summary_path = os.path.join(config.logdir, SUMMARY_FILENAME)
     if restored and start_step >= config.train_steps and os.path.exists(summary_path):
-        return _finished(config, trainer, start_step, summary_path, chief)
+        return run_result.RunResult(_finished(config, trainer, start_step, summary_path, chief),
+                                    trainer)
     if chief:  # the settings the checkpoints of this logdir are made with (run_dir.check_resumable)
         run_dir.write_config(config)
-    batches = epochs.step_batches(dataset, config.global_batch_size, config.accumulation_steps,
-                                  config.seed, start_step, config.drop_remainder)
-    if workers is not None and workers.num_workers > 1:  # this worker's slice of every batch
-        part = functools.partial(staging.worker_part, workers=workers.num_workers,
-                                 index=workers.index, micro_batches=config.accumulation_steps)
-        batches = batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
+    batches = train.train_batches(start_step)  # this worker's part, from the step on
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
         summaries.write_run_record(config.logdir, config, total_towers, command_line)
     writer = summaries.ScalarWriter if chief else summaries.NullWriter  # the chief writes
     train_writer, eval_writer = writer(config.logdir, "train"), writer(config.logdir, "eval")
-    schedule = optim.make_schedule(config)
+    learning_rate = (optim.compiled_schedule(optim.make_schedule(config))
+                     if trainer.spec.sources["optimizer"].startswith("default")
+                     else optim.current_rate(trainer.copies[0].optimizer))
+    history = callbacks_lib.History(config.summary_every or config.log_every)
     monitor = monitor_lib.Monitor(
         trainer, train_writer, eval_writer,
-        lambda: trainer.evaluate(dataset.eval_batches(config.global_batch_size)),
+        (lambda: trainer.evaluate(evaluation.eval_batches())) if evaluation else dict,
         eval_every=config.eval_every, histogram_every=config.histogram_every,
         profile_steps=(monitor_lib.parse_profile_steps(config.profile_steps, config.train_steps)
                        if config.profile_steps and chief else None),
@@ -183,21 +216,26 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
                 summary_every=config.summary_every, log_every=config.log_every,
                 checkpoint_every=config.checkpoint_every, summaries=train_writer,
                 checkpointer=checkpointer if chief else None,
-                learning_rate=optim.compiled_schedule(schedule), monitor=monitor,
-                should_stop=preemption.stop_check(stop, trainer.aggregation))
+                learning_rate=learning_rate, monitor=monitor,
+                should_stop=preemption.stop_check(stop, trainer.aggregation),
+                callbacks=[history, *(given.callbacks or ())])
         finally:
             monitor.stop_profile()
         if result.stopped:
             health.stop()  # the workers agreed to stop: no collective between them from here
             train_writer.close()
             eval_writer.close()
-            return _stopped(config, result, stop, checkpointer if chief else None,
-                            save_rescue, chief)
+            return run_result.RunResult(_stopped(config, result, stop,
+                                                 checkpointer if chief else None, save_rescue,
+                                                 chief), trainer, history)
         exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
         health.stop()  # no collective between workers from here on: a peer may now exit
         traffic = trainer.aggregation.traffic.as_dict()
-        train_writer.scalars(result.final_step, summaries.aggregation_scalars(traffic,
-                                                                              exchange_seconds))
+        link_report = link_model.report_of_run(trainer, config.links, result.median_step_time,
+                                               exchange_seconds)
+        train_writer.scalars(result.final_step, {
+            **summaries.aggregation_scalars(traffic, exchange_seconds),
+            **link_model.scalars(link_report)})
         eval_metrics = monitor.eval_at(result.final_step)
         train_writer.close()
         eval_writer.close()
@@ -205,9 +243,11 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
             summaries.write_final_metrics(config.logdir, result.final_step, {
                 "final/train_loss": result.train.get("loss"),
                 "final/eval_accuracy": eval_metrics.get("accuracy"),
-                "final/examples_per_sec": result.examples_per_sec})
-    logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
-                 accuracy.log_text(eval_metrics))
+                "final/examples_per_sec": result.examples_per_sec,
+                **link_model.final_metrics(link_report)})
+    if eval_metrics:
+        logging.info("eval at step %d: loss %.4f%s", result.final_step, eval_metrics["loss"],
+                     metrics_lib.log_text(eval_metrics, trainer.metrics))
     export_path = None
     if config.export_dir and chief:
         export_path = checkpoint.export_model(trainer.model, config.export_dir)
@@ -222,11 +262,23 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
         "final_step": result.final_step,
         "final_train_loss": result.train.get("loss"),
         "final_train_accuracy": result.train.get("accuracy"),
-        "eval_loss": eval_metrics["loss"],
+        "eval_loss": eval_metrics.get("loss"),
         "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
+        "train_metrics": metrics_lib.values_of(result.train, trainer.metrics),
+        "eval_metrics": metrics_lib.values_of(eval_metrics, trainer.metrics),
+        "training": {"loss": trainer.spec.sources["loss"], "loss_fn": repr(trainer.loss_fn),
+                     "metrics_from": trainer.spec.sources["metrics"],
+                     "metrics": [m.name for m in trainer.metrics],
+                     "optimizer": trainer.spec.sources["optimizer"]},
+        "stopped_by": (callbacks_lib.name_of(result.stopped_by)
+                       if result.stopped_by is not None else None),
+        "final_train_perplexity": result.train.get("perplexity"),  # None: not a language model
+        "eval_perplexity": eval_metrics.get("perplexity"),
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": traffic,
+        "traffic_messages_per_step": trainer.aggregation.traffic.messages_as_dict(),
+        "link_model": link_report,
         "exchange_seconds": exchange_seconds,
         "input_wait": result.input_wait,
         "input_wait_fraction": result.input_wait_fraction,
@@ -236,7 +288,7 @@ def _run(config: Config, model_fn, loss_fn, dataset, command_line, request, work
     if chief:
         with monitor_lib.logdir_guard(config.logdir, save_rescue):
             summaries.write_json_atomically(summary_path, summary)
-    return summary
+    return run_result.RunResult(summary, trainer, history)
 
 
 def _finished(config: Config, trainer: Trainer, step: int, summary_path: str,

@@ -122,3 +122,103 @@ def for_model(loss_fn, model: keras.Model, input_shape=None):
         raise ConfigError("model_fn: the model ends in a softmax over one unit, which is "
                           "always 1; end it in a sigmoid (or no activation) for two classes")
     return CrossEntropy(activation)
+
+
+def select(structure, key):
+    """One output's part of a model's outputs (or of the labels): `key` an OutputKey (a
+    dict is read by its name, a list or tuple by its index), or None for all of it."""
+    if key is None:
+        return structure
+    if isinstance(structure, dict):
+        return structure[key.name]
+    if isinstance(structure, (list, tuple)):
+        return structure[key.index]
+    raise ConfigError(f"output {key.name!r}: the model's outputs (or labels) are one tensor, "
+                      "not a list or dict of outputs; give one loss, not a loss per output")
+
+
+class OutputKey(tuple):
+    """(name, index) of one output of a model with several."""
+
+    name = property(lambda self: self[0])
+    index = property(lambda self: self[1])
+
+
+def output_keys(model, names) -> list[OutputKey]:
+    """Keys of the outputs `names` refers to: int positions (a list of losses) or output
+    names (a dict, matched to `model.output_names` for a model that outputs a list)."""
+    model_names = list(getattr(model, "output_names", None) or [])
+    keys = []
+    for position, name in enumerate(names):
+        if isinstance(name, int):
+            label = model_names[name] if name < len(model_names) else f"output_{name}"
+            keys.append(OutputKey((label, name)))
+        elif name in model_names:
+            keys.append(OutputKey((name, model_names.index(name))))
+        else:
+            keys.append(OutputKey((name, position)))
+    return keys
+
+
+class PerOutput:
+    """The loss of a model with several outputs, as `keras.Model.compile(loss=[...] or
+    {...}, loss_weights=...)` computes it:
+
+        loss = sum over outputs o of w_o * mean over the shard's elements of loss_o(y_o, z_o)
+
+    (w_o = 1 unless weighted; an output whose loss is None adds nothing). It is returned
+    per example where every term can be: l_i = sum_o w_o * (mean of loss_o over example
+    i's elements), whose mean over the shard is the loss above (every example has the same
+    number of elements); a Keras Loss object with Keras's default reduction
+    ("sum_over_batch_size") gives its unreduced values (`Loss.call`, labels and outputs
+    converted to its dtype as its __call__ does). A term that is one value per batch
+    makes the whole loss one value (then short batches cannot be padded: data/padding.py
+    refuses). Every term is a mean over its shard, so the towers' mean of it is the
+    one-device value on the global batch (shards are equal). `losses` and `weights`: a
+    list (by position) or a dict (by output name), as compile takes them."""
+
+    def __init__(self, losses, weights=None, model=None):
+        names = list(losses) if isinstance(losses, dict) else list(range(len(losses)))
+        given = list(losses.values()) if isinstance(losses, dict) else list(losses)
+        if weights is None:
+            weights = [1.0] * len(given)
+        elif isinstance(weights, dict):
+            unknown = set(weights) - set(names)
+            if unknown:
+                raise ConfigError(f"loss_weights names outputs {sorted(unknown)} that have no "
+                                  f"loss; valid: {names}")
+            weights = [float(weights.get(n, 1.0)) for n in names]
+        elif len(weights) != len(given):
+            raise ConfigError(f"loss_weights has {len(weights)} entries for {len(given)} "
+                              "losses; give one weight per output")
+        keys = output_keys(model, names)
+        self.terms = [(key, keras.losses.get(loss) if isinstance(loss, str) else loss,
+                       float(weight))
+                      for key, loss, weight in zip(keys, given, weights) if loss is not None]
+        if not self.terms:
+            raise ConfigError("loss: every output's loss is None; give at least one")
+
+    def __repr__(self) -> str:
+        return "PerOutput(" + ", ".join(f"{k.name}: {l!r} x {w:g}" for k, l, w in self.terms) + ")"
+
+    def __call__(self, y_true, outputs) -> tf.Tensor:
+        terms = [(weight, _per_example(loss_fn, select(y_true, key), select(outputs, key)))
+                 for key, loss_fn, weight in self.terms]
+        if any(values.shape.rank == 0 for _, values in terms):
+            return tf.add_n([weight * tf.reduce_mean(values) for weight, values in terms])
+        return tf.add_n([weight * values for weight, values in terms])
+
+
+def _per_example(loss_fn, y_true, outputs) -> tf.Tensor:
+    """`loss_fn`'s values per example ([B]: the mean over each example's other axes), or one
+    value ([]) where the loss reduces the batch itself."""
+    if isinstance(loss_fn, keras.losses.Loss) and loss_fn.reduction == "sum_over_batch_size":
+        convert = lambda v: tf.cast(v, loss_fn.dtype)  # noqa: E731 -- as Loss.__call__ does
+        values = loss_fn.call(tf.nest.map_structure(convert, y_true),
+                              tf.nest.map_structure(convert, outputs))
+    else:
+        values = loss_fn(y_true, outputs)
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank is not None and values.shape.rank > 1:
+        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+    return values

@@ -142,3 +142,10 @@ def apply_updates(copies: list[VariableCopy], grads_per_copy: list[list[tf.Tenso
     for copy, grads in zip(copies, grads_per_copy):
         with tf.device(copy.device):
             copy.optimizer.apply(grads, copy.trainable)
+
+
+def current_rate(optimizer: keras.optimizers.Optimizer):
+    """step -> the rate `optimizer` applies at its current iteration (a user's optimizer:
+    its float, or its LearningRateSchedule at `optimizer.iterations`, which counts the
+    updates applied; the step argument is for the summaries' interface)."""
+    return lambda step: float(np.asarray(optimizer.learning_rate))

@@ -31,12 +31,15 @@ CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
 # - global_batch_size, accumulation_steps and drop_remainder fix what step s reads (global
 #   batches s*K .. s*K+K-1 of the stream cut per --drop_remainder, data/epochs.py): another
 #   value resumes at another place of the stream, and another global batch also means
-#   another gradient noise and learning rate per example.
+#   another gradient noise and learning rate per example;
+# - lm_layers, lm_width, lm_heads shape transformer_lm's variables, sequence_length cuts
+#   the text into other examples (mgloop/data/text.py).
 # The others (learning rate, schedule, momentum, weight decay, devices, aggregation,
 # data_dir of the same dataset, train_steps, ...) may change: a resume lists those that
 # differ in one log line. The tower count and layout do not enter a checkpoint.
 CHECKPOINT_SHAPING = ("model", "dataset", "optimizer", "mixed_precision", "accumulation_steps",
-                      "seed", "global_batch_size", "drop_remainder")
+                      "seed", "global_batch_size", "drop_remainder", "sequence_length",
+                      "lm_layers", "lm_width", "lm_heads")
 
 
 def prepare(logdir: str | None, export_dir: str | None) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mgloop import metrics as metrics_lib
 from mgloop import non_trainable
 from mgloop import precision
 from mgloop import towers
@@ -85,5 +84,5 @@ class SingleLossStep:
                 aggregation.traffic.record(canonical(device), canonical(host), gradient_bytes)
         with tf.device(host):
             grads = self.hooks.unscale(0, grads)
-            metric_state = metrics_lib.state(self.metrics, labels, merged)
+            metric_state = towers.metric_state(self.metrics, labels, merged)
         return Pass([loss], [metric_state], [grads], new_states)

@@ -5,10 +5,15 @@ Layout of a logdir (tags are stable; the README lists them):
     <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time,
                       input_wait (seconds per step the towers waited for input);
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
-                      (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds
+                      (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds,
+                      and the link model's (link_model.py): link/bytes_per_device,
+                      link/compression_ratio, link/compute_seconds, link/<LINK>/exchange_seconds, .../step_seconds_
+                      no_overlap, .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
     <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
     <logdir>/         events of the root run: HParams session, text config and command_line,
-                      final/train_loss, final/eval_accuracy, final/examples_per_sec
+                      final/train_loss, final/eval_accuracy, final/examples_per_sec,
+                      final/bytes_per_device, final/compression_ratio, final/compute_seconds,
+                      final/link/<LINK>/...
     <logdir>/summary.json
 
 Diagnostic tags (tower_i/..., grad/..., replica/divergence, loss_scale, memory/...,
@@ -32,10 +37,17 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from mgloop import aggregation
+from mgloop import link_model
 from mgloop import settings
 
-# The metrics of the HParams table (root-run scalars); its hyperparameters: `hparams_of`.
+# The metrics of the HParams table (root-run scalars), with the link model's
+# (`final_metric_tags`); its hyperparameters: `hparams_of`.
 FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_sec")
+
+
+def final_metric_tags(config) -> tuple[str, ...]:
+    """FINAL_METRICS and the link model's final metrics for the run's --link values."""
+    return FINAL_METRICS + link_model.final_metric_tags(config.links)
 
 
 class ScalarWriter:
@@ -121,6 +133,8 @@ def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
     values = {}
     for name in settings.hparam_names(type(config)):
         value = getattr(config, name)
+        if value is None:  # a setting of another model or dataset (e.g. --lm_layers): unused
+            continue
         values[name] = ",".join(value) if isinstance(value, (tuple, list)) else value
     values["num_towers"] = num_towers
     # The aggregation method by its name, and its own options, one hparam per option
@@ -138,7 +152,7 @@ def write_run_record(logdir: str, config, num_towers: int,
     with writer.as_default(step=0):
         hparams_api.hparams_config(
             hparams=[hparams_api.HParam(name) for name in hparams],
-            metrics=[hparams_api.Metric(tag) for tag in FINAL_METRICS])
+            metrics=[hparams_api.Metric(tag) for tag in final_metric_tags(config)])
         hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
         tf.summary.text("config", "```\n" + json.dumps(dataclasses.asdict(config), indent=2,
                                                        sort_keys=True) + "\n```")
@@ -148,11 +162,12 @@ def write_run_record(logdir: str, config, num_towers: int,
 
 
 def write_final_metrics(logdir: str, step: int, values: dict[str, float | None]) -> None:
-    """The HParams table's metrics (FINAL_METRICS), as scalars of the root run."""
+    """The HParams table's metrics (`final_metric_tags`), as scalars of the root run; a
+    None value is not written."""
     writer = tf.summary.create_file_writer(logdir)
     with writer.as_default(step=step):
-        for tag in FINAL_METRICS:
-            if values.get(tag) is not None:
+        for tag in values:
+            if values[tag] is not None:
                 tf.summary.scalar(tag, values[tag])
     writer.close()
 

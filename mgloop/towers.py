@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from mgloop import metrics
 from mgloop import precision
+from mgloop.data import padding
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -90,8 +91,16 @@ def copy_first_to_rest(copies: list[VariableCopy]) -> None:
 
 
 def mean_loss(loss_fn: LossFn, y: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
-    """Mean of `loss_fn` over the examples (works for per-example or already-mean losses)."""
+    """Mean of `loss_fn` over the examples (works for per-example or already-mean losses);
+    labels `padding.Weighted` (a padded short batch): the mean of w_i * l_i (padding.py)."""
+    if isinstance(y, padding.Weighted):
+        return padding.weighted_mean(loss_fn(y.labels, predictions), y.weights)
     return tf.reduce_mean(loss_fn(y, predictions))
+
+
+def metric_state(metric_list, y, outputs) -> tf.Tensor:
+    """The metrics' states (metrics.state) of the shard's real examples (padding.py)."""
+    return metrics.state(metric_list, *padding.real_examples(y, outputs))
 
 
 def call_kwargs(model: keras.Model, training: bool) -> dict:
@@ -146,6 +155,6 @@ def tower_pass(step, t: int, trainable: list[tf.Tensor], non_trainable: list[tf.
             scaled = hooks.scale_loss(t, loss)
         with tf.control_dependencies(hooks.before_backward(t)):
             grads, factors = hooks.gradients(t, tape, scaled, trainable)
-        return TowerOutput(loss, metrics.state(step.metrics, y, outputs),
+        return TowerOutput(loss, metric_state(step.metrics, y, outputs),
                            hooks.unscale(t, grads), streams.after_tower(non_trainable, new_state),
                            factors)

@@ -4,6 +4,8 @@
     step       the training step with its hooks (step.py, single_loss_step.py)
     loop       the compiled multi-step loop and its input-wait clock (loop.py)
     inference  evaluate and predict on the towers (inference.py)
+    spec       the loss, metrics and optimizer used, and where each came from
+               (training_spec.py; set by assemble.build)
 
 Built by `assemble.build` (experiment.build_trainer from a Config).
 """
@@ -30,6 +32,7 @@ class Trainer:
         self.evaluate, self.predict = inference.evaluate, inference.predict
         self.sync_replicas = replicas.sync_replicas
         self.broadcast_from_chief = replicas.broadcast_from_chief
+        self.spec = None  # training_spec.Spec, set by assemble.build
 
     @property
     def workers(self):

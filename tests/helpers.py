@@ -88,7 +88,8 @@ def bound_of_run(config: Config, steps: int):
     dataset's stream (as mgloop.run reads it): any other summation order of them, e.g. a
     run with another tower count or worker count, lies within bound.weights() of it."""
     settings = config.validated()
-    dataset = data.load(settings.dataset, settings.seed, settings.data_dir)
+    dataset = data.load(settings.dataset, settings.seed, settings.data_dir,
+                        settings.sequence_length)
     stream = data.epochs.step_batches(dataset, settings.global_batch_size,
                                       settings.accumulation_steps, settings.seed, 0,
                                       settings.drop_remainder).take(steps)

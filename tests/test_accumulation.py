@@ -107,8 +107,11 @@ def test_traffic_counts_every_micro_batch(mode, scales, logdir):
         config = helpers.small_config(logdir, devices="cpu:2", aggregation=mode,
                                       global_batch_size=8, accumulation_steps=accumulation_steps)
         trainer, _ = helpers.train_mgloop(config, step_batches(1, accumulation_steps, 8))
-        return dict(trainer.aggregation.traffic.sent)
+        counted = trainer.aggregation.traffic
+        return dict(counted.sent), dict(counted.messages_sent)  # bytes, messages (link model)
 
     once, twice = traffic(1), traffic(2)
-    assert sum(once.values()) > 0
-    assert twice == ({d: 2 * n for d, n in once.items()} if scales else once)
+    for counts_once, counts_twice in zip(once, twice):
+        assert sum(counts_once.values()) > 0
+        assert counts_twice == ({d: 2 * n for d, n in counts_once.items()} if scales
+                                else counts_once)

@@ -109,7 +109,7 @@ def test_a_plugin_method_is_benchmarked_in_the_workers(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "--models=mlp",
          "--towers=2", "--modes=ps_cpu,ps_cpu_copy", "--plugin=tests.plugins.bench_plugin",
-         "--steps=1", "--warmup=1", "--repeats=1", f"--output_dir={out}"],
+         "--steps=1", "--warmup=1", "--repeats=1", "--link=10gbit,10us", f"--output_dir={out}"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -128,6 +128,14 @@ def test_a_plugin_method_is_benchmarked_in_the_workers(tmp_path):
     copy, original = rows["mgloop:ps_cpu_copy@2"], rows["mgloop:ps_cpu@2"]
     assert len(copy["loop_losses"]) == 2 and copy["examples_per_sec"] > 0
     assert np.abs(np.subtract(copy["loop_losses"], original["loop_losses"])).max() <= 2 * bound
+    for row in (copy, original):  # --link: the model of the worker's counted traffic
+        sent, messages = row["traffic"]["bytes"], row["traffic"]["messages"]
+        expected = max(1e-5 * max(messages[d].values()) + max(sent[d].values()) / 1.25e9
+                       for d in sent)
+        assert row["link_10gbit_10us_exchange_ms"] == pytest.approx(1e3 * expected, rel=1e-9)
+        assert row["link_10gbit_10us_step_ms"] == pytest.approx(row["step_ms"] + 1e3 * expected)
+    assert copy["traffic"] == original["traffic"]
+    assert "modelled exchange at 10gbit,10us (ms)" in (out / "bench.md").read_text()
 
 
 def test_a_plugin_that_does_not_import_is_one_line(tmp_path):

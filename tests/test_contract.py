@@ -17,7 +17,10 @@ small MLP of tests/helpers.py, 5 steps under --deterministic:
 - exchange timing (`Trainer.time_exchange`) leaves its state, and every variable, as
   training left them;
 - `reduce` never receives a non-trainable variable (a model with batch norm).
-A method whose devices are not here (nccl: GPUs) is checked to refuse in one line.
+A method whose devices are not here (nccl: GPUs) is checked to refuse in one line, and so
+is a tower count a method's `check` cannot serve (krum with 2 towers): it must then run
+on 4. A lossy method whose `error_bound` is None at a tower count (median on 2 towers is
+their mean) is held there to the exact methods' standard.
 """
 
 import dataclasses
@@ -27,7 +30,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, checkpoint
+from mgloop import aggregation, checkpoint, devices
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
 
@@ -36,6 +39,8 @@ aggregation.load_plugins(PLUGINS)  # the plugin route: as --plugin=tests.plugins
 METHODS = aggregation.names()
 STEPS = 5
 SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
+         "trimmed_mean": "trimmed_mean:trim=1", "krum": "krum:f=0",
+         "multikrum": "multikrum:f=0,m=2", "bulyan": "bulyan:f=0",
          "threshold": "threshold:value=0.5"}  # drops enough of the stand-ins to be lossy
 
 
@@ -83,15 +88,39 @@ def reference(tmp_path_factory):
     return get
 
 
-def refused_here(name, tmp_path) -> bool:
+def refused_here(name, tmp_path, towers) -> bool:
     """True (after checking the refusal is one line naming the method) when the method's
-    `device_kinds` exclude the CPU towers of this machine; False when it runs here."""
-    if "cpu" in aggregation.get(name).device_kinds:
+    `device_kinds` exclude the CPU towers of this machine, or its `check` refuses `towers`
+    (then it must run on 4); False when it runs here."""
+    method = aggregation.get(name)
+    if "cpu" in method.device_kinds and serves(name, towers):
         return False
     with pytest.raises(ConfigError) as error:
-        config_for(tmp_path, name, 2).validated()
+        config_for(tmp_path, name, towers).validated()
     assert "\n" not in str(error.value) and f"--aggregation={name}" in str(error.value)
+    assert "cpu" not in method.device_kinds or serves(name, 4)
     return True
+
+
+def serves(name, towers) -> bool:
+    """Whether the method's `check` (with SPECS's options) accepts `towers` CPU towers."""
+    method, options = aggregation.parse(SPECS.get(name, name))
+    try:
+        method.check(devices.DeviceRequest("cpu", tuple(range(towers))), options)
+    except ConfigError:
+        return False
+    return True
+
+
+def towers_for(name) -> int:
+    """2 towers, or 4 where the method refuses 2."""
+    return 2 if serves(name, 2) else 4
+
+
+def exact_at(name, towers) -> bool:
+    """`exact`, or a lossy method whose error_bound is None at this tower count."""
+    method, options = aggregation.parse(SPECS.get(name, name))
+    return method.exact or (method.exchanges and method.error_bound(options, towers) is None)
 
 
 def shard(batches, tower, towers):
@@ -103,14 +132,15 @@ def shard(batches, tower, towers):
 @pytest.mark.parametrize("towers", [2, 4])
 @pytest.mark.parametrize("name", METHODS)
 def test_aggregate_is_what_the_method_declares(name, towers, trained, reference, tmp_path):
-    if refused_here(name, tmp_path):
+    if refused_here(name, tmp_path, towers):
         return
     method = aggregation.get(name)
     run = trained(name, towers)
     copies = helpers.copy_weights(run.trainer)
-    if method.exact or not method.exchanges:  # it trained
+    exact = exact_at(name, towers)
+    if exact or not method.exchanges:  # it trained
         assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(copies[-1], run.start))
-    if method.exact:
+    if exact:
         expected = reference("global", helpers.batches(STEPS))
         for weights in copies:
             tolerance.assert_matches_reference(weights, run.loss_sum, expected)
@@ -170,9 +200,9 @@ def all_values(trainer, copies=None):
 
 @pytest.mark.parametrize("name", METHODS)
 def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
-    if refused_here(name, tmp_path):
+    if refused_here(name, tmp_path, towers_for(name)):
         return
-    run = trained(name, 2)
+    run = trained(name, towers_for(name))
     state = run.trainer.aggregation.state_variables
     weights = {id(v) for copy in run.trainer.copies for v in copy.variables}
     assert all(isinstance(v, tf.Variable) and not v.trainable and id(v) not in weights
@@ -203,9 +233,9 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
 
 @pytest.mark.parametrize("name", METHODS)
 def test_exchange_timing_leaves_the_state(name, trained, tmp_path):
-    if refused_here(name, tmp_path):
+    if refused_here(name, tmp_path, towers_for(name)):
         return
-    run = trained(name, 2)
+    run = trained(name, towers_for(name))
     before = all_values(run.trainer)
     seconds = run.trainer.time_exchange(repeats=1, per_call=2)
     assert (seconds is None) == aggregation.get(name).single_loss
@@ -221,9 +251,10 @@ def batch_norm_model():
 
 @pytest.mark.parametrize("name", METHODS)
 def test_reduce_never_receives_a_non_trainable_variable(name, tmp_path):
-    if refused_here(name, tmp_path):
+    if refused_here(name, tmp_path, towers_for(name)):
         return
-    trainer = helpers.build_trainer(config_for(tmp_path, name, 2), batch_norm_model)
+    trainer = helpers.build_trainer(config_for(tmp_path, name, towers_for(name)),
+                                    batch_norm_model)
     method = trainer.aggregation
     handed = []
     reduce = method.reduce

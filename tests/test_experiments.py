@@ -71,7 +71,8 @@ def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
     result = run_variants("--plugin=tests.plugins.bench_plugin",  # registers ps_cpu_copy
                           "--vary=aggregation=ps_cpu_copy,ring", "--set=devices=cpu:2",
                           "--set=global_batch_size=16", "--steps=1", "--warmup=0",
-                          "--repeats=1", "--measure=traffic,input_wait", f"--output_dir={out}")
+                          "--repeats=1", "--measure=traffic,input_wait", "--link=1gbit,50us",
+                          f"--output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads((out / "variants.json").read_text())
     rows = {row["variant"]: row for row in payload["rows"]}
@@ -91,15 +92,26 @@ def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
     # a ring of T devices sends 2(T-1)/T of the gradients' bytes per device: all of them at
     # T = 2, as each tower sends its gradients to the parameter server
     assert ring["max_sent_kib"] == ps_cpu["max_sent_kib"]
+    for row in rows.values():  # --link: the model of the counted traffic (link_model.py)
+        expected = max(5e-5 * max(row["messages"][d].values())
+                       + max(row["traffic"][d].values()) / 1.25e8 for d in row["traffic"])
+        assert row["link_1gbit_50us_exchange_ms"] == pytest.approx(1e3 * expected, rel=1e-9)
+        assert row["compute_ms"] == pytest.approx(max(row["step_ms"] - row["exchange_ms"], 0))
+        assert row["link_1gbit_50us_step_ms"] == pytest.approx(
+            row["compute_ms"] + row["link_1gbit_50us_exchange_ms"])
+    assert ring["compression_ratio"] == pytest.approx(
+        ps_cpu["bytes_per_device_kib"] / ring["bytes_per_device_kib"])
     table = (out / "variants.md").read_text().splitlines()
     header = next(line for line in table if line.startswith("| variant"))
     body = [line for line in table if line.startswith("| aggregation=")]
     assert len(body) == 2 and all(line.count("|") == header.count("|") for line in body)
     assert "max sent/device/step (KiB)" in header
+    assert "modelled exchange at 1gbit,50us (ms)" in header
     request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS"],
                "colParams": [{"hparam": "aggregation"}, {"hparam": "pack_bytes"},
-                             {"hparam": "plugins"}, {"metric": {"tag": "examples_per_sec"}}]}
+                             {"hparam": "plugins"}, {"metric": {"tag": "examples_per_sec"}},
+                             {"metric": {"tag": "link_1gbit_50us_exchange_ms"}}]}
     with tensorboard_server.serve(str(out / "tensorboard")) as board:
         sessions = board.wait_for(lambda s: len(s.get("sessionGroups", [])) == 2,
                                   "/data/plugin/hparams/session_groups", body=request)
@@ -108,9 +120,11 @@ def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
         # what a training run records (every setting that can change a result)
         assert group["hparams"]["pack_bytes"] == packing.DEFAULT_BUCKET_BYTES
         assert group["hparams"]["plugins"] == "tests.plugins.bench_plugin"
-        (value,) = [m["value"] for m in group["metricValues"]
-                    if m["name"]["tag"] == "examples_per_sec"]
-        assert abs(value - row["examples_per_sec"]) < 1e-3 * value
+        values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
+        assert abs(values["examples_per_sec"] - row["examples_per_sec"]) < 1e-3 * values[
+            "examples_per_sec"]
+        assert values["link_1gbit_50us_exchange_ms"] == pytest.approx(
+            row["link_1gbit_50us_exchange_ms"], rel=1e-6)
 
 
 @pytest.mark.parametrize("args,error", [
@@ -123,6 +137,33 @@ def test_variants_type_errors_are_one_line(tmp_path, args, error):
         variants_spec.variants([a.split("=", 1)[1] for a in args if a.startswith("--vary")],
                                [a.split("=", 1)[1] for a in args if a.startswith("--set")])
     assert str(raised.value) == error
+
+
+# Issue 15's rows (aggregation/transport_dtype), in the issue's order: dense ring, fp16
+# transport, top-k 1% with and without error feedback, random-k 1%, DGC 0.1%, QSGD,
+# TernGrad, signSGD, EF-signSGD, onebit, PowerSGD rank 1, 2 and 4.
+COMPRESSION_ROWS = [
+    "ring/float32", "ring/float16", "topk:ratio=0.01/float32",
+    "topk:ratio=0.01,memory=none/float32", "randomk:ratio=0.01/float32",
+    "dgc:ratio=0.001/float32", "qsgd/float32", "terngrad/float32", "signsgd/float32",
+    "efsignsgd/float32", "onebit/float32", "powersgd:rank=1/float32",
+    "powersgd:rank=2/float32", "powersgd:rank=4/float32"]
+
+
+def test_compression_ablation_flagfile_has_the_issue_rows_on_one_setting(monkeypatch):
+    """The flagfile of issue 15's table (read as absl reads it, nested flagfile included)
+    gives its rows on resnet20/synthetic_cifar, 4 towers, one seed, three links."""
+    monkeypatch.chdir(ROOT)
+    items = flags.FlagValues().read_flags_from_files(
+        ["--flagfile=experiments/variants_flags/compression_ablation.flags"], force_gnu=True)
+    values = lambda name: [i.split("=", 1)[1] for i in items if i.startswith(f"--{name}=")]
+    variants = variants_spec.variants(values("vary"), values("set"))
+    assert [v.name.split("=", 1)[1] for v in variants] == COMPRESSION_ROWS
+    for variant in variants:
+        assert {key: variant.settings[key] for key in ("model", "dataset", "devices", "seed")} \
+            == {"model": "resnet20", "dataset": "synthetic_cifar", "devices": "cpu:4", "seed": 0}
+    assert values("link") == ["1gbit,50us", "10gbit,10us", "100gbit,2us"]
+    assert values("measure") == ["eval"] and "--skip_invalid" in items
 
 
 def test_variants_refuse_a_bad_value_before_building(tmp_path):

@@ -67,17 +67,26 @@ def gamma(n: int) -> float:
 
 
 def path_sums(model, batch: int) -> int:
-    """n of 1. above: B (times the largest P of a convolution), plus every kernel's fan-in
-    and fan-out, plus the K logits of the softmax."""
-    n, positions, shape = 0, 1, (0,)
-    for layer in model.layers:
+    """n of 1. above: B (times the largest P of a convolution, or of an Embedding's lookups
+    per example: a row's gradient, and a Dense kernel's on a sequence, sum over every
+    position), plus every kernel's fan-in and fan-out (sublayers included, e.g. attention's
+    projections), plus 2 L per attention layer of key length L (its softmax and its sum of
+    values), plus the K logits of the softmax."""
+    n, positions, shape, attention = 0, 1, (0,), 0
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.Embedding):
+            positions = max(positions, math.prod(layer.input.shape[1:]))
+        attention += isinstance(layer, keras.layers.MultiHeadAttention)
         kernel = getattr(layer, "kernel", None)
         if kernel is None:
             continue
         shape = tuple(kernel.shape)
         n += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]  # fan-in + fan-out
-        if len(shape) > 2:  # a convolution's kernel gradient also sums its output positions
+        if len(shape) > 2 and layer._inbound_nodes:  # a convolution's kernel gradient also
+            # sums its output positions (an attention's projections, called inside the layer,
+            # have no node of their own: they sum over the Embedding's positions, above)
             positions = max(positions, math.prod(layer.output.shape[1:-1]))
+    n += 2 * positions * attention  # self-attention: key length = the sequence's positions
     return batch * positions + n + int(shape[-1])  # the last kernel's outputs: the logits
 
 
@@ -108,6 +117,8 @@ class StepBound:
                     outputs, _ = model.stateless_call(trainable, state, x,
                                                       **towers.call_kwargs(model, True))
                     losses = loss_fn(y, outputs)
+                    if losses.shape.rank > 1:  # per token: example i's loss is its tokens' mean
+                        losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
                 per_example = tape.jacobian(losses, trainable)  # [B, *shape] each
                 return (losses, [tf.reduce_mean(j, 0) for j in per_example],
                         [tf.reduce_mean(tf.abs(j), 0) for j in per_example])

@@ -75,6 +75,12 @@ from mgloop.aggregation import hierarchical  # noqa: E402,F401
 from mgloop.aggregation import collective  # noqa: E402,F401
 from mgloop.aggregation import independent  # noqa: E402,F401
 from mgloop.aggregation import colocate  # noqa: E402,F401
+from mgloop.aggregation import adasum  # noqa: E402,F401
+from mgloop.aggregation import median  # noqa: E402,F401
+from mgloop.aggregation import trimmed_mean  # noqa: E402,F401
+from mgloop.aggregation import krum  # noqa: E402,F401
+from mgloop.aggregation import bulyan  # noqa: E402,F401
+from mgloop.aggregation import geomedian  # noqa: E402,F401
 from mgloop.aggregation.compression import topk  # noqa: E402,F401
 from mgloop.aggregation.compression import randomk  # noqa: E402,F401
 from mgloop.aggregation.compression import threshold  # noqa: E402,F401

@@ -64,37 +64,64 @@ def canonical(device: str) -> str:
 
 @dataclasses.dataclass
 class Traffic:
-    """Bytes sent and received per device in one step, keyed by canonical device."""
+    """Bytes and messages sent and received per device in one step, keyed by canonical device.
+
+    A message is one transfer between two devices (one `send`); a kernel that moves its
+    tensors itself (collective.py, cross_worker.py) adds the messages of its algorithm. The
+    message counts are what the link model (mgloop/link_model.py) charges latency for."""
 
     sent: dict[str, int] = dataclasses.field(default_factory=dict)
     received: dict[str, int] = dataclasses.field(default_factory=dict)
+    messages_sent: dict[str, int] = dataclasses.field(default_factory=dict)
+    messages_received: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def record(self, src: str, dst: str, num_bytes: int) -> None:
-        """A transfer of `num_bytes` from `src` to `dst`."""
-        self.add(src, sent=num_bytes)
-        self.add(dst, received=num_bytes)
+        """One message of `num_bytes` from `src` to `dst`."""
+        self.add(src, sent=num_bytes, messages_sent=1)
+        self.add(dst, received=num_bytes, messages_received=1)
 
-    def add(self, device: str, sent: int = 0, received: int = 0) -> None:
-        self.sent[device] = self.sent.get(device, 0) + sent
-        self.received[device] = self.received.get(device, 0) + received
+    def add(self, device: str, sent: int = 0, received: int = 0, messages_sent: int = 0,
+            messages_received: int = 0) -> None:
+        for counts, value in ((self.sent, sent), (self.received, received),
+                              (self.messages_sent, messages_sent),
+                              (self.messages_received, messages_received)):
+            counts[device] = counts.get(device, 0) + value
+
+    def _counts(self) -> tuple[dict[str, int], ...]:
+        return self.sent, self.received, self.messages_sent, self.messages_received
 
     def clear(self) -> None:
-        self.sent.clear()
-        self.received.clear()
+        for counts in self._counts():
+            counts.clear()
 
     def snapshot(self) -> "Traffic":
-        return Traffic(dict(self.sent), dict(self.received))
+        return Traffic(*(dict(counts) for counts in self._counts()))
 
     def restore(self, snapshot: "Traffic") -> None:
         """Sets the counts back to `snapshot`'s, in place (the object may be shared)."""
-        self.clear()
-        self.sent.update(snapshot.sent)
-        self.received.update(snapshot.received)
+        for counts, saved in zip(self._counts(), snapshot._counts()):
+            counts.clear()
+            counts.update(saved)
+
+    def repeat_since(self, before: "Traffic", times: int) -> None:
+        """Counts what was recorded since the snapshot `before` `times` times in all (a part
+        of the step traced once that runs `times` times, e.g. accumulation's micro-batches)."""
+        for counts, earlier in zip(self._counts(), before._counts()):
+            for device in list(counts):
+                counts[device] += (times - 1) * (counts[device] - earlier.get(device, 0))
+
+    def devices(self) -> list[str]:
+        return sorted(set(self.sent) | set(self.received))
 
     def as_dict(self) -> dict[str, dict[str, int]]:
-        devices = sorted(set(self.sent) | set(self.received))
+        """Bytes per device: {device: {"sent": ..., "received": ...}}."""
         return {d: {"sent": self.sent.get(d, 0), "received": self.received.get(d, 0)}
-                for d in devices}
+                for d in self.devices()}
+
+    def messages_as_dict(self) -> dict[str, dict[str, int]]:
+        """Messages per device: {device: {"sent": ..., "received": ...}}."""
+        return {d: {"sent": self.messages_sent.get(d, 0),
+                    "received": self.messages_received.get(d, 0)} for d in self.devices()}
 
 
 class Aggregation(abc.ABC):
@@ -242,6 +269,8 @@ class Aggregation(abc.ABC):
         (`exact`: sent at its own dtype, e.g. non-trainable state; counted all the same)."""
         if canonical(src) == canonical(dst):
             return value
+        if isinstance(value, tf.IndexedSlices):  # rows (sparse_gradients.py): values, indices
+            return self._send_rows(value, src, dst, exact)
         wire = (self.transport_dtype if value.dtype.is_floating and not exact
                 else value.dtype)
         self.traffic.record(canonical(src), canonical(dst),
@@ -254,10 +283,32 @@ class Aggregation(abc.ABC):
         with tf.device(dst):
             return tf.cast(packed, value.dtype)
 
+    def _send_rows(self, rows: tf.IndexedSlices, src: str, dst: str,
+                   exact: bool) -> tf.IndexedSlices:
+        """`rows` on `dst`: its values as `send` sends a tensor (in the transport dtype), its
+        indices at their own dtype; recorded as one transfer of both."""
+        values, indices = rows.values, rows.indices
+        wire = (self.transport_dtype if values.dtype.is_floating and not exact
+                else values.dtype)
+        self.traffic.record(canonical(src), canonical(dst),
+                            values.shape.num_elements() * wire.size
+                            + indices.shape.num_elements() * indices.dtype.size)
+        with tf.device(src):
+            packed = tf.cast(values, wire)
+        with tf.device(dst):
+            return tf.IndexedSlices(tf.cast(tf.identity(packed), values.dtype),
+                                    tf.identity(indices), rows.dense_shape)
+
     def sum_on(self, device: str, values: Sequence[tf.Tensor], sources: Sequence[str]) -> tf.Tensor:
         """sum_i values[i] (values[i] on sources[i]), each sent to `device` and added there."""
         received = [self.send(v, s, device) for v, s in zip(values, sources)]
         with tf.device(device):
+            if isinstance(received[0], tf.IndexedSlices):  # rows: added in order, made dense
+                rows = tf.concat([r.values for r in received], 0)
+                num_rows = tf.get_static_value(received[0].dense_shape[0])
+                return tf.math.unsorted_segment_sum(
+                    rows, tf.concat([r.indices for r in received], 0),
+                    received[0].dense_shape[0] if num_rows is None else int(num_rows))
             return received[0] if len(received) == 1 else tf.add_n(received)
 
     @contextlib.contextmanager

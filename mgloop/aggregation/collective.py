@@ -8,8 +8,9 @@
                 refused on machines without GPUs.
 
 Both return (1/T) * sum_t g[t][v] on every replica. The traffic recorded is
-the ring's, 2 (T-1)/T of the gradient bytes sent and received per device,
-since these kernels run inside TensorFlow where mgloop cannot count them.
+the ring's, 2 (T-1)/T of the gradient bytes sent and received per device in
+2 (T-1) messages each way, since these kernels run inside TensorFlow where
+mgloop cannot count them.
 Collectives on one device are ordered by a per-device ordering token, so
 that TensorFlow's automatic control dependencies do not serialise the
 towers' collectives into a deadlock.
@@ -58,7 +59,8 @@ class _AllReduceKernel(Aggregation):
         num = self.num_towers
         num_bytes = value.shape.num_elements() * value.dtype.size * 2 * (num - 1) // num
         for device in self.devices.towers:
-            self.traffic.add(canonical(device), sent=num_bytes, received=num_bytes)
+            self.traffic.add(canonical(device), sent=num_bytes, received=num_bytes,
+                             messages_sent=2 * (num - 1), messages_received=2 * (num - 1))
 
     def reduce(self, tower_values, variables, average=True):
         if self.num_towers == 1:

@@ -16,7 +16,8 @@ back into their shapes, because over gRPC a collective's fixed round trip costs
 far more than its bytes. The step's metrics (its mean loss and accuracy counts,
 `reduce_with_metrics`) ride in the same buffer, so a float32 model's training
 step makes ONE collective between workers. Each worker sends and receives
-2(W-1)/W of the buffer's bytes (a ring all-reduce), as counted in `traffic`.
+2(W-1)/W of the buffer's bytes in 2(W-1) messages each way (a ring all-reduce), as
+counted in `traffic` on the worker's copy 0 device.
 The collectives carry no timeout (each timeout would park a runtime thread for
 its length, thousands of threads at hundreds of steps a second): a dead, stopped
 or hung peer is found by mgloop/peer_health.py, which aborts the collectives so
@@ -97,7 +98,9 @@ class CrossWorker(Aggregation):
         totals = []
         for flat in packing.pack(values, buckets, self.device):
             num_bytes = flat.shape.num_elements() * flat.dtype.size * 2 * (workers - 1) // workers
-            self.traffic.add(canonical(self.device), sent=num_bytes, received=num_bytes)
+            self.traffic.add(canonical(self.device), sent=num_bytes, received=num_bytes,
+                             messages_sent=2 * (workers - 1),
+                             messages_received=2 * (workers - 1))
             totals.append(self.all_workers_sum(flat))
         return packing.unpack(totals, buckets, [v.shape for v in values], self.device)
 

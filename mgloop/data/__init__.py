@@ -1,9 +1,12 @@
-"""Datasets by `--dataset` name; each loader returns an `InMemoryDataset`.
+"""Datasets by `--dataset` name, and `as_input` (user_input.py): what a run reads.
 
 `synthetic`, `synthetic_cifar` and `random_binary` are generated from the seed;
-`cifar10` and `mnist` read their files from `--data_dir`, whose layout `check`
-verifies with plain Python (headers and sizes, no TensorFlow) during
-`Config.validated()`.
+`cifar10`, `mnist` and `text` (text.py: byte tokens) read their files from `--data_dir`,
+whose layout `check` verifies with plain Python (headers and sizes, no TensorFlow) during
+`Config.validated()`. Each of these loaders returns an `InMemoryDataset`.
+A `--plugin` module may `register` a dataset read from files (data larger than
+memory): a function (data_dir, input_context) -> tf.data.Dataset of its training
+examples or batches, and optionally one data_dir -> Dataset of its eval data.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from mgloop.data import cifar10
 from mgloop.data import mnist
 from mgloop.data import random_binary
 from mgloop.data import synthetic
+from mgloop.data import user_input
+from mgloop.data import text
 from mgloop.data.base import InMemoryDataset
+from mgloop.data.padding import Weighted
+from mgloop.data.user_input import Batched, Examples, Input, as_input
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
 
@@ -28,6 +35,11 @@ class _Source:
     load: Callable[[int, str | None], InMemoryDataset]  # (seed, data_dir) -> dataset
     check_files: Callable[[str], None] | None = None  # None: reads no files
     files: str = ""  # what --data_dir must hold, for the error when it is not set
+    # registered (`register`): (data_dir, input_context) -> tf.data.Dataset, and eval's
+    train: Callable | None = None
+    eval: Callable | None = None
+    num_classes: int | None = None
+    sequenced: bool = False  # True: `load` also takes the --sequence_length
 
 
 _SOURCES: dict[str, _Source] = {
@@ -39,7 +51,38 @@ _SOURCES: dict[str, _Source] = {
                        "data_batch_1.bin .. data_batch_5.bin and test_batch.bin"),
     "mnist": _Source(lambda seed, data_dir: mnist.load(data_dir), mnist.check_files,
                      "the four MNIST IDX files"),
+    "text": _Source(lambda seed, data_dir, sequence_length: text.load(data_dir, sequence_length),
+                    text.check_files, "UTF-8 text files", sequenced=True),
 }
+
+
+def register(name: str, train: Callable, eval: Callable | None = None,
+             files: str = "the dataset's files", num_classes: int | None = None) -> None:
+    """Registers `--dataset=name` (from a --plugin module): `train(data_dir, input_context)`
+    returns a tf.data.Dataset of (features, labels) examples or batches of this worker's
+    training data (user_input.py: how global batches are formed), `eval(data_dir)` (None:
+    the run has no eval data) its eval data; `files` says what --data_dir must hold;
+    `num_classes` lets the built-in --model's build on it (None: pass model_fn)."""
+    if name in _SOURCES and _SOURCES[name].train is not train:
+        raise ConfigError(f"--dataset={name} is already registered; pick another name")
+    _SOURCES[name] = _Source(None, lambda data_dir: None, files, train, eval, num_classes)
+
+
+def load_input(config, workers=None) -> Input:
+    """The input of `--dataset` (and --data_dir) of a validated config."""
+    source = _source(config.dataset)
+    if source.train is None:
+        return user_input.InMemoryInput(load(config.dataset, config.seed, config.data_dir,
+                                             config.sequence_length), config, workers)
+    data_dir = config.data_dir
+    fn = lambda context: source.train(data_dir, context)  # noqa: E731
+    fn.__name__ = f"--dataset={config.dataset}"
+    made = user_input.as_input(fn, config, workers, what=f"--dataset={config.dataset}")
+    made.description = f"--dataset={config.dataset} (--data_dir={data_dir})"
+    made.num_classes = source.num_classes
+    if source.eval is not None:
+        made.eval_pass, made.has_eval_split = (lambda: source.eval(data_dir)), True
+    return made
 
 
 def names() -> list[str]:
@@ -81,6 +124,12 @@ def check_settings(config, towers: int, devices_flag: str) -> tuple[int, str | N
     global batch of 128); the global batch must split into `towers` equal shards."""
     data_dir = os.path.expanduser(config.data_dir) if config.data_dir is not None else None
     check(config.dataset, data_dir)
+    if config.sequence_length is not None:
+        if not _source(config.dataset).sequenced:
+            raise ConfigError(f"--sequence_length={config.sequence_length} is set but "
+                              f"--dataset={config.dataset} has no sequences; drop it or use "
+                              "--dataset=text")
+        in_range("sequence_length", config.sequence_length, low=1)
     global_batch, per_tower = config.global_batch_size, config.batch_size_per_tower
     if global_batch is not None and per_tower is not None:
         raise ConfigError("--global_batch_size and --batch_size_per_tower are both set; "
@@ -97,8 +146,21 @@ def check_settings(config, towers: int, devices_flag: str) -> tuple[int, str | N
     return global_batch, data_dir
 
 
-def load(name: str, seed: int, data_dir: str | None = None) -> InMemoryDataset:
-    return _source(name).load(seed, data_dir)
+def sequence_length_of(config) -> int | None:
+    """--sequence_length, its default filled in for a sequenced dataset (None otherwise)."""
+    if config.sequence_length is None and _source(config.dataset).sequenced:
+        return text.DEFAULT_SEQUENCE_LENGTH
+    return config.sequence_length
 
 
-__all__ = ["InMemoryDataset", "names", "check", "check_settings", "load"]
+def load(name: str, seed: int, data_dir: str | None = None,
+         sequence_length: int | None = None) -> InMemoryDataset:
+    """`sequence_length`: of a sequenced dataset (text); None: its default."""
+    source = _source(name)
+    if source.sequenced:
+        return source.load(seed, data_dir, sequence_length)
+    return source.load(seed, data_dir)
+
+
+__all__ = ["InMemoryDataset", "names", "check", "check_settings", "load", "register",
+           "load_input", "as_input", "Input", "Batched", "Examples", "Weighted"]

@@ -31,7 +31,7 @@ scaling or synchronised batch norm; they take precedence over packing, and the
 diagnostics' sampled step keeps them, its statistics leaving those variables out) is
 decided once when the hooks are assembled (assemble.py), never in the step.
 
-Mechanisms: loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
+Mechanisms: byzantine.py (fault injection), loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
 (diagnostics), histograms.py, large_gradients.py (ordered sum, sufficient factors). Accumulation is not
 a hook but a pass wrapper (accumulation.py): it runs the whole towers' pass K times in
 a `tf.while_loop` and keeps running sums, a change of control flow around the towers

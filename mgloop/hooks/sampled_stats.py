@@ -1,6 +1,7 @@
 """`--diagnostics` as a hook of the sampled step (diagnostics.py): the towers' gradient
 statistics from what they hand the exchange (`observe`), and the replica divergence once
-every copy holds the step's update (`report`: {"stats": float32 [len(stat_names)]})."""
+every copy holds the step's update (`report`: {"stats": float32 [len(stat_names)]});
+with --byzantine_towers, then `tower_<t>/byzantine` of this worker's towers (1: altered)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ class GradientStats(Hook):
     """`leave_out`: indices of variables the statistics skip (large gradients summed at
     their homes: no tower keeps its whole gradient of them, assemble.summed_at_home)."""
 
-    def __init__(self, tower_devices: list[str], host: str, copies, leave_out=()):
+    def __init__(self, tower_devices: list[str], host: str, copies, leave_out=(),
+                 byzantine=None):
         self.tower_devices, self.host, self.copies = list(tower_devices), host, copies
         self.leave_out = set(leave_out)
-        self.names = diagnostics.stat_names(len(self.tower_devices))
+        self.byzantine = byzantine  # hooks/byzantine.py's hook, or None
+        self.names = diagnostics.stat_names(len(self.tower_devices), byzantine is not None)
         self._stats = None
 
     def observe(self, losses, grads):
@@ -29,4 +32,8 @@ class GradientStats(Hook):
         with tf.control_dependencies([done]):  # after every copy's update
             divergence = diagnostics.replica_divergence(self.copies)
         with tf.device(self.host):
-            return {"stats": tf.concat([self._stats, divergence[None]], 0)}
+            parts = [self._stats, divergence[None]]
+            if self.byzantine is not None:  # this worker's towers' entries
+                first = self.byzantine.first_tower
+                parts.append(self.byzantine.flags()[first:first + len(self.tower_devices)])
+            return {"stats": tf.concat(parts, 0)}

@@ -1,0 +1,126 @@
+"""`krum:f=` and `multikrum:f=,m=` (Blanchard et al. 2017, "Machine learning with
+adversaries: Byzantine tolerant gradient descent").
+
+On the whole gradient vector, as in the paper (a gradient is one point of R^d): x_t is
+tower t's gradient with every variable flattened and concatenated. With T towers and
+f tolerated Byzantine ones, tower i's score is the sum of the squared distances to its
+k = T - f - 2 nearest other towers:
+
+    s_i = sum_{j in N_k(i)} ||x_i - x_j||^2
+
+Krum returns the gradient of the tower with the lowest score (the lowest index on ties);
+Multi-Krum the mean of the m lowest-scoring towers' gradients (ties: lower index first),
+m = T - f by default (m=0). Needs T > 2f + 2 towers (T >= 2f + 3), refused otherwise
+before building. multikrum with f=0, m=T is the mean (summed in tower order: exact,
+error_bound None). Otherwise the result is a mean of some towers' whole gradients, so
+for each variable ||out[v] - mean[v]|| <= 2 G_v (G_v the largest ||g[t][v]||).
+Transport: gathered on tower 0 and broadcast (gather_at_root.py); the T x T distances are
+formed there (T rows of D elements each, T times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from mgloop.aggregation import register
+from mgloop.aggregation.base import Options, option
+from mgloop.aggregation.gather_at_root import GatherAtRoot, flat_rows, refuse_towers
+from mgloop.errors import ConfigError
+
+
+def squared_distances(rows: tf.Tensor) -> tf.Tensor:
+    """[T, T]: ||rows[i] - rows[j]||^2, each formed from the difference (no cancellation)."""
+    return tf.stack([tf.reduce_sum(tf.square(rows - rows[i]), axis=1)
+                     for i in range(rows.shape[0])])
+
+
+def krum_scores(distances: tf.Tensor, neighbours: int, remaining=None) -> tf.Tensor:
+    """[T]: s_i, the sum of tower i's `neighbours` smallest distances to the other towers
+    (only those in `remaining`, a [T] bool mask, if given; towers outside it score +inf)."""
+    num = distances.shape[0]
+    off = ~tf.eye(num, dtype=tf.bool)
+    if remaining is not None:
+        off = off & remaining[None, :]
+    masked = tf.where(off, distances, tf.fill(distances.shape, float("inf")))
+    scores = tf.reduce_sum(tf.sort(masked, axis=1)[:, :neighbours], axis=1)
+    if remaining is not None:
+        scores = tf.where(remaining, scores, float("inf"))
+    return scores
+
+
+def lowest(scores: tf.Tensor, m: int) -> tf.Tensor:
+    """[T] float 0/1 mask of the m lowest scores (ties: the lower index first)."""
+    order = tf.argsort(scores, stable=True)[:m]
+    return tf.scatter_nd(order[:, None], tf.ones([m]), [scores.shape[0]])
+
+
+def masked_mean(x: tf.Tensor, mask: tf.Tensor, count: int) -> tf.Tensor:
+    """(1/count) sum_t mask_t x[t], summed in tower order."""
+    shape = [-1] + [1] * (x.shape.rank - 1)
+    return tf.reduce_sum(x * tf.reshape(mask, shape), 0) * (1.0 / count)
+
+
+@dataclasses.dataclass(frozen=True)
+class KrumOptions(Options):
+    f: int = option(1, "Byzantine towers tolerated (needs towers > 2f + 2)", low=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiKrumOptions(Options):
+    f: int = option(1, "Byzantine towers tolerated (needs towers > 2f + 2)", low=0)
+    m: int = option(0, "towers averaged, those of lowest score (0: towers - f)", low=0)
+
+
+@register
+class Krum(GatherAtRoot):
+    name = "krum"
+    options_type = KrumOptions
+
+    @classmethod
+    def check(cls, request, options):
+        """Refuses (one line) fewer than 2f + 3 towers."""
+        num, f = request.num_towers, options.f
+        if num < 2 * f + 3:
+            refuse_towers(cls, request, options, f"more than 2f + 2 = {2 * f + 2} towers",
+                          f"use f <= {(num - 3) // 2} or more towers" if num >= 3
+                          else "use at least 3 towers")
+
+    @classmethod
+    def error_bound(cls, options, num_towers):
+        return 2.0 + 1e-5
+
+    def chosen_count(self) -> int:
+        return 1
+
+    def selected(self, rows: tf.Tensor) -> tf.Tensor:
+        """[T] 0/1 mask of the chosen_count() towers of lowest score."""
+        scores = krum_scores(squared_distances(rows), self.num_towers - self.options.f - 2)
+        return lowest(scores, self.chosen_count())
+
+    def combine(self, stacked):
+        mask = self.selected(flat_rows(stacked))
+        return [masked_mean(x, mask, self.chosen_count()) for x in stacked]
+
+
+@register
+class MultiKrum(Krum):
+    name = "multikrum"
+    options_type = MultiKrumOptions
+
+    @classmethod
+    def check(cls, request, options):
+        super().check(request, options)
+        if options.m > request.num_towers:
+            raise ConfigError(f"--aggregation={cls.name}:f={options.f},m={options.m}: m is "
+                              f"more than the {request.num_towers} towers; use 1 <= m <= "
+                              f"{request.num_towers} (0: towers - f)")
+
+    @classmethod
+    def error_bound(cls, options, num_towers):
+        m = options.m or num_towers - options.f
+        return None if (options.f == 0 and m == num_towers) else 2.0 + 1e-5
+
+    def chosen_count(self) -> int:
+        return self.options.m or self.num_towers - self.options.f

@@ -1,0 +1,217 @@
+"""The run's inputs that `as_input` (user_input.py) makes: what a step reads, from where.
+
+    InMemoryInput  an InMemoryDataset (the --dataset built-ins): epochs.py's (seed, step) stream
+    StreamInput    a user's tf.data pipeline, or a function of an InputContext: passes over
+                   it, cut into global batches, short batches dropped or padded (padding.py)
+    ArrayInput     arrays (x, y): a seeded permutation per epoch, cut like a stream
+
+`train_batches(start_step)` is this worker's stream of step batches from `start_step` on
+(the global step is the input position: a resumed run reads what an uninterrupted one
+reads); `eval_batches()` the eval examples once. How batches are formed: user_input.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from mgloop import staging
+from mgloop.data import epochs
+from mgloop.data import padding
+from mgloop.data.base import InMemoryDataset
+from mgloop.errors import ConfigError
+
+class Input:
+    """The run's input: `train_batches(start_step)` and `eval_batches()` (see the module)."""
+
+    description: str = ""
+    features_spec = None  # nested tf.TensorSpec of one example's features
+    labels_spec = None
+    num_classes: int | None = None
+    has_eval_split: bool = False
+    pads: bool = False  # short batches padded (padding.py)
+
+    @property
+    def input_shape(self) -> tuple | None:
+        """One example's feature shape when the features are one tensor, else None."""
+        if isinstance(self.features_spec, tf.TensorSpec):
+            return tuple(self.features_spec.shape)
+        return None
+
+    def check_model(self, model) -> None:
+        """Refuses a model the input cannot train exactly (padding with batch norm)."""
+        if self.pads:
+            padding.check_model(model)
+
+    def train_batches(self, start_step: int) -> tf.data.Dataset:
+        raise NotImplementedError
+
+    def eval_batches(self) -> tf.data.Dataset:
+        raise NotImplementedError
+
+
+def _slice_for_worker(batches: tf.data.Dataset, config, workers) -> tf.data.Dataset:
+    if workers is None or workers.num_workers == 1:
+        return batches
+    part = functools.partial(staging.worker_part, workers=workers.num_workers,
+                             index=workers.index, micro_batches=config.accumulation_steps)
+    return batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
+
+
+def _concat_steps(batches: tf.data.Dataset, steps: int) -> tf.data.Dataset:
+    """K consecutive global batches -> one step of K*B examples (every leaf alike)."""
+    if steps == 1:
+        return batches
+    merge = lambda leaf: tf.reshape(leaf, [-1, *leaf.shape[2:]])  # noqa: E731
+    return batches.batch(steps, drop_remainder=True).map(
+        lambda *parts: tf.nest.map_structure(merge, parts))
+
+
+class InMemoryInput(Input):
+    """An InMemoryDataset (today's datasets): the (seed, step) stream of epochs.py."""
+
+    has_eval_split = True
+
+    def __init__(self, dataset: InMemoryDataset, config, workers):
+        epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
+        if len(dataset.eval_y) == 0:
+            raise ConfigError(f"--dataset={dataset.name} has no eval examples, but every run "
+                              "evaluates after training (and every --eval_every steps); give "
+                              "the dataset at least one eval example")
+        self.dataset, self.config, self.workers = dataset, config, workers
+        self.description = f"--dataset={dataset.name}" if dataset.name else "an InMemoryDataset"
+        self.features_spec = tf.TensorSpec(dataset.input_shape, tf.float32)
+        self.labels_spec = tf.TensorSpec(dataset.train_y.shape[1:], tf.as_dtype(
+            dataset.train_y.dtype))
+        self.num_classes = dataset.num_classes
+
+    def train_batches(self, start_step: int) -> tf.data.Dataset:
+        c = self.config
+        batches = epochs.step_batches(self.dataset, c.global_batch_size, c.accumulation_steps,
+                                      c.seed, start_step, c.drop_remainder)
+        return _slice_for_worker(batches, c, self.workers)
+
+    def eval_batches(self) -> tf.data.Dataset:
+        return self.dataset.eval_batches(self.config.global_batch_size)
+
+
+class StreamInput(Input):
+    """A user's data: `one_pass(epoch, context)` gives one pass over it (examples or batches).
+
+    `per_worker`: the pass is this worker's data (a function of the InputContext), cut into
+    batches of B/W; else every worker reads the whole pass and keeps its slice."""
+
+    def __init__(self, description: str, one_pass, batched: bool, spec, config, workers,
+                 per_worker: bool = False, eval_pass=None):
+        self.description, self.one_pass, self.batched = description, one_pass, batched
+        self.config, self.workers, self.per_worker = config, workers, per_worker
+        self.eval_pass = eval_pass or (lambda: one_pass(None, context_for(None, config)))
+        self.features_spec, self.labels_spec = _example_spec(spec, batched)
+        self.pads = not config.drop_remainder
+        num_workers = workers.num_workers if workers is not None else 1
+        if self.pads and per_worker and num_workers > 1:
+            raise ConfigError(
+                "--drop_remainder=false with a function input_context -> Dataset on "
+                f"{num_workers} workers: each worker reads its own data, so the padding "
+                "weights (mean over the real examples of the global batch) cannot be formed; "
+                "use --drop_remainder=true or give a dataset every worker reads whole")
+
+    def _batch_size(self) -> int:
+        workers = self.workers.num_workers if self.workers is not None else 1
+        return self.config.global_batch_size // (workers if self.per_worker else 1)
+
+    def _cut(self, one_pass: tf.data.Dataset, drop: bool) -> tf.data.Dataset:
+        size = self._batch_size()
+        if self.batched:
+            return one_pass.rebatch(size, drop_remainder=drop)
+        return one_pass.batch(size, drop_remainder=drop)
+
+    def train_batches(self, start_step: int) -> tf.data.Dataset:
+        c = self.config
+        context = context_for(self.workers, c) if self.per_worker else context_for(None, c)
+        drop, size = not self.pads, self._batch_size()
+
+        def epoch(number):
+            cut = self._cut(self.one_pass(number, context), drop)
+            if drop:
+                return cut
+            return cut.map(lambda x, y: padding.pad_batch(x, y, size))
+
+        batches = tf.data.Dataset.counter().flat_map(epoch) if self.needs_epoch_number else (
+            epoch(None).repeat())
+        batches = batches.skip(start_step * c.accumulation_steps)
+        batches = _concat_steps(batches, c.accumulation_steps)
+        if not drop:
+            batches = batches.map(padding.weigh)
+        return batches if self.per_worker else _slice_for_worker(batches, c, self.workers)
+
+    needs_epoch_number = False
+
+    def eval_batches(self) -> tf.data.Dataset:
+        return self._cut(self.eval_pass(), drop=False)
+
+
+def context_for(workers, config) -> tf.distribute.InputContext:
+    """tf.distribute's InputContext of this worker (workers None: one pipeline)."""
+    num = workers.num_workers if workers is not None else 1
+    index = workers.index if workers is not None else 0
+    towers = config.global_batch_size // config.batch_size_per_tower
+    return tf.distribute.InputContext(num_input_pipelines=num, input_pipeline_id=index,
+                                      num_replicas_in_sync=towers)
+
+
+class ArrayInput(StreamInput):
+    """Arrays (x, y), nested: epoch e is the permutation argsort(uniform(seed=[seed, e]))."""
+
+    needs_epoch_number = True
+
+    def __init__(self, arrays, config, workers, what: str):
+        leaves = tf.nest.flatten(arrays)
+        counts = {len(leaf) if np.ndim(leaf) else 0 for leaf in leaves}
+        if len(counts) != 1 or 0 in counts:
+            raise ConfigError(f"{what}: arrays of {sorted(counts)} examples (leading sizes "
+                              f"{[np.shape(leaf) for leaf in leaves]}); every array of (x, y) "
+                              "needs the same number of examples along its first axis")
+        self.count = counts.pop()
+        if config.drop_remainder and self.count < config.global_batch_size:
+            raise ConfigError(f"{what}: {self.count} examples are fewer than "
+                              f"--global_batch_size={config.global_batch_size}, so with "
+                              "--drop_remainder=true no full batch fits in an epoch; use a "
+                              "smaller batch or --drop_remainder=false")
+        def tensor(leaf):  # float64 arrays become float32, as Keras's fit reads numpy
+            leaf = tf.convert_to_tensor(leaf)
+            return tf.cast(leaf, tf.float32) if leaf.dtype == tf.float64 else leaf
+        with tf.device("/device:CPU:0"):
+            self.tensors = tf.nest.map_structure(tensor, arrays)
+        spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype),
+                                     self.tensors)
+        seed = config.seed
+
+        def one_pass(epoch, context):
+            if epoch is None:  # eval: in order
+                order = tf.range(self.count, dtype=tf.int64)
+            else:
+                keys = tf.random.stateless_uniform(
+                    [self.count], seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+                order = tf.cast(tf.argsort(keys, stable=True), tf.int64)
+            return tf.data.Dataset.from_tensor_slices(order)
+
+        super().__init__("numpy arrays (x, y)", one_pass, False, spec, config, workers)
+
+    def _cut(self, one_pass, drop):
+        gather = lambda i: tf.nest.map_structure(lambda t: tf.gather(t, i), self.tensors)  # noqa
+        return one_pass.batch(self._batch_size(), drop_remainder=drop).map(gather)
+
+    def eval_batches(self):
+        return self._cut(self.one_pass(None, None), drop=False)
+
+
+def _example_spec(spec, batched: bool):
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise ConfigError(f"data: elements are {spec}; give elements (features, labels) "
+                          "(each a tensor, tuple or dict)")
+    if batched:
+        spec = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), spec)
+    return spec

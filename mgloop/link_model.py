@@ -1,0 +1,236 @@
+"""What a step's exchange would take on a real network: the alpha-beta link model.
+
+On one machine the towers share memory, so the exchange's wall-clock time says
+nothing about a network. `--link=BANDWIDTH,LATENCY` (repeatable) asks for a model
+of it instead, computed after training from the step's exact traffic counts
+(aggregation/base.py `Traffic`: bytes and messages each device sends and receives
+per step, counted while the step is traced).
+
+The model. Every device has its own full-duplex link of bandwidth B (bytes/s) and
+latency a (seconds per message), as if each tower were a machine on a switch. A
+device's sends share its outgoing direction and its receives its incoming one, the
+two directions run at once, and each message pays the latency once:
+
+    t_d = a * max(m_sent_d, m_recv_d) + max(b_sent_d, b_recv_d) / B
+    exchange time = max_d t_d
+
+For the algorithms of mgloop, with S the bytes of gradients and T towers, this is:
+
+    ring all-reduce       2(T-1) a + 2(T-1)/T * S/B   (NCCL's performance notes; per
+                          tensor or bucket, each its own ring)
+    ring all-gather       (T-1) a + (T-1)/T * S/B     (S the gathered bytes, S/T each)
+    reduce_broadcast      (T-1) a + (T-1) S/B          (tower 0 receives T-1 copies and
+                          sends T-1; its two directions overlap)
+    ps_cpu                (T-1) (k a + S/B)            (host = tower 0's CPU: it sends the
+                          k variables to T-1 towers and receives their gradients)
+
+per tensor or bucket for reduce_broadcast and the ring (k of them: k times the latency).
+
+Limits (what the model leaves out; README "The link model"):
+  * every message pays the full latency, and messages of one device are
+    sequential: collectives that a real runtime would pipeline or overlap
+    (buckets, shards, tensors) are charged one after the other;
+  * no congestion: a switch with full bisection bandwidth, each device limited by
+    its own link alone;
+  * a device's two directions overlap, even where its sends wait for its receives
+    (reduce_broadcast's root broadcasts a tensor once it has summed it): for one
+    tensor the root's true time is up to twice the model's, for many tensors the
+    broadcast of one overlaps the reduce of the next;
+  * one link for every pair of devices: inside a worker as between workers. Across
+    workers each process counts its own devices' traffic (the chief's is reported),
+    the collective between workers being 2(W-1) messages of 2(W-1)/W of its buffer
+    on the worker's copy 0 device (cross_worker.py), on top of the local stage's.
+
+The compute time beside it is measured: the median step time of the run (loops
+after the first, which traces), less the exchange timed alone in this process
+(exchange_timing.py: the in-memory exchange, its additions included), never less
+than 0. The modelled step time is compute + exchange without overlap, and
+max(compute, exchange) with perfect overlap of the exchange with the compute:
+the two bounds between which a real run falls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from mgloop.errors import ConfigError
+
+# bits per second per unit (decimal, as network links are sold); also written gbit/s, gbps
+BANDWIDTH_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+LATENCY_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+(?:/s)?)\s*")
+_EXAMPLE = "e.g. --link=10gbit,10us"
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One modelled link: `name` (its flag value, e.g. "10gbit,10us"), bandwidth, latency."""
+
+    name: str
+    bytes_per_second: float
+    latency_seconds: float
+
+    @property
+    def tag(self) -> str:
+        """The name in TensorBoard tags and tables: "10gbit_10us"."""
+        return re.sub(r"[^a-z0-9.]+", "_", self.name)
+
+
+def _quantity(text: str, units: dict[str, float], what: str, link: str) -> float:
+    match = _QUANTITY.fullmatch(text.lower())
+    unit = match and re.sub(r"bps$", "bit", re.sub(r"/s$", "", match.group(2)))
+    if not match or unit not in units:
+        raise ConfigError(f"--link={link}: {what} {text.strip()!r} is not a number with a unit "
+                          f"of {', '.join(units)} ({_EXAMPLE})")
+    return float(match.group(1)) * units[unit]
+
+
+def parse(text: str) -> Link:
+    """`BANDWIDTH,LATENCY` (e.g. "10gbit,10us") as a Link; ConfigError (one line) otherwise.
+    Bandwidth in bit/kbit/mbit/gbit/tbit per second (> 0), latency in ns/us/ms/s (>= 0)."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ConfigError(f"--link={text}: give BANDWIDTH,LATENCY ({_EXAMPLE})")
+    bits = _quantity(parts[0], BANDWIDTH_UNITS, "bandwidth", text)
+    latency = _quantity(parts[1], LATENCY_UNITS, "latency", text)
+    if bits <= 0:
+        raise ConfigError(f"--link={text}: the bandwidth must be > 0")
+    name = ",".join(p.replace(" ", "").lower() for p in parts)
+    return Link(name, bits / 8.0, latency)
+
+
+def check_settings(config) -> None:
+    """Every --link parses, and no link is given twice."""
+    names = [parse(text).name for text in config.links]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"--link={name} is given twice; give each link once")
+
+
+def traffic_of(bytes_per_device: dict, messages_per_device: dict):
+    """A Traffic from `Traffic.as_dict()` and `messages_as_dict()` (e.g. read from JSON)."""
+    from mgloop.aggregation.base import Traffic
+    traffic = Traffic()
+    for device, counts in bytes_per_device.items():
+        messages = messages_per_device.get(device, {})
+        traffic.add(device, sent=counts["sent"], received=counts["received"],
+                    messages_sent=messages.get("sent", 0),
+                    messages_received=messages.get("received", 0))
+    return traffic
+
+
+def device_seconds(traffic, link: Link) -> dict[str, float]:
+    """t_d (top of the module) of every device that sends or receives in the step."""
+    out = {}
+    for device in traffic.devices():
+        messages = max(traffic.messages_sent.get(device, 0),
+                       traffic.messages_received.get(device, 0))
+        num_bytes = max(traffic.sent.get(device, 0), traffic.received.get(device, 0))
+        out[device] = link.latency_seconds * messages + num_bytes / link.bytes_per_second
+    return out
+
+
+def exchange_seconds(traffic, link: Link) -> float:
+    """The modelled exchange time of one step: max over devices of t_d (0: no traffic)."""
+    return max(device_seconds(traffic, link).values(), default=0.0)
+
+
+def bytes_per_device(traffic) -> int:
+    """The busiest device's bytes per step, max(sent, received): what the bandwidth term
+    of the model charges (for the ring every device's, 2(T-1)/T S)."""
+    return max((max(traffic.sent.get(d, 0), traffic.received.get(d, 0))
+                for d in traffic.devices()), default=0)
+
+
+def compute_seconds(median_step_time: float | None,
+                    exchange_alone: float | None) -> float | None:
+    """The measured step time less the in-memory exchange timed alone, >= 0 (top of the
+    module); None without a measured step time. A mode without an exchange to time apart
+    (single loss) keeps its in-memory transfers in its compute."""
+    if median_step_time is None:
+        return None
+    return max(median_step_time - (exchange_alone or 0.0), 0.0)
+
+
+def dense_ring_bytes(gradient_bytes: int, num_towers: int) -> int:
+    """Bytes per device of a float32 ring all-reduce of the gradients: 2(T-1)/T of them."""
+    return 2 * (num_towers - 1) * gradient_bytes // num_towers
+
+
+def report(traffic, links, compute: float | None, gradient_bytes: int | None = None,
+           num_towers: int = 1) -> dict:
+    """summary.json's "link_model": the measured compute, the step's bytes and messages of
+    the busiest device, and per link its exchange time and the modelled step times. With
+    the float32 bytes of the trainable gradients, `compression_ratio` is the bytes per
+    device of a dense float32 ring all-reduce of them (`dense_ring_bytes`) over the
+    busiest device's counted bytes (None with one tower or no traffic): a measurement,
+    since the counts include everything the step moves (non-trainable state averaged,
+    a shared layout's parameter reads)."""
+    counted = bytes_per_device(traffic)
+    dense = (dense_ring_bytes(gradient_bytes, num_towers)
+             if gradient_bytes is not None and num_towers > 1 else None)
+    out = {"compute_seconds": compute, "bytes_per_device": counted,
+           "dense_ring_bytes_per_device": dense,
+           "compression_ratio": dense / counted if dense and counted else None,
+           "messages_per_device": max(
+               (max(traffic.messages_sent.get(d, 0), traffic.messages_received.get(d, 0))
+                for d in traffic.devices()), default=0),
+           "links": {}}
+    for link in links:
+        exchange = exchange_seconds(traffic, link)
+        out["links"][link.tag] = {
+            "bandwidth_bytes_per_second": link.bytes_per_second,
+            "latency_seconds": link.latency_seconds,
+            "exchange_seconds": exchange,
+            "step_seconds_no_overlap": None if compute is None else compute + exchange,
+            "step_seconds_overlap": None if compute is None else max(compute, exchange)}
+    return out
+
+
+def report_of_run(trainer, links, median_step_time: float | None,
+                  exchange_alone: float | None) -> dict:
+    """`report` of a trained Trainer: its aggregation's counted traffic, the --link values
+    `links`, compute from the run's median step and exchange timed alone, and the float32
+    bytes of its trainable gradients over all its towers (for the compression ratio)."""
+    return report(trainer.aggregation.traffic, [parse(text) for text in links],
+                  compute_seconds(median_step_time, exchange_alone),
+                  gradient_bytes=sum(4 * v.shape.num_elements()
+                                     for v in trainer.copies[0].trainable),
+                  num_towers=trainer.aggregation.num_towers)
+
+
+def scalars(link_report: dict) -> dict[str, float]:
+    """TensorBoard scalars of a `report`: link/compute_seconds, link/bytes_per_device,
+    link/compression_ratio and
+    link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}."""
+    values = {"link/bytes_per_device": float(link_report["bytes_per_device"])}
+    if link_report.get("compression_ratio") is not None:
+        values["link/compression_ratio"] = link_report["compression_ratio"]
+    if link_report["compute_seconds"] is not None:
+        values["link/compute_seconds"] = link_report["compute_seconds"]
+    for tag, figures in link_report["links"].items():
+        for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
+            if figures[key] is not None:
+                values[f"link/{tag}/{key}"] = figures[key]
+    return values
+
+
+def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The HParams metrics (root-run scalars) of a run with these --link values."""
+    tags = ["final/bytes_per_device", "final/compression_ratio", "final/compute_seconds"]
+    for link in map(parse, links):
+        tags += [f"final/link/{link.tag}/{key}" for key in
+                 ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")]
+    return tuple(tags)
+
+
+def final_metrics(link_report: dict) -> dict[str, float | None]:
+    """The values of `final_metric_tags` from a `report` (None: not measured)."""
+    values = {"final/bytes_per_device": float(link_report["bytes_per_device"]),
+              "final/compression_ratio": link_report.get("compression_ratio"),
+              "final/compute_seconds": link_report["compute_seconds"]}
+    for tag, figures in link_report["links"].items():
+        for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
+            values[f"final/link/{tag}/{key}"] = figures[key]
+    return values
