@@ -87,6 +87,10 @@ from mgloop.aggregation.compression import topk  # noqa: E402,F401
 from mgloop.aggregation.compression import randomk  # noqa: E402,F401
 from mgloop.aggregation.compression import threshold  # noqa: E402,F401
 from mgloop.aggregation.compression import dgc  # noqa: E402,F401
+from mgloop.aggregation.compression import qsgd  # noqa: E402,F401
+from mgloop.aggregation.compression import onebit  # noqa: E402,F401
+from mgloop.aggregation.compression import signs  # noqa: E402,F401
+from mgloop.aggregation.compression import powersgd  # noqa: E402,F401
 from mgloop.aggregation import validation  # noqa: E402
 from mgloop.aggregation.validation import check_settings  # noqa: E402
 
