@@ -31,7 +31,7 @@ def file_path(tmp_path):
 CASES = {
     "unknown aggregation": (dict(aggregation="allreduce_magic"),
                             r"^--aggregation='allreduce_magic' is not one of: .*ps_cpu.*ring"),
-    "unknown model": (dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, cnn, minigooglenet, mlp, resnet20$"),
+    "unknown model": (dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, cnn, minigooglenet, mlp, resnet20, transformer_lm$"),
     "unknown dataset": (dict(dataset="imagenet"), r"^--dataset='imagenet' is not one of"),
     "unknown optimizer": (dict(optimizer="lion"), r"^--optimizer='lion' is not one of"),
     "unknown schedule": (dict(lr_schedule="step"), r"^--lr_schedule='step' is not one of"),

@@ -142,12 +142,13 @@ def test_variants_type_errors_are_one_line(tmp_path, args, error):
 # Issue 15's rows (aggregation/transport_dtype), in the issue's order: dense ring, fp16
 # transport, top-k 1% with and without error feedback, random-k 1%, DGC 0.1%, QSGD,
 # TernGrad, signSGD, EF-signSGD, onebit, PowerSGD rank 1, 2 and 4.
-COMPRESSION_ROWS = [
-    "ring/float32", "ring/float16", "topk:ratio=0.01/float32",
-    "topk:ratio=0.01,memory=none/float32", "randomk:ratio=0.01/float32",
-    "dgc:ratio=0.001/float32", "qsgd/float32", "terngrad/float32", "signsgd/float32",
-    "efsignsgd/float32", "onebit/float32", "powersgd:rank=1/float32",
-    "powersgd:rank=2/float32", "powersgd:rank=4/float32"]
+COMPRESSION_ROWS = [  # aggregation/transport_dtype/optimizer (DGC: its own momentum)
+    f"{row}/{'sgd' if row.startswith('dgc') else 'momentum'}" for row in [
+        "ring/float32", "ring/float16", "topk:ratio=0.01/float32",
+        "topk:ratio=0.01,memory=none/float32", "randomk:ratio=0.01/float32",
+        "dgc:ratio=0.001/float32", "qsgd/float32", "terngrad/float32", "signsgd/float32",
+        "efsignsgd/float32", "onebit/float32", "powersgd:rank=1/float32",
+        "powersgd:rank=2/float32", "powersgd:rank=4/float32"]]
 
 
 def test_compression_ablation_flagfile_has_the_issue_rows_on_one_setting(monkeypatch):

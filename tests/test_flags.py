@@ -10,6 +10,7 @@ import pytest
 from absl import flags
 
 from mgloop import aggregation
+from mgloop import data
 from mgloop import flags as mgloop_flags
 from mgloop import settings
 from mgloop.config import Config
@@ -67,12 +68,15 @@ def test_flagfile_and_command_line_make_a_config(parsed, tmp_path):
 
 
 def _builtin_help(field) -> str:
-    """The field's help as a fresh process shows it: choices from a registry (the methods)
-    without what plugins registered in this test process (tests/plugins)."""
-    if field.metadata.get("choices") is not aggregation.names:
+    """The field's help as a fresh process shows it: choices from a registry (the methods,
+    the datasets) without what plugins registered in this test process (tests/plugins)."""
+    if field.metadata.get("choices") is aggregation.names:
+        builtin = [name for name in aggregation.names()
+                   if aggregation.get(name).__module__.startswith("mgloop.")]
+    elif field.metadata.get("choices") is data.names:  # registered datasets have no loader
+        builtin = [name for name in data.names() if data._source(name).load is not None]
+    else:
         return settings.help_of(field)
-    builtin = [name for name in aggregation.names()
-               if aggregation.get(name).__module__.startswith("mgloop.")]
     return field.metadata["help"].format(choices=", ".join(builtin))
 
 
