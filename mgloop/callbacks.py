@@ -24,6 +24,7 @@ import math
 from absl import logging
 
 from mgloop.errors import ConfigError
+from mgloop.thinned import Thinned
 
 
 class EarlyStopping:
@@ -64,19 +65,34 @@ class EarlyStopping:
         return False
 
 
+HISTORY_LIMIT = 1024  # records a History holds at most (~1.5 KiB each)
+
+
 class History:
     """Keeps the records {"step": s, **metrics} of the loops that evaluated and of those
     ending on a multiple of `every` steps (0: every loop), in `records`; a long run with
-    short loops keeps what its summaries keep, not one record per loop."""
+    short loops keeps what its summaries keep, not one record per loop. At most `limit`
+    records are held (thinned.py): past that, every other one is dropped and from then on
+    one record in 2, 4, ... is kept, evenly over the run, so a run of days keeps a few
+    MiB, not one record per summary window (TensorBoard has every window)."""
 
-    def __init__(self, every: int = 0):
+    def __init__(self, every: int = 0, limit: int | None = None):
         self.every = every
-        self.records: list[dict] = []
+        self._kept = Thinned(HISTORY_LIMIT if limit is None else limit)
+
+    @property
+    def records(self) -> list[dict]:
+        return self._kept.items
+
+    @property
+    def stride(self) -> int:
+        """One record in `stride` of those made is kept (1 until `limit` were made)."""
+        return self._kept.stride
 
     def __call__(self, step: int, metrics: dict) -> bool:
         if not self.every or step % self.every == 0 or any(k.startswith("eval/")
                                                            for k in metrics):
-            self.records.append({"step": step, **metrics})
+            self._kept.append({"step": step, **metrics})
         return False
 
     def of(self, name: str) -> tuple[list[int], list[float]]:

@@ -25,6 +25,10 @@ from mgloop import metrics as metrics_lib
 from mgloop.loop import LoopResult
 from mgloop.trainer import Trainer
 from mgloop.settings import in_range
+from mgloop.thinned import Thinned
+
+
+LOOP_TIMES_LIMIT = 4096  # loop times the median step time is taken over, at most
 
 
 @dataclasses.dataclass
@@ -65,7 +69,8 @@ class FitResult:
     start_step: int
     final_step: int  # train_steps, or earlier if the input ended
     train: dict[str, float]  # metrics of the last window
-    median_step_time: float | None  # seconds, over loops after the first (tracing) one
+    # seconds, over loops after the first (tracing) one (an even sample past 4096 loops)
+    median_step_time: float | None
     examples_per_sec: float | None  # over loops after the first one
     input_wait: float | None  # seconds per step, over loops after the first one
     input_wait_fraction: float | None  # input_wait / mean step time, same loops
@@ -115,7 +120,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
     new_window = functools.partial(Window, trainer.metrics)
     summary_window, log_window, steady, last = (new_window() for _ in range(4))
-    per_step_times, loop_seconds, first_loop, input_ended = [], 0.0, True, False
+    # seconds per step of each loop after the first, an even sample (thinned.py)
+    per_step_times = Thinned(LOOP_TIMES_LIMIT)
+    loop_seconds, first_loop, input_ended = 0.0, True, False
     stopped, stopped_by = False, None
     try:
         while step < train_steps:
@@ -196,7 +203,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     return FitResult(
         start_step=start, final_step=step,
         train=last.means(global_batch) if last.steps else {},
-        median_step_time=(float(np.median(per_step_times)) if per_step_times
+        median_step_time=(float(np.median(per_step_times.items)) if per_step_times
                           else (steady.seconds / steady.steps if steady.steps else None)),
         examples_per_sec=(steady.steps * global_batch / steady.seconds
                           if steady.steps and per_step_times else None),
