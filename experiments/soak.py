@@ -12,6 +12,16 @@ the run (SIGTERM to its process group, SIGKILL after 30 s) and reports, per work
 least-squares slopes over the samples after --warmup_minutes: RSS in MB per minute and
 threads per minute, with first and last values, as a table and as JSON (--json_out).
 A worker that ends before the time is up is reported with its exit code.
+
+Growth per step (KiB/step) is reported beside the slope per minute, since machines
+differ in steps per minute: steps/min is the final step (summary.json, written on
+the SIGTERM) over the minutes the run went on, start-up included, so it is a lower
+bound of the steady rate and KiB/step an upper bound of the steady growth.
+
+`--hooks=every` switches on every hook that runs per loop or per step, on top of the
+defaults (which already have diagnostics, summaries, log lines and checkpoints):
+HOOK_FLAGS below (histograms, evaluation, gradient accumulation, mixed precision
+and a stateful aggregation method, top-k with error feedback).
 """
 
 from __future__ import annotations
@@ -38,11 +48,17 @@ flags.DEFINE_string("devices", "cpu:2", "--devices of the one worker (--workers=
 flags.DEFINE_string("devices_per_worker", "cpu:1", "--devices_per_worker (--workers>1)")
 flags.DEFINE_string("logdir", None, "the run's --logdir (default: a fresh temporary folder)")
 flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+flags.DEFINE_enum("hooks", "defaults", ["defaults", "every"],
+                  "defaults: the run's default flags; every: and HOOK_FLAGS")
+
+# Every hook a run can switch on (issue 23), added by --hooks=every.
+HOOK_FLAGS = ["--histogram_every=100", "--eval_every=1000", "--accumulation_steps=2",
+              "--mixed_precision=mixed_float16", "--aggregation=topk:ratio=0.01"]
 
 
 def command(train_flags: list[str], logdir: str) -> list[str]:
     common = [f"--model={_FLAGS.model}", "--train_steps=1000000000", f"--logdir={logdir}",
-              *train_flags]
+              *(HOOK_FLAGS if _FLAGS.hooks == "every" else []), *train_flags]
     if _FLAGS.workers == 1:
         return [sys.executable, "-m", "mgloop.train", f"--devices={_FLAGS.devices}", *common]
     return [sys.executable, "-m", "mgloop.launch", f"--num_workers={_FLAGS.workers}",
@@ -94,6 +110,15 @@ def slopes(samples: list[tuple[float, int, int]], warmup: float) -> dict:
     return out
 
 
+def final_step(logdir: str) -> int | None:
+    """The step the run ended at (summary.json of the chief, written on SIGTERM)."""
+    try:
+        with open(os.path.join(logdir, "summary.json")) as handle:
+            return int(json.load(handle)["final_step"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
 def main(argv):
     train_flags = argv[1:]
     logdir = _FLAGS.logdir or tempfile.mkdtemp(prefix="mgloop-soak-")
@@ -126,21 +151,31 @@ def main(argv):
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
-    results = {"command": cmd, "minutes": _FLAGS.minutes, "warmup_minutes": _FLAGS.warmup_minutes,
+    elapsed = (time.monotonic() - began) / 60
+    steps = final_step(logdir)
+    steps_per_min = steps / elapsed if steps else None
+    results = {"command": cmd, "minutes": _FLAGS.minutes, "final_step": steps,
+               "steps_per_min": steps_per_min, "warmup_minutes": _FLAGS.warmup_minutes,
                "interval": _FLAGS.interval, "ended_early_with": ended, "log": log.name,
                "workers": [dict(worker=i, pid=pid, **slopes(samples[pid],
                                                             60 * _FLAGS.warmup_minutes))
                            for i, pid in enumerate(order)]}
+    for row in results["workers"]:
+        if steps_per_min and "rss_mb_per_min" in row:
+            row["rss_kib_per_step"] = row["rss_mb_per_min"] * 1024 / steps_per_min
     print(f"{'worker':>6} {'samples':>7} {'RSS MB first→last':>20} {'MB/min':>8} "
-          f"{'threads first→last':>19} {'threads/min':>11}")
+          f"{'KiB/step':>9} {'threads first→last':>19} {'threads/min':>11}")
     for row in results["workers"]:
         if "rss_mb_per_min" not in row:
             print(f"{row['worker']:>6} {row['samples']:>7}  (too few samples after warm-up)")
             continue
         rss, threads = row["rss_mb_first_last"], row["threads_first_last"]
         print(f"{row['worker']:>6} {row['samples']:>7} {rss[0]:>9.1f}→{rss[1]:<9.1f} "
-              f"{row['rss_mb_per_min']:>8.3f} {threads[0]:>9d}→{threads[1]:<8d} "
+              f"{row['rss_mb_per_min']:>8.3f} {row.get('rss_kib_per_step', float('nan')):>9.4f} "
+              f"{threads[0]:>9d}→{threads[1]:<8d} "
               f"{row['threads_per_min']:>11.2f}")
+    print(f"steps: {steps} in {elapsed:.1f} min ({steps_per_min or 0:.0f} steps/min, "
+          "start-up included)")
     if ended is not None:
         print(f"the run ended early with exit code {ended} (log: {log.name})")
     if _FLAGS.json_out:
