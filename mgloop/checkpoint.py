@@ -335,8 +335,9 @@ class Checkpointer:
         if not self._variables or bool(self._all_finite()):
             return
         variable = next(v for v in self._variables if not np.isfinite(v.numpy()).all())
+        name = getattr(variable, "path", variable.name)  # a method's tf.Variable has no path
         raise failures.NonFinite(
-            f"{variable.path} holds NaN or inf at step {step}, so its checkpoint is "
+            f"{name} holds NaN or inf at step {step}, so its checkpoint is "
             f"not written; the last checkpoint ({self.latest or 'none yet'}) is finite: "
             "rerun with the same --logdir and a lower --learning_rate to resume from it")
 

@@ -111,3 +111,19 @@ def test_a_checkpoint_of_non_finite_variables_is_refused(tmp_path):
                        r"ckpt-0\) is finite"):
         saver.save(1)
     assert checkpoint.checkpoint_steps(folder) == [0]
+
+
+def test_a_non_finite_method_state_is_named_in_the_refusal(tmp_path):
+    """A method's state is a plain tf.Variable (no Keras `path`): the refusal names it
+    by its TensorFlow name instead of failing on the name (issue 23's soak)."""
+    trainer = helpers.build_trainer(helpers.small_config(str(tmp_path / "run"), devices="cpu:2",
+                                                         aggregation="topk:ratio=0.25"))
+    aggregation = trainer.replicas.aggregation
+    saver = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), trainer.model,
+                                    trainer.copies[0].optimizer, trainer.global_step, keep=3,
+                                    aggregation=aggregation)
+    residual = next(v for v in aggregation.state_variables if v.dtype.is_floating)
+    residual.assign(tf.fill(residual.shape, np.inf))
+    with pytest.raises(failures.NonFinite, match=rf"^{re.escape(residual.name)} holds NaN or "
+                       r"inf at step 1, so its checkpoint is not written"):
+        saver.save(1)

@@ -184,3 +184,26 @@ def test_loss_scale_is_checkpointed_and_synced_to_every_replica(tmp_path):
     restored.sync_replicas()
     assert loss_scales(restored) == [1024.0] * 4
     assert [int(s.finite_steps.numpy()) for s in restored.loss_scales] == [7] * 4
+
+
+@pytest.mark.parametrize("method", ["topk:ratio=0.25", "powersgd:rank=1"])
+def test_a_skipped_step_leaves_the_methods_state_untouched(method, logdir):
+    """A stateful method (error-feedback residuals, PowerSGD's Q, the exchange counter)
+    under loss scaling: the overflowing step leaves every state variable bit-identical
+    (hooks/loss_scaling.py: written back after the exchange); the next, finite step
+    changes it. Before, the residual took the step's inf/NaN and sent it on forever."""
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation=method,
+                                  mixed_precision="mixed_float16")
+    trainer = helpers.build_trainer(config)
+    state = trainer.replicas.aggregation.state_variables
+    assert state, f"{method} has state to keep"
+    (x, y), = helpers.batches(1)
+    before = [v.numpy() for v in state]
+    helpers.run_batches(trainer, [(poison_tower(x, 2, 1, 30.0), y)])
+    assert loss_scales(trainer) == [SCALE / 2] * len(trainer.copies)  # the step was skipped
+    for v, b in zip(state, before):
+        np.testing.assert_array_equal(v.numpy(), b, err_msg=v.name)
+    helpers.run_batches(trainer, [(x, y)])
+    after = [v.numpy() for v in state]
+    assert all(np.isfinite(a).all() for a in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(after, before))

@@ -5,6 +5,15 @@ with, on its own device, once per step (`step_scope`); differentiates S * loss_u
 (`scale_loss`) and divides its gradients by S (`unscale`). `may_apply` agrees
 all_finite = AND_u finite_u on the host, sends it to every copy, and guards each copy's
 update with it (`DynamicLossScale.apply_if_finite`: skipped, the scale halved).
+
+A skipped step leaves the method's state as it was too: `may_apply` reads every
+state variable of the aggregation (error-feedback residuals, PowerSGD's Q, DGC's
+momenta, exchange counters, stale buffers) before the exchange, on its own device,
+and `after_exchange` writes back v <- where(all_finite, v, v_before): one read and one
+write of the state per step, only with loss scaling. Without it, a non-finite
+gradient left inf or NaN in a residual that every later step sent on (issue 23's
+soak: a NaN residual at the first checkpoint). State a method changes after the
+update (`after_update`: local SGD's and DiLoCo's synchronisation) is not rolled back.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ class LossScaling(Hook):
         self.units, self.copy_of_unit = list(unit_devices), list(copy_of_unit)
         self.copy_devices = list(copy_devices)
         self._read: list[tf.Tensor] = []  # this step's S on each unit
+        # this step's all_finite on copy 0's device and the method's state before the exchange
+        self._finite: tf.Tensor | None = None
+        self._state_before: list[tuple[tf.Variable, tf.Tensor]] = []
 
     @contextlib.contextmanager
     def step_scope(self):
@@ -42,10 +54,25 @@ class LossScaling(Hook):
 
     def may_apply(self, grads):
         finite = precision.agree_finite(grads, self.units, self.aggregation, self.copy_devices)
+        self._finite = finite[0]
+        self._state_before = []
+        for v in self.aggregation.state_variables:  # read before the exchange writes it
+            with tf.device(v.device):
+                self._state_before.append((v, tf.identity(v.read_value())))
 
         def guard(copy: int, update) -> None:
             self.scales[copy].apply_if_finite(finite[copy], update)
         return guard
+
+    def after_exchange(self, grads) -> list:
+        """On a skipped step, every state variable of the method takes back its value
+        from before the exchange (the exchange has run: its writes come first)."""
+        kept = []
+        for v, before in self._state_before:
+            with tf.device(v.device):
+                kept.append(v.assign(tf.where(self._finite, v.read_value(), before)).op)
+        self._state_before = []
+        return kept
 
     def current(self) -> float:
         """The scale now (the same on every copy)."""
