@@ -21,7 +21,8 @@ bound of the steady rate and KiB/step an upper bound of the steady growth.
 `--hooks=every` switches on every hook that runs per loop or per step, on top of the
 defaults (which already have diagnostics, summaries, log lines and checkpoints):
 HOOK_FLAGS below (histograms, evaluation, gradient accumulation, mixed precision
-and a stateful aggregation method, top-k with error feedback).
+and a stateful aggregation method, top-k with error feedback; mixed_bfloat16 with
+several workers, where mixed_float16 is refused).
 """
 
 from __future__ import annotations
@@ -51,14 +52,22 @@ flags.DEFINE_string("json_out", None, "also write the results here as JSON")
 flags.DEFINE_enum("hooks", "defaults", ["defaults", "every"],
                   "defaults: the run's default flags; every: and HOOK_FLAGS")
 
-# Every hook a run can switch on (issue 23), added by --hooks=every.
+# Every hook a run can switch on (issue 23), added by --hooks=every; across workers
+# mixed_bfloat16 (mgloop refuses mixed_float16's loss scaling across workers).
 HOOK_FLAGS = ["--histogram_every=100", "--eval_every=1000", "--accumulation_steps=2",
-              "--mixed_precision=mixed_float16", "--aggregation=topk:ratio=0.01"]
+              "--aggregation=topk:ratio=0.01"]
+
+
+def hook_flags() -> list[str]:
+    if _FLAGS.hooks != "every":
+        return []
+    precision = "mixed_float16" if _FLAGS.workers == 1 else "mixed_bfloat16"
+    return HOOK_FLAGS + [f"--mixed_precision={precision}"]
 
 
 def command(train_flags: list[str], logdir: str) -> list[str]:
     common = [f"--model={_FLAGS.model}", "--train_steps=1000000000", f"--logdir={logdir}",
-              *(HOOK_FLAGS if _FLAGS.hooks == "every" else []), *train_flags]
+              *hook_flags(), *train_flags]
     if _FLAGS.workers == 1:
         return [sys.executable, "-m", "mgloop.train", f"--devices={_FLAGS.devices}", *common]
     return [sys.executable, "-m", "mgloop.launch", f"--num_workers={_FLAGS.workers}",
