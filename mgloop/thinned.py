@@ -12,7 +12,7 @@ sample of the run. TensorBoard keeps the full-resolution scalars.
 
 from __future__ import annotations
 
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -38,9 +38,6 @@ class Thinned(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.items)
-
-    def __iter__(self) -> Iterator[T]:
-        return iter(self.items)
 
     def __bool__(self) -> bool:
         return bool(self.items)

@@ -9,8 +9,8 @@ update with it (`DynamicLossScale.apply_if_finite`: skipped, the scale halved).
 A skipped step leaves the method's state as it was too: `may_apply` reads every
 state variable of the aggregation (error-feedback residuals, PowerSGD's Q, DGC's
 momenta, exchange counters, stale buffers) before the exchange, on its own device,
-and `after_exchange` writes back v <- where(all_finite, v, v_before): one read and one
-write of the state per step, only with loss scaling. Without it, a non-finite
+and `after_exchange` writes v_before back when not all_finite (one `tf.cond`): a read of
+the state per step and a write only on a skipped step, only with loss scaling. Without it, a non-finite
 gradient left inf or NaN in a residual that every later step sent on (issue 23's
 soak: a NaN residual at the first checkpoint). State a method changes after the
 update (`after_update`: local SGD's and DiLoCo's synchronisation) is not rolled back.
@@ -58,7 +58,7 @@ class LossScaling(Hook):
         self._state_before = []
         for v in self.aggregation.state_variables:  # read before the exchange writes it
             with tf.device(v.device):
-                self._state_before.append((v, tf.identity(v.read_value())))
+                self._state_before.append((v, v.read_value()))
 
         def guard(copy: int, update) -> None:
             self.scales[copy].apply_if_finite(finite[copy], update)
@@ -67,12 +67,16 @@ class LossScaling(Hook):
     def after_exchange(self, grads) -> list:
         """On a skipped step, every state variable of the method takes back its value
         from before the exchange (the exchange has run: its writes come first)."""
-        kept = []
-        for v, before in self._state_before:
-            with tf.device(v.device):
-                kept.append(v.assign(tf.where(self._finite, v.read_value(), before)).op)
-        self._state_before = []
-        return kept
+        before, self._state_before = self._state_before, []
+        if not before:
+            return []
+
+        def restore():
+            for v, value in before:
+                with tf.device(v.device):
+                    v.assign(value)
+            return tf.constant(True)
+        return [tf.cond(self._finite, lambda: tf.constant(False), restore)]
 
     def current(self) -> float:
         """The scale now (the same on every copy)."""
