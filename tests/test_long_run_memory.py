@@ -38,7 +38,7 @@ from mgloop import callbacks, controller
 from mgloop.thinned import Thinned
 from tests import helpers
 
-WARMUP_STEPS, MEASURED_STEPS, STEPS_PER_LOOP = 200, 240, 2
+WARMUP_STEPS, MEASURED_STEPS, STEPS_PER_LOOP = 60, 160, 2
 END = WARMUP_STEPS + MEASURED_STEPS
 # tracemalloc sees only what is allocated once it runs: it starts TRACED_BEFORE steps
 # before the measured loops, so the objects a loop replaces (its windows, the last
