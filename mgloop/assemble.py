@@ -31,6 +31,7 @@ from mgloop import staging as staging_lib
 from mgloop import sync_batch_norm
 from mgloop import training_spec
 from mgloop.aggregation import Aggregation
+from mgloop.aggregation.nodes import NodeLevel
 from mgloop.config import Config
 from mgloop.hooks import Hook, Hooks, tape_gradients
 from mgloop.hooks.byzantine import ByzantineTowers
@@ -121,7 +122,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         byzantine = ByzantineTowers(
             byzantine_lib.parse_attack(config.attack), config.byzantine_towers,
             config.byzantine_choice, config.seed, replicas.global_step, first_tower,
-            replicas.num_towers * replicas.num_workers, aggregation.devices.host)
+            replicas.num_towers * replicas.num_workers, aggregation.devices.host,
+            aggregation.nodes.per_node if isinstance(aggregation, NodeLevel) else 1)
         common.append(byzantine)
     loss_scaling = precision.uses_loss_scaling(config.mixed_precision)
     if loss_scaling:

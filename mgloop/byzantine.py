@@ -72,7 +72,7 @@ def parse_attack(spec: str) -> Attack:
     return Attack(name, values)
 
 
-def check_settings(config, num_towers: int) -> None:
+def check_settings(config, num_towers: int, unit: str = "towers") -> None:
     """Refuses fault-injection settings that cannot apply (k outside 0..towers-1, an attack
     or choice given without towers to alter, a method with no per-tower gradients)."""
     choice("byzantine_choice", config.byzantine_choice, CHOICES)
@@ -90,7 +90,7 @@ def check_settings(config, num_towers: int) -> None:
         return
     if not 0 < k < num_towers:
         raise ConfigError(f"--byzantine_towers={k} is out of range: must be 0 (off) or "
-                          f"1 <= k < {num_towers}, the towers of the run, so that one stays "
+                          f"1 <= k < {num_towers}, the {unit} of the run, so that one stays "
                           "honest")
     if aggregation.get(config.aggregation).single_loss:
         raise ConfigError(f"--byzantine_towers={k} with --aggregation={config.aggregation}, "

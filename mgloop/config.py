@@ -17,6 +17,7 @@ import dataclasses
 from mgloop import accumulation
 from mgloop import byzantine
 from mgloop import aggregation
+from mgloop.aggregation import nodes as node_level
 from mgloop.aggregation import packing
 from mgloop import checkpoint
 from mgloop import cluster
@@ -71,6 +72,18 @@ class Config:
     transport_dtype: str = setting(
         "float32", "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
         "accumulated in float32", choices=TRANSPORT_DTYPES, hparam=True)
+    nodes: int = setting(
+        1, "N: split one process's towers into N simulated nodes (contiguous, node-major; "
+        "must divide the towers); with several workers each worker is a node",
+        hparam=True)
+    method_at: str = setting(
+        "auto", "{choices}: whether --aggregation sees one gradient per node (each node's "
+        "exact mean, summed by --within_node) or one per tower; auto: nodes when --nodes > 1",
+        choices=node_level.METHOD_AT, hparam=True)
+    within_node: str = setting(
+        node_level.DIRECT, "how a node sums its towers before the method between "
+        "nodes: reduce (every tower sends to the node's first, which adds in tower order) or "
+        "an exact replicated method's name (e.g. ring, collective)", hparam=True)
     ordered_sum_bytes: int = setting(
         ordered_sum.DEFAULT_MIN_BYTES, "shared layout (ps_*) on logical CPU towers: the "
         "gradients of each variable of at least this many bytes are summed tower by tower, "
@@ -241,7 +254,10 @@ class Config:
         towers = request.num_towers * (workers.num_workers if workers else 1)
         # --plugin modules loaded, then the method, its options and what combines with it
         aggregation.check_settings(self, request, workers)
-        byzantine.check_settings(self, towers)
+        if node_level.method_at_nodes(self, workers.num_workers if workers else 1):
+            byzantine.check_settings(self, self.nodes, "nodes (the method is between nodes)")
+        else:
+            byzantine.check_settings(self, towers)
         for module in (models, controller, optim, staging, accumulation, precision,
                        sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
                        link_model):

@@ -86,9 +86,10 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     config asks for (assemble.py) and the staging. `loss_fn`, `metrics`, `optimizer`:
     None takes the compiled model's, else mgloop's defaults (training_spec.py).
 
-    With several workers, the aggregation is wrapped in the cross-worker stage."""
+    With --nodes=N > 1 the method runs between the nodes (aggregation/nodes.py); with
+    several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
-    method = aggregation.make(config.aggregation, device_set, config.transport_dtype)
+    method = aggregation.nodes.make(config, device_set, aggregation.make)
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
     return assemble.build(model_fn, loss_fn, method,

@@ -26,6 +26,19 @@ For the algorithms of mgloop, with S the bytes of gradients and T towers, this i
 
 per tensor or bucket for reduce_broadcast and the ring (k of them: k times the latency).
 
+Two tiers. `--link=within:100gbit,2us --link=between:10gbit,50us` models the links
+inside a node and between nodes apart (the traffic counts each send as within or
+between nodes, aggregation/traffic.py; aggregation/nodes.py): one figure per
+`between` link, each with the one `within` link,
+
+    exchange time = max_d t_d(within traffic, within link)
+                    + max_d t_d(between traffic, between link)
+
+the intra-node stage and the inter-node stage one after the other: the node-level
+exchange (nodes.py) sums inside the node, then exchanges between nodes, then
+broadcasts inside the node, so no method's stages overlap there. An untiered
+`--link=B,L` still charges every send alike.
+
 Limits (what the model leaves out; README "The link model"):
   * every message pays the full latency, and messages of one device are
     sequential: collectives that a real runtime would pipeline or overlap
@@ -54,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from mgloop.aggregation.traffic import TIERS
 from mgloop.errors import ConfigError
 
 # bits per second per unit (decimal, as network links are sold); also written gbit/s, gbps
@@ -70,11 +84,13 @@ class Link:
     name: str
     bytes_per_second: float
     latency_seconds: float
+    tier: str | None = None  # "within" or "between" a node; None: every send
 
     @property
     def tag(self) -> str:
-        """The name in TensorBoard tags and tables: "10gbit_10us"."""
-        return re.sub(r"[^a-z0-9.]+", "_", self.name)
+        """The name in TensorBoard tags and tables: "10gbit_10us", "between_10gbit_50us"."""
+        tag = re.sub(r"[^a-z0-9.]+", "_", self.name)
+        return f"{self.tier}_{tag}" if self.tier else tag
 
 
 def _quantity(text: str, units: dict[str, float], what: str, link: str) -> float:
@@ -87,8 +103,12 @@ def _quantity(text: str, units: dict[str, float], what: str, link: str) -> float
 
 
 def parse(text: str) -> Link:
-    """`BANDWIDTH,LATENCY` (e.g. "10gbit,10us") as a Link; ConfigError (one line) otherwise.
-    Bandwidth in bit/kbit/mbit/gbit/tbit per second (> 0), latency in ns/us/ms/s (>= 0)."""
+    """`[within:|between:]BANDWIDTH,LATENCY` (e.g. "10gbit,10us", "between:10gbit,50us") as
+    a Link; ConfigError (one line) otherwise. Bandwidth in bit/kbit/mbit/gbit/tbit per
+    second (> 0), latency in ns/us/ms/s (>= 0)."""
+    tier, _, rest = text.partition(":")
+    if rest and tier.strip().lower() in TIERS:
+        return dataclasses.replace(parse(rest), tier=tier.strip().lower())
     parts = text.split(",")
     if len(parts) != 2:
         raise ConfigError(f"--link={text}: give BANDWIDTH,LATENCY ({_EXAMPLE})")
@@ -101,11 +121,24 @@ def parse(text: str) -> Link:
 
 
 def check_settings(config) -> None:
-    """Every --link parses, and no link is given twice."""
-    names = [parse(text).name for text in config.links]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError(f"--link={name} is given twice; give each link once")
+    """Every --link parses, no link is given twice, and tiered links come as one within
+    link and at least one between link."""
+    links = [parse(text) for text in config.links]
+    tags = [link.tag for link in links]
+    for link in links:
+        if tags.count(link.tag) > 1:
+            raise ConfigError(f"--link={link.name} is given twice; give each link once")
+    within = [link for link in links if link.tier == "within"]
+    between = [link for link in links if link.tier == "between"]
+    if len(within) > 1:
+        raise ConfigError(f"--link=within: is given {len(within)} times; give one link inside "
+                          "a node (several --link=between: are allowed)")
+    if between and not within:
+        raise ConfigError("--link=between:... needs the link inside a node too: add "
+                          "--link=within:BANDWIDTH,LATENCY (e.g. within:100gbit,2us)")
+    if within and not between:
+        raise ConfigError(f"--link=within:{within[0].name} needs a link between nodes: add "
+                          "--link=between:BANDWIDTH,LATENCY (e.g. between:10gbit,50us)")
 
 
 def traffic_of(bytes_per_device: dict, messages_per_device: dict):
@@ -158,8 +191,30 @@ def dense_ring_bytes(gradient_bytes: int, num_towers: int) -> int:
     return 2 * (num_towers - 1) * gradient_bytes // num_towers
 
 
+def tiered_exchange_seconds(traffic, within: Link, between: Link) -> float:
+    """The two-tier model (top of the module): the within stage, then the between stage."""
+    return (exchange_seconds(traffic.tier("within"), within)
+            + exchange_seconds(traffic.tier("between"), between))
+
+
+def tiers_report(traffic, gradient_bytes: int | None, num_nodes: int) -> dict:
+    """summary.json's "link_model/tiers": per tier ("within", "between" nodes) and kind
+    ("gradient", "state") the busiest device's bytes and messages per step and the bytes
+    all devices send; `compression_ratio_between` is a float32 ring all-reduce's bytes
+    per node of the gradients among the `num_nodes` nodes (`dense_ring_bytes`) over the
+    busiest device's gradient bytes between nodes (None with one node or none sent)."""
+    out = traffic.tiers_as_dict()
+    counted = out["between"]["gradient"]["bytes_per_device"]
+    dense = (dense_ring_bytes(gradient_bytes, num_nodes)
+             if gradient_bytes is not None and num_nodes > 1 else None)
+    out["nodes"] = num_nodes
+    out["dense_ring_bytes_between"] = dense
+    out["compression_ratio_between"] = dense / counted if dense and counted else None
+    return out
+
+
 def report(traffic, links, compute: float | None, gradient_bytes: int | None = None,
-           num_towers: int = 1) -> dict:
+           num_towers: int = 1, num_nodes: int = 1) -> dict:
     """summary.json's "link_model": the measured compute, the step's bytes and messages of
     the busiest device, and per link its exchange time and the modelled step times. With
     the float32 bytes of the trainable gradients, `compression_ratio` is the bytes per
@@ -176,12 +231,20 @@ def report(traffic, links, compute: float | None, gradient_bytes: int | None = N
            "messages_per_device": max(
                (max(traffic.messages_sent.get(d, 0), traffic.messages_received.get(d, 0))
                 for d in traffic.devices()), default=0),
+           "tiers": tiers_report(traffic, gradient_bytes, num_nodes),
            "links": {}}
+    within = next((link for link in links if link.tier == "within"), None)
     for link in links:
-        exchange = exchange_seconds(traffic, link)
+        if link.tier == "within":
+            continue  # charged with every between link
+        if link.tier == "between":
+            exchange = tiered_exchange_seconds(traffic, within, link)
+        else:
+            exchange = exchange_seconds(traffic, link)
         out["links"][link.tag] = {
             "bandwidth_bytes_per_second": link.bytes_per_second,
             "latency_seconds": link.latency_seconds,
+            "within": None if link.tier is None else within.name,
             "exchange_seconds": exchange,
             "step_seconds_no_overlap": None if compute is None else compute + exchange,
             "step_seconds_overlap": None if compute is None else max(compute, exchange)}
@@ -197,7 +260,15 @@ def report_of_run(trainer, links, median_step_time: float | None,
                   compute_seconds(median_step_time, exchange_alone),
                   gradient_bytes=sum(4 * v.shape.num_elements()
                                      for v in trainer.copies[0].trainable),
-                  num_towers=trainer.aggregation.num_towers)
+                  num_towers=trainer.aggregation.num_towers,
+                  num_nodes=num_nodes(trainer.aggregation))
+
+
+def num_nodes(aggregation) -> int:
+    """The nodes of a run: its workers (each a node), else those of --nodes."""
+    if aggregation.cluster is not None:
+        return aggregation.cluster.num_workers
+    return len(set(aggregation.traffic.node_of.values())) or 1
 
 
 def scalars(link_report: dict) -> dict[str, float]:
@@ -205,6 +276,14 @@ def scalars(link_report: dict) -> dict[str, float]:
     link/compression_ratio and
     link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}."""
     values = {"link/bytes_per_device": float(link_report["bytes_per_device"])}
+    tiers = link_report.get("tiers", {})
+    for tier in TIERS:
+        for kind, counts in tiers.get(tier, {}).items():
+            values[f"link/{tier}/{kind}_bytes_per_device"] = float(counts["bytes_per_device"])
+            values[f"link/{tier}/{kind}_messages_per_device"] = float(
+                counts["messages_per_device"])
+    if tiers.get("compression_ratio_between") is not None:
+        values["link/between/compression_ratio"] = tiers["compression_ratio_between"]
     if link_report.get("compression_ratio") is not None:
         values["link/compression_ratio"] = link_report["compression_ratio"]
     if link_report["compute_seconds"] is not None:
@@ -218,8 +297,11 @@ def scalars(link_report: dict) -> dict[str, float]:
 
 def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The HParams metrics (root-run scalars) of a run with these --link values."""
-    tags = ["final/bytes_per_device", "final/compression_ratio", "final/compute_seconds"]
+    tags = ["final/bytes_per_device", "final/compression_ratio", "final/compute_seconds",
+            "final/between/gradient_bytes_per_device", "final/between/compression_ratio"]
     for link in map(parse, links):
+        if link.tier == "within":
+            continue
         tags += [f"final/link/{link.tag}/{key}" for key in
                  ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")]
     return tuple(tags)
@@ -229,7 +311,11 @@ def final_metrics(link_report: dict) -> dict[str, float | None]:
     """The values of `final_metric_tags` from a `report` (None: not measured)."""
     values = {"final/bytes_per_device": float(link_report["bytes_per_device"]),
               "final/compression_ratio": link_report.get("compression_ratio"),
-              "final/compute_seconds": link_report["compute_seconds"]}
+              "final/compute_seconds": link_report["compute_seconds"],
+              "final/between/gradient_bytes_per_device": float(
+                  link_report["tiers"]["between"]["gradient"]["bytes_per_device"]),
+              "final/between/compression_ratio": link_report["tiers"][
+                  "compression_ratio_between"]}
     for tag, figures in link_report["links"].items():
         for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
             values[f"final/link/{tag}/{key}"] = figures[key]

@@ -45,11 +45,17 @@ def _sum_in_tower_order(aggregation: Aggregation, values: Sequence[tf.Tensor],
 
 def combine(aggregation: Aggregation, states: list[list[tf.Tensor]],
             copies: list[VariableCopy], tower_devices: Sequence[str]) -> list[list[tf.Tensor]]:
-    """Per copy, the values its non-trainable variables take after the step.
+    """Per copy, the values its non-trainable variables take after the step (their sends
+    counted as state in the traffic).
 
     `states[t]`: tower t's returned values (on its device), in the order of
     `copies[0].non_trainable`.
     """
+    with aggregation.traffic.counting_state():
+        return _combine(aggregation, states, copies, tower_devices)
+
+
+def _combine(aggregation, states, copies, tower_devices):
     first = copies[0].non_trainable
     if not first:
         return [[] for _ in copies]

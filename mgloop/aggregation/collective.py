@@ -58,9 +58,11 @@ class _AllReduceKernel(Aggregation):
     def record_ring_traffic(self, value: tf.Tensor) -> None:
         num = self.num_towers
         num_bytes = value.shape.num_elements() * value.dtype.size * 2 * (num - 1) // num
+        tier = self.traffic.tier_of([canonical(d) for d in self.devices.towers])
         for device in self.devices.towers:
             self.traffic.add(canonical(device), sent=num_bytes, received=num_bytes,
-                             messages_sent=2 * (num - 1), messages_received=2 * (num - 1))
+                             messages_sent=2 * (num - 1), messages_received=2 * (num - 1),
+                             tier=tier)
 
     def reduce(self, tower_values, variables, average=True):
         if self.num_towers == 1:

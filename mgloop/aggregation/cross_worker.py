@@ -28,6 +28,7 @@ builds and traces the same functions in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import tensorflow as tf
@@ -99,17 +100,28 @@ class CrossWorker(Aggregation):
                 instance_key=next(_INSTANCE_KEYS), ordering_token=[self.ordering_token.handle],
                 merge_op="Add", final_op="Id", communication_hint="auto")
 
-    def all_workers_sum_packed(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
+    def all_workers_sum_packed(self, values: list[tf.Tensor],
+                               num_state: int = 0) -> list[tf.Tensor]:
         """sum over workers of each of `values`, on the copy 0 device: one collective per
-        dtype, each counted as 2(W-1)/W of its bytes sent and received by this worker."""
+        dtype, each counted as 2(W-1)/W of its bytes sent and received by this worker,
+        between nodes (each worker is a node); the bytes of the last `num_state` values
+        (the step's metrics) as state, the messages with the gradients."""
         workers = self.cluster.num_workers
         buckets = packing.plan_by_dtype(values)
         totals = []
-        for flat in packing.pack(values, buckets, self.device):
-            num_bytes = flat.shape.num_elements() * flat.dtype.size * 2 * (workers - 1) // workers
-            self.traffic.add(canonical(self.device), sent=num_bytes, received=num_bytes,
-                             messages_sent=2 * (workers - 1),
-                             messages_received=2 * (workers - 1))
+        for bucket, flat in zip(buckets, packing.pack(values, buckets, self.device)):
+            state = sum(values[i].shape.num_elements() for i in bucket
+                        if i >= len(values) - num_state)
+            elements = flat.shape.num_elements()
+            for kind_elements, is_state in ((elements - state, False), (state, True)):
+                if kind_elements == 0 and (is_state or state == 0):
+                    continue
+                num_bytes = kind_elements * flat.dtype.size * 2 * (workers - 1) // workers
+                messages = 0 if is_state and state < elements else 2 * (workers - 1)
+                with (self.traffic.counting_state() if is_state else contextlib.nullcontext()):
+                    self.traffic.add(canonical(self.device), sent=num_bytes,
+                                     received=num_bytes, messages_sent=messages,
+                                     messages_received=messages, tier="between")
             totals.append(self.all_workers_sum(flat))
         return packing.unpack(totals, buckets, [v.shape for v in values], self.device)
 
@@ -119,7 +131,7 @@ class CrossWorker(Aggregation):
     def reduce_with_metrics(self, tower_values, variables, average, metrics):
         """Local sums and this worker's `metrics` in one collective (per dtype) between workers."""
         local_sums = self.local.reduce(tower_values, variables, average=False)[0]
-        summed = self.all_workers_sum_packed(list(local_sums) + list(metrics))
+        summed = self.all_workers_sum_packed(list(local_sums) + list(metrics), len(metrics))
         with tf.device(self.device):
             totals = [self.scale(total, average) for total in summed[:len(local_sums)]]
         out = [totals]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 from mgloop import aggregation as registry
+from mgloop.aggregation import nodes
 from mgloop.aggregation.base import SHARED, Aggregation, Options
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
@@ -62,7 +63,14 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
     if getattr(config, "deterministic", False) and not method.reproducible(options):
         raise ConfigError(f"{mode} reads a clock, which --deterministic forbids; use "
                           "--nodeterministic or options that draw from a seed")
-    method.check(request, options)
+    participants = nodes.check_settings(config, request, workers)  # one per node, or tower
+    try:
+        method.check(participants, options)
+    except ConfigError as error:
+        if participants is request:
+            raise
+        raise ConfigError(f"{error} (at --method_at=nodes the method's towers are the "
+                          f"{participants.num_towers} nodes of --nodes)") from None
     optimizer = getattr(config, "optimizer", "sgd")
     if method.applies_momentum(options) and isinstance(optimizer, str) and optimizer != "sgd":
         raise ConfigError(f"{mode} applies momentum itself, so --optimizer={optimizer} would "

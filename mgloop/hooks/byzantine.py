@@ -22,11 +22,17 @@ _STREAM = 0x62797a  # keeps the attack's random streams apart from any other use
 
 
 class ByzantineTowers(Hook):
+    """`towers_per_unit` > 1 (the method between nodes, aggregation/nodes.py): the
+    attackers are `count` of the nodes, every tower of an attacking node alters its
+    gradient alike (the same noise draw per node), so the node's mean is the attack's."""
+
     def __init__(self, attack: Attack, count: int, choice: str, seed: int, global_step,
-                 first_tower: int, total_towers: int, host: str):
+                 first_tower: int, total_towers: int, host: str, towers_per_unit: int = 1):
         self.attack, self.count, self.random = attack, count, choice == "random"
         self.seed, self.global_step, self.host = seed, global_step, host
         self.first_tower, self.total_towers = first_tower, total_towers
+        self.per_unit = towers_per_unit
+        self.total_units = total_towers // towers_per_unit
         self._step = None
         self._flags = None
 
@@ -34,17 +40,18 @@ class ByzantineTowers(Hook):
     def step_scope(self):
         with tf.device(self.host):
             self._step = tf.cast(self.global_step.read_value(), tf.int64)
-            if self.random:  # the k first of a seeded permutation of the towers
-                keys = tf.random.stateless_uniform([self.total_towers], self._seed(-1))
+            if self.random:  # the k first of a seeded permutation of the units
+                keys = tf.random.stateless_uniform([self.total_units], self._seed(-1))
                 rank = tf.argsort(tf.argsort(keys))
                 self._flags = tf.cast(rank < self.count, tf.float32)
             else:
-                self._flags = tf.constant([1.0 if t < self.count else 0.0
-                                           for t in range(self.total_towers)])
+                self._flags = tf.constant([1.0 if u < self.count else 0.0
+                                           for u in range(self.total_units)])
         yield
 
     def flags(self) -> tf.Tensor:
-        return self._flags
+        """[W*T] 0/1 per tower (a node's flag repeated over its towers)."""
+        return tf.repeat(self._flags, self.per_unit) if self.per_unit > 1 else self._flags
 
     def _seed(self, *data: int) -> tf.Tensor:
         seed = tf.stack([tf.constant(self.seed, tf.int64), self._step])
@@ -53,13 +60,13 @@ class ByzantineTowers(Hook):
         return seed
 
     def unscale(self, t, grads):
-        tower = self.first_tower + t
-        if not self.random and tower >= self.count:
+        unit = (self.first_tower + t) // self.per_unit
+        if not self.random and unit >= self.count:
             return grads  # an honest tower: nothing traced
-        altered = [None if g is None else self._alter(g, tower, i) for i, g in enumerate(grads)]
+        altered = [None if g is None else self._alter(g, unit, i) for i, g in enumerate(grads)]
         if not self.random:
             return altered
-        chosen = self._flags[tower] > 0.5
+        chosen = self._flags[unit] > 0.5
         return [g if a is None else tf.where(chosen, tf.convert_to_tensor(a),
                                              tf.convert_to_tensor(g))
                 for g, a in zip(grads, altered)]

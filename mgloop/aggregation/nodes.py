@@ -1,0 +1,271 @@
+"""Nodes: the method under study between simulated nodes, an exact sum within each.
+
+A run has N nodes of T_n = T/N towers each, contiguous and node-major (node n holds
+towers n T_n .. (n+1) T_n - 1, as workers hold theirs); `--nodes=N` splits one
+process's towers so. With `--method_at=nodes` (the default when N > 1) a step's
+exchange has three stages:
+
+    1. within node n, onto its leader (tower n T_n):
+           s_n[v] = sum_{t in n} g[t][v]          by `--within_node`: `reduce` sends every
+                                                 tower's gradient to the leader, which adds
+                                                 them in tower order; an exact method's name
+                                                 runs that method on the node's towers
+           m_n[v] = s_n[v] / T_n                  the node's exact mean
+    2. between the nodes: the method under study, made on the N leaders as its towers,
+           out_n = method.reduce([m_0 .. m_{N-1}])   on leader n (or its shared copy)
+       so every compressor, its error feedback, local steps, staleness, dropping and every
+       robust aggregator act on one gradient per node, with their state per node.
+    3. within node n: out_n sent from the leader to the node's other towers.
+
+With equal shards, (1/N) sum_n m_n = (1/T) sum_t g[t]: an exact method gives every
+tower's mean (within float32 rounding of the two-stage sum), a lossy one its own output
+on N node gradients, exactly what it gives N towers that each compute a node's shard.
+`--grad_reduce=sum`: the method still sees node means; its output is multiplied by T.
+A method whose copies differ between synchronisations (local SGD, DiLoCo) keeps one copy
+per node: after its synchronisation (its `due()`) every tower of node n takes the
+leader's parameters and optimizer slots (3. again, counted the same way).
+
+`--method_at=towers` keeps the method over every tower; N then only says which sends
+cross a node boundary. Either way every send is counted within or between nodes
+(traffic.py), the host CPU counting as node 0's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from mgloop.aggregation import local_steps
+from mgloop.aggregation.base import CAPABILITIES, REPLICATED, SHARED, Aggregation, canonical
+from mgloop.devices import DeviceSet
+from mgloop.towers import backing
+
+METHOD_AT = ("auto", "nodes", "towers")
+DIRECT = "reduce"  # --within_node's default: every tower sends to the leader
+
+
+@dataclasses.dataclass(frozen=True)
+class Nodes:
+    """N nodes over `towers` (contiguous, node-major) and the host (node 0's)."""
+
+    towers: tuple[str, ...]
+    count: int
+    host: str
+
+    @property
+    def per_node(self) -> int:
+        return len(self.towers) // self.count
+
+    def members(self, node: int) -> list[int]:
+        return list(range(node * self.per_node, (node + 1) * self.per_node))
+
+    def leader(self, node: int) -> int:
+        return node * self.per_node
+
+    def node_of_tower(self, tower: int) -> int:
+        return tower // self.per_node
+
+    def device_map(self) -> dict[str, int]:
+        """canonical device -> node, for the traffic's tiers."""
+        out = {canonical(self.host): 0}
+        out.update({canonical(d): self.node_of_tower(t) for t, d in enumerate(self.towers)})
+        return out
+
+
+class NodeLevel(Aggregation):
+    """`method` (made on the node leaders) between nodes; `within` (an exact method's name,
+    or DIRECT) inside each node."""
+
+    def __init__(self, method: Aggregation, devices: DeviceSet, nodes: Nodes,
+                 within: str = DIRECT, make=None):
+        self.options_type = method.options_type
+        super().__init__(devices, method.options, method.transport_dtype.name)
+        self.inner, self.nodes, self.within_name = method, nodes, within
+        self.name = method.name
+        for capability in CAPABILITIES:  # the method's, as declared
+            setattr(self, capability, getattr(method, capability))
+        self.sums_at_home = False  # stage 1 always runs first
+        self.traffic.node_of.update(nodes.device_map())
+        method.traffic = self.traffic  # one set of counts, split by tier
+        self.within = []
+        if within != DIRECT:
+            for n in range(nodes.count):
+                stage = make(within, DeviceSet(tuple(devices.towers[t] for t in nodes.members(n)),
+                                               devices.host, devices.simulated),
+                             method.transport_dtype.name)
+                stage.traffic = self.traffic
+                self.within.append(stage)
+
+    # ---- what the step sees: every tower, the method's copies ----
+    def parameter_devices(self):
+        if self.layout == SHARED:
+            return self.inner.parameter_devices()
+        return list(self.devices.towers)
+
+    def variable_scope(self):
+        return self.inner.variable_scope()
+
+    def build(self, variables):
+        self.inner.step_counter = self.step_counter  # set on this wrapper by replicas.py
+        self.inner.build(variables)
+
+    @property
+    def state_variables(self):
+        return self.inner.state_variables
+
+    def error_bound(self, options, num_towers):
+        return self.inner.error_bound(options, self.nodes.count)
+
+    def error_bound_for(self, options, num_towers, num_elements):
+        return self.inner.error_bound_for(options, self.nodes.count, num_elements)
+
+    def tower_values(self, tower, values):
+        return self.inner.tower_values(self.nodes.node_of_tower(tower), values)
+
+    # ---- the three stages ----
+    def node_means(self, tower_values, variables) -> list[list[tf.Tensor]]:
+        """Stage 1: m_n on leader n, per node."""
+        towers, means = self.devices.towers, []
+        for n in range(self.nodes.count):
+            members = self.nodes.members(n)
+            leader = towers[self.nodes.leader(n)]
+            if self.within_name == DIRECT:
+                sums = [self.sum_on(leader, [tower_values[t][i] for t in members],
+                                    [towers[t] for t in members])
+                        for i in range(len(variables))]
+            else:
+                sums = self.within[n].reduce([tower_values[t] for t in members], variables,
+                                             average=False)[0]
+            with tf.device(leader):
+                means.append([tf.convert_to_tensor(s) * (1.0 / self.nodes.per_node)
+                              for s in sums])
+        return means
+
+    def reduce(self, tower_values, variables, average=True):
+        out = self.inner.reduce(self.node_means(tower_values, variables), variables, True)
+        if not average:  # the sum over every tower
+            out = [[self._times(value, copy) for value in values]
+                   for values, copy in zip(out, self.inner.parameter_devices())]
+        if self.layout == SHARED:
+            return out
+        return [self._from_leader(out, t) for t in range(self.num_towers)]
+
+    def _times(self, value, device):
+        with tf.device(device):
+            return value * tf.cast(self.num_towers, value.dtype)
+
+    def _from_leader(self, out, tower: int) -> list[tf.Tensor]:
+        """Stage 3: node n's output (on its leader) on tower `tower` of node n."""
+        node = self.nodes.node_of_tower(tower)
+        leader = self.devices.towers[self.nodes.leader(node)]
+        return [self.send(value, leader, self.devices.towers[tower]) for value in out[node]]
+
+    def after_update(self, copies):
+        if self.layout == SHARED:
+            return self.inner.after_update(copies)
+        leaders = [copies[self.nodes.leader(n)] for n in range(self.nodes.count)]
+        ops = self.inner.after_update(leaders)
+        if not self.copies_differ or self.nodes.per_node == 1:
+            return ops
+
+        def propagate():
+            self._leaders_to_members(copies)
+            return tf.constant(True)
+        due = getattr(self.inner, "due", None)
+        with tf.control_dependencies(ops):
+            if due is None:
+                return [propagate()]
+            return [tf.cond(due(), propagate, lambda: tf.constant(False))]
+
+    def _leaders_to_members(self, copies) -> None:
+        """Every tower of node n takes its leader's parameters and optimizer slots."""
+        for n in range(self.nodes.count):
+            leader = copies[self.nodes.leader(n)]
+            sources = list(leader.trainable) + local_steps.slot_variables(leader.optimizer)
+            values = [backing(v).read_value() for v in sources]
+            for t in self.nodes.members(n)[1:]:
+                copy = copies[t]
+                targets = list(copy.trainable) + local_steps.slot_variables(copy.optimizer)
+                for target, value in zip(targets, values):
+                    target = backing(target)
+                    target.assign(self.send(value, leader.device, target.device, exact=True))
+
+
+def settings_of(config) -> tuple[int, str, str]:
+    """(--nodes, --method_at, --within_node) of a Config, or of any object with the
+    aggregation's fields (defaults where it has none)."""
+    return (getattr(config, "nodes", 1), getattr(config, "method_at", "auto"),
+            getattr(config, "within_node", DIRECT))
+
+
+def method_at_nodes(config, num_workers: int = 1) -> bool:
+    """Whether `config` puts the method between nodes (one process, N > 1)."""
+    nodes, method_at, _ = settings_of(config)
+    return num_workers <= 1 and nodes > 1 and method_at in ("auto", "nodes")
+
+
+def make(config, devices: DeviceSet, make_method) -> Aggregation:
+    """The run's aggregation: the method on the node leaders inside a NodeLevel when the
+    method is at the nodes, else on every tower (its traffic split by node all the same)."""
+    nodes = Nodes(tuple(devices.towers), max(settings_of(config)[0], 1), devices.host)
+    if not method_at_nodes(config):
+        method = make_method(config.aggregation, devices, config.transport_dtype)
+        method.traffic.node_of.update(nodes.device_map())
+        return method
+    leaders = DeviceSet(tuple(devices.towers[nodes.leader(n)] for n in range(nodes.count)),
+                        devices.host, devices.simulated)
+    method = make_method(config.aggregation, leaders, config.transport_dtype)
+    return NodeLevel(method, devices, nodes, settings_of(config)[2], make_method)
+
+
+def check_settings(config, request, workers=None):
+    """Refuses --nodes, --method_at, --within_node that do not apply (one line each);
+    returns the DeviceRequest the method itself sees: one entry per node at the nodes."""
+    from mgloop import aggregation as registry
+    from mgloop.devices import DeviceRequest
+    from mgloop.errors import ConfigError
+    nodes, method_at, within = settings_of(config)
+    if method_at not in METHOD_AT:
+        raise ConfigError(f"--method_at={method_at!r} is not one of: {', '.join(METHOD_AT)}")
+    if nodes < 1:
+        raise ConfigError(f"--nodes={nodes} is out of range: must be >= 1")
+    if workers is not None and workers.num_workers > 1:
+        where = f"across {workers.num_workers} workers (TF_CONFIG)"
+        if nodes != 1:
+            raise ConfigError(f"--nodes={nodes} {where}: each worker is a node; leave "
+                              "--nodes at 1")
+        if method_at == "nodes":
+            raise ConfigError(f"--method_at=nodes {where} is not built yet: the workers add "
+                              "the method's dense local sums (cross_worker.py); use "
+                              "--method_at=towers, or --nodes=N in one process")
+    elif request.num_towers % nodes:
+        valid = [n for n in range(1, request.num_towers + 1) if request.num_towers % n == 0]
+        raise ConfigError(f"--nodes={nodes} does not divide the {request.num_towers} towers "
+                          f"into equal nodes; use one of: {', '.join(map(str, valid))}")
+    if method_at == "nodes" and nodes == 1 and (workers is None or workers.num_workers == 1):
+        raise ConfigError("--method_at=nodes with --nodes=1: one node has no link between "
+                          "nodes; give --nodes=N > 1 or --method_at=towers")
+    at_nodes = method_at_nodes(config, workers.num_workers if workers else 1)
+    if within != DIRECT:
+        if not at_nodes:
+            raise ConfigError(f"--within_node={within} applies only with the method between "
+                              f"nodes (--nodes=N > 1 in one process); leave it at {DIRECT}")
+        if not _exact_stage(registry.get(within)):
+            exact = [n for n in registry.names() if _exact_stage(registry.get(n))]
+            raise ConfigError(f"--within_node={within} is not an exact replicated method; "
+                              f"use {DIRECT} (the default) or one of: {', '.join(exact)}")
+    if not at_nodes:
+        return request
+    method = registry.get(config.aggregation)
+    if method.single_loss:
+        raise ConfigError(f"--aggregation={config.aggregation} between --nodes={nodes} "
+                          "nodes: it computes one loss over every tower, none per node; use "
+                          "--method_at=towers or a tower-loop method")
+    per_node = request.num_towers // nodes
+    return DeviceRequest(request.kind, tuple(request.indices[::per_node]))
+
+
+def _exact_stage(method) -> bool:
+    return (method.exact and method.exchanges and method.layout == REPLICATED
+            and not method.single_loss and not method.copies_differ)
