@@ -167,16 +167,17 @@ def test_replicas_are_bit_identical_in_a_compiled_exchange(spec):
 
 
 @pytest.mark.parametrize("transport_dtype, value_bytes", [("float32", 4), ("bfloat16", 2)])
-def test_topk_traffic_is_k_values_and_k_int32_indices(transport_dtype, value_bytes):
-    """Ring all-gather: each tower sends and receives (T-1) payloads of k values + k indices."""
-    shapes, towers = [(10, 10), (33,), (1,)], 4
+def test_topk_traffic_is_k_values_and_k_narrowest_indices(transport_dtype, value_bytes):
+    """Ring all-gather: each tower sends and receives (T-1) payloads of k values + k indices,
+    each index at the narrowest integer type for n (uint8 up to 256, uint16 up to 65536)."""
+    shapes, towers = [(10, 10), (33,), (1,), (300,)], 4
     method = aggregation.make("topk:ratio=0.1", devices.setup(devices.parse("cpu:4")),
                               transport_dtype)
     variables = [tf.Variable(tf.zeros(s)) for s in shapes]
     method.build(variables)
     exchange(method, variables, gradients(towers, shapes))
-    ks = [10, 4, 1]  # ceil(0.1 n) for n = 100, 33, 1
-    per_tower = (towers - 1) * sum(k * (value_bytes + 4) for k in ks)
+    ks, index_bytes = [10, 4, 1, 30], [1, 1, 1, 2]  # ceil(0.1 n) for n = 100, 33, 1, 300
+    per_tower = (towers - 1) * sum(k * (value_bytes + i) for k, i in zip(ks, index_bytes))
     assert method.traffic.as_dict() == {f"CPU:{t}": {"sent": per_tower, "received": per_tower}
                                         for t in range(towers)}
 

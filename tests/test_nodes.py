@@ -16,6 +16,7 @@ import tensorflow as tf
 import mgloop
 from mgloop import aggregation, devices, link_model
 from mgloop.aggregation import nodes as nodes_lib
+from mgloop.aggregation.compression.topk import kept
 from mgloop.aggregation.traffic import Traffic
 from mgloop.byzantine import parse_attack
 from mgloop.config import Config
@@ -104,7 +105,7 @@ def test_grad_reduce_sum_is_the_mean_times_the_towers():
 def test_traffic_is_split_within_and_between_nodes_exactly():
     """topk at 2 nodes of 2 towers: inside a node the follower sends its dense gradient to
     the leader and gets the result back (4n bytes each way); between the nodes each leader
-    sends its k float32 values and k int32 indices to the other (8k bytes)."""
+    sends its k float32 values and k uint8 indices (n <= 256) to the other (5k bytes)."""
     device_set = devices.setup(devices.parse("cpu:4"))
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
     method = built(nodes_lib.make(config_of("topk:ratio=0.3", 2), device_set,
@@ -113,7 +114,7 @@ def test_traffic_is_split_within_and_between_nodes_exactly():
         method.reduce(placed(device_set.towers, dyadic_gradients(4, seed=1)), variables)
     tiers = method.traffic.tiers_as_dict()
     dense = sum(4 * int(np.prod(s)) for s in SHAPES)
-    payload = sum(8 * max(1, round(0.3 * int(np.prod(s)))) for s in SHAPES)
+    payload = sum(5 * kept(0.3, int(np.prod(s))) for s in SHAPES)  # uint8 indices
     assert tiers["within"]["gradient"] == {"bytes_per_device": dense, "bytes_sent": 4 * dense,
                                            "messages_per_device": len(SHAPES)}
     assert tiers["between"]["gradient"]["bytes_per_device"] == payload

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from mgloop import aggregation, devices
 from mgloop.aggregation import ring
+from mgloop.aggregation import bitpacking
 from mgloop.aggregation.compression import powersgd, qsgd
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
@@ -99,6 +100,16 @@ def ring_bytes(n: int, itemsize: int) -> int:
     return 2 * (TOWERS - 1) * sum(ring.chunk_sizes(n, TOWERS)) * itemsize
 
 
+def summable_bytes(ring_parts, wire_bytes: int) -> int:
+    """All towers' bytes of one variable's summable exchange: the packed payload gathered
+    when that moves fewer bytes (compression/base.py), else each part (n, itemsize) in the
+    ring."""
+    payload = sum(n * size for n, size in ring_parts)
+    if wire_bytes < payload and TOWERS * wire_bytes < 2 * payload:
+        return TOWERS * (TOWERS - 1) * wire_bytes
+    return sum(ring_bytes(n, size) for n, size in ring_parts)
+
+
 def total_sent(method) -> int:
     return sum(method.traffic.sent.values())
 
@@ -139,11 +150,14 @@ def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variab
         assert_close(recovered, np.sum(ls, axis=0),
                      tolerance.gamma(TOWERS + 8 + xs[0].size) * TOWERS * levels)
         assert_close(out[i].ravel(), expected, tolerance.gamma(TOWERS + 8) * np.abs(expected))
-    # bytes: int8 levels on the ring, one float32 per bucket, tower and variable gathered
+    # bytes: the levels packed at ceil(log2(s + 1)) + 1 bits and gathered (or int8 levels
+    # on the ring, if fewer), one float32 per bucket, tower and variable gathered
     buckets = [-(-math.prod(s) // (bucket or math.prod(s))) for s in SHAPES]
     assert buckets == ([1, 1, 1] if bucket != 4 else [8, 2, 6])
-    expected_bytes = sum(ring_bytes(math.prod(s), 1) + TOWERS * (TOWERS - 1) * 4 * b
-                         for s, b in zip(SHAPES, buckets))
+    bits = bitpacking.level_bits(levels) + 1
+    expected_bytes = sum(summable_bytes([(math.prod(s), 1)],
+                                        bitpacking.packed_bytes(math.prod(s), bits))
+                         + TOWERS * (TOWERS - 1) * 4 * b for s, b in zip(SHAPES, buckets))
     assert total_sent(method) == expected_bytes
     again = exchange(method, values, variables)  # the next step draws anew: other levels
     assert any(np.any(a != b) for a, b in zip(again, out))
@@ -196,14 +210,16 @@ def test_majority_vote(spec, device_set, variables):
             np.testing.assert_array_equal(out[i], votes)
     # the hand-made vector: three zeros and a + vote +; ties (2 against 2) vote 0
     np.testing.assert_array_equal(np.sign(out[1]), [1, 0, 1, -1, 0])
-    expected_bytes = sum(ring_bytes(math.prod(s), 1) + (ring_bytes(1, 4) if scaled else 0)
-                         for s in SHAPES)
+    # the votes at 2 bits (ternary: sign(0) = 0) gathered, or int8 on the ring if fewer bytes
+    expected_bytes = sum(summable_bytes([(math.prod(s), 1)] + ([(1, 4)] if scaled else []),
+                                        bitpacking.packed_bytes(math.prod(s), 2)
+                                        + (4 if scaled else 0)) for s in SHAPES)
     assert total_sent(method) == expected_bytes
 
 
-@pytest.mark.parametrize("spec,reference,extra", [("efsignsgd", model.scaled_sign, 4),
-                                                  ("onebit", model.onebit, 8)])
-def test_gathered_signs_match_the_model(spec, reference, extra, device_set, variables):
+@pytest.mark.parametrize("spec,reference,extra,bits", [("efsignsgd", model.scaled_sign, 4, 2),
+                                                       ("onebit", model.onebit, 8, 1)])
+def test_gathered_signs_match_the_model(spec, reference, extra, bits, device_set, variables):
     method = make(spec, device_set, variables)
     values = tower_values()
     out = exchange(method, values, variables)
@@ -216,9 +232,11 @@ def test_gathered_signs_match_the_model(spec, reference, extra, device_set, vari
         for t in range(TOWERS):  # memory=residual: e_t = x_t - c_t
             assert_close(after[t][i], xs[t] - sent[t],
                          tolerance.gamma(8 + xs[0].size) * np.abs(xs[t]).max())
-    # bytes: each tower's signs (1 byte each) and its float32 scale(s), to T-1 towers
-    assert total_sent(method) == sum(TOWERS * (TOWERS - 1) * (math.prod(s) + extra)
-                                     for s in SHAPES)
+    # bytes: each tower's signs (2 bits each, ternary; onebit's bits 1 each) and its
+    # float32 scale(s), to T-1 towers
+    assert total_sent(method) == sum(
+        TOWERS * (TOWERS - 1) * (bitpacking.packed_bytes(math.prod(s), bits) + extra)
+        for s in SHAPES)
 
 
 # ---- error feedback ------------------------------------------------------------------------

@@ -31,8 +31,14 @@ in a step, different per step and variable, and restored with `steps` on resume;
 per tower, across workers too).
 
 Bytes: every part of every payload goes through `send`: float values at
-`--transport_dtype`, indices at their own integer dtype (int32), so the traffic
-counts are exact, with no bit-packing. Across workers (cross_worker.py): the local
+`--transport_dtype`, the rest as `pack` makes it (aggregation/bitpacking.py): signs,
+ternary values and levels as bit fields in uint8 tensors, indices at the narrowest
+integer type that holds them. Those are the tensors sent, so the traffic counts are
+exact. A SUMMABLE method whose payload packs (signSGD's votes, QSGD's levels) gathers
+the packed payloads instead of summing them in the ring when that moves fewer bytes,
+T ceil(n w / 8) < 2 n s (w bits packed against s bytes of the ring's integers; one
+process's T towers, or the N nodes): every tower unpacks the T payloads and adds each
+part in tower order (integers exactly), then decompresses the sum once. Across workers (cross_worker.py): the local
 stage returns this worker's sum of decompressed contributions, sum_{t in w} c_t,
 and the workers add those DENSE sums in the float collective: bytes between workers
 are those of the dense exchange, not compressed.
@@ -45,6 +51,7 @@ from typing import ClassVar
 
 import tensorflow as tf
 
+from mgloop.aggregation import bitpacking
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, ring_all_gather
 from mgloop.aggregation.ring import ring_all_reduce
@@ -102,6 +109,22 @@ class Compressed(Aggregation):
     # GATHER payloads that are (values, int32 indices), each index once: every tower adds
     # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
     sparse_payload: ClassVar[bool] = False
+
+    # ---- bit-packing (on the wire only; compress/decompress see the payload itself) ----
+    def pack(self, payload: tuple, site: Site) -> tuple:
+        """The tensors that travel for `payload`. Default: a sparse payload's indices at
+        the narrowest integer type (bitpacking.index_dtype), else the payload as it is."""
+        if self.sparse_payload:
+            values, index = payload
+            return values, bitpacking.pack_indices(index, site.size)
+        return payload
+
+    def unpack(self, wire: tuple, site: Site) -> tuple:
+        """The payload `pack` made `wire` from, exactly."""
+        if self.sparse_payload:
+            values, index = wire
+            return values, tf.cast(index, tf.int32)
+        return wire
 
     def __init__(self, devices, options=None, transport_dtype="float32"):
         super().__init__(devices, options, transport_dtype)
@@ -219,15 +242,21 @@ class Compressed(Aggregation):
                     xs.append(self.prepare(tf.reshape(g, [-1]), sites[t]))
             for site, agreed in zip(sites, self.agree(xs, sites)):
                 site.agreed = agreed
+            wires = []
             for t, device in enumerate(towers):
                 with tf.device(device):
                     payload = self.wire_round(tuple(self.compress(xs[t], sites[t])))
                     c = self.decompress(payload, sites[t])
                     self.update_state(xs[t], c, sites[t])
+                    wires.append(tuple(self.pack(payload, sites[t])))
                 payloads.append(payload)
                 sent.append(c)
-            totals = (self._gathered_sums(payloads, sent, sites) if self.transport == GATHER
-                      else self._summed(payloads, sites))
+            if self.transport == GATHER:
+                totals = self._gathered_sums(wires, sent, sites)
+            elif self._gather_is_cheaper(payloads[0], wires[0]):
+                totals = self._gathered_payload_sums(wires, sites)
+            else:
+                totals = self._summed(payloads, sites)
             outs = []
             for device, total, site in zip(towers, totals, sites):
                 with tf.device(device):
@@ -238,21 +267,44 @@ class Compressed(Aggregation):
                 self.steps[t].assign_add(1)
         return [list(per_copy) for per_copy in zip(*per_var)]
 
-    def _gathered_sums(self, payloads, sent, sites):
+    def _gather_is_cheaper(self, payload: tuple, wire: tuple) -> bool:
+        """SUMMABLE: whether gathering the packed payloads moves fewer bytes than the ring's
+        sum of the unpacked ones (module docstring)."""
+        def size(parts):
+            return sum(p.shape.num_elements() * p.dtype.size for p in parts)
+        return (self.num_towers > 1 and size(wire) < size(payload)
+                and self.num_towers * size(wire) < 2 * size(payload))
+
+    def _gathered_payload_sums(self, wires, sites):
+        """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order."""
+        towers = list(self.devices.towers)
+        have = ring_all_gather(self, wires, towers)
+        totals = []
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                parts = [self.unpack(wire, sites[t]) for wire in have[t]]
+                summed = tuple(tf.reduce_sum(tf.stack([p[j] for p in parts]), axis=0)
+                               for j in range(len(parts[0])))
+                totals.append(self.decompress(summed, sites[t]))
+        return totals
+
+    def _gathered_sums(self, wires, sent, sites):
         """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
         same values in the same order on every tower (replicas bit-identical)."""
         towers = list(self.devices.towers)
-        have = ring_all_gather(self, payloads, towers)
+        have = ring_all_gather(self, wires, towers)
         totals = []
         for t, device in enumerate(towers):
             with tf.device(device):
                 if self.sparse_payload:  # (values, int32 indices): scattered in tower order
                     total = tf.zeros([sites[t].size], sites[t].dtype)
-                    for values, index in have[t]:
+                    for wire in have[t]:
+                        values, index = self.unpack(wire, sites[t])
                         total = tf.tensor_scatter_nd_add(total, index[:, None], values)
                     totals.append(total)
                     continue
-                terms = [sent[t] if s == t else self.decompress(have[t][s], sites[t])
+                terms = [sent[t] if s == t else
+                         self.decompress(self.unpack(have[t][s], sites[t]), sites[t])
                          for s in range(len(towers))]
                 # One reduction over the stacked terms: the same kernel on the same [T, n]
                 # input on every tower. (A chain of adds is regrouped by Grappler's

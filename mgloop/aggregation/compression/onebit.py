@@ -11,9 +11,9 @@ here per tensor):
 
 Transport: gather (transport.py): each tower's two values differ, so payloads are not
 summable; every tower receives the T-1 others' (bits, [mu+, mu-]), decodes them and adds the
-T contributions in tower order: out = (1/T) sum_t c_t. The bits travel as a bool tensor,
-one byte per entry (no bit-packing), the two means as float32 at --transport_dtype:
-(T-1) (n + 8) bytes sent and received per tower and variable.
+T contributions in tower order: out = (1/T) sum_t c_t. The bits travel packed, 8 to a
+byte (bitpacking.py), the two means as float32 at --transport_dtype:
+(T-1) (ceil(n/8) + 8) bytes sent and received per tower and variable.
 Bound: the side means minimise the squared error on each side, so
 ||x - c||^2 = ||x||^2 - n+ mu+^2 - n- mu-^2 <= (1 - 1/n) ||x||^2 (n_s mu_s^2 = (sum_s x)^2 / n_s
 >= sum_s x^2 / n): q = sqrt(1 - 1/n), rho = q without memory, 2 q / (1 - q) with it.
@@ -25,7 +25,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import register
+from mgloop.aggregation import bitpacking, register
 from mgloop.aggregation.compression import scales
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
 from mgloop.aggregation.compression.signs import sign_contraction
@@ -62,6 +62,15 @@ class OneBit(Compressed):
     def compress(self, x, site):
         bits = x >= 0
         return bits, tf.stack([side_mean(x, bits), side_mean(x, tf.logical_not(bits))])
+
+    def pack(self, payload, site):
+        """The bits at 1 bit each (bitpacking.py); the two means as they are."""
+        bits, means = payload
+        return bitpacking.pack_levels(tf.cast(bits, tf.int32), 1), means
+
+    def unpack(self, wire, site):
+        packed, means = wire
+        return bitpacking.unpack_levels(packed, site.size, 1, tf.int32) > 0, means
 
     def decompress(self, payload, site):
         bits, means = payload

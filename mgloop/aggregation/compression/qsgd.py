@@ -49,7 +49,7 @@ import math
 
 import tensorflow as tf
 
-from mgloop.aggregation import register
+from mgloop.aggregation import bitpacking, register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.compression import scales
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
@@ -167,6 +167,21 @@ class SharedScaleQuantiser(Compressed):
         levels = stochastic_levels(self.quantised(x), self.entry_scales(site), self.levels,
                                    uniform)
         return (tf.cast(levels, scales.sum_dtype(self.num_towers, self.levels)),)
+
+    def pack(self, payload, site):
+        """The signed levels |l| <= s at ceil(log2(s + 1)) + 1 bits each (bitpacking.py;
+        s >= 256 levels travel as the integers they are)."""
+        if bitpacking.level_bits(self.levels) > 8:
+            return payload
+        return (bitpacking.pack_signed_levels(payload[0], bitpacking.level_bits(self.levels)),)
+
+    def unpack(self, wire, site):
+        if bitpacking.level_bits(self.levels) > 8:
+            return wire
+        return (bitpacking.unpack_signed_levels(wire[0], site.size,
+                                                bitpacking.level_bits(self.levels),
+                                                scales.sum_dtype(self.num_towers,
+                                                                 self.levels)),)
 
     def decompress(self, payload, site):
         return tf.cast(payload[0], site.dtype) * (

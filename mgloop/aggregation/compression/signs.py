@@ -42,7 +42,7 @@ import math
 
 import tensorflow as tf
 
-from mgloop.aggregation import register
+from mgloop.aggregation import bitpacking, register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.compression import scales
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
@@ -102,6 +102,14 @@ class SignSgd(Compressed):
         signs, size = signs_and_scale(x, self.num_towers)
         return (signs, size) if self.options.scaled else (signs,)
 
+    def pack(self, payload, site):
+        """sign(x) in {-1, 0, +1} at 2 bits (ternary: sign(0) = 0 kept); the scale as is."""
+        return (bitpacking.pack_ternary(payload[0]),) + tuple(payload[1:])
+
+    def unpack(self, wire, site):
+        return ((bitpacking.unpack_ternary(wire[0], site.size, scales.sum_dtype(
+            self.num_towers, 1)),) + tuple(wire[1:]))
+
     def decompress(self, payload, site):
         # own payload: s_t sign(x_t); the ring's sums: (sum_t s_t) sign(sum_t sign(x_t));
         # unscaled: T times the vote, so that the mean (the base's 1/T) is the vote itself
@@ -126,6 +134,13 @@ class EfSignSgd(Compressed):
 
     def compress(self, x, site):
         return signs_and_scale(x, 1)  # gathered, never summed: int8 holds a sign
+
+    def pack(self, payload, site):
+        """sign(x) in {-1, 0, +1} at 2 bits; the scale as is."""
+        return bitpacking.pack_ternary(payload[0]), payload[1]
+
+    def unpack(self, wire, site):
+        return bitpacking.unpack_ternary(wire[0], site.size, tf.int8), wire[1]
 
     def decompress(self, payload, site):
         signs, size = payload
