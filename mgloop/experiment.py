@@ -46,6 +46,7 @@ from mgloop import run_result
 from mgloop import staging
 from mgloop import summaries
 from mgloop import training_spec
+from mgloop.aggregation import nodes
 from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.config import Config
 from mgloop.errors import ConfigError
@@ -89,7 +90,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     With --nodes=N > 1 the method runs between the nodes (aggregation/nodes.py); with
     several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
-    method = aggregation.nodes.make(config, device_set, aggregation.make)
+    method = nodes.make(config, device_set, aggregation.make)
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
     return assemble.build(model_fn, loss_fn, method,

@@ -172,8 +172,7 @@ def exchange_seconds(traffic, link: Link) -> float:
 def bytes_per_device(traffic) -> int:
     """The busiest device's bytes per step, max(sent, received): what the bandwidth term
     of the model charges (for the ring every device's, 2(T-1)/T S)."""
-    return max((max(traffic.sent.get(d, 0), traffic.received.get(d, 0))
-                for d in traffic.devices()), default=0)
+    return traffic.busiest()[0]
 
 
 def compute_seconds(median_step_time: float | None,
@@ -228,9 +227,7 @@ def report(traffic, links, compute: float | None, gradient_bytes: int | None = N
     out = {"compute_seconds": compute, "bytes_per_device": counted,
            "dense_ring_bytes_per_device": dense,
            "compression_ratio": dense / counted if dense and counted else None,
-           "messages_per_device": max(
-               (max(traffic.messages_sent.get(d, 0), traffic.messages_received.get(d, 0))
-                for d in traffic.devices()), default=0),
+           "messages_per_device": traffic.busiest()[1],
            "tiers": tiers_report(traffic, gradient_bytes, num_nodes),
            "links": {}}
     within = next((link for link in links if link.tier == "within"), None)

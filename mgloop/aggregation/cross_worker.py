@@ -28,7 +28,6 @@ builds and traces the same functions in the same order.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import tensorflow as tf
@@ -109,21 +108,25 @@ class CrossWorker(Aggregation):
         workers = self.cluster.num_workers
         buckets = packing.plan_by_dtype(values)
         totals = []
+        messages = 2 * (workers - 1)
         for bucket, flat in zip(buckets, packing.pack(values, buckets, self.device)):
             state = sum(values[i].shape.num_elements() for i in bucket
                         if i >= len(values) - num_state)
-            elements = flat.shape.num_elements()
-            for kind_elements, is_state in ((elements - state, False), (state, True)):
-                if kind_elements == 0 and (is_state or state == 0):
-                    continue
-                num_bytes = kind_elements * flat.dtype.size * 2 * (workers - 1) // workers
-                messages = 0 if is_state and state < elements else 2 * (workers - 1)
-                with (self.traffic.counting_state() if is_state else contextlib.nullcontext()):
-                    self.traffic.add(canonical(self.device), sent=num_bytes,
-                                     received=num_bytes, messages_sent=messages,
-                                     messages_received=messages, tier="between")
+            gradient = flat.shape.num_elements() - state
+            self._count(gradient, flat.dtype, messages)  # the messages ride with the gradients
+            with self.traffic.counting_state():
+                self._count(state, flat.dtype, 0 if gradient else messages)
             totals.append(self.all_workers_sum(flat))
         return packing.unpack(totals, buckets, [v.shape for v in values], self.device)
+
+    def _count(self, elements: int, dtype: tf.DType, messages: int) -> None:
+        """This worker's share of a ring all-reduce of `elements` between the workers."""
+        if elements:
+            workers = self.cluster.num_workers
+            num_bytes = elements * dtype.size * 2 * (workers - 1) // workers
+            self.traffic.add(canonical(self.device), sent=num_bytes, received=num_bytes,
+                             messages_sent=messages, messages_received=messages,
+                             tier="between")
 
     def reduce(self, tower_values, variables, average=True):
         return self.reduce_with_metrics(tower_values, variables, average, [])[0]

@@ -28,6 +28,9 @@ leader's parameters and optimizer slots (3. again, counted the same way).
 `--method_at=towers` keeps the method over every tower; N then only says which sends
 cross a node boundary. Either way every send is counted within or between nodes
 (traffic.py), the host CPU counting as node 0's.
+
+Layout: `Nodes` (the topology) belongs in cluster/ beside the workers
+(../shared/LAYOUT.md); it stays here until the layout issue moves cluster.py there.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ import dataclasses
 
 import tensorflow as tf
 
+from mgloop import aggregation as registry
 from mgloop.aggregation import local_steps
 from mgloop.aggregation.base import CAPABILITIES, REPLICATED, SHARED, Aggregation, canonical
-from mgloop.devices import DeviceSet
+from mgloop.aggregation.hierarchical import divisors
+from mgloop.devices import DeviceRequest, DeviceSet
+from mgloop.errors import ConfigError
 from mgloop.towers import backing
 
 METHOD_AT = ("auto", "nodes", "towers")
@@ -137,6 +143,9 @@ class NodeLevel(Aggregation):
             else:
                 sums = self.within[n].reduce([tower_values[t] for t in members], variables,
                                              average=False)[0]
+            if self.nodes.per_node == 1:  # one tower per node: its gradient is the mean
+                means.append(list(sums))
+                continue
             with tf.device(leader):
                 means.append([tf.convert_to_tensor(s) * (1.0 / self.nodes.per_node)
                               for s in sums])
@@ -222,9 +231,6 @@ def make(config, devices: DeviceSet, make_method) -> Aggregation:
 def check_settings(config, request, workers=None):
     """Refuses --nodes, --method_at, --within_node that do not apply (one line each);
     returns the DeviceRequest the method itself sees: one entry per node at the nodes."""
-    from mgloop import aggregation as registry
-    from mgloop.devices import DeviceRequest
-    from mgloop.errors import ConfigError
     nodes, method_at, within = settings_of(config)
     if method_at not in METHOD_AT:
         raise ConfigError(f"--method_at={method_at!r} is not one of: {', '.join(METHOD_AT)}")
@@ -240,9 +246,9 @@ def check_settings(config, request, workers=None):
                               "the method's dense local sums (cross_worker.py); use "
                               "--method_at=towers, or --nodes=N in one process")
     elif request.num_towers % nodes:
-        valid = [n for n in range(1, request.num_towers + 1) if request.num_towers % n == 0]
         raise ConfigError(f"--nodes={nodes} does not divide the {request.num_towers} towers "
-                          f"into equal nodes; use one of: {', '.join(map(str, valid))}")
+                          f"into equal nodes; use one of: "
+                          f"{', '.join(map(str, divisors(request.num_towers)))}")
     if method_at == "nodes" and nodes == 1 and (workers is None or workers.num_workers == 1):
         raise ConfigError("--method_at=nodes with --nodes=1: one node has no link between "
                           "nodes; give --nodes=N > 1 or --method_at=towers")
@@ -251,8 +257,8 @@ def check_settings(config, request, workers=None):
         if not at_nodes:
             raise ConfigError(f"--within_node={within} applies only with the method between "
                               f"nodes (--nodes=N > 1 in one process); leave it at {DIRECT}")
-        if not _exact_stage(registry.get(within)):
-            exact = [n for n in registry.names() if _exact_stage(registry.get(n))]
+        exact = [n for n in registry.names() if _exact_stage(registry.get(n))]
+        if within not in exact:
             raise ConfigError(f"--within_node={within} is not an exact replicated method; "
                               f"use {DIRECT} (the default) or one of: {', '.join(exact)}")
     if not at_nodes:

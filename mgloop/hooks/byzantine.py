@@ -30,8 +30,7 @@ class ByzantineTowers(Hook):
                  first_tower: int, total_towers: int, host: str, towers_per_unit: int = 1):
         self.attack, self.count, self.random = attack, count, choice == "random"
         self.seed, self.global_step, self.host = seed, global_step, host
-        self.first_tower, self.total_towers = first_tower, total_towers
-        self.per_unit = towers_per_unit
+        self.first_tower, self.per_unit = first_tower, towers_per_unit
         self.total_units = total_towers // towers_per_unit
         self._step = None
         self._flags = None
