@@ -106,8 +106,8 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
     neutral = {name: Config.__dataclass_fields__[name].default
-               for name in ("aggregation", "pack_bytes",
-                            "transport_dtype", "ordered_sum_bytes", "sufficient_factor_bytes")}
+               for name in ("aggregation", "pack_bytes", "transport_dtype", "ordered_sum_bytes",
+                            "sufficient_factor_bytes", "nodes", "method_at", "within_node")}
     config = dataclasses.replace(config, devices="cpu:1", **neutral).validated()
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):

@@ -22,7 +22,7 @@ from mgloop.byzantine import parse_attack
 from mgloop.config import Config
 from mgloop.errors import ConfigError
 from mgloop.hooks.byzantine import ByzantineTowers
-from tests import helpers
+from tests import helpers, tolerance
 
 SHAPES = [(3, 5), (11,), (1,)]
 
@@ -122,6 +122,19 @@ def test_traffic_is_split_within_and_between_nodes_exactly():
     assert tiers["within"]["state"]["bytes_sent"] == tiers["between"]["state"]["bytes_sent"] == 0
 
 
+def test_an_exact_method_between_nodes_equals_one_device(tmp_path):
+    """ring between 2 nodes of 2 towers (node sums, then the ring between the leaders, then
+    the broadcast), momentum, 5 steps: every copy and the loss sum within the float32 bound
+    of the one-device run (tests/tolerance.py: any summation order lies within it)."""
+    config = helpers.small_config(str(tmp_path), devices="cpu:4", nodes=2, aggregation="ring")
+    trainer = helpers.build_trainer(config)
+    batches = helpers.batches(5)
+    loss_sum = helpers.run_batches(trainer, batches)
+    expected = helpers.train_reference_bounded(config, batches)
+    for weights in helpers.copy_weights(trainer):
+        tolerance.assert_matches_reference(weights, loss_sum, expected)
+
+
 def test_local_steps_keep_one_copy_per_node(tmp_path):
     """diloco:period=2 between 2 nodes of 2 towers: inside a node the copies are equal bit
     for bit at every step; the two nodes' copies differ after an inner step and are equal
@@ -197,6 +210,9 @@ def test_attackers_are_whole_nodes():
 
 
 @pytest.mark.parametrize("settings, message", [
+    (dict(nodes=0), "--nodes=0 is out of range: must be >= 1"),
+    (dict(nodes=2, within_node="nosuch"), "--within_node=nosuch is not an exact replicated "
+                                          "method; use reduce (the default) or one of:"),
     (dict(nodes=3), "--nodes=3 does not divide the 4 towers into equal nodes; use one of: "
                     "1, 2, 4"),
     (dict(nodes=1, method_at="nodes"), "--method_at=nodes with --nodes=1"),
