@@ -1,0 +1,242 @@
+"""`streaming_diloco` (aggregation/streaming_diloco.py): fragments, their staggered outer
+steps, the quantised outer gradients, against a numpy model of the method; equal to
+`diloco` with one fragment; its refusals. Its identity options are checked against one
+device by the contract test (tests/test_contract.py).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mgloop import aggregation, devices
+from mgloop.aggregation.streaming_diloco import offsets, partition
+from mgloop.errors import ConfigError
+from mgloop.towers import VariableCopy
+from tests import helpers
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("sizes, fragments, want", [
+    ([12, 4, 6, 5, 6], 3, [[0], [1, 2], [3, 4]]),  # C* = 12
+    ([1] * 8, 3, [[0, 1, 2], [3, 4, 5], [6, 7]]),  # C* = 3, filled greedily
+    ([5, 1, 1, 1, 1, 5], 3, [[0], [1, 2, 3, 4], [5]]),  # C* = 5
+    ([24576, 128, 16384, 128, 1280, 10], 4, [[0], [1, 2, 3], [4], [5]]),  # the mlp: the
+    # last groups take one variable each once as many remain as groups are to open
+    ([7], 1, [[0]]),
+])
+def test_partition_by_hand(sizes, fragments, want):
+    assert partition(sizes, fragments) == want
+
+
+def test_offsets_by_hand():
+    assert offsets(16, 4) == [4, 8, 12, 16]
+    assert offsets(5, 3) == [1, 3, 5]  # floor((p+1) 5 / 3)
+    assert offsets(6, 3) == [2, 4, 6]
+    assert offsets(1, 1) == [1]
+
+
+class NumpyStreamingDiLoCo:
+    """The method in numpy float32, op for op: T copies v[c][i], x[i] and m[i] (the same on
+    every copy), the fragments and schedule given by hand."""
+
+    def __init__(self, init, towers, fragments, schedule, period, lr, mu, nesterov, bits):
+        self.v = [[w.copy() for w in init] for _ in range(towers)]
+        self.x = [w.copy() for w in init]
+        self.m = [np.zeros_like(w) for w in init]
+        self.towers, self.fragments = towers, fragments
+        self.schedule, self.period = schedule, period
+        self.lr, self.mu, self.nesterov, self.bits = F32(lr), F32(mu), nesterov, bits
+
+    def after_step(self, s):
+        for fragment, offset in zip(self.fragments, self.schedule):
+            if (s + 1) % self.period == offset % self.period:
+                self.outer(fragment)
+
+    def mean_delta(self, fragment):
+        if self.bits == 0:  # two copies: the ring's sum is v0 + v1 either way, times 1/2
+            assert self.towers == 2
+            return [self.x[i] - (self.v[0][i] + self.v[1][i]) * F32(0.5) for i in fragment]
+        levels = 2 ** (self.bits - 1) - 1
+        deltas = [[self.x[i] - self.v[c][i] for i in fragment] for c in range(self.towers)]
+        peak = max(np.abs(d).max() for per_copy in deltas for d in per_copy)
+        scale = F32(peak) * F32(1.0 / levels)
+        out = []
+        for k in range(len(fragment)):
+            total = np.zeros(deltas[0][k].shape, np.int64)
+            for c in range(self.towers):
+                codes = (np.clip(np.rint(deltas[c][k] / scale), -levels, levels)
+                         if scale > 0 else np.zeros_like(deltas[c][k]))
+                total += codes.astype(np.int64)
+            out.append(total.astype(F32) * (scale * F32(1.0 / self.towers)))
+        return out
+
+    def outer(self, fragment):
+        for i, delta in zip(fragment, self.mean_delta(fragment)):
+            self.m[i] = self.mu * self.m[i] + delta
+            step = delta + self.mu * self.m[i] if self.nesterov else self.m[i]
+            self.x[i] = self.x[i] - self.lr * step
+            for c in range(self.towers):
+                self.v[c][i] = self.x[i].copy()
+
+
+SHAPES = [(3, 4), (4,), (2, 3), (5,), (6,)]  # 12, 4, 6, 5, 6 elements
+FRAGMENTS = [[0], [1, 2], [3, 4]]  # by hand: C* = 12
+
+
+@pytest.mark.parametrize("towers, period, bits, nesterov", [
+    (2, 5, 0, True),  # offsets 1, 3, 5: H not divisible by P
+    (2, 6, 0, False),
+    (3, 6, 4, True),  # quantised: integer code sums, exact in any ring order
+    (4, 5, 2, True),  # ternary codes
+])
+def test_equals_numpy_model(towers, period, bits, nesterov):
+    """Hand-made inner progress (each copy's parameters moved by its own seeded noise each
+    step, the same float32 values given to both), 13 steps, 3 fragments: after every step
+    every copy's parameters, x and m equal the numpy model's bit for bit (the same float32
+    element-wise ops; the float means are of 2 copies, the quantised ones integer sums).
+    The traced traffic is every fragment's ring once: 2(T-1) n_p elements sent in all,
+    float32 parameters, or int8 codes plus T float32 scales."""
+    spec = (f"streaming_diloco:period={period},fragments=3,outer_lr=0.7,outer_momentum=0.9,"
+            f"nesterov={nesterov},outer_bits={bits}")
+    device_set = devices.setup(devices.parse(f"cpu:{towers}"))
+    method = aggregation.make(spec, device_set)
+    rng = np.random.default_rng(5)
+    init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
+    copies = []
+    for device in device_set.towers:
+        with tf.device(device):
+            copies.append(VariableCopy(device, [tf.Variable(w) for w in init], []))
+    method.step_counter = tf.Variable(0, dtype=tf.int64)
+    method.build(copies[0].trainable)
+    assert method.fragments == FRAGMENTS
+    schedule = [period // 3, 2 * period // 3, period]
+    assert method.offsets == schedule
+    model = NumpyStreamingDiLoCo(init, towers, FRAGMENTS, schedule, period, 0.7, 0.9,
+                                 nesterov, bits)
+    with method.step():
+        after_update = tf.function(lambda: method.after_update(copies)).get_concrete_function()
+    element_bytes = 1 if bits else 4  # int8 codes (T L <= 127) or float32 parameters
+    want = sum(2 * (towers - 1) * (sum(int(np.prod(SHAPES[i])) for i in fragment)
+                                   * element_bytes + (towers * 4 if bits else 0))
+               for fragment in FRAGMENTS)
+    assert sum(method.traffic.sent.values()) == want
+    synced = 0
+    for s in range(13):
+        for c, copy in enumerate(copies):  # the inner steps, by hand
+            for i, variable in enumerate(copy.trainable):
+                model.v[c][i] = model.v[c][i] + F32(0.1) * rng.standard_normal(
+                    SHAPES[i]).astype(F32)
+                variable.assign(model.v[c][i])
+        method.step_counter.assign(s)
+        after_update()
+        before = [w.copy() for w in model.x]
+        model.after_step(s)
+        synced += any(not np.array_equal(a, b) for a, b in zip(before, model.x))
+        for c, copy in enumerate(copies):
+            for i, variable in enumerate(copy.trainable):
+                np.testing.assert_array_equal(variable.numpy(), model.v[c][i],
+                                              err_msg=f"step {s} copy {c} variable {i}")
+            for i in range(len(SHAPES)):
+                np.testing.assert_array_equal(method._start[c][i].numpy(), model.x[i])
+                np.testing.assert_array_equal(method._momentum[c][i].numpy(), model.m[i])
+    assert synced == sum(1 for s in range(13) for o in schedule if (s + 1) % period == o % period)
+    assert synced >= 6  # every fragment at least twice: the momentum takes part
+    copies_apart = [np.abs(model.v[0][i] - model.v[1][i]).max() for i in range(len(SHAPES))]
+    assert max(copies_apart) > 0.01  # the copies differ between syncs
+
+
+def test_quantised_mean_is_within_half_a_step_of_the_exact_mean():
+    """outer_bits=4 on 3 copies, one sync: the averaged outer gradient lies within
+    s/2 = A/(2L) (L = 7) of the exact mean of the copies' deltas, up to float32's
+    roundings (a few u of A), and is not the exact mean (the codes are coarse)."""
+    device_set = devices.setup(devices.parse("cpu:3"))
+    method = aggregation.make("streaming_diloco:period=1,fragments=1,outer_bits=4", device_set)
+    rng = np.random.default_rng(1)
+    init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
+    moved = [[w + rng.standard_normal(w.shape).astype(F32) for w in init] for _ in range(3)]
+    copies = []
+    for device, values in zip(device_set.towers, moved):
+        with tf.device(device):
+            copies.append(VariableCopy(device, [tf.Variable(w) for w in values], []))
+    method.step_counter = tf.Variable(0, dtype=tf.int64)
+    method.build([tf.Variable(w) for w in init])
+    got = [d.numpy() for d in method.quantised_mean_delta(copies, [0, 1, 2, 3, 4])[0]]
+    exact = [np.mean([init[i].astype(np.float64) - m[i] for m in moved], axis=0)
+             for i in range(len(SHAPES))]
+    peak = max(np.abs(init[i] - m[i]).max() for m in moved for i in range(len(SHAPES)))
+    worst = max(np.abs(g - e).max() for g, e in zip(got, exact))
+    assert worst <= peak / 14 * (1 + 1e-6) + 8 * 2.0 ** -24 * peak
+    assert worst > peak / 1000
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+def test_one_fragment_unquantised_is_diloco_bit_for_bit(towers, tmp_path):
+    """fragments=1, outer_bits=0 does `diloco`'s ops in its order (one ring of every
+    variable, the same outer step): 4 steps of period 2 (2 outer steps) give every copy,
+    its optimizer, x and m bit for bit."""
+    batches = helpers.batches(4)
+    results = []
+    for spec in ("diloco:period=2", "streaming_diloco:period=2,fragments=1,outer_bits=0"):
+        config = helpers.small_config(str(tmp_path / spec.split(":")[0]),
+                                      devices=f"cpu:{towers}", aggregation=spec)
+        trainer = helpers.build_trainer(config)
+        start = helpers.copy_weights(trainer)[0]
+        helpers.run_batches(trainer, batches)
+        results.append((trainer, helpers.copy_weights(trainer)))
+    (diloco, want), (streaming, got) = results
+    assert np.abs(want[0][0] - start[0]).max() > 1e-4  # it trained
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    for a, b in zip(streaming.aggregation.state_variables, diloco.aggregation.state_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for sc, dc in zip(streaming.copies, diloco.copies):
+        for a, b in zip(sc.optimizer.variables, dc.optimizer.variables):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_training_with_fragments_and_quantisation_moves_and_stays_finite(tmp_path):
+    """The default-ish spec on 2 towers, 6 steps with syncs of all 3 fragments (period 3):
+    finite, and the copies equal right after the last fragment's sync only on its
+    variables."""
+    config = helpers.small_config(str(tmp_path), devices="cpu:2",
+                                  aggregation="streaming_diloco:period=3,fragments=3,"
+                                              "outer_bits=4")
+    trainer = helpers.build_trainer(config)
+    start = helpers.copy_weights(trainer)[0]
+    helpers.run_batches(trainer, helpers.batches(6))  # last step s = 5: fragment 2 syncs
+    first, second = helpers.copy_weights(trainer)
+    fragments = trainer.aggregation.fragments
+    assert all(np.isfinite(w).all() for w in first + second)
+    assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(first, start))
+    for p, fragment in enumerate(fragments):
+        for i in fragment:
+            assert np.array_equal(first[i], second[i]) == (p == 2), (p, i)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("streaming_diloco:period=2,fragments=3",
+     r"^--aggregation=streaming_diloco:period=2,fragments=3: fragments must be <= period"),
+    ("streaming_diloco:outer_bits=1",
+     r"^--aggregation=streaming_diloco:outer_bits=1: streaming_diloco option outer_bits=1 is "
+     r"out of range: must be one of 0\|2\|3\|4\|5\|6\|7\|8$"),
+    ("streaming_diloco:fragments=0", r"option fragments=0 is out of range: must be >= 1$"),
+])
+def test_bad_options_refused_in_one_line(spec, message, tmp_path):
+    """Refused by Config.validated(), before any device or variable exists."""
+    with pytest.raises(ConfigError, match=message) as error:
+        helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=spec).validated()
+    assert "\n" not in str(error.value)
+
+
+def test_more_fragments_than_variables_refused_in_one_line(tmp_path):
+    """The mlp has 6 trainable variables: 7 fragments are refused when the method is built
+    (the count is known only once the model exists), naming the option and the count."""
+    config = helpers.small_config(str(tmp_path), devices="cpu:2",
+                                  aggregation="streaming_diloco:period=16,fragments=7")
+    with pytest.raises(ConfigError, match=r"^--aggregation=streaming_diloco:fragments=7 needs "
+                                          r"at least as many trainable variables; the model "
+                                          r"has 6$") as error:
+        helpers.build_trainer(config)
+    assert "\n" not in str(error.value)
