@@ -44,7 +44,10 @@ STEPS = 5
 SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          "trimmed_mean": "trimmed_mean:trim=1", "krum": "krum:f=0",
          "multikrum": "multikrum:f=0,m=2", "bulyan": "bulyan:f=0",
-         "threshold": "threshold:value=0.5"}  # drops enough of the stand-ins to be lossy
+         "threshold": "threshold:value=0.5",  # drops enough of the stand-ins to be lossy
+         # outer steps of both fragments within the 5 steps, and one in the step after the
+         # restore, with quantised outer gradients
+         "streaming_diloco": "streaming_diloco:period=4,fragments=2,outer_bits=4"}
 
 
 @dataclasses.dataclass
