@@ -215,6 +215,29 @@ def test_training_with_fragments_and_quantisation_moves_and_stays_finite(tmp_pat
             assert np.array_equal(first[i], second[i]) == (p == 2), (p, i)
 
 
+def test_between_nodes_one_copy_per_node(tmp_path):
+    """2 nodes of 2 towers, period 2, 2 fragments, 4-bit outer gradients (the float path
+    shares the hand-over) (fragment 0 syncs after steps 0 and 2,
+    fragment 1 after step 1): inside a node the copies are equal bit for bit after every
+    step (the leader's outer step handed to the other tower at each fragment's sync);
+    between the nodes exactly the synced fragment's variables are equal."""
+    config = helpers.small_config(
+        str(tmp_path), devices="cpu:4", nodes=2, optimizer="sgd",
+        aggregation="streaming_diloco:period=2,fragments=2,outer_bits=4")
+    trainer = helpers.build_trainer(config)
+    fragments = trainer.aggregation.inner.fragments
+    for s, batch in enumerate(helpers.batches(3)):
+        helpers.run_batches(trainer, [batch])
+        copies = helpers.copy_weights(trainer)
+        for a, b in ((0, 1), (2, 3)):
+            for x, y in zip(copies[a], copies[b]):
+                np.testing.assert_array_equal(x, y, err_msg=f"step {s}")
+        synced = 0 if s % 2 == 0 else 1
+        for p, fragment in enumerate(fragments):
+            for i in fragment:
+                assert np.array_equal(copies[0][i], copies[2][i]) == (p == synced), (s, p, i)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("streaming_diloco:period=2,fragments=3",
      r"^--aggregation=streaming_diloco:period=2,fragments=3: fragments must be <= period"),

@@ -65,7 +65,9 @@ Not modelled: the overlap of the paper (a fragment's synced values applied tau i
 steps after its exchange starts, merged with the local progress meanwhile): here a
 fragment is exchanged and applied in the step that closes its period (tau = 0). The
 averaging goes through LocalSGD's ring helpers (`average`, `ring_mean`). One process,
-as `diloco`. With one tower nothing is synced (as `diloco`).
+as `diloco`. With one tower nothing is synced (as `diloco`). Between nodes (--nodes) the
+method runs on the node leaders and `due` (any fragment's sync) tells nodes.py when to
+hand each leader's copy to its node's other towers.
 
 State: x and m of every variable, one pair per copy on its device (`diloco`'s
 `build`; checkpointed); the fragments are a function of the variables' shapes and
@@ -171,6 +173,11 @@ class StreamingDiLoCo(DiLoCo):
         """Whether the step now running closes fragment p's period."""
         period = self.options.period
         return tf.equal((self.step_counter + 1) % period, self.offsets[p] % period)
+
+    def due(self) -> tf.Tensor:
+        """Whether the step now running closes any fragment's period (LocalSGD's hook,
+        read by nodes.py to hand a node leader's parameters to its other towers)."""
+        return tf.reduce_any(tf.stack([self.fragment_due(p) for p in range(len(self.fragments))]))
 
     def after_update(self, copies):
         if self.num_towers == 1:
