@@ -18,10 +18,10 @@ Schedule. Every fragment has the outer period H = `period`, staggered: fragment 
 
     (s + 1) mod H == o_p mod H,     o_p = floor((p + 1) H / P)
 
-so with H divisible by P fragment p syncs every H steps, first after step o_p - 1, the
+so every fragment syncs once every H steps, fragment p first after step o_p - 1, the
 last fragment (o_{P-1} = H) as `diloco` does; the o_p are distinct (P <= H is
-required), so at most one fragment syncs per step. A fragment's first outer gradient
-covers its first o_p steps.
+required), so at most one fragment syncs per step, and when P divides H they are H/P
+apart. A fragment's first outer gradient covers its first o_p steps.
 
 Outer step of fragment F (only its variables; the other variables of every copy are
 left alone), on every copy c with the same bits of a, x and m:
@@ -47,19 +47,18 @@ integers -7..7) and one scale shared by the copies:
     delta = float32(sum_c q_c) * (s * fl(1/T))   (the integer codes summed by the ring,
                                                   exact and independent of the order)
 
-(fl(1/L), fl(1/T): float32 constants, multiplied rather than divided by, since
-TensorFlow's graph optimiser turns a division by a constant into that product anyway)
-
 so |delta - (1/T) sum_c delta_c| <= s/2 = A / (2L) per element, up to float32's own
-roundings. The codes travel as the ring's partial sums in the narrowest signed integer
-type holding T L (compression/scales.py's `sum_dtype`: int8 up to T L = 127), not
+roundings (fl(1/L), fl(1/T): float32 constants, multiplied by rather than divided by,
+as TensorFlow's graph optimiser would rewrite a division by a constant). The codes
+travel as the ring's partial sums in the narrowest signed integer type holding T L
+(compression/scales.py's `sum_dtype`: int8 up to T L = 127), not
 packed at b bits: a ring sums as it goes, and sums of T codes need more than b bits.
 
 Traffic (counted as the step is traced, i.e. every fragment's branch): the rings of
 every fragment once, i.e. `diloco`'s bytes of one sync at outer_bits=0; with
 quantisation the int codes' ring plus a ring of T float32 scales per fragment. A step
 moves at most one fragment's share of it, every fragment moves once per H steps: the
-mean per step is 1/H of the count, the peak 1/P of `diloco`'s.
+mean per step is 1/H of the count, the peak the largest fragment's share (about 1/P).
 
 Not modelled: the overlap of the paper (a fragment's synced values applied tau inner
 steps after its exchange starts, merged with the local progress meanwhile): here a
@@ -70,8 +69,8 @@ method runs on the node leaders and `due` (any fragment's sync) tells nodes.py w
 hand each leader's copy to its node's other towers.
 
 State: x and m of every variable, one pair per copy on its device (`diloco`'s
-`build`; checkpointed); the fragments are a function of the variables' shapes and
-the options, so nothing about them is saved.
+`build`, its variable names too; checkpointed); the fragments are a function of the
+variables' shapes and the options, so nothing about them is saved.
 
 Identity: `period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0` is
 `diloco:period=1,outer_lr=1,outer_momentum=0`, i.e. synchronous training in exact
