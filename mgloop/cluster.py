@@ -31,6 +31,7 @@ import time
 from mgloop.errors import ConfigError
 
 JOB = "worker"
+_started: "Cluster | None" = None  # the cluster this process serves (`start`), once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +159,13 @@ def start(cluster: Cluster) -> None:
     creation; mgloop does it directly because it runs its own loop. Refuses an
     address this process cannot serve first (`check_own_address`).
     """
+    global _started
+    if _started is not None:
+        if _started != cluster:
+            raise ConfigError(f"this process already serves worker {_started.index} of "
+                              f"{_started.workers}; TF_CONFIG now names worker {cluster.index} "
+                              f"of {cluster.workers}: one process is one worker")
+        return  # a second run in the same worker process (e.g. a sweep): already serving
     check_own_address(cluster)
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
@@ -173,3 +181,4 @@ def start(cluster: Cluster) -> None:
         task_index=cluster.index, protocol="grpc")
     context.context().enable_collective_ops(server_def)
     context.context().ensure_initialized()  # the server listens from here on
+    _started = cluster

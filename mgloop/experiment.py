@@ -27,6 +27,7 @@ from mgloop import assemble
 from mgloop import callbacks as callbacks_lib
 from mgloop import checkpoint
 from mgloop import cluster
+from mgloop import node_checkpoint
 from mgloop import data
 from mgloop.data import epochs
 from mgloop import devices
@@ -90,7 +91,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     With --nodes=N > 1 the method runs between the nodes (aggregation/nodes.py); with
     several workers, the aggregation is wrapped in the cross-worker stage."""
     seed_everything(config.seed, config.deterministic)
-    method = nodes.make(config, device_set, aggregation.make)
+    method = nodes.make(config, device_set, aggregation.make, workers)
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
     return assemble.build(model_fn, loss_fn, method,
@@ -174,11 +175,19 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
         trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation,
         copies=trainer.replicas.checkpointed_copies)
     restored = checkpointer.restore_latest(tidy=chief)
+    own = node_checkpoint.node_variables(trainer.aggregation, trainer.copies)
+    saver = (node_checkpoint.NodeCheckpoints(
+        os.path.join(config.logdir, "checkpoints"), workers.index, own,
+        config.keep_checkpoints, checkpointer if chief else None) if own
+        else checkpointer if chief else None)
     if restored:
         if not checkpointer.restored_every_copy:  # else every copy was saved and restored
             trainer.sync_replicas()
+        if own:  # this node's own state, of the same step (node_checkpoint.py)
+            saver.restore(int(trainer.global_step.numpy()), config.logdir)
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
-    trainer.broadcast_from_chief()  # several processes: every worker starts from worker 0's
+    # several processes: every worker starts from worker 0's, but for its node's own state
+    trainer.broadcast_from_chief(keep=own if restored else ())
     start_step = int(trainer.global_step.numpy())
     summary_path = os.path.join(config.logdir, SUMMARY_FILENAME)
     if restored and start_step >= config.train_steps and os.path.exists(summary_path):
@@ -224,7 +233,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                 config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
                 summary_every=config.summary_every, log_every=config.log_every,
                 checkpoint_every=config.checkpoint_every, summaries=train_writer,
-                checkpointer=checkpointer if chief else None,
+                checkpointer=saver,
                 learning_rate=learning_rate, monitor=monitor,
                 should_stop=preemption.stop_check(stop, trainer.aggregation),
                 callbacks=[history, *(given.callbacks or ())])

@@ -102,14 +102,19 @@ class Replicas:
         copies differ between its synchronisations (`copies_differ`: local SGD), else none."""
         return self.copies[1:] if self.aggregation.copies_differ else []
 
-    def broadcast_from_chief(self) -> None:
+    def broadcast_from_chief(self, keep=()) -> None:
         """Several processes: every worker takes worker 0's variables, optimizer state,
         step and aggregation state, then copies them into its replicas (run at start,
-        after any restore)."""
+        after any restore); but for `keep`, the variables only this worker's node holds
+        (node_checkpoint.py: just restored from its own checkpoint)."""
         if self.workers is None:
             return
         first = self.copies[0]
-        variables = (first.variables + [towers.backing(v) for v in first.optimizer.variables]
-                     + [self.global_step] + list(self.aggregation.state_variables))
+        kept = {id(v) for v in keep}
+        variables = [v for v in (first.variables
+                                 + [towers.backing(v) for v in first.optimizer.variables]
+                                 + [self.global_step] + list(self.aggregation.state_variables))
+                     if id(v) not in kept]
         tf.function(lambda: self.aggregation.broadcast_from_chief(variables))()
-        self.sync_replicas()
+        if not kept:  # (kept copies were restored one by one)
+            self.sync_replicas()

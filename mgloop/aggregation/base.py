@@ -114,6 +114,10 @@ class Aggregation(abc.ABC):
     identity: ClassVar[str | None] = None
     # The workers whose towers the method also combines (cross_worker.py); None: one process.
     cluster = None
+    # The other workers' copies of this method (peers.py): set when the method runs between
+    # worker processes at the nodes, one tower (the node leader) per worker; its transport
+    # (ring.py, transport.py, gather_at_root.py) then uses collectives between processes.
+    peers = None
     # The global step (int64, the number of steps done before the one running; checkpointed),
     # set by replicas.py before `build`: a method that acts every H steps reads it, never
     # writes it. None until then (a method's `reduce` alone, as the contract test calls it).
@@ -151,7 +155,13 @@ class Aggregation(abc.ABC):
 
     @property
     def num_towers(self) -> int:
-        return self.devices.num_towers
+        """T: this process's towers, times the workers when the method has peers."""
+        return self.devices.num_towers * (self.peers.num_workers if self.peers else 1)
+
+    @property
+    def tower_offset(self) -> int:
+        """The global index of this process's tower 0 among the method's towers."""
+        return self.peers.index * self.devices.num_towers if self.peers else 0
 
     @classmethod
     def reproducible(cls, options: Options) -> bool:

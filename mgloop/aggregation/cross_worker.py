@@ -132,7 +132,14 @@ class CrossWorker(Aggregation):
         return self.reduce_with_metrics(tower_values, variables, average, [])[0]
 
     def reduce_with_metrics(self, tower_values, variables, average, metrics):
-        """Local sums and this worker's `metrics` in one collective (per dtype) between workers."""
+        """Local sums and this worker's `metrics` in one collective (per dtype) between
+        workers; or, when the method itself exchanges between the workers (at the nodes:
+        nodes.py, peers.py), its result and the metrics in a collective of their own."""
+        if getattr(self.local, "exchanges_between_workers", False):
+            out = self.local.reduce(tower_values, variables, average)
+            if not metrics:
+                return out, []
+            return out, self.all_workers_sum_packed(list(metrics), len(metrics))
         local_sums = self.local.reduce(tower_values, variables, average=False)[0]
         summed = self.all_workers_sum_packed(list(local_sums) + list(metrics), len(metrics))
         with tf.device(self.device):

@@ -17,7 +17,9 @@ tower order, and is computed once there.
 Mean semantics: A estimates the mean gradient (1/T) sum_t g[t] (it equals it for T
 identical gradients); with average=False (--grad_reduce=sum) the result is T * A, the
 sum that estimate stands for. Not summable (no element-wise sum to ride a ring), not
-across workers (the estimate needs every worker's towers' whole gradients in one place).
+across workers at the towers (the estimate needs every worker's towers' whole gradients in
+one place); between workers at the nodes every worker gathers every node's gradient and
+combines them itself (`_reduce_between_workers`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import dataclasses
 import tensorflow as tf
 
 from mgloop.aggregation.base import REPLICATED, Aggregation
+from mgloop.aggregation.compression.transport import ring_all_gather
 from mgloop.errors import ConfigError
 
 
@@ -51,6 +54,8 @@ class GatherAtRoot(Aggregation):
         Returns A(...)[v] for every v, shaped like v, on tower 0."""
 
     def reduce(self, tower_values, variables, average=True):
+        if self.peers is not None:
+            return self._reduce_between_workers(tower_values, average)
         towers = list(self.devices.towers)
         root = towers[0]
         received = [[self.send(g, device, root) for g in values]
@@ -59,9 +64,24 @@ class GatherAtRoot(Aggregation):
             stacked = [tf.stack(per_var) for per_var in zip(*received)]
             combined = self.combine(stacked)
             if not average:
-                combined = [x * float(len(towers)) for x in combined]
+                combined = [x * float(self.num_towers) for x in combined]
         per_var = [[self.send(x, root, device) for device in towers] for x in combined]
         return [list(per_copy) for per_copy in zip(*per_var)]
+
+
+    def _reduce_between_workers(self, tower_values, average):
+        """Between worker processes (peers.py): every worker gathers every worker's
+        gradients (one all-gather of all of them) and computes `combine` itself, from the
+        same bits in the same order, so no broadcast follows: each worker sends and
+        receives (W-1) P bytes."""
+        device = self.devices.towers[0]
+        have = ring_all_gather(self, [tuple(tower_values[0])], [device])[0]
+        with tf.device(device):
+            stacked = [tf.stack(per_var) for per_var in zip(*have)]
+            combined = self.combine(stacked)
+            if not average:
+                combined = [x * float(self.num_towers) for x in combined]
+        return [combined]
 
 
 def flat_rows(stacked: list[tf.Tensor]) -> tf.Tensor:

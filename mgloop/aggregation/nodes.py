@@ -43,6 +43,7 @@ from mgloop import aggregation as registry
 from mgloop.aggregation import local_steps
 from mgloop.aggregation.base import CAPABILITIES, REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
+from mgloop.aggregation.peers import Peers
 from mgloop.devices import DeviceRequest, DeviceSet
 from mgloop.errors import ConfigError
 from mgloop.towers import backing
@@ -121,13 +122,25 @@ class NodeLevel(Aggregation):
         return self.inner.state_variables
 
     def error_bound(self, options, num_towers):
-        return self.inner.error_bound(options, self.nodes.count)
+        return self.inner.error_bound(options, self.inner.num_towers)
 
     def error_bound_for(self, options, num_towers, num_elements):
-        return self.inner.error_bound_for(options, self.nodes.count, num_elements)
+        return self.inner.error_bound_for(options, self.inner.num_towers, num_elements)
+
+    @property
+    def exchanges_between_workers(self) -> bool:
+        """True: the method itself moves values between the worker processes (peers.py),
+        so the cross-worker stage adds only the step's metrics."""
+        return self.inner.peers is not None
+
+    @property
+    def all_towers(self) -> int:
+        """T over every node of the run (every worker's with peers)."""
+        return self.inner.num_towers * self.nodes.per_node
 
     def tower_values(self, tower, values):
-        return self.inner.tower_values(self.nodes.node_of_tower(tower), values)
+        return self.inner.tower_values(self.inner.tower_offset + self.nodes.node_of_tower(tower),
+                                       values)
 
     # ---- the three stages ----
     def node_means(self, tower_values, variables) -> list[list[tf.Tensor]]:
@@ -162,7 +175,7 @@ class NodeLevel(Aggregation):
 
     def _times(self, value, device):
         with tf.device(device):
-            return value * tf.cast(self.num_towers, value.dtype)
+            return value * tf.cast(self.all_towers, value.dtype)
 
     def _from_leader(self, out, tower: int) -> list[tf.Tensor]:
         """Stage 3: node n's output (on its leader) on tower `tower` of node n."""
@@ -209,14 +222,34 @@ def settings_of(config) -> tuple[int, str, str]:
 
 
 def method_at_nodes(config, num_workers: int = 1) -> bool:
-    """Whether `config` puts the method between nodes (one process, N > 1)."""
+    """Whether `config` puts the method between nodes: N > 1 simulated nodes in one
+    process, or several workers (each a node) with --method_at=nodes, or with auto for a
+    method that is not exact (an exact one's local stage inside each worker and the one
+    collective between them, cross_worker.py, already sum within and then between nodes)."""
     nodes, method_at, _ = settings_of(config)
-    return num_workers <= 1 and nodes > 1 and method_at in ("auto", "nodes")
+    if num_workers <= 1:
+        return nodes > 1 and method_at in ("auto", "nodes")
+    if method_at == "auto":
+        method = registry.get(config.aggregation)
+        return not method.exact and method.exchanges and not method.single_loss
+    return method_at == "nodes"
 
 
-def make(config, devices: DeviceSet, make_method) -> Aggregation:
+def make(config, devices: DeviceSet, make_method, workers=None) -> Aggregation:
     """The run's aggregation: the method on the node leaders inside a NodeLevel when the
-    method is at the nodes, else on every tower (its traffic split by node all the same)."""
+    method is at the nodes, else on every tower (its traffic split by node all the same).
+    Several workers at the nodes: this process is one node; the method is made on its
+    leader with `peers` (peers.py), so its transport runs between the processes."""
+    num_workers = workers.num_workers if workers is not None else 1
+    if num_workers > 1 and method_at_nodes(config, num_workers):
+        nodes = Nodes(tuple(devices.towers), 1, devices.host)
+        leader = DeviceSet((devices.towers[0],), devices.host, devices.simulated)
+        method = make_method(config.aggregation, leader, config.transport_dtype)
+        method.peers = Peers.make(workers, method.parameter_devices()[0])
+        level = NodeLevel(method, devices, nodes, settings_of(config)[2], make_method)
+        level.traffic.node_of.update({canonical(d): workers.index for d in
+                                      (devices.host, *devices.towers)})
+        return level
     nodes = Nodes(tuple(devices.towers), max(settings_of(config)[0], 1), devices.host)
     if not method_at_nodes(config):
         method = make_method(config.aggregation, devices, config.transport_dtype)
@@ -236,27 +269,24 @@ def check_settings(config, request, workers=None):
         raise ConfigError(f"--method_at={method_at!r} is not one of: {', '.join(METHOD_AT)}")
     if nodes < 1:
         raise ConfigError(f"--nodes={nodes} is out of range: must be >= 1")
-    if workers is not None and workers.num_workers > 1:
-        where = f"across {workers.num_workers} workers (TF_CONFIG)"
+    num_workers = workers.num_workers if workers is not None else 1
+    if num_workers > 1:
         if nodes != 1:
-            raise ConfigError(f"--nodes={nodes} {where}: each worker is a node; leave "
-                              "--nodes at 1")
-        if method_at == "nodes":
-            raise ConfigError(f"--method_at=nodes {where} is not built yet: the workers add "
-                              "the method's dense local sums (cross_worker.py); use "
-                              "--method_at=towers, or --nodes=N in one process")
+            raise ConfigError(f"--nodes={nodes} across {num_workers} workers (TF_CONFIG): "
+                              "each worker is a node; leave --nodes at 1")
     elif request.num_towers % nodes:
         raise ConfigError(f"--nodes={nodes} does not divide the {request.num_towers} towers "
                           f"into equal nodes; use one of: "
                           f"{', '.join(map(str, divisors(request.num_towers)))}")
-    if method_at == "nodes" and nodes == 1 and (workers is None or workers.num_workers == 1):
+    if method_at == "nodes" and nodes == 1 and num_workers == 1:
         raise ConfigError("--method_at=nodes with --nodes=1: one node has no link between "
                           "nodes; give --nodes=N > 1 or --method_at=towers")
-    at_nodes = method_at_nodes(config, workers.num_workers if workers else 1)
+    at_nodes = method_at_nodes(config, num_workers)
     if within != DIRECT:
         if not at_nodes:
             raise ConfigError(f"--within_node={within} applies only with the method between "
-                              f"nodes (--nodes=N > 1 in one process); leave it at {DIRECT}")
+                              f"nodes (--nodes=N > 1, or several workers); leave it at "
+                              f"{DIRECT}")
         exact = [n for n in registry.names() if _exact_stage(registry.get(n))]
         if within not in exact:
             raise ConfigError(f"--within_node={within} is not an exact replicated method; "
@@ -264,10 +294,18 @@ def check_settings(config, request, workers=None):
     if not at_nodes:
         return request
     method = registry.get(config.aggregation)
+    where = (f"between --nodes={nodes} nodes" if num_workers == 1
+             else f"between {num_workers} workers (nodes)")
     if method.single_loss:
-        raise ConfigError(f"--aggregation={config.aggregation} between --nodes={nodes} "
-                          "nodes: it computes one loss over every tower, none per node; use "
-                          "--method_at=towers or a tower-loop method")
+        raise ConfigError(f"--aggregation={config.aggregation} {where}: it computes one loss "
+                          "over every tower, none per node; use --method_at=towers or a "
+                          "tower-loop method")
+    if num_workers > 1:
+        if not method.exchanges:
+            raise ConfigError(f"--aggregation={config.aggregation} {where}: its replicas "
+                              "exchange nothing, so there is nothing to send between nodes; "
+                              "use a method that exchanges gradients")
+        return DeviceRequest(request.kind, tuple(range(num_workers)))
     per_node = request.num_towers // nodes
     return DeviceRequest(request.kind, tuple(request.indices[::per_node]))
 

@@ -12,7 +12,9 @@ gradients, and sends each g[t][v] back to the device of v, where
     g[v] = (1/T) * sum_t g[t][v]      (on the device of v)
 
 is formed and applied once, by one optimizer whose slots sit beside their
-variables. A tower on the same device as a variable moves nothing for it.
+variables. A tower on the same device as a variable moves nothing for it. Between
+worker processes at the nodes (peers.py), each worker's server copy adds the workers'
+sums with one all-reduce, so every copy applies the same update.
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ class _ParameterServer(Aggregation):
         out = []
         for per_tower, variable in zip(zip(*tower_values), variables):
             home = self.home_of(variable)
+            total = self.sum_on(home, per_tower, towers)
+            if self.peers is not None:  # between workers: every worker's server copy
+                total = self.peers.all_sum(self.traffic, total)  # gets the same sum
             with tf.device(home):
-                out.append(self.scale(self.sum_on(home, per_tower, towers), average))
+                out.append(self.scale(total, average))
         return [out]
 
     def home_of(self, variable) -> str:

@@ -39,7 +39,10 @@ def chunk_sizes(num_elements: int, num_chunks: int) -> list[int]:
 
 def ring_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[str],
                     average: bool) -> list[tf.Tensor]:
-    """All-reduce of 1-D tensors flats[t] (on devices[t]) around the ring devices[0..T-1]."""
+    """All-reduce of 1-D tensors flats[t] (on devices[t]) around the ring devices[0..T-1]
+    (between worker processes, when the method has peers: their collective, peers.py)."""
+    if method.peers is not None:
+        return [peers_all_reduce(method, flats, devices, average)]
     num = len(devices)
     sizes = chunk_sizes(flats[0].shape.num_elements(), num)
     chunks = []
@@ -67,6 +70,16 @@ def ring_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[s
     return out
 
 
+def peers_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[str],
+                     average: bool) -> tf.Tensor:
+    """This process's one tower's flats[0] summed over the workers (peers.py's all_sum, at
+    the value's own dtype), scaled by 1/T if `average`."""
+    assert len(devices) == 1, "between workers the method has one tower per process"
+    total = method.peers.all_sum(method.traffic, flats[0])
+    with tf.device(devices[0]):
+        return method.scale(total, average)
+
+
 def ring_order(devices: list[str], shard: int) -> list[int]:
     """Tower indices of ring number `shard`: alternate directions, rotate by shard // 2."""
     order = list(range(len(devices)))
@@ -80,6 +93,9 @@ def sharded_ring_all_reduce(method: Aggregation, values: list[tf.Tensor], device
                             shards: int, average: bool) -> list[tf.Tensor]:
     """Mean (or sum) of values[t] (on devices[t]) over `shards` parallel rings."""
     num = len(devices)
+    if method.peers is not None:
+        return [tf.reshape(peers_all_reduce(method, [tf.reshape(values[0], [-1])], devices,
+                                            average), values[0].shape)]
     if num == 1:
         return list(values)  # one tower: its value is the sum and the mean
     shape = values[0].shape

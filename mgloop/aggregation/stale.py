@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import Options, option
+from mgloop.aggregation.compression.transport import ring_all_gather
 from mgloop.aggregation.parameter_server import _ParameterServer
 from mgloop.errors import ConfigError
 
@@ -161,7 +162,11 @@ class Drop(_ParameterServer):
             for device, values in zip(self.devices.towers, tower_values):
                 with tf.device(device), tf.control_dependencies(list(values)):
                     stamps.append(tf.timestamp())
-            order = tf.argsort(tf.stack(stamps), direction="DESCENDING", stable=True)
+            stamps = tf.stack(stamps)
+            if self.peers is not None:  # every worker's arrival times, in tower order
+                have = ring_all_gather(self, [(stamps,)], [self.devices.host], exact=True)[0]
+                stamps = tf.concat([parts[0] for parts in have], 0)
+            order = tf.argsort(stamps, direction="DESCENDING", stable=True)
         dropped = tf.scatter_nd(order[:k, None], tf.ones([k], tf.bool), [num])
         return tf.logical_not(dropped)
 
@@ -177,7 +182,10 @@ class Drop(_ParameterServer):
             with tf.device(home):
                 total = None
                 for t, g in enumerate(received):
-                    g = tf.where(keep[t], g, tf.zeros_like(g))
+                    g = tf.where(keep[self.tower_offset + t], g, tf.zeros_like(g))
                     total = g if total is None else total + g
+            if self.peers is not None:  # between workers: the kept sums of every worker
+                total = self.peers.all_sum(self.traffic, total)
+            with tf.device(home):
                 out.append(total * tf.cast(factor, total.dtype))
         return [out]

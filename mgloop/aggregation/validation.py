@@ -19,7 +19,8 @@ and what would be valid.
                                    exchange (--diagnostics with a single-loss method writes
                                    nothing per tower: assemble.build logs it)
     `applies_momentum(options)`    needs --optimizer=sgd (DGC's momentum correction)
-    several workers                need `across_workers`
+    several workers, at towers     need `across_workers` (at the nodes every method runs
+                                   between the workers: nodes.py, peers.py)
     tower devices                  must be of a kind in `device_kinds`
     --deterministic                needs `reproducible(options)` (no clock read)
 """
@@ -69,14 +70,18 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
     except ConfigError as error:
         if participants is request:
             raise
-        raise ConfigError(f"{error} (at --method_at=nodes the method's towers are the "
-                          f"{participants.num_towers} nodes of --nodes)") from None
+        where = (f"the {participants.num_towers} workers (each worker is a node)"
+                 if workers is not None and workers.num_workers > 1
+                 else f"the {participants.num_towers} nodes of --nodes")
+        raise ConfigError(f"{error} (at --method_at=nodes the method's towers are "
+                          f"{where})") from None
     optimizer = getattr(config, "optimizer", "sgd")
     if method.applies_momentum(options) and isinstance(optimizer, str) and optimizer != "sgd":
         raise ConfigError(f"{mode} applies momentum itself, so --optimizer={optimizer} would "
                           "apply a second one on top; use --optimizer=sgd (or the method's "
                           "momentum=0)")
-    if workers is not None and workers.num_workers > 1 and not method.across_workers:
+    if (workers is not None and workers.num_workers > 1 and not method.across_workers
+            and not nodes.method_at_nodes(config, workers.num_workers)):
         where = f"across {workers.num_workers} workers (TF_CONFIG)"
         if method.single_loss:
             reason = "the single-loss baseline runs in one process; use a tower-loop mode"
@@ -84,7 +89,9 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
             reason = ("its replicas exchange nothing, so there is nothing to sum between "
                       "workers; use a mode that averages gradients")
         else:
-            reason = ("it does not declare across_workers; use one of: "
+            reason = ("at --method_at=towers the workers add the method's dense local "
+                      "sums, which it cannot give; use --method_at=nodes (each worker a "
+                      "node: the default for it) or one of: "
                       + _names(lambda m: m.across_workers))
         raise ConfigError(f"{mode} {where}: {reason}")
     return method, options

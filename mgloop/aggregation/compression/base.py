@@ -38,10 +38,13 @@ exact. A SUMMABLE method whose payload packs (signSGD's votes, QSGD's levels) ga
 the packed payloads instead of summing them in the ring when that moves fewer bytes,
 T ceil(n w / 8) < 2 n s (w bits packed against s bytes of the ring's integers; one
 process's T towers, or the N nodes): every tower unpacks the T payloads and adds each
-part in tower order (integers exactly), then decompresses the sum once. Across workers (cross_worker.py): the local
-stage returns this worker's sum of decompressed contributions, sum_{t in w} c_t,
-and the workers add those DENSE sums in the float collective: bytes between workers
-are those of the dense exchange, not compressed.
+part in tower order (integers exactly), then decompresses the sum once. Between
+workers at the nodes (the default for a compressor; nodes.py, peers.py) the method
+has one tower per worker and its gathers and sums are collectives between the
+processes: the packed payloads travel. At --method_at=towers across workers
+(cross_worker.py) the local stage returns this worker's sum of decompressed
+contributions, sum_{t in w} c_t, and the workers add those DENSE sums in the float
+collective.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class Compressed(Aggregation):
     summable = False
     unsummable_reason = ("it compresses each gradient by itself (per-variable residuals and "
                          "selections), so gradients cannot be packed into buckets")
-    across_workers = True  # the workers add their dense local sums (module docstring)
+    across_workers = True  # at towers the workers add dense local sums (module docstring)
     options_type: ClassVar[type[Options]] = CompressionOptions
     transport: ClassVar[str] = GATHER
     # GATHER payloads that are (values, int32 indices), each index once: every tower adds
@@ -181,7 +184,7 @@ class Compressed(Aggregation):
     @property
     def first_tower(self) -> int:
         """The global index of this worker's tower 0 (worker-major order)."""
-        return self.cluster.index * self.num_towers if self.cluster else 0
+        return self.cluster.index * self.num_towers if self.cluster else self.tower_offset
 
     def residual(self, site: Site):
         return self.residuals[site.tower][site.index] if self.uses_memory else None
@@ -303,9 +306,10 @@ class Compressed(Aggregation):
                         total = tf.tensor_scatter_nd_add(total, index[:, None], values)
                     totals.append(total)
                     continue
-                terms = [sent[t] if s == t else
+                own = self.tower_offset + t  # have[t] is in global tower order (peers.py)
+                terms = [sent[t] if s == own else
                          self.decompress(self.unpack(have[t][s], sites[t]), sites[t])
-                         for s in range(len(towers))]
+                         for s in range(len(have[t]))]
                 # One reduction over the stacked terms: the same kernel on the same [T, n]
                 # input on every tower. (A chain of adds is regrouped by Grappler's
                 # arithmetic optimizer differently per tower, changing the last bits.)

@@ -31,6 +31,8 @@ def ring_all_gather(method, payloads: Sequence[tuple], devices: Sequence[str],
                     exact: bool = False) -> list[list]:
     """have[t][s]: tower s's payload (a tuple of tensors) as present on devices[t].
     `exact`: floats travel at their own dtype, not --transport_dtype (`send`)."""
+    if method.peers is not None:  # between worker processes: one collective (peers.py)
+        return [_gather_from_peers(method, payloads, devices, exact)]
     num = len(devices)
     have = [[None] * num for _ in range(num)]
     for t in range(num):
@@ -41,3 +43,17 @@ def ring_all_gather(method, payloads: Sequence[tuple], devices: Sequence[str],
             have[dst][origin] = tuple(method.send(part, devices[src], devices[dst], exact)
                                       for part in have[src][origin])
     return have
+
+
+def _gather_from_peers(method, payloads, devices, exact: bool) -> list:
+    """have[w] for this process's one tower: worker w's payload, floats through
+    --transport_dtype as `send` sends them (not `exact`), its own as well, so that every
+    worker holds the same bits of every payload (replicas that combine them agree)."""
+    assert len(devices) == 1, "between workers the method has one tower per process"
+    own = tuple(payloads[0])
+    wire = method.transport_dtype
+    with tf.device(devices[0]):
+        cast = tuple(tf.cast(p, wire) if p.dtype.is_floating and not exact and p.dtype != wire
+                     else p for p in own)
+        have = method.peers.all_gather(method.traffic, cast)
+        return [tuple(tf.cast(p, o.dtype) for p, o in zip(parts, own)) for parts in have]

@@ -1,0 +1,47 @@
+"""One worker of a multi-worker job that trains several methods in turn (tests).
+
+    python tests/workers/methods_between_workers.py --devices=cpu:2 [--KEY=INT ...] ROOT SPEC...
+
+Run by `mgloop.launch.launch(..., command=[python, this file])`, which sets TF_CONFIG
+and appends `--devices=...`. For each aggregation SPEC (its index i) it trains
+`config_for(spec, ..., KEY=INT ...)` into ROOT/i (resuming what ROOT/i holds) (the chief exports ROOT/i/export), so one pair of
+processes (one TensorFlow start-up and one gRPC server each) covers every method.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from mgloop import Config, ConfigError  # noqa: E402
+from mgloop import experiment  # noqa: E402
+
+SETTINGS = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
+                train_steps=4, steps_per_loop=4, seed=3, deterministic=True, summary_every=0,
+                log_every=0, diagnostics=False, collective_timeout=60)
+
+
+def config_for(spec: str, root: str, index: int, devices: str, **overrides) -> Config:
+    settings = dict(SETTINGS, aggregation=spec, devices=devices,
+                    logdir=os.path.join(root, str(index)),
+                    export_dir=os.path.join(root, str(index), "export"))
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def main(argv):
+    settings = dict(a[2:].split("=", 1) for a in argv if a.startswith("--"))
+    devices = settings.pop("devices")
+    overrides = {key: int(value) for key, value in settings.items()}  # e.g. --train_steps=2
+    root, *specs = [a for a in argv if not a.startswith("--")]
+    for index, spec in enumerate(specs):
+        try:  # refused the same way on every worker, before anything is built
+            experiment.run(config_for(spec, root, index, devices, **overrides))
+        except ConfigError as error:
+            print(f"[methods] refused {index} {spec}: {error}", flush=True)
+            continue
+        print(f"[methods] done {index} {spec}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
