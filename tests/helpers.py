@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop import data, devices, experiment, models, optim, precision
+from mgloop import data, devices, experiment, models, optim, precision, staging
 from mgloop.config import Config
 from tests import tolerance
 from third_party import single_device
@@ -57,7 +57,10 @@ def run_batches(trainer, steps_batches) -> float:
         return 0.0
     xs = np.stack([x for x, _ in steps_batches])
     ys = np.stack([y for _, y in steps_batches])
-    stream = tf.data.Dataset.from_tensor_slices((xs, ys))
+    # Without tf.data's autotuning (staging.synchronous): the same batches, but an iterator
+    # with autotuning on takes 1-5 s to delete once a compiled loop has read it (measured),
+    # paid again by every trainer a test or a cached fixture drops.
+    stream = staging.synchronous(tf.data.Dataset.from_tensor_slices((xs, ys)))
     result = trainer.train_loop(iter(stream), len(steps_batches))
     assert result.steps == len(steps_batches)
     return result.loss_sum
