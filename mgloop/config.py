@@ -66,9 +66,11 @@ class Config:
         "sum over towers, T times larger)", choices=GRAD_REDUCE, hparam=True)
     pack_bytes: int = setting(
         packing.DEFAULT_BUCKET_BYTES, "fuse gradients into buckets of at most this many bytes "
-        "before the exchange inside a process (0: off; the default packs for summable methods "
-        "and is ignored by the others; large gradients summed at their home are not packed); "
-        "between workers they always travel as one buffer per dtype", hparam=True)
+        "before the exchange inside a process (0: off; the default packs for summable methods; "
+        "large gradients summed at their home are not packed); a compressor's gathered "
+        "payloads travel in buckets of this many bytes, one message each (DDP's "
+        "bucket_cap_mb); between workers summed gradients always travel as one buffer per "
+        "dtype", hparam=True)
     transport_dtype: str = setting(
         "float32", "float32 | float16 | bfloat16: dtype of gradients in flight; sums are "
         "accumulated in float32", choices=TRANSPORT_DTYPES, hparam=True)

@@ -225,3 +225,31 @@ def test_inside_tf_function():
             check_packed(p, n, width, reference)
             np.testing.assert_array_equal(out.numpy(), x)
     assert round_trips.experimental_get_tracing_count() == 1
+
+
+# Bucketing: the bytes of several tensors as one uint8 message, and back.
+
+def test_to_bytes_is_numpys_bytes_and_from_bytes_inverts_it_exactly():
+    rng = np.random.default_rng(5)
+    parts = [rng.standard_normal(7).astype(np.float32), rng.integers(0, 256, 5, np.uint8),
+             rng.integers(-128, 128, (2, 3), np.int8), rng.integers(-2**15, 2**15, 3, np.int16),
+             rng.integers(-2**31, 2**31, 4, np.int64).astype(np.int32),
+             np.array([np.nan, -0.0, np.inf], np.float32)]
+    raw = bp.to_bytes([tf.constant(p) for p in parts]).numpy()
+    assert raw.dtype == np.uint8
+    assert raw.tobytes() == b"".join(p.tobytes() for p in parts)  # little-endian, in order
+    back = tf.function(lambda r: bp.from_bytes(r, [tf.constant(p) for p in parts]))(raw)
+    for got, part in zip(back, parts):
+        assert got.dtype == part.dtype and got.shape == part.shape
+        assert got.numpy().tobytes() == part.tobytes()  # every bit, NaN and -0 included
+
+
+@pytest.mark.parametrize("sizes, limit, expected", [
+    ([10, 10, 10], 0, [[0], [1], [2]]),           # 0: every tensor alone
+    ([10, 10, 10], 20, [[0, 1], [2]]),            # fill up to the limit, in order
+    ([10, 30, 5, 5], 20, [[0], [1], [2, 3]]),     # one above the limit goes alone
+    ([10, 10, 10], 10**6, [[0, 1, 2]]),
+    ([], 20, [])])
+def test_buckets_are_consecutive_and_within_the_limit(sizes, limit, expected):
+    from mgloop.aggregation.compression.base import buckets_of
+    assert buckets_of(sizes, limit) == expected

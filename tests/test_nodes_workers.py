@@ -37,7 +37,9 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # Nesterov steps every 2 steps, and a robust aggregator; plus a vote and a dropped node.
 # The first three keep state per node that a resume must restore (node_checkpoint.py):
 # residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q and residuals.
-TWO_WORKERS = ["topk:ratio=0.1", "diloco:period=3", "powersgd", "qsgd", "median", "drop"]
+# The last sums int8 codes between the workers (gathered: peers.py).
+TWO_WORKERS = ["topk:ratio=0.1", "diloco:period=3", "powersgd", "qsgd", "median", "drop",
+               "streaming_diloco:period=2,fragments=2,outer_bits=4"]
 THREE_WORKERS = ["trimmed_mean:trim=1", "topk:ratio=0.1"]
 
 
@@ -65,7 +67,8 @@ def between_gradients(root, index) -> dict:
 
 def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides):
     """Weights bit-equal; the bytes a node sends between nodes per step equal the simulated
-    node's, but for the < 4 bytes by which peers.py pads each gathered buffer to int32s.
+    node's, but for the < 4 bytes by which peers.py pads each gathered buffer to int32s
+    per message.
     (`drop` is left out of the bytes: its simulated nodes read one server copy on node 0's
     host, real workers each hold one and all-reduce the kept sums: parameter_server.py.)"""
     for index, spec in enumerate(specs):

@@ -397,10 +397,16 @@ def test_bad_options_refused_in_one_line(spec, words, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["signsgd", "powersgd"])
-def test_refused_across_workers(name, tmp_path):
-    config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name)
+def test_refused_across_workers_at_the_towers_only(name, tmp_path):
+    """Their vote and their P, Q need the other workers' payloads, which a dense local sum
+    cannot give: refused at --method_at=towers, naming --method_at=nodes, where they run
+    (the default: tests/test_nodes_workers.py runs powersgd between real workers)."""
     workers = types.SimpleNamespace(num_workers=2)
+    config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name,
+                                  method_at="towers")
     with pytest.raises(ConfigError) as error:
         aggregation.check_settings(config, devices.parse("cpu:2"), workers)
     assert "\n" not in str(error.value) and f"--aggregation={name} across 2 workers" in str(
-        error.value)
+        error.value) and "--method_at=nodes" in str(error.value)
+    config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name)
+    aggregation.check_settings(config, devices.parse("cpu:2"), workers)  # auto: at the nodes

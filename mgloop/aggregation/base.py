@@ -37,7 +37,7 @@ Gradients = list[tf.Tensor]
 # The class attributes of `Aggregation` that declare what a method can do.
 CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
                 "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
-                "averages_non_trainable", "copies_differ", "identity")
+                "averages_non_trainable", "copies_differ", "identity", "buckets_payloads")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +107,9 @@ class Aggregation(abc.ABC):
     # True: the variable copies differ between the method's synchronisations (local SGD,
     # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
     copies_differ: ClassVar[bool] = False
+    # True: the per-tensor payloads it gathers are fused into buckets of --pack_bytes for
+    # the transport (compression/base.py's `gather_in_buckets`), though it is not summable.
+    buckets_payloads: ClassVar[bool] = False
     # Options (a spec's `key=value,...` part) under which a method whose updates are by
     # design not the synchronous one (stale reads, local steps) trains exactly as
     # synchronous training, e.g. "period=1": the contract test checks that against one

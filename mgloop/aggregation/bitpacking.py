@@ -160,3 +160,29 @@ def pack_indices(idx: tf.Tensor, n: int) -> tf.Tensor:
 def unpack_indices(packed: tf.Tensor, n: int) -> tf.Tensor:
     """The indices as int32 (int64 when n > 2^31), the dtypes tf.gather and scatters take."""
     return tf.cast(packed, tf.int64 if n > 1 << 31 else tf.int32)
+
+
+def to_bytes(parts) -> tf.Tensor:
+    """The bytes of `parts` (tensors of any numeric dtype), concatenated in order: one
+    uint8 vector, what a bucket of payloads sends as one message (`from_bytes` inverts it
+    exactly: tf.bitcast keeps every bit)."""
+    pieces = [tf.reshape(p if p.dtype == tf.uint8 else tf.bitcast(p, tf.uint8), [-1])
+              for p in parts]
+    return pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0)
+
+
+def from_bytes(raw: tf.Tensor, likes) -> tuple:
+    """The tensors shaped and typed as `likes` whose bytes `to_bytes` put in `raw`, in order."""
+    out, start = [], 0
+    for like in likes:
+        size = like.shape.num_elements() * like.dtype.size
+        piece = raw[start:start + size]
+        start += size
+        if like.dtype == tf.uint8:
+            flat = piece
+        elif like.dtype.size == 1:
+            flat = tf.bitcast(piece, like.dtype)
+        else:
+            flat = tf.bitcast(tf.reshape(piece, [-1, like.dtype.size]), like.dtype)
+        out.append(tf.reshape(flat, like.shape))
+    return tuple(out)

@@ -241,6 +241,12 @@ def make(config, devices: DeviceSet, make_method, workers=None) -> Aggregation:
     Several workers at the nodes: this process is one node; the method is made on its
     leader with `peers` (peers.py), so its transport runs between the processes."""
     num_workers = workers.num_workers if workers is not None else 1
+
+    def make_method(spec, devices, transport_dtype, make=make_method):
+        method = make(spec, devices, transport_dtype)
+        if method.buckets_payloads:  # its gathered payloads travel in buckets
+            method.bucket_bytes = getattr(config, "pack_bytes", 0)
+        return method
     if num_workers > 1 and method_at_nodes(config, num_workers):
         nodes = Nodes(tuple(devices.towers), 1, devices.host)
         leader = DeviceSet((devices.towers[0],), devices.host, devices.simulated)

@@ -17,7 +17,9 @@ processes with TensorFlow's collective ops over gRPC instead of between devices:
                         sends and receives (W-1) buffers in W-1 messages each way.
     all_sum(value)      sum_w value_w on every worker: one CollectiveReduceV2 (merge
                         Add), a ring all-reduce: 2(W-1)/W of the bytes each way in
-                        2(W-1) messages. Its order of additions is the runtime's; for
+                        2(W-1) messages. 8- and 16-bit integers (e.g. quantised codes),
+                        for which the collective has no kernels, are gathered instead
+                        and added in worker order (exact): (W-1) of their bytes each way. Its order of additions is the runtime's; for
                         W = 2 it is a_0 + a_1 on both, bit for bit what the simulated
                         nodes' ring gives; for W > 2 the sums agree within the float
                         rounding of W terms (the tests' bound).
@@ -34,7 +36,10 @@ import dataclasses
 
 import tensorflow as tf
 
+from mgloop.aggregation import bitpacking
 from mgloop.aggregation.base import canonical
+
+_NARROW = (tf.int8, tf.int16, tf.uint8, tf.uint16)  # no collective sum kernels: gathered
 
 
 @dataclasses.dataclass
@@ -64,48 +69,47 @@ class Peers:
         from mgloop.aggregation import cross_worker
         parts = tuple(tf.convert_to_tensor(p) for p in parts)
         with tf.device(self.device):
-            pieces = [tf.reshape(tf.bitcast(p, tf.uint8), [-1]) if p.dtype.size > 1
-                      else tf.reshape(tf.bitcast(p, tf.uint8) if p.dtype != tf.uint8 else p,
-                                      [-1]) for p in parts]
-            sizes = [p.shape.num_elements() * p.dtype.size for p in parts]
-            total = sum(sizes)
+            raw = bitpacking.to_bytes(parts)
+            total = raw.shape.num_elements()
             padded = -(-total // 4) * 4
-            buffer = tf.concat(pieces + [tf.zeros([padded - total], tf.uint8)], 0)
-            words = tf.bitcast(tf.reshape(buffer, [padded // 4, 4]), tf.int32)
+            if padded > total:
+                raw = tf.concat([raw, tf.zeros([padded - total], tf.uint8)], 0)
+            words = tf.bitcast(tf.reshape(raw, [padded // 4, 4]), tf.int32)
             self._count(traffic, (self.num_workers - 1) * padded,
                         (self.num_workers - 1) * padded, self.num_workers - 1)
             gathered = tf.raw_ops.CollectiveGatherV2(
                 input=words[None], group_size=self.num_workers, group_key=self.group_key,
                 instance_key=next(cross_worker._INSTANCE_KEYS),
                 ordering_token=[self.token.handle], communication_hint="auto")
-            have = []
-            for w in range(self.num_workers):
-                raw = tf.reshape(tf.bitcast(gathered[w], tf.uint8), [-1])
-                out, start = [], 0
-                for p, size in zip(parts, sizes):
-                    out.append(_from_bytes(raw[start:start + size], p))
-                    start += size
-                have.append(tuple(out))
-            return have
+            return [bitpacking.from_bytes(
+                tf.reshape(tf.bitcast(gathered[w], tf.uint8), [-1]), parts)
+                for w in range(self.num_workers)]
 
     def all_sum(self, traffic, value: tf.Tensor) -> tf.Tensor:
         """sum over workers of `value` (module docstring), on this worker's device."""
         from mgloop.aggregation import cross_worker
-        num_bytes = value.shape.num_elements() * value.dtype.size
-        share = num_bytes * 2 * (self.num_workers - 1) // self.num_workers
-        self._count(traffic, share, share, 2 * (self.num_workers - 1))
+        given = value.dtype
+        if given in _NARROW:  # no 8- or 16-bit integer kernels: gather, add in worker order
+            have = self.all_gather(traffic, (value,))
+            with tf.device(self.device):
+                return _sum_in_order([parts[0] for parts in have], given)
         with tf.device(self.device):
-            return tf.raw_ops.CollectiveReduceV2(
+            num_bytes = value.shape.num_elements() * value.dtype.size  # as sent
+            share = num_bytes * 2 * (self.num_workers - 1) // self.num_workers
+            self._count(traffic, share, share, 2 * (self.num_workers - 1))
+            total = tf.raw_ops.CollectiveReduceV2(
                 input=value, group_size=self.num_workers, group_key=self.group_key,
                 instance_key=next(cross_worker._INSTANCE_KEYS),
                 ordering_token=[self.token.handle], merge_op="Add", final_op="Id",
                 communication_hint="auto")
+            return total
 
 
-def _from_bytes(raw: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
-    """The tensor shaped and typed as `like` whose bytes are `raw` (uint8)."""
-    if like.dtype.size == 1:
-        flat = raw if like.dtype == tf.uint8 else tf.bitcast(raw, like.dtype)
-    else:
-        flat = tf.bitcast(tf.reshape(raw, [-1, like.dtype.size]), like.dtype)
-    return tf.reshape(flat, like.shape)
+def _sum_in_order(values: list[tf.Tensor], dtype: tf.DType) -> tf.Tensor:
+    """sum_w values[w], added in worker order in int32 (exact), as `dtype` (which the
+    caller chose to hold the sum)."""
+    total = tf.cast(values[0], tf.int32)
+    for value in values[1:]:
+        total = total + tf.cast(value, tf.int32)
+    return tf.cast(total, dtype)
+

@@ -11,7 +11,8 @@ and what would be valid.
     --transport_dtype != float32   needs an exchange, a REPLICATED layout (shared variables
                                    are read at float32 by the towers) and
                                    `compressed_transport`
-    --pack_bytes > 0               needs an exchange and `summable`; a value other than the
+    --pack_bytes > 0               needs an exchange and `summable` or `buckets_payloads`
+                                   (a compressor's gathered payloads); a value other than the
                                    field's default (an explicit choice) is refused otherwise,
                                    the default is simply not applied (the step packs only
                                    summable methods)
@@ -121,7 +122,7 @@ def _check_packing(config, method: type[Aggregation], mode: str) -> None:
     if not method.exchanges:
         raise ConfigError(f"--pack_bytes={config.pack_bytes} means nothing with {mode}, which "
                           "exchanges no gradients; leave it at 0")
-    if not method.summable:
+    if not method.summable and not method.buckets_payloads:
         raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: "
                           f"{method.unsummable_reason}; use a summable method ("
                           f"{_names(lambda m: m.summable and m.exchanges)}) or --pack_bytes=0")

@@ -75,6 +75,30 @@ class CompressionOptions(Options):
     memory: str = memory_option("residual", "the method's paper")
 
 
+def buckets_of(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive positions grouped so that each group's sizes sum to at most `limit`
+    (a size above it alone; limit 0: every position alone), as DDP's buckets."""
+    out, total = [], 0
+    for j, size in enumerate(sizes):
+        if out and limit and total + size <= limit:
+            out[-1].append(j)
+            total += size
+        else:
+            out.append([j])
+            total = size
+    return out
+
+
+@dataclasses.dataclass
+class Encoded:
+    """One variable's compression on every tower (`Compressed.encode`), per tower t."""
+
+    sites: list
+    payloads: list
+    sent: list  # c_t, the dense tensor p_t stands for
+    wires: list  # the packed tensors that travel
+
+
 @dataclasses.dataclass
 class Site:
     """Where one compression happens: tower `tower` (device `device`), variable `index`."""
@@ -112,6 +136,10 @@ class Compressed(Aggregation):
     # GATHER payloads that are (values, int32 indices), each index once: every tower adds
     # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
     sparse_payload: ClassVar[bool] = False
+    buckets_payloads = True  # gathered wires travel in buckets of `bucket_bytes`
+    # --pack_bytes (set by nodes.make): the bytes of a bucket of gathered wires; 0: one
+    # send per payload part, per variable
+    bucket_bytes: int = 0
 
     # ---- bit-packing (on the wire only; compress/decompress see the payload itself) ----
     def pack(self, payload: tuple, site: Site) -> tuple:
@@ -232,36 +260,46 @@ class Compressed(Aggregation):
         return tuple(tf.cast(tf.cast(p, wire), p.dtype) if p.dtype.is_floating
                      and p.dtype != wire else p for p in payload)
 
+    def encode(self, tower_values, i: int) -> "Encoded":
+        """Variable i on every tower: x_t, the agreed values, p_t, c_t, the state update,
+        the packed wire w_t (module docstring)."""
+        towers = list(self.devices.towers)
+        out = Encoded([], [], [], [])
+        xs = []
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                g = tower_values[t][i]
+                out.sites.append(self.site(t, i, g))
+                xs.append(self.prepare(tf.reshape(g, [-1]), out.sites[t]))
+        for site, agreed in zip(out.sites, self.agree(xs, out.sites)):
+            site.agreed = agreed
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                payload = self.wire_round(tuple(self.compress(xs[t], out.sites[t])))
+                c = self.decompress(payload, out.sites[t])
+                self.update_state(xs[t], c, out.sites[t])
+                out.wires.append(tuple(self.pack(payload, out.sites[t])))
+            out.payloads.append(payload)
+            out.sent.append(c)
+        return out
+
     def reduce(self, tower_values, variables, average=True):
         towers = list(self.devices.towers)
         self.exchange_started(average)
+        encoded = [self.encode(tower_values, i) for i in range(len(variables))]
+        gathered = self.gather_in_buckets(encoded, [
+            i for i, e in enumerate(encoded) if self.transport == GATHER
+            or self._gather_is_cheaper(e.payloads[0], e.wires[0])])
         per_var = []
-        for i in range(len(variables)):
-            sites, xs, payloads, sent = [], [], [], []
-            for t, device in enumerate(towers):
-                with tf.device(device):
-                    g = tower_values[t][i]
-                    sites.append(self.site(t, i, g))
-                    xs.append(self.prepare(tf.reshape(g, [-1]), sites[t]))
-            for site, agreed in zip(sites, self.agree(xs, sites)):
-                site.agreed = agreed
-            wires = []
-            for t, device in enumerate(towers):
-                with tf.device(device):
-                    payload = self.wire_round(tuple(self.compress(xs[t], sites[t])))
-                    c = self.decompress(payload, sites[t])
-                    self.update_state(xs[t], c, sites[t])
-                    wires.append(tuple(self.pack(payload, sites[t])))
-                payloads.append(payload)
-                sent.append(c)
+        for i, e in enumerate(encoded):
             if self.transport == GATHER:
-                totals = self._gathered_sums(wires, sent, sites)
-            elif self._gather_is_cheaper(payloads[0], wires[0]):
-                totals = self._gathered_payload_sums(wires, sites)
+                totals = self._gathered_sums(gathered[i], e.sent, e.sites)
+            elif i in gathered:
+                totals = self._gathered_payload_sums(gathered[i], e.sites)
             else:
-                totals = self._summed(payloads, sites)
+                totals = self._summed(e.payloads, e.sites)
             outs = []
-            for device, total, site in zip(towers, totals, sites):
+            for device, total, site in zip(towers, totals, e.sites):
                 with tf.device(device):
                     outs.append(tf.reshape(self.scale(total, average), site.shape))
             per_var.append(outs)
@@ -269,6 +307,48 @@ class Compressed(Aggregation):
             with tf.device(device):
                 self.steps[t].assign_add(1)
         return [list(per_copy) for per_copy in zip(*per_var)]
+
+    def gather_in_buckets(self, encoded: list["Encoded"], indices: list[int]) -> dict:
+        """{i: have[t][s]} for the variables `indices` whose wires are gathered: each
+        bucket of consecutive ones (`bucket_bytes`) travels as ONE message, the bytes of
+        its wires concatenated (bitpacking.to_bytes; floats at --transport_dtype, as
+        `send` sends them) and split back exactly; a bucket of one variable is sent part
+        by part as before. Bytes are the same either way; messages fewer."""
+        towers = list(self.devices.towers)
+        sizes = [sum(self._wire_bytes(p) for p in encoded[i].wires[0]) for i in indices]
+        have = {}
+        for bucket in buckets_of(sizes, self.bucket_bytes):
+            members = [indices[j] for j in bucket]
+            if len(members) == 1:
+                have[members[0]] = ring_all_gather(self, encoded[members[0]].wires, towers)
+                continue
+            likes = [self._on_wire(p) for i in members for p in encoded[i].wires[0]]
+            fused = []
+            for t, device in enumerate(towers):
+                with tf.device(device):
+                    fused.append((bitpacking.to_bytes(
+                        [self._on_wire(p) for i in members for p in encoded[i].wires[t]]),))
+            got = ring_all_gather(self, fused, towers)
+            for i in members:
+                have[i] = [[None] * len(got[t]) for t in range(len(towers))]
+            for t, device in enumerate(towers):
+                with tf.device(device):
+                    for s, (raw,) in enumerate(got[t]):
+                        parts = iter(bitpacking.from_bytes(raw, likes))
+                        for i in members:
+                            have[i][t][s] = tuple(tf.cast(next(parts), p.dtype)
+                                                  for p in encoded[i].wires[0])
+        return have
+
+    def _on_wire(self, part: tf.Tensor) -> tf.Tensor:
+        """`part` as it travels: floats at --transport_dtype (exactly: payloads are rounded
+        to it by `wire_round`), the rest as packed."""
+        wire = self.transport_dtype
+        return tf.cast(part, wire) if part.dtype.is_floating and part.dtype != wire else part
+
+    def _wire_bytes(self, part: tf.Tensor) -> int:
+        size = self.transport_dtype.size if part.dtype.is_floating else part.dtype.size
+        return part.shape.num_elements() * size
 
     def _gather_is_cheaper(self, payload: tuple, wire: tuple) -> bool:
         """SUMMABLE: whether gathering the packed payloads moves fewer bytes than the ring's
@@ -278,10 +358,10 @@ class Compressed(Aggregation):
         return (self.num_towers > 1 and size(wire) < size(payload)
                 and self.num_towers * size(wire) < 2 * size(payload))
 
-    def _gathered_payload_sums(self, wires, sites):
-        """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order."""
+    def _gathered_payload_sums(self, have, sites):
+        """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order
+        (have[t][s]: tower s's wire on tower t, `gather_in_buckets`)."""
         towers = list(self.devices.towers)
-        have = ring_all_gather(self, wires, towers)
         totals = []
         for t, device in enumerate(towers):
             with tf.device(device):
@@ -291,11 +371,10 @@ class Compressed(Aggregation):
                 totals.append(self.decompress(summed, sites[t]))
         return totals
 
-    def _gathered_sums(self, wires, sent, sites):
+    def _gathered_sums(self, have, sent, sites):
         """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
         same values in the same order on every tower (replicas bit-identical)."""
         towers = list(self.devices.towers)
-        have = ring_all_gather(self, wires, towers)
         totals = []
         for t, device in enumerate(towers):
             with tf.device(device):

@@ -94,6 +94,7 @@ class PowerSgd(Compressed):
     name = "powersgd"
     options_type = PowerSgdOptions
     across_workers = False
+    buckets_payloads = False  # P and Q of every variable already travel as one buffer each
     transport = SUMMABLE
 
     @classmethod

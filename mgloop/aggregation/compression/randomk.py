@@ -50,6 +50,7 @@ class RandomK(Compressed):
     name = "randomk"
     options_type = RandomKOptions
     transport = SUMMABLE
+    buckets_payloads = False  # its unpacked payloads are summed by the ring, never gathered
 
     @classmethod
     def error_bound(cls, options, num_towers):

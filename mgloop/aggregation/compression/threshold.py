@@ -41,6 +41,7 @@ class Threshold(Compressed):
     name = "threshold"
     options_type = ThresholdOptions
     transport = SUMMABLE
+    buckets_payloads = False  # its unpacked payloads are summed by the ring, never gathered
 
     @classmethod
     def error_bound(cls, options, num_towers):
