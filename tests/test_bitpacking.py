@@ -251,5 +251,5 @@ def test_to_bytes_is_numpys_bytes_and_from_bytes_inverts_it_exactly():
     ([10, 10, 10], 10**6, [[0, 1, 2]]),
     ([], 20, [])])
 def test_buckets_are_consecutive_and_within_the_limit(sizes, limit, expected):
-    from mgloop.aggregation.compression.base import buckets_of
+    from mgloop.aggregation.compression.transport import buckets_of
     assert buckets_of(sizes, limit) == expected

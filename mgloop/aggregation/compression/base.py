@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import bitpacking
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
-from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, ring_all_gather
+from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, gather_in_buckets
 from mgloop.aggregation.ring import ring_all_reduce
 
 MEMORIES = ("none", "residual")
@@ -73,20 +73,6 @@ def memory_option(default: str, paper: str):
 @dataclasses.dataclass(frozen=True)
 class CompressionOptions(Options):
     memory: str = memory_option("residual", "the method's paper")
-
-
-def buckets_of(sizes: list[int], limit: int) -> list[list[int]]:
-    """Consecutive positions grouped so that each group's sizes sum to at most `limit`
-    (a size above it alone; limit 0: every position alone), as DDP's buckets."""
-    out, total = [], 0
-    for j, size in enumerate(sizes):
-        if out and limit and total + size <= limit:
-            out[-1].append(j)
-            total += size
-        else:
-            out.append([j])
-            total = size
-    return out
 
 
 @dataclasses.dataclass
@@ -287,7 +273,7 @@ class Compressed(Aggregation):
         towers = list(self.devices.towers)
         self.exchange_started(average)
         encoded = [self.encode(tower_values, i) for i in range(len(variables))]
-        gathered = self.gather_in_buckets(encoded, [
+        gathered = gather_in_buckets(self, encoded, [
             i for i, e in enumerate(encoded) if self.transport == GATHER
             or self._gather_is_cheaper(e.payloads[0], e.wires[0])])
         per_var = []
@@ -307,48 +293,6 @@ class Compressed(Aggregation):
             with tf.device(device):
                 self.steps[t].assign_add(1)
         return [list(per_copy) for per_copy in zip(*per_var)]
-
-    def gather_in_buckets(self, encoded: list["Encoded"], indices: list[int]) -> dict:
-        """{i: have[t][s]} for the variables `indices` whose wires are gathered: each
-        bucket of consecutive ones (`bucket_bytes`) travels as ONE message, the bytes of
-        its wires concatenated (bitpacking.to_bytes; floats at --transport_dtype, as
-        `send` sends them) and split back exactly; a bucket of one variable is sent part
-        by part as before. Bytes are the same either way; messages fewer."""
-        towers = list(self.devices.towers)
-        sizes = [sum(self._wire_bytes(p) for p in encoded[i].wires[0]) for i in indices]
-        have = {}
-        for bucket in buckets_of(sizes, self.bucket_bytes):
-            members = [indices[j] for j in bucket]
-            if len(members) == 1:
-                have[members[0]] = ring_all_gather(self, encoded[members[0]].wires, towers)
-                continue
-            likes = [self._on_wire(p) for i in members for p in encoded[i].wires[0]]
-            fused = []
-            for t, device in enumerate(towers):
-                with tf.device(device):
-                    fused.append((bitpacking.to_bytes(
-                        [self._on_wire(p) for i in members for p in encoded[i].wires[t]]),))
-            got = ring_all_gather(self, fused, towers)
-            for i in members:
-                have[i] = [[None] * len(got[t]) for t in range(len(towers))]
-            for t, device in enumerate(towers):
-                with tf.device(device):
-                    for s, (raw,) in enumerate(got[t]):
-                        parts = iter(bitpacking.from_bytes(raw, likes))
-                        for i in members:
-                            have[i][t][s] = tuple(tf.cast(next(parts), p.dtype)
-                                                  for p in encoded[i].wires[0])
-        return have
-
-    def _on_wire(self, part: tf.Tensor) -> tf.Tensor:
-        """`part` as it travels: floats at --transport_dtype (exactly: payloads are rounded
-        to it by `wire_round`), the rest as packed."""
-        wire = self.transport_dtype
-        return tf.cast(part, wire) if part.dtype.is_floating and part.dtype != wire else part
-
-    def _wire_bytes(self, part: tf.Tensor) -> int:
-        size = self.transport_dtype.size if part.dtype.is_floating else part.dtype.size
-        return part.shape.num_elements() * size
 
     def _gather_is_cheaper(self, payload: tuple, wire: tuple) -> bool:
         """SUMMABLE: whether gathering the packed payloads moves fewer bytes than the ring's

@@ -8,6 +8,9 @@ a shared scale), so sum_t decompress(p_t) = decompress(sum_t p_t). Each part is
 summed by the hand-written ring all-reduce (ring.py): every tower sends and
 receives 2 (T-1)/T of the part's bytes, and every tower holds the same sum.
 
+Buckets (`gather_in_buckets`): the gathered wires of consecutive variables travel as one
+message of their concatenated bytes, up to --pack_bytes per bucket (DDP's buckets).
+
 Gather (`GATHER`): payloads differ per tower in what they mean (top-k: each tower
 picks its own indices), so they cannot be added. `ring_all_gather` passes them
 around the ring t -> t+1: at step s (0 <= s < T-1) tower t forwards the payload
@@ -22,6 +25,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import tensorflow as tf
+
+from mgloop.aggregation import bitpacking
 
 SUMMABLE = "summable"
 GATHER = "gather"
@@ -57,3 +62,57 @@ def _gather_from_peers(method, payloads, devices, exact: bool) -> list:
                      else p for p in own)
         have = method.peers.all_gather(method.traffic, cast)
         return [tuple(tf.cast(p, o.dtype) for p, o in zip(parts, own)) for parts in have]
+
+
+def buckets_of(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive positions grouped so that each group's sizes sum to at most `limit`
+    (a size above it alone; limit 0: every position alone), as DDP's buckets."""
+    out, total = [], 0
+    for j, size in enumerate(sizes):
+        if out and limit and total + size <= limit:
+            out[-1].append(j)
+            total += size
+        else:
+            out.append([j])
+            total = size
+    return out
+
+
+def gather_in_buckets(method, encoded: list, indices: list[int]) -> dict:
+    """{i: have[t][s]} for the variables `indices` whose wires (encoded[i].wires[t], a
+    tuple of tensors per tower) are gathered: each bucket of consecutive ones
+    (`method.bucket_bytes`, --pack_bytes) travels as ONE message, the bytes of its wires
+    concatenated (bitpacking.to_bytes; floats at --transport_dtype, as `send` sends
+    them, exactly: payloads are rounded to it before) and split back exactly; a bucket of
+    one variable is sent part by part. The bytes are the same either way; fewer messages."""
+    towers = list(method.devices.towers)
+    wire = method.transport_dtype
+
+    def on_wire(part):
+        return tf.cast(part, wire) if part.dtype.is_floating and part.dtype != wire else part
+
+    sizes = [sum(on_wire(p).dtype.size * p.shape.num_elements() for p in encoded[i].wires[0])
+             for i in indices]
+    have = {}
+    for bucket in buckets_of(sizes, method.bucket_bytes):
+        members = [indices[j] for j in bucket]
+        if len(members) == 1:
+            have[members[0]] = ring_all_gather(method, encoded[members[0]].wires, towers)
+            continue
+        likes = [on_wire(p) for i in members for p in encoded[i].wires[0]]
+        fused = []
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                fused.append((bitpacking.to_bytes(
+                    [on_wire(p) for i in members for p in encoded[i].wires[t]]),))
+        got = ring_all_gather(method, fused, towers)
+        for i in members:
+            have[i] = [[None] * len(got[t]) for t in range(len(towers))]
+        for t, device in enumerate(towers):
+            with tf.device(device):
+                for s, (raw,) in enumerate(got[t]):
+                    parts = iter(bitpacking.from_bytes(raw, likes))
+                    for i in members:
+                        have[i][t][s] = tuple(tf.cast(next(parts), p.dtype)
+                                              for p in encoded[i].wires[0])
+    return have
