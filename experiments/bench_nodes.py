@@ -1,7 +1,8 @@
 """Bytes between nodes, ratio to dense, modelled step times and the measured compute
 overhead of every method between 2 simulated nodes (issue 24).
 
-    python experiments/bench_nodes.py --models=resnet20,transformer_lm --rounds=3
+    python experiments/bench_nodes.py --models=resnet20,transformer_lm --rounds=3 \
+        --text_dir=DIR   (UTF-8 text files for the Transformer LM's tokens)
 
 Per model, one process builds every method on `--devices=cpu:4 --nodes=2` (2 nodes of 2
 towers, the method between the nodes, `reduce` inside them) and then runs `--rounds`
@@ -35,13 +36,16 @@ flags.DEFINE_list("models", ["resnet20", "transformer_lm"], "models to measure")
 flags.DEFINE_list("methods", [
     "ring", "topk:ratio=0.01", "randomk:ratio=0.01", "threshold:value=0.01",
     "dgc:ratio=0.01,momentum=0", "qsgd:levels=8", "terngrad", "onebit", "signsgd",
-    "efsignsgd", "powersgd:rank=2", "localsgd:period=4", "diloco:period=4", "delay:d=1",
+    "efsignsgd", "powersgd:rank=2", "localsgd:period=4", "diloco:period=4",
+    "streaming_diloco:period=4,fragments=2,outer_bits=4", "delay:d=1",
     "drop:k=1", "adasum", "median", "trimmed_mean:trim=0", "geomedian"],
     "methods between the nodes; the first is the dense baseline of `step / dense`")
 flags.DEFINE_integer("steps", 10, "steps per timed call")
 flags.DEFINE_integer("rounds", 3, "interleaved rounds of every method")
 flags.DEFINE_integer("global_batch", 32, "global batch")
 flags.DEFINE_string("json_out", None, "write the rows here as JSON")
+flags.DEFINE_string("text_dir", None, "a folder of UTF-8 text files for transformer_lm "
+                    "(--dataset=text)")
 
 BETWEEN = ("1gbit,50us", "10gbit,50us", "100gbit,50us")
 WITHIN = "100gbit,2us"
@@ -53,8 +57,11 @@ def measure(model: str) -> list[dict]:
     systems = {}
     for spec in FLAGS.methods:
         optimizer = "sgd" if spec.startswith("dgc") else "momentum"
+        data = ({"dataset": "text", "data_dir": FLAGS.text_dir} if model == "transformer_lm"
+                else {})  # tokens, from the UTF-8 files of --text_dir
         trainer, batches = benchlib.build(model, FLAGS.global_batch, devices="cpu:4",
-                                          nodes=2, aggregation=spec, optimizer=optimizer)
+                                          nodes=2, aggregation=spec, optimizer=optimizer,
+                                          **data)
         trainer.train_loop(batches, FLAGS.steps)  # traces, counts the traffic
         systems[spec] = (trainer, batches, [])
     for _ in range(FLAGS.rounds):

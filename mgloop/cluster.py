@@ -1,4 +1,5 @@
-"""Several processes: the cluster described by TF_CONFIG, on TensorFlow's own runtime.
+"""Several processes: the cluster described by TF_CONFIG (or a Slurm job step), on
+TensorFlow's own runtime.
 
 TF_CONFIG is the JSON that MultiWorkerMirroredStrategy reads:
 
@@ -55,13 +56,15 @@ class Cluster:
 
 
 def from_environment(environ=None) -> Cluster | None:
-    """The cluster of TF_CONFIG, or None when it is unset (a single process).
+    """The cluster of TF_CONFIG; else, inside a Slurm job step of several tasks (`srun`),
+    the one TensorFlow's SlurmClusterResolver gives (`from_slurm`); else None (a single
+    process). `environ` (tests): a mapping read instead of the process's TF_CONFIG.
 
     Raises ConfigError with one line for a TF_CONFIG mgloop cannot use.
     """
     raw = (os.environ if environ is None else environ).get("TF_CONFIG", "").strip()
     if not raw:
-        return None
+        return from_slurm() if environ is None else None
     try:
         spec = json.loads(raw)
         workers = spec["cluster"][JOB]
@@ -84,6 +87,33 @@ def from_environment(environ=None) -> Cluster | None:
         raise ConfigError(f"TF_CONFIG: task must be {{'type': 'worker', 'index': 0..."
                           f"{len(workers) - 1}}}, got {task!r}")
     return Cluster(tuple(workers), task["index"])
+
+
+def from_slurm() -> Cluster | None:
+    """Inside a Slurm job step (SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE,
+    SLURM_STEP_NUM_TASKS, SLURM_PROCID set by srun) of more than one task: the workers
+    as TensorFlow's SlurmClusterResolver lays them out (hosts sorted by name, a node's
+    tasks on consecutive ports from $MGLOOP_PORT_BASE, default 8888, the resolver's),
+    this task's index its rank. Devices are left to --devices (no CUDA_VISIBLE_DEVICES
+    is set). None outside Slurm or for a one-task step."""
+    if "SLURM_STEP_NODELIST" not in os.environ or "SLURM_PROCID" not in os.environ:
+        return None
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+    try:
+        tasks = int(os.environ["SLURM_STEP_NUM_TASKS"])
+        if tasks <= 1:
+            return None
+        per_node = max(slurm.expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"]))
+        port = int(os.environ.get("MGLOOP_PORT_BASE", "8888"))
+        resolver = slurm.SlurmClusterResolver(
+            jobs={JOB: tasks}, port_base=port, gpus_per_node=per_node, gpus_per_task=1,
+            auto_set_gpu=False)
+        workers = tuple(resolver.cluster_spec().as_dict()[JOB])
+        _, index = resolver.get_task_info()
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise ConfigError(f"the Slurm job step's environment is not usable ({type(error).__name__}:"
+                          f" {error}); run the workers with srun, or set TF_CONFIG") from None
+    return Cluster(workers, int(index))
 
 
 def _split_address(address: str) -> tuple[str, int] | None:

@@ -270,3 +270,24 @@ def test_the_launcher_names_the_frozen_worker_not_the_survivor(tmp_path):
                      out.text, re.M), out.text
     for pid in out.pids():  # the stopped worker was killed at once, not after 600 s
         assert not alive(pid), pid
+
+
+@pytest.mark.parametrize("nodes, tasks_per_node, rank, expected", [
+    ("n[1-2]", "1(x2)", 1, (("n1:8888", "n2:8888"), 1)),
+    ("gpu7", "2", 0, (("gpu7:8888", "gpu7:8889"), 0)),
+    ("a,b", "2,1", 2, (("a:8888", "a:8889", "b:8888"), 2)),
+])
+def test_a_slurm_job_step_is_a_cluster(monkeypatch, nodes, tasks_per_node, rank, expected):
+    """Without TF_CONFIG, srun's variables give the workers through TensorFlow's own
+    SlurmClusterResolver; its rank is the worker index."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    total = sum(int(part.split("(")[0]) * (int(part.split("x")[1][:-1]) if "(x" in part else 1)
+                for part in tasks_per_node.split(","))
+    for name, value in dict(SLURM_STEP_NODELIST=nodes, SLURM_STEP_TASKS_PER_NODE=tasks_per_node,
+                            SLURM_STEP_NUM_TASKS=str(total), SLURM_PROCID=str(rank)).items():
+        monkeypatch.setenv(name, value)
+    assert cluster.from_environment() == cluster.Cluster(*expected)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert cluster.from_environment() is None  # one task: one process

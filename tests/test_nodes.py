@@ -263,3 +263,24 @@ def test_node_settings_that_do_not_apply_are_refused_in_one_line(settings, messa
     with pytest.raises(ConfigError) as error:
         helpers.small_config(logdir, **{"devices": "cpu:4", **settings}).validated()
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_between_workers_only_methods_whose_transports_reach_other_processes():
+    """At the nodes across workers the method has one tower per process: a method that
+    moves values only with `send` between its own towers (the plugin topk_ef,
+    reduce_broadcast) would exchange nothing, so --method_at=nodes is refused in one line
+    and auto keeps it at the towers (its dense local sums added between the workers)."""
+    import types
+    aggregation.load_plugins(["tests.plugins.topk_ef"])
+    workers = types.SimpleNamespace(num_workers=2)
+    for spec in ("topk_ef:ratio=0.5", "reduce_broadcast"):
+        config = Config(aggregation=spec, devices="cpu:2", method_at="nodes",
+                        plugins=("tests.plugins.topk_ef",))
+        with pytest.raises(ConfigError) as error:
+            aggregation.check_settings(config, devices.parse("cpu:2"), workers)
+        message = str(error.value)
+        assert "\n" not in message and "runs_between_processes" in message, message
+        assert "--method_at=towers" in message and "topk," in message, message
+        auto = Config(aggregation=spec, devices="cpu:2", plugins=("tests.plugins.topk_ef",))
+        assert not nodes_lib.method_at_nodes(auto, 2)
+    assert nodes_lib.method_at_nodes(Config(aggregation="topk", devices="cpu:2"), 2)

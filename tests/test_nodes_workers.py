@@ -15,7 +15,8 @@ differently (the weights then differ by <= 1e-9 after 4 steps; bit-equal with
 `arithmetic_optimization` off), so it is not among them.
 
 One job per worker count runs every method in turn in the same worker processes
-(tests/workers/methods_between_workers.py), so TensorFlow starts once per worker.
+(tests/workers/methods_between_workers.py), so TensorFlow starts once per worker;
+experiments/check_methods_between_workers.py runs every method so (RESULTS.md).
 """
 
 import io
@@ -35,12 +36,15 @@ from tests.workers.methods_between_workers import config_for
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")
 # The issue's list: error feedback, the two all-reduces of P and Q, seeded levels, outer
 # Nesterov steps every 2 steps, and a robust aggregator; plus a vote and a dropped node.
-# The first three keep state per node that a resume must restore (node_checkpoint.py):
-# residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q and residuals.
-# The last sums int8 codes between the workers (gathered: peers.py).
-TWO_WORKERS = ["topk:ratio=0.1", "diloco:period=3", "powersgd", "qsgd", "median", "drop",
+# The issue's list (error feedback, the two all-reduces of P and Q, seeded levels, outer
+# Nesterov steps every 3 steps, a robust aggregator) and 4-bit Streaming DiLoCo, whose
+# int8 codes are summed between the workers by a gather (peers.py). Then the first three
+# again, stopped after 2 steps and resumed: each keeps state per node that the resume
+# must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q).
+TWO_WORKERS = ["topk:ratio=0.1", "diloco:period=3", "powersgd", "qsgd", "median",
                "streaming_diloco:period=2,fragments=2,outer_bits=4"]
-THREE_WORKERS = ["trimmed_mean:trim=1", "topk:ratio=0.1"]
+RESUMED = [spec + "@2" for spec in TWO_WORKERS[:3]]
+THREE_WORKERS = ["trimmed_mean:trim=1"]  # needs 3 nodes
 
 
 def run_job(root, num_workers: int, devices: str, specs: list[str], *settings) -> str:
@@ -68,9 +72,7 @@ def between_gradients(root, index) -> dict:
 def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides):
     """Weights bit-equal; the bytes a node sends between nodes per step equal the simulated
     node's, but for the < 4 bytes by which peers.py pads each gathered buffer to int32s
-    per message.
-    (`drop` is left out of the bytes: its simulated nodes read one server copy on node 0's
-    host, real workers each hold one and all-reduce the kept sums: parameter_server.py.)"""
+    per message."""
     for index, spec in enumerate(specs):
         mgloop.run(config_for(spec, str(tmp_path / "single"), index, devices, nodes=nodes,
                               **overrides))
@@ -78,8 +80,6 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
         assert len(real) == len(simulated)
         for a, b in zip(real, simulated):
             np.testing.assert_array_equal(a, b, err_msg=spec)
-        if spec.startswith("drop"):
-            continue
         sent = between_gradients(root, index)
         expected = between_gradients(tmp_path / "single", index)["bytes_per_device"]
         assert expected <= sent["bytes_per_device"] <= expected + 3 * sent[
@@ -89,7 +89,7 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_workers")
-    run_job(root, 2, "cpu:2", TWO_WORKERS)
+    run_job(root, 2, "cpu:2", TWO_WORKERS + RESUMED)
     return root
 
 
@@ -97,26 +97,23 @@ def test_two_workers_equal_two_simulated_nodes(two_workers, tmp_path):
     check_equal_to_simulated(tmp_path, two_workers, TWO_WORKERS, "cpu:4", 2)
 
 
+def test_a_resumed_job_restores_every_nodes_own_state(two_workers):
+    """2 steps, then a new run to step 4 from the checkpoint of step 2 (the chief's, and
+    each worker's node-<w> state beside it): the weights equal the uninterrupted job's,
+    bit for bit; without the nodes' own state they would not (error feedback, DiLoCo's
+    copies between its syncs at steps 3 and 6)."""
+    for offset, entry in enumerate(RESUMED):
+        index = len(TWO_WORKERS) + offset
+        with open(two_workers / str(index) / "summary.json") as handle:
+            assert json.load(handle)["start_step"] == 2, entry  # resumed, not started again
+        for node in ("node-0", "node-1"):
+            saved = sorted(os.listdir(two_workers / str(index) / "checkpoints" / node))
+            assert {"ckpt-2.index", "ckpt-4.index"} <= set(saved), (entry, saved)
+        for a, b in zip(weights(two_workers, index), weights(two_workers, offset)):
+            np.testing.assert_array_equal(a, b, err_msg=entry)
+
+
 def test_three_workers_equal_three_simulated_nodes(tmp_path):
     root = tmp_path / "three_workers"
     run_job(root, 3, "cpu:1", THREE_WORKERS, "--global_batch_size=96")
     check_equal_to_simulated(tmp_path, root, THREE_WORKERS, "cpu:3", 3, global_batch_size=96)
-
-
-def test_a_resumed_job_restores_every_nodes_own_state(two_workers, tmp_path):
-    """2 steps, then a restart to step 4 from the checkpoint of step 2 (each worker's
-    node-<w> state beside the chief's): the weights equal the uninterrupted job's, bit
-    for bit; without the nodes' own state they would not (error feedback, DiLoCo's copies
-    between its syncs at steps 3 and 6)."""
-    specs = TWO_WORKERS[:3]
-    root = tmp_path / "resumed"
-    run_job(root, 2, "cpu:2", specs, "--train_steps=2")
-    for index in range(len(specs)):
-        assert sorted(os.listdir(root / str(index) / "checkpoints" / "node-1")) == [
-            "checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
-    run_job(root, 2, "cpu:2", specs)
-    for index, spec in enumerate(specs):
-        with open(root / str(index) / "summary.json") as handle:
-            assert json.load(handle)["start_step"] == 2, spec  # resumed, not started again
-        for a, b in zip(weights(root, index), weights(two_workers, index)):
-            np.testing.assert_array_equal(a, b, err_msg=spec)

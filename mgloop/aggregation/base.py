@@ -37,7 +37,8 @@ Gradients = list[tf.Tensor]
 # The class attributes of `Aggregation` that declare what a method can do.
 CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
                 "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
-                "averages_non_trainable", "copies_differ", "identity", "buckets_payloads")
+                "averages_non_trainable", "copies_differ", "identity", "buckets_payloads",
+                "runs_between_processes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +108,13 @@ class Aggregation(abc.ABC):
     # True: the variable copies differ between the method's synchronisations (local SGD,
     # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
     copies_differ: ClassVar[bool] = False
+    # True: every value it moves between its towers goes through the transports that reach
+    # other processes when it has `peers` (ring.py's all-reduces, transport.py's gather,
+    # gather_at_root.py, the parameter servers' sums; peers.py), so it runs between
+    # workers at the nodes. False (the default, e.g. a method that only `send`s between
+    # its own towers): never put at the nodes across workers, where it would exchange
+    # nothing (validation refuses --method_at=nodes there).
+    runs_between_processes: ClassVar[bool] = False
     # True: the per-tensor payloads it gathers are fused into buckets of --pack_bytes for
     # the transport (compression/base.py's `gather_in_buckets`), though it is not summable.
     buckets_payloads: ClassVar[bool] = False

@@ -30,3 +30,4 @@ class Colocate(ParameterServerCpu):
     exchanges = False
     single_loss = True
     across_workers = False  # the single loss is over one process's towers
+    runs_between_processes = False

@@ -41,6 +41,7 @@ class GatherAtRoot(Aggregation):
     layout = REPLICATED
     exact = False
     summable = False
+    runs_between_processes = True  # its transports reach other processes (peers.py)
     unsummable_reason = ("it compares every tower's whole gradients, gathered on tower 0 "
                          "(no element-wise sum to pack or ring-reduce)")
     across_workers = False

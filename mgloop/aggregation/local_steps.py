@@ -85,6 +85,7 @@ class LocalSGD(Aggregation):
     across_workers = False
     compressed_transport = False  # parameters are averaged at their own dtype
     copies_differ = True
+    runs_between_processes = True  # its transports reach other processes (peers.py)
 
     def parameter_devices(self):
         return list(self.devices.towers)

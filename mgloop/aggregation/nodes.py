@@ -231,7 +231,8 @@ def method_at_nodes(config, num_workers: int = 1) -> bool:
         return nodes > 1 and method_at in ("auto", "nodes")
     if method_at == "auto":
         method = registry.get(config.aggregation)
-        return not method.exact and method.exchanges and not method.single_loss
+        return (not method.exact and method.exchanges and not method.single_loss
+                and method.runs_between_processes)
     return method_at == "nodes"
 
 
@@ -307,6 +308,13 @@ def check_settings(config, request, workers=None):
                           "over every tower, none per node; use --method_at=towers or a "
                           "tower-loop method")
     if num_workers > 1:
+        if not method.runs_between_processes:
+            raise ConfigError(f"--aggregation={config.aggregation} {where}: it moves values "
+                              "only between its own towers (it does not declare "
+                              "runs_between_processes), which would exchange nothing between "
+                              "the workers; use --method_at=towers or one of: "
+                              + ", ".join(n for n in registry.names()
+                                          if registry.get(n).runs_between_processes))
         if not method.exchanges:
             raise ConfigError(f"--aggregation={config.aggregation} {where}: its replicas "
                               "exchange nothing, so there is nothing to send between nodes; "

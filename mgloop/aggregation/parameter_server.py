@@ -28,6 +28,7 @@ from mgloop.aggregation.base import SHARED, Aggregation, canonical
 class _ParameterServer(Aggregation):
     layout = SHARED
     sums_at_home = True
+    runs_between_processes = True  # its transports reach other processes (peers.py)
 
     def parameter_devices(self):
         return [self.devices.host]

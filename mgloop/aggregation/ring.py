@@ -128,6 +128,7 @@ class RingOptions(Options):
 class Ring(Aggregation):
     name = "ring"
     layout = REPLICATED
+    runs_between_processes = True  # sharded_ring_all_reduce reaches other processes (peers.py)
     options_type = RingOptions
 
     def parameter_devices(self):

@@ -6,6 +6,8 @@ Run by `mgloop.launch.launch(..., command=[python, this file])`, which sets TF_C
 and appends `--devices=...`. For each aggregation SPEC (its index i) it trains
 `config_for(spec, ..., KEY=INT ...)` into ROOT/i (resuming what ROOT/i holds) (the chief exports ROOT/i/export), so one pair of
 processes (one TensorFlow start-up and one gRPC server each) covers every method.
+SPEC@S trains S steps first, then runs again on the same logdir, which resumes from the
+checkpoint of step S (the chief's and every node's, read back from disk).
 """
 
 import os
@@ -34,13 +36,17 @@ def main(argv):
     devices = settings.pop("devices")
     overrides = {key: int(value) for key, value in settings.items()}  # e.g. --train_steps=2
     root, *specs = [a for a in argv if not a.startswith("--")]
-    for index, spec in enumerate(specs):
+    for index, entry in enumerate(specs):
+        spec, _, first = entry.partition("@")
         try:  # refused the same way on every worker, before anything is built
+            if first:  # stop after `first` steps, then resume from the checkpoint on disk
+                experiment.run(config_for(spec, root, index, devices,
+                                          **dict(overrides, train_steps=int(first))))
             experiment.run(config_for(spec, root, index, devices, **overrides))
         except ConfigError as error:
-            print(f"[methods] refused {index} {spec}: {error}", flush=True)
+            print(f"[methods] refused {index} {entry}: {error}", flush=True)
             continue
-        print(f"[methods] done {index} {spec}", flush=True)
+        print(f"[methods] done {index} {entry}", flush=True)
 
 
 if __name__ == "__main__":

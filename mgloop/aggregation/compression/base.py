@@ -123,6 +123,7 @@ class Compressed(Aggregation):
     # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
     sparse_payload: ClassVar[bool] = False
     buckets_payloads = True  # gathered wires travel in buckets of `bucket_bytes`
+    runs_between_processes = True  # its transports reach other processes (peers.py)
     # --pack_bytes (set by nodes.make): the bytes of a bucket of gathered wires; 0: one
     # send per payload part, per variable
     bucket_bytes: int = 0
