@@ -123,7 +123,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
             byzantine_lib.parse_attack(config.attack), config.byzantine_towers,
             config.byzantine_choice, config.seed, replicas.global_step, first_tower,
             replicas.num_towers * replicas.num_workers, aggregation.devices.host,
-            aggregation.nodes.per_node if isinstance(aggregation, NodeLevel) else 1)
+            _towers_per_node(aggregation))
         common.append(byzantine)
     loss_scaling = precision.uses_loss_scaling(config.mixed_precision)
     if loss_scaling:
@@ -173,3 +173,10 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                                                            metrics), streams)
     trainer.spec = spec
     return trainer
+
+
+def _towers_per_node(aggregation) -> int:
+    """Towers per node when the method is between nodes (simulated, or each worker a node
+    inside the cross-worker stage), so that an attacker is a whole node; else 1."""
+    level = getattr(aggregation, "local", aggregation)  # cross_worker.py's local stage
+    return level.nodes.per_node if isinstance(level, NodeLevel) else 1

@@ -256,8 +256,10 @@ class Config:
         towers = request.num_towers * (workers.num_workers if workers else 1)
         # --plugin modules loaded, then the method, its options and what combines with it
         aggregation.check_settings(self, request, workers)
-        if node_level.method_at_nodes(self, workers.num_workers if workers else 1):
-            byzantine.check_settings(self, self.nodes, "nodes (the method is between nodes)")
+        num_workers = workers.num_workers if workers else 1
+        if node_level.method_at_nodes(self, num_workers):  # each worker is a node, if several
+            byzantine.check_settings(self, num_workers if num_workers > 1 else self.nodes,
+                                     "nodes (the method is between nodes)")
         else:
             byzantine.check_settings(self, towers)
         for module in (models, controller, optim, staging, accumulation, precision,

@@ -44,7 +44,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 TWO_WORKERS = ["topk:ratio=0.1", "diloco:period=3", "powersgd", "qsgd", "median",
                "streaming_diloco:period=2,fragments=2,outer_bits=4"]
 RESUMED = [spec + "@2" for spec in TWO_WORKERS[:3]]
-THREE_WORKERS = ["trimmed_mean:trim=1"]  # needs 3 nodes
+THREE_WORKERS = ["trimmed_mean:trim=1"]  # needs 3 nodes; run with one attacking node
 
 
 def run_job(root, num_workers: int, devices: str, specs: list[str], *settings) -> str:
@@ -114,6 +114,9 @@ def test_a_resumed_job_restores_every_nodes_own_state(two_workers):
 
 
 def test_three_workers_equal_three_simulated_nodes(tmp_path):
+    """With --byzantine_towers=1: one of the 3 nodes (workers) sends the sign-flipped
+    gradient, the same one, with the same draw, as among 3 simulated nodes."""
     root = tmp_path / "three_workers"
-    run_job(root, 3, "cpu:1", THREE_WORKERS, "--global_batch_size=96")
-    check_equal_to_simulated(tmp_path, root, THREE_WORKERS, "cpu:3", 3, global_batch_size=96)
+    run_job(root, 3, "cpu:1", THREE_WORKERS, "--global_batch_size=96", "--byzantine_towers=1")
+    check_equal_to_simulated(tmp_path, root, THREE_WORKERS, "cpu:3", 3, global_batch_size=96,
+                             byzantine_towers=1)
