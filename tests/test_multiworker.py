@@ -151,11 +151,13 @@ def test_a_killed_worker_stops_the_job_and_a_restart_resumes(straight, tmp_path)
         if re.match(r"\[worker 0\] .*step 30/", line):
             break
     os.kill(pids[1], signal.SIGKILL)
-    killed = time.monotonic()
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=300)  # a hang guard only
     output = "".join(lines) + output
     assert process.returncode != 0
-    assert time.monotonic() - killed < 60
+    # worker 0 stopped by itself, within the launcher's grace after it saw worker 1 die
+    # (not terminated by the launcher): measured by the launcher, not by this test's
+    # clock, which load on a shared machine stretches
+    assert "still running after" not in output, output[-3000:]
     assert "[launch] worker 1 was killed by signal SIGKILL" in output
     assert re.search(r"\[worker 0\] mgloop.train: error: lost the other workers", output)
     assert os.path.exists(logdir / "checkpoints" / "checkpoint")  # the chief's, kept
