@@ -30,6 +30,7 @@ from mgloop import random_streams as random_streams_lib
 from mgloop import staging as staging_lib
 from mgloop import sync_batch_norm
 from mgloop import training_spec
+from mgloop import vectorized_towers
 from mgloop.aggregation import Aggregation
 from mgloop.aggregation.nodes import NodeLevel
 from mgloop.config import Config
@@ -69,6 +70,11 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     finite check reads every tower's gradients) nor with --byzantine_towers (the attack
     alters every tower's whole gradient)."""
     aggregation = replicas.aggregation
+    if replicas.towers_per_device > 1:  # a device's towers are one vectorized pass
+        logging.info("--towers_per_device=%d: no ordered sum nor sufficient factors (they sum "
+                     "the towers' gradients at their homes one tower's pass at a time)",
+                     replicas.towers_per_device)
+        return []
     if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
             and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
         return []
@@ -121,6 +127,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     # labelflip's C: known once the template and the loss are, refused before any copy
     classes = (byzantine_lib.label_classes(loss_fn, model, input_shape)
                if config.byzantine_towers and attack.name == "labelflip" else None)
+    if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
+        vectorized_towers.probe(model, input_shape)  # before any copy: one line if it cannot
     replicas = Replicas(model, aggregation, spec.optimizer_fn)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
@@ -148,6 +156,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     if config.histogram_every > 0:
         common.append(KeepLastGradients(replicas.copies[0]))
     common += list(hooks)
+    if replicas.towers_per_device > 1:
+        vectorized_towers.check_hooks(common)
     passes = (accumulation.one_pass if config.accumulation_steps == 1 else
               accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
                                       units, metrics_lib.total_size(metrics),
@@ -168,7 +178,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
                                            config.pack_bytes, bool(large),
-                                           config.sparse_as_dense), streams)
+                                           config.sparse_as_dense), streams,
+                         replicas.towers_per_device)
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
@@ -176,7 +187,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                   byzantine=byzantine)
             sampled = TowerStep(replicas, loss_fn, metrics,
                                 Hooks(common + large + [stats], step_hooks.gradients), passes,
-                                step.exchange, streams)
+                                step.exchange, streams, replicas.towers_per_device)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
     trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,

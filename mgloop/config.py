@@ -33,6 +33,7 @@ from mgloop import sufficient_factors
 from mgloop import precision
 from mgloop import run_dir
 from mgloop import sync_batch_norm
+from mgloop import vectorized_towers
 from mgloop import staging
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range as _check_range
@@ -56,6 +57,11 @@ class Config:
     # Devices and aggregation.
     devices: str = setting(
         "auto", "auto | cpu:N | gpu | gpu:I,J,... (auto: all GPUs, else 2 simulated CPU towers)",
+        hparam=True)
+    towers_per_device: int = setting(
+        1, "K: towers on each device, computed together as one vectorized pass "
+        "(tf.vectorized_map: each tower its own shard, random stream and batch-norm "
+        "statistics) and reading one variable copy per device; towers = devices x K",
         hparam=True)
     aggregation: str = setting(
         "reduce_broadcast", "how gradients meet: NAME or NAME:key=value,... with the method's "
@@ -261,11 +267,13 @@ class Config:
         Each module checks its own settings, in this order; then the combinations that
         involve the aggregation method and several workers; then the folders on disk."""
         check_finite(self)  # NaN and inf pass every comparison: refused once, here
-        request = devices.parse(self.devices)
+        _check_range("towers_per_device", self.towers_per_device, low=1)
+        request = devices.parse(self.devices, self.towers_per_device)
         workers = cluster.from_environment()
         towers = request.num_towers * (workers.num_workers if workers else 1)
         # --plugin modules loaded, then the method, its options and what combines with it
         aggregation.check_settings(self, request, workers)
+        vectorized_towers.check_settings(self, request, workers)
         num_workers = workers.num_workers if workers else 1
         if node_level.method_at_nodes(self, num_workers):  # each worker is a node, if several
             byzantine.check_settings(self, num_workers if num_workers > 1 else self.nodes,

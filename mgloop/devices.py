@@ -45,10 +45,16 @@ class DeviceRequest:
 
     kind: str  # "cpu" or "gpu"
     indices: tuple[int, ...]  # logical device indices of that kind, tower order
+    towers_per_device: int = 1  # K (--towers_per_device): towers computed together per device
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.indices)
 
     @property
     def num_towers(self) -> int:
-        return len(self.indices)
+        """T = devices x K."""
+        return len(self.indices) * self.towers_per_device
 
     @property
     def simulated(self) -> bool:
@@ -57,7 +63,9 @@ class DeviceRequest:
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSet:
-    """The devices a run uses: one tower per entry of `towers`, plus the host."""
+    """The devices a run uses: one tower per entry of `towers`, plus the host. With
+    --towers_per_device=K each device is listed K times in a row (towers d K .. d K + K - 1
+    on device d, computed together: vectorized_towers.py)."""
 
     towers: tuple[str, ...]
     host: str = HOST_DEVICE
@@ -67,13 +75,24 @@ class DeviceSet:
     def num_towers(self) -> int:
         return len(self.towers)
 
+    @property
+    def copy_devices(self) -> tuple[str, ...]:
+        """The distinct tower devices in tower order: where a replicated layout keeps its
+        copies (one per device; the towers of one device read the same copy)."""
+        return tuple(dict.fromkeys(self.towers))
+
 
 def _visible_gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
 
-def parse(spec: str) -> DeviceRequest:
-    """Parses and checks a `--devices` spec against the visible hardware.
+def parse(spec: str, towers_per_device: int = 1) -> DeviceRequest:
+    return dataclasses.replace(_parse(spec), towers_per_device=towers_per_device)
+
+
+def _parse(spec: str) -> DeviceRequest:
+    """Parses and checks a `--devices` spec against the visible hardware; with
+    `towers_per_device` K (checked >= 1 by the caller) each device holds K towers.
 
     Raises ConfigError (one line naming `--devices` and what is valid) for a
     malformed spec or a GPU that is not there; never falls back silently.
@@ -159,9 +178,9 @@ def setup(request: DeviceRequest, workers=None, startup_timeout: float = 60.0) -
     names are then this worker's: /job:worker/replica:0/task:<i>/device:...
     """
     if request.simulated:
-        configure_logical_cpus(request.num_towers)
-        logging.info("No GPU in use: %d towers are simulated on logical CPU devices.",
-                     request.num_towers)
+        configure_logical_cpus(request.num_devices)
+        logging.info("No GPU in use: %d towers are simulated on %d logical CPU devices.",
+                     request.num_towers, request.num_devices)
     host = HOST_DEVICE
     if workers is not None:
         from mgloop import cluster
@@ -171,5 +190,5 @@ def setup(request: DeviceRequest, workers=None, startup_timeout: float = 60.0) -
         logging.info("worker %d of %d (%s)", workers.index, workers.num_workers,
                      "chief" if workers.is_chief else "not the chief")
     names = [d.name for d in tf.config.list_logical_devices(request.kind.upper())]
-    towers = tuple(names[i] for i in request.indices)
+    towers = tuple(names[i] for i in request.indices for _ in range(request.towers_per_device))
     return DeviceSet(towers=towers, host=host, simulated=request.simulated)

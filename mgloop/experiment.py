@@ -135,7 +135,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
         check_data(dataset, config)
     for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
         data.user_input.check_accepted(value, what)  # one line, before any device exists
-    request = devices.parse(config.devices)
+    request = devices.parse(config.devices, config.towers_per_device)
     workers = cluster.from_environment()
     chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
     with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,

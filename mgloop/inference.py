@@ -45,14 +45,16 @@ class TowerInference:
         self.replicas, self.loss_fn, self.metrics = replicas, loss_fn, list(metrics)
 
     def _tower_outputs(self, x, active: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
-        """Inference outputs of x split over the first `active` towers: [(rows, outputs)]."""
-        model, devices = self.replicas.model, self.replicas.tower_devices
+        """Inference outputs of x split over the first `active` devices' first towers (with
+        --towers_per_device=K one per device: inference has no per-tower statistics or
+        random draws to keep apart): [(rows, outputs)]."""
+        model, devices = self.replicas.model, self._devices()
         sizes = uneven_shard_sizes(tf.shape(tf.nest.flatten(x)[0])[0], active)
         shards = _split(x, sizes, active)
         kwargs = towers.call_kwargs(model, training=False)
         results = []
         for t, x_t in enumerate(shards):
-            copy = self.replicas.copy_for_tower(t)
+            copy = self.replicas.copy_for_tower(t * self.replicas.towers_per_device)
             with tf.device(devices[t]):
                 outputs, _ = model.stateless_call(
                     [tf.identity(v) for v in copy.trainable],
@@ -70,7 +72,7 @@ class TowerInference:
         ys = _split(y, sizes, active)
         loss_sums, states = [], []
         for t, ((size, outputs), y_t) in enumerate(zip(results, ys)):
-            with tf.device(self.replicas.tower_devices[t]):
+            with tf.device(self._devices()[t]):
                 mean = tf.reduce_mean(self.loss_fn(y_t, outputs))
                 loss_sums.append(mean * tf.cast(size, mean.dtype))
                 states.append(metrics_lib.state(self.metrics, y_t, outputs))
@@ -83,8 +85,11 @@ class TowerInference:
         with tf.device(self.replicas.aggregation.devices.host):
             return tf.nest.map_structure(lambda *o: tf.concat(o, axis=0), *outputs)
 
+    def _devices(self) -> list[str]:
+        return self.replicas.tower_devices[::self.replicas.towers_per_device]
+
     def _active_towers(self, batch_size: int) -> int:
-        return max(1, min(batch_size, self.replicas.num_towers))
+        return max(1, min(batch_size, len(self._devices())))
 
     def evaluate(self, batches: tf.data.Dataset) -> dict[str, float]:
         """Mean loss and the metrics over every example of `batches`, computed on the towers.

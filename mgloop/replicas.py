@@ -31,6 +31,8 @@ class Replicas:
         self.model = model
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
+        # K: towers d K .. d K + K - 1 share device d (--towers_per_device)
+        self.towers_per_device = len(self.tower_devices) // len(aggregation.devices.copy_devices)
         self.copies = towers.make_copies(model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
         with tf.device(aggregation.devices.host):
@@ -52,7 +54,11 @@ class Replicas:
         return self.workers.num_workers if self.workers is not None else 1
 
     def copy_index(self, tower: int) -> int:
-        return tower if self.aggregation.layout == REPLICATED else 0
+        """Replicated: the copy of the tower's device (one per device; with
+        --towers_per_device=K, towers d K .. d K + K - 1 read copy d). Shared: copy 0."""
+        if self.aggregation.layout != REPLICATED:
+            return 0
+        return tower * len(self.copies) // self.num_towers
 
     def copy_for_tower(self, tower: int) -> towers.VariableCopy:
         return self.copies[self.copy_index(tower)]
@@ -72,6 +78,15 @@ class Replicas:
         variables = copy.trainable, copy.non_trainable
         return tuple([self.aggregation.send(value, v.device, device) for value, v in zip(vals, vs)]
                      for vals, vs in zip(values, variables))
+
+    def read_for_towers(self, groups: list[range]) -> list[tuple[list, list]]:
+        """`read_for_tower` of every tower, read once per group of towers on one device
+        (they read the same copy there: validation refuses methods whose `tower_values`
+        differ per tower with --towers_per_device > 1)."""
+        reads = []
+        for group in groups:
+            reads += [self.read_for_tower(group[0])] * len(group)
+        return reads
 
     def apply(self, grads_per_copy, states_per_copy, may_apply: Guard) -> None:
         """Each copy applies its gradients and takes its new non-trainable state, inside

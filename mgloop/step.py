@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from mgloop import non_trainable
 from mgloop import towers
+from mgloop import vectorized_towers
 from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.accumulation import Pass
 
@@ -31,10 +32,16 @@ class StepResult:
 
 
 class TowerStep:
-    def __init__(self, replicas, loss_fn, metrics, hooks, passes, exchange, random_streams):
+    def __init__(self, replicas, loss_fn, metrics, hooks, passes, exchange, random_streams,
+                 towers_per_device: int = 1):
         self.replicas, self.loss_fn, self.metrics = replicas, loss_fn, list(metrics)
         self.hooks, self.passes, self.exchange = hooks, passes, exchange
         self.random_streams = random_streams
+        # the towers computed together (one device's K), and how: one traced pass per tower,
+        # or one vectorized computation per device (vectorized_towers.py)
+        k = towers_per_device
+        self.groups = [range(t, t + k) for t in range(0, replicas.num_towers, k)]
+        self.group_pass = towers.group_pass if k == 1 else vectorized_towers.device_pass
         self.tower_outputs: list[towers.TowerOutput] = []  # of the last trace (exchange_timing)
 
     def __call__(self, shards) -> StepResult:
@@ -56,10 +63,9 @@ class TowerStep:
         metrics' states (metrics.py).
         """
         replicas, hooks, aggregation = self.replicas, self.hooks, self.replicas.aggregation
-        towers_here = range(replicas.num_towers)
         with aggregation.step(), hooks.step_scope():
             with tf.name_scope(COMPUTE):  # 1. the towers read their parameters
-                reads = [replicas.read_for_tower(t) for t in towers_here]
+                reads = replicas.read_for_towers(self.groups)
                 trainable = [values for values, _ in reads]
             with tf.name_scope(COMPUTE):  # 2. forward, loss and backward on every shard
                 out = self.passes(functools.partial(self.towers_pass, trainable),
@@ -84,13 +90,18 @@ class TowerStep:
         return StepResult(loss, metric_state, done, hooks.report(done))
 
     def towers_pass(self, trainable, xs, ys, states) -> Pass:
-        """Every tower on its shard (xs[t], ys[t]), in tower order; after each, the hooks'
-        `after_tower` (large gradients sent home and summed there, in the exchange's scope)."""
+        """Every tower on its shard (xs[t], ys[t]), in tower order, a group (one device's
+        towers) at a time; after each, the hooks' `after_tower` (large gradients sent home
+        and summed there, in the exchange's scope)."""
         outputs = []
-        for t in range(self.replicas.num_towers):
-            outputs.append(towers.tower_pass(self, t, trainable[t], states[t], xs[t], ys[t]))
-            with tf.name_scope(AGGREGATION):
-                self.hooks.after_tower(t, outputs[-1])
+        for group in self.groups:
+            computed = self.group_pass(self, group, trainable[group[0]],
+                                       [states[t] for t in group], [xs[t] for t in group],
+                                       [ys[t] for t in group])
+            for t, out in zip(group, computed):
+                outputs.append(out)
+                with tf.name_scope(AGGREGATION):
+                    self.hooks.after_tower(t, out)
         with tf.name_scope(AGGREGATION):
             sums = self.hooks.home_sums()
         self.tower_outputs = outputs

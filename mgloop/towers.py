@@ -159,3 +159,10 @@ def tower_pass(step, t: int, trainable: list[tf.Tensor], non_trainable: list[tf.
         return TowerOutput(loss, metric_state(step.metrics, y, outputs),
                            hooks.unscale(t, grads), streams.after_tower(non_trainable, new_state),
                            factors)
+
+
+def group_pass(step, group: range, trainable, states, xs, ys) -> list[TowerOutput]:
+    """The towers of `group` one traced pass each (`tower_pass`); with one tower per device
+    a group is one tower (vectorized_towers.device_pass computes a device's K at once)."""
+    return [tower_pass(step, t, trainable, state, x, y)
+            for t, state, x, y in zip(group, states, xs, ys)]

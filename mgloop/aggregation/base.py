@@ -38,7 +38,7 @@ Gradients = list[tf.Tensor]
 CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
                 "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
                 "averages_non_trainable", "copies_differ", "identity", "buckets_payloads",
-                "runs_between_processes")
+                "runs_between_processes", "copies_per_device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +118,11 @@ class Aggregation(abc.ABC):
     # True: the per-tensor payloads it gathers are fused into buckets of --pack_bytes for
     # the transport (compression/base.py's `gather_in_buckets`), though it is not summable.
     buckets_payloads: ClassVar[bool] = False
+    # True: with several towers on one device (--towers_per_device=K, DeviceSet.copy_devices)
+    # its replicated layout keeps one copy per device and `reduce` returns one output per
+    # device, sending each once (gather_at_root.py); False: one per tower, kept per device
+    # by device_groups.py.
+    copies_per_device: ClassVar[bool] = False
     # Options (a spec's `key=value,...` part) under which a method whose updates are by
     # design not the synchronous one (stale reads, local steps) trains exactly as
     # synchronous training, e.g. "period=1": the contract test checks that against one

@@ -8,7 +8,9 @@ trusted-server model of the Byzantine literature (Blanchard et al. 2017):
     tower t != 0 sends g[t][v] to tower 0          (send: --transport_dtype, counted)
     tower 0 mixes them if nnm > 0: g[t] -> y[t]     (`mix`, nnm.py; robust methods)
     tower 0 computes out[v] = A(y[0], ..., y[T-1])[v]    (the method's `combine`)
-    tower 0 sends out[v] to every other tower      (one tensor, so replicas stay identical)
+    tower 0 sends out[v] to every other tower      (one tensor, so replicas stay identical;
+                                                   once per device with several towers
+                                                   on one: device_groups.py)
 
 so every replica applies the same bits. Bytes per step for P bytes of gradients: tower 0
 receives and sends (T-1) P, every other tower sends P and receives P (as
@@ -66,9 +68,10 @@ class GatherAtRoot(Aggregation):
     unsummable_reason = ("it compares every tower's whole gradients, gathered on tower 0 "
                          "(no element-wise sum to pack or ring-reduce)")
     across_workers = False
+    copies_per_device = True  # one copy per device; towers sharing a device read it
 
     def parameter_devices(self):
-        return list(self.devices.towers)
+        return list(self.devices.copy_devices)
 
     @classmethod
     def check(cls, request, options):
@@ -103,7 +106,8 @@ class GatherAtRoot(Aggregation):
             combined = self.combine(self.mix(stacked))
             if not average:
                 combined = [x * float(self.num_towers) for x in combined]
-        per_var = [[self.send(x, root, device) for device in towers] for x in combined]
+        per_var = [[self.send(x, root, device) for device in self.devices.copy_devices]
+                   for x in combined]
         return [list(per_copy) for per_copy in zip(*per_var)]
 
     def _reduce_between_workers(self, tower_values, average):

@@ -40,6 +40,7 @@ import dataclasses
 import tensorflow as tf
 
 from mgloop import aggregation as registry
+from mgloop.aggregation import device_groups
 from mgloop.aggregation import local_steps
 from mgloop.aggregation.base import CAPABILITIES, REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
@@ -108,7 +109,16 @@ class NodeLevel(Aggregation):
     def parameter_devices(self):
         if self.layout == SHARED:
             return self.inner.parameter_devices()
-        return list(self.devices.towers)
+        return list(self.devices.copy_devices)  # one per device (device_groups.py)
+
+    def _copy_of(self, tower: int) -> int:
+        """The index of the copy tower `tower` reads (its device's)."""
+        return tower * len(self.devices.copy_devices) // self.num_towers
+
+    def _device_firsts(self) -> list[int]:
+        """The first tower of every device, in order (one per copy)."""
+        per_device = self.num_towers // len(self.devices.copy_devices)
+        return list(range(0, self.num_towers, per_device))
 
     def variable_scope(self):
         return self.inner.variable_scope()
@@ -171,7 +181,7 @@ class NodeLevel(Aggregation):
                    for values, copy in zip(out, self.inner.parameter_devices())]
         if self.layout == SHARED:
             return out
-        return [self._from_leader(out, t) for t in range(self.num_towers)]
+        return [self._from_leader(out, t) for t in self._device_firsts()]
 
     def _times(self, value, device):
         with tf.device(device):
@@ -189,7 +199,7 @@ class NodeLevel(Aggregation):
     def after_update(self, copies):
         if self.layout == SHARED:
             return self.inner.after_update(copies)
-        leaders = [copies[self.nodes.leader(n)] for n in range(self.nodes.count)]
+        leaders = [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
         ops = self.inner.after_update(leaders)
         if not self.copies_differ or self.nodes.per_node == 1:
             return ops
@@ -204,13 +214,15 @@ class NodeLevel(Aggregation):
             return [tf.cond(due(), propagate, lambda: tf.constant(False))]
 
     def _leaders_to_members(self, copies) -> None:
-        """Every tower of node n takes its leader's parameters and optimizer slots."""
+        """Every copy of node n (one per device it holds) takes its leader's parameters and
+        optimizer slots."""
         for n in range(self.nodes.count):
-            leader = copies[self.nodes.leader(n)]
+            first = self._copy_of(self.nodes.leader(n))
+            leader = copies[first]
             sources = list(leader.trainable) + local_steps.slot_variables(leader.optimizer)
             values = [backing(v).read_value() for v in sources]
-            for t in self.nodes.members(n)[1:]:
-                copy = copies[t]
+            for c in sorted({self._copy_of(t) for t in self.nodes.members(n)} - {first}):
+                copy = copies[c]
                 targets = list(copy.trainable) + local_steps.slot_variables(copy.optimizer)
                 for target, value in zip(targets, values):
                     target = backing(target)
@@ -262,7 +274,11 @@ def make(config, devices: DeviceSet, make_method, workers=None) -> Aggregation:
         return level
     nodes = Nodes(tuple(devices.towers), max(settings_of(config)[0], 1), devices.host)
     if not method_at_nodes(config):
-        method = make_method(config.aggregation, devices, config.transport_dtype)
+        if len(devices.copy_devices) < devices.num_towers:  # K towers per device
+            method = device_groups.make(config.aggregation, devices, config.transport_dtype,
+                                        make_method, getattr(config, "pack_bytes", 0))
+        else:
+            method = make_method(config.aggregation, devices, config.transport_dtype)
         method.traffic.node_of.update(nodes.device_map())
         return method
     leaders = DeviceSet(tuple(devices.towers[nodes.leader(n)] for n in range(nodes.count)),
@@ -323,8 +339,9 @@ def check_settings(config, request, workers=None):
                               "exchange nothing, so there is nothing to send between nodes; "
                               "use a method that exchanges gradients")
         return DeviceRequest(request.kind, tuple(range(num_workers)))
-    per_node = request.num_towers // nodes
-    return DeviceRequest(request.kind, tuple(request.indices[::per_node]))
+    per_node, k = request.num_towers // nodes, request.towers_per_device
+    return DeviceRequest(request.kind, tuple(request.indices[n * per_node // k]
+                                             for n in range(nodes)))
 
 
 def _exact_stage(method) -> bool:

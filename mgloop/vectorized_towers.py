@@ -1,0 +1,269 @@
+"""`--towers_per_device=K`: the K towers of one device computed as one vectorized computation.
+
+With D devices and K towers per device there are T = D K towers; tower t = d K + k is on
+device d (tower-major, as the shards: tower t holds rows [t B/T, (t+1) B/T) of the global
+batch). On device d, instead of K traced copies of the tower's pass (towers.tower_pass),
+one function of ONE tower's shard,
+
+    f(x_t, y_t, r_t) = (loss_t, metric state_t, g[t] = d loss_t / d v, new state_t),
+
+is traced once and mapped over the K stacked shards by `tf.vectorized_map` (TensorFlow's
+parallel-for, pfor): every op of f becomes one op over a leading axis of K (a matmul of
+the K shards with the shared weights, a batched matmul for the K weight gradients), so the
+graph does not grow with K. The towers read the same values (their device's copy), so v
+is not mapped; what is mapped is each tower's own:
+
+    x_t, y_t   its shard                         (its batch norm's batch statistics are
+                                                  its shard's, as in the tower loop)
+    r_t        its random streams' seed states   (random_streams.py: [a_g, c] of its
+                                                  global index g, as the tower loop gives it)
+
+so tower t computes the same function of the same inputs as in the tower loop; the results
+differ only by the rounding of the vectorized kernels' sums (a batched matmul adds in
+another order): |g_vec - g_loop| <= gamma_n sum |terms| per element, the float32 bound of
+any reordered sum of n terms (tests/test_vectorized_towers.py derives its tolerance so).
+After the map, each tower's loss, metric state, gradients and state are rows of the
+outputs, handed to the step per tower as before (`hooks.unscale(t, ...)`,
+`after_tower(t, ...)`): the exchange and every method see T towers.
+
+Ops with no vectorized form. pfor converts an op it has no rule for by a `tf.while_loop`
+over the K towers (`fallback_to_while_loop`): Keras's random layers' stateless draws
+(StatelessRandomGetKeyCounter, StatelessRandomUniformV2) are such ops. The results are the
+same; only those ops run K times. Which ops fell back is logged once per trace, never
+silent. An op pfor cannot convert even by a loop is refused (ConfigError, one line naming
+the op and the layer it belongs to), when the step is first traced
+(`probe` checks the template model so before any variable copy is made).
+
+What cannot run per tower inside one vectorized computation is refused before building
+(`check_settings`): hooks that act inside a tower's forward pass with its static index
+(label flipping, loss scaling, synchronised batch norm), methods whose towers read values
+of their own (stale reads), keep a copy each (local SGD and DiLoCo at the towers, the
+independent baseline) or compute one loss over every tower (colocate), several worker
+processes, and nodes that split a device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging as py_logging
+import re
+
+from absl import logging
+import tensorflow as tf
+
+from mgloop import aggregation
+from mgloop import byzantine
+from mgloop import precision
+from mgloop import towers as towers_lib
+from mgloop.aggregation import Aggregation
+from mgloop.aggregation import nodes as node_level
+from mgloop.errors import ConfigError
+from mgloop.hooks import Hook
+from mgloop.settings import in_range
+
+# Hook callbacks that act inside a tower's forward and backward pass, by its static index:
+# a vectorized computation traces one pass for K towers, so no hook may change them.
+IN_TOWER_CALLBACKS = ("tower_scope", "labels", "scale_loss", "before_backward")
+
+
+def check_settings(config, request, workers=None) -> None:
+    """--towers_per_device >= 1; with K > 1, refuses (one line) what a device's towers
+    cannot do as one vectorized computation sharing one variable copy (module docstring)."""
+    k = config.towers_per_device
+    in_range("towers_per_device", k, low=1)
+    if k == 1:
+        return
+    flag = f"--towers_per_device={k}"
+    if workers is not None and workers.num_workers > 1:
+        raise ConfigError(f"{flag} across {workers.num_workers} workers (TF_CONFIG): it runs "
+                          "in one process; use --towers_per_device=1, or --nodes=N to "
+                          "simulate the nodes in one process")
+    if config.byzantine_towers and byzantine.parse_attack(config.attack).name == "labelflip":
+        _refuse(flag, "--attack=labelflip flips a tower's labels inside its forward pass")
+    if precision.uses_loss_scaling(config.mixed_precision):
+        _refuse(flag, f"--mixed_precision={config.mixed_precision} scales each tower's loss "
+                "by its copy's loss scale inside its pass (use mixed_bfloat16 or none)")
+    if config.batch_norm == "sync":
+        _refuse(flag, "--batch_norm=sync synchronises batch statistics between the towers' "
+                "passes (use --batch_norm=per_tower)")
+    method = aggregation.get(config.aggregation)
+    if method.single_loss:
+        _refuse(flag, f"--aggregation={config.aggregation} computes one loss over every "
+                "tower, no per-tower pass to vectorize")
+    if node_level.method_at_nodes(config):
+        per_node = request.num_towers // config.nodes
+        if per_node % k:
+            devices = request.num_devices
+            raise ConfigError(
+                f"{flag} with --nodes={config.nodes}: a node must hold whole devices (its "
+                f"bytes between nodes are counted per device), but {per_node} towers per node "
+                f"is not a multiple of {k}; use --nodes dividing the {devices} devices (one "
+                f"of: {', '.join(str(n) for n in range(1, devices + 1) if devices % n == 0)})")
+        if config.within_node != node_level.DIRECT:
+            _refuse(flag, f"--within_node={config.within_node} runs a method on a node's "
+                    f"towers, which share devices (use --within_node={node_level.DIRECT})")
+        return
+    at = f"--aggregation={config.aggregation} at the towers"
+    if method.copies_differ:
+        _refuse(flag, f"{at} keeps one variable copy per tower, and a device's towers share "
+                "one (give --nodes=N to run it between nodes)")
+    if method.tower_values is not Aggregation.tower_values:
+        _refuse(flag, f"{at} gives each tower values of its own to read (stale reads), and a "
+                "device's towers read one copy (give --nodes=N to run it between nodes)")
+    if not method.averages_non_trainable:
+        _refuse(flag, f"{at} keeps each tower's own non-trainable state, and a device's "
+                "towers share one copy")
+    if (request.num_devices > 1 and not (method.summable and method.exchanges)
+            and not method.copies_per_device):
+        _refuse(flag, f"{at} on {request.num_devices} devices sends to every tower, so its "
+                "bytes would be counted once per receiving tower, not per device (use one "
+                "device, --devices=cpu:1, or --nodes=N with the method between nodes)")
+
+
+def _refuse(flag: str, why: str) -> None:
+    raise ConfigError(f"{flag}: {why}; use --towers_per_device=1")
+
+
+def check_hooks(hooks) -> None:
+    """Refuses (one line) a hook that changes a tower's forward or backward pass by its
+    index, which one vectorized computation of K towers cannot give it."""
+    for hook in hooks:
+        for name in IN_TOWER_CALLBACKS:
+            if getattr(type(hook), name) is not getattr(Hook, name):
+                raise ConfigError(
+                    f"--towers_per_device > 1: the hook {type(hook).__name__} overrides "
+                    f"{name}(t, ...), which acts inside tower t's pass, and a device's towers "
+                    "are computed as one vectorized pass; use --towers_per_device=1")
+
+
+_FALLBACK = re.compile(r"Using a while_loop for converting (\w+)")
+
+
+class _Fallbacks(py_logging.Handler):
+    """Collects the ops pfor converted by a while_loop (TensorFlow logs each as a warning)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def emit(self, record):
+        match = _FALLBACK.search(record.getMessage())
+        if match and match.group(1) not in self.ops:
+            self.ops.append(match.group(1))
+
+
+@contextlib.contextmanager
+def _collect_fallbacks():
+    handler, quiet, logger = _Fallbacks(), _Quiet(), tf.get_logger()
+    logger.addHandler(handler)
+    logger.addFilter(quiet)  # said once by `vectorized_map` below, not once per op by pfor
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(quiet)
+
+
+class _Quiet(py_logging.Filter):
+    def filter(self, record):
+        return not _FALLBACK.search(record.getMessage())
+
+
+def vectorized_map(fn, elems, what: str):
+    """`tf.vectorized_map(fn, elems)` with a loop fallback for ops pfor cannot vectorize,
+    logged once (`what` names the computation); an op that cannot run even so is refused
+    (ConfigError naming the op and its layer)."""
+    with _collect_fallbacks() as fallbacks:
+        try:
+            out = tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
+        except (ValueError, NotImplementedError, TypeError) as error:
+            raise ConfigError(f"--towers_per_device: {what} cannot be vectorized over the "
+                              f"towers of a device: {_first_line(error)}; use "
+                              "--towers_per_device=1 (one traced pass per tower)") from None
+    if fallbacks.ops:
+        logging.info("--towers_per_device: %s: %d op type(s) have no vectorized form and run "
+                     "in a loop over the towers of a device (same results, slower): %s", what,
+                     len(fallbacks.ops), ", ".join(fallbacks.ops))
+    return out
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    layer = re.search(r'name: "loop_body/([^/"]+)/', str(error))
+    head = text[0] if text else type(error).__name__
+    return head + (f" (in layer {layer.group(1)!r})" if layer else "")
+
+
+def stack(values: list):
+    """The towers' nested values stacked leaf by leaf along a new leading axis."""
+    return tf.nest.map_structure(lambda *leaves: tf.stack(leaves), *values)
+
+
+def unstack(value, count: int) -> list:
+    """`stack`'s inverse: `count` nested values, row k of every leaf."""
+    rows = [tf.unstack(leaf, num=count) for leaf in tf.nest.flatten(value)]
+    return [tf.nest.pack_sequence_as(value, [r[k] for r in rows]) for k in range(count)]
+
+
+def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_lib.TowerOutput]:
+    """Forward, loss and gradients of the towers `group` (all on one device, reading the
+    same `trainable` values) on their shards xs[k], ys[k] from their non-trainable values
+    states[k], as one vectorized computation (module docstring); returns one TowerOutput
+    per tower, in order, each unscaled by the hooks as tower_pass does."""
+    template, hooks, streams = step.replicas.model, step.hooks, step.random_streams
+    device = step.replicas.tower_devices[group[0]]
+    kwargs = towers_lib.call_kwargs(template, True)
+    with tf.device(device):
+        x, y = stack(list(xs)), stack(list(ys))
+        # each tower's own values, its random streams' keys [a_g, c] among them
+        given = stack([streams.for_tower(state, t, device) for t, state in zip(group, states)])
+
+        def one_tower(args):
+            x_t, y_t, state = args
+            with tf.GradientTape() as tape:
+                tape.watch(trainable)
+                outputs, new_state, model_losses = template.stateless_call(
+                    trainable, state, x_t, return_losses=True, **kwargs)
+                outputs = tf.nest.map_structure(precision.to_float32, outputs)
+                loss = towers_lib.total_loss(step.loss_fn, y_t, outputs, model_losses)
+            grads, _ = hooks.gradients(None, tape, loss, trainable)
+            grads = [tf.convert_to_tensor(g) for g in grads]  # rows (Embedding): dense
+            return (loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads,
+                    list(new_state))
+
+        losses, metric_states, grads, new_states = vectorized_map(
+            one_tower, (x, y, given), f"the towers' pass of {template.name!r}")
+        count = len(group)
+        losses, metric_states = tf.unstack(losses, count), tf.unstack(metric_states, count)
+        grads, new_states = unstack(grads, count), unstack(new_states, count)
+    return [towers_lib.TowerOutput(losses[k], metric_states[k], hooks.unscale(t, grads[k]),
+                                   streams.after_tower(states[k], new_states[k]))
+            for k, t in enumerate(group)]
+
+
+def probe(model, input_shape) -> None:
+    """Refuses (ConfigError, one line naming the op and layer) a model whose forward and
+    backward pass pfor cannot vectorize over two towers, before any variable copy exists;
+    logs the ops that will run in a loop."""
+    if input_shape is None:
+        return
+    trainable = [towers_lib.backing(v) for v in model.trainable_variables]
+    state = [towers_lib.backing(v) for v in model.non_trainable_variables]
+    kwargs = towers_lib.call_kwargs(model, True)
+
+    @tf.function
+    def trace():
+        values = [v.read_value() for v in trainable]
+        fixed = [v.read_value() for v in state]
+
+        def one_tower(x_t):
+            with tf.GradientTape() as tape:
+                tape.watch(values)
+                outputs, _ = model.stateless_call(values, fixed, x_t, **kwargs)
+                total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
+                                  for o in tf.nest.flatten(outputs)])
+            return [tf.convert_to_tensor(g) for g in tape.gradient(
+                total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)]
+        return vectorized_map(one_tower, tf.zeros((2, 1, *input_shape)),
+                              f"the towers' pass of {model.name!r}")
+    trace.get_concrete_function()
