@@ -75,7 +75,7 @@ def model_step_timer(cifar, directory: str, batch: int):
     config = Config(devices="cpu:1", aggregation="ps_cpu", model=_FLAGS.model, dataset="cifar10",
                     data_dir=directory, global_batch_size=batch,
                     logdir=tempfile.mkdtemp(prefix="mgloop-bench-")).validated()
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     trainer = experiment.build_trainer(
         config, device_set, lambda: models.get(_FLAGS.model)(cifar.input_shape, 10),
         experiment.default_loss(), cifar.input_shape)

@@ -54,7 +54,7 @@ def build_config(config, dataset_object=None, workers=None, device_set=None,
     from mgloop import data, devices, experiment, models, staging
     model = config.model
     if device_set is None:
-        device_set = devices.setup(devices.parse(config.devices))
+        device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     dataset = dataset_object or data.load(config.dataset, config.seed, config.data_dir)
     trainer = experiment.build_trainer(
         config, device_set, lambda: models.get(model)(dataset.input_shape, dataset.num_classes),

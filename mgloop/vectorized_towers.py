@@ -49,6 +49,7 @@ import logging as py_logging
 import re
 
 from absl import logging
+import keras
 import tensorflow as tf
 
 from mgloop import aggregation
@@ -176,7 +177,9 @@ def vectorized_map(fn, elems, what: str):
     with _collect_fallbacks() as fallbacks:
         try:
             out = tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
-        except (ValueError, NotImplementedError, TypeError) as error:
+        except ConfigError:
+            raise
+        except Exception as error:  # pfor's conversion failed, whatever the op raised
             raise ConfigError(f"--towers_per_device: {what} cannot be vectorized over the "
                               f"towers of a device: {_first_line(error)}; use "
                               "--towers_per_device=1 (one traced pass per tower)") from None
@@ -188,10 +191,9 @@ def vectorized_map(fn, elems, what: str):
 
 
 def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    layer = re.search(r'name: "loop_body/([^/"]+)/', str(error))
-    head = text[0] if text else type(error).__name__
-    return head + (f" (in layer {layer.group(1)!r})" if layer else "")
+    """The error's last line (TensorFlow's own message, after the traced frames)."""
+    text = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {text[-1] if text else ''}"
 
 
 def stack(values: list):
@@ -264,6 +266,54 @@ def probe(model, input_shape) -> None:
                                   for o in tf.nest.flatten(outputs)])
             return [tf.convert_to_tensor(g) for g in tape.gradient(
                 total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)]
-        return vectorized_map(one_tower, tf.zeros((2, 1, *input_shape)),
+        return vectorized_map(one_tower, tf.zeros((2, 1, *input_shape), _input_dtype(model)),
                               f"the towers' pass of {model.name!r}")
-    trace.get_concrete_function()
+    try:
+        trace.get_concrete_function()
+    except Exception as error:  # autograph wraps the ConfigError raised while tracing
+        found = re.search(r"ConfigError: (--towers_per_device: .*)", str(error))
+        if found is None:
+            raise
+        line, layer = found.group(1), _failing_layer(model)
+        if layer is not None:
+            line = line.replace(f"the towers' pass of {model.name!r}",
+                                f"layer {layer!r} of {model.name!r}")
+        raise ConfigError(line) from None
+
+
+def _input_dtype(model) -> tf.DType:
+    inputs = getattr(model, "inputs", None)
+    return tf.as_dtype(inputs[0].dtype) if inputs else tf.float32
+
+
+def _failing_layer(model) -> str | None:
+    """The name of the first layer whose own forward and backward pass pfor cannot
+    vectorize (each layer alone, on zeros of its input's shape), or None."""
+    for layer in model.layers:
+        spec = getattr(layer, "input", None)
+        if not isinstance(spec, keras.KerasTensor) or not layer.built:
+            continue
+
+        @tf.function
+        def trace(layer=layer, spec=spec):
+            weights = [towers_lib.backing(v).read_value() for v in layer.trainable_variables]
+            state = [towers_lib.backing(v).read_value()
+                     for v in layer.non_trainable_variables]
+
+            def one(x_t):
+                with tf.GradientTape() as tape:
+                    tape.watch(weights)
+                    tape.watch(x_t)
+                    out, _ = layer.stateless_call(weights, state, x_t)
+                    total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
+                                      for o in tf.nest.flatten(out)])
+                return tape.gradient(total, [x_t] + weights,
+                                     unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return tf.vectorized_map(one, tf.zeros((2, 1, *spec.shape[1:]), spec.dtype),
+                                     fallback_to_while_loop=True)
+        try:
+            with _collect_fallbacks():
+                trace.get_concrete_function()
+        except Exception:  # pfor's conversion failed in this layer
+            return layer.name
+    return None

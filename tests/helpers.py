@@ -45,7 +45,7 @@ def build_trainer(config: Config, make_model=None, loss_fn=None, input_shape=Non
     against the model's declared input); default DATASET's.
     """
     config = config.validated()
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     return experiment.build_trainer(config, device_set, make_model or model_fn(config.model),
                                     loss_fn or experiment.default_loss(),
                                     input_shape or DATASET.input_shape)

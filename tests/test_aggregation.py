@@ -79,7 +79,7 @@ def test_cross_worker_stage_makes_one_collective_per_step(logdir, monkeypatch):
         (np.stack([x for x, _ in batches]), np.stack([y for _, y in batches])))
     alone = helpers.build_trainer(config)
     alone_result = alone.train_loop(iter(stream), 1)
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     peers = cluster.Cluster(("localhost:1", "localhost:2"), index=0)
     trainer = experiment.build_trainer(config.validated(), device_set, helpers.model_fn("mlp"),
                                        experiment.default_loss(), helpers.DATASET.input_shape,

@@ -42,7 +42,7 @@ def dense_model(heads, compile_args=None):
 def build(devices_spec, make_model, loss=None, metric_list=None, optimizer=None, **overrides):
     config = helpers.small_config("/unused", devices=devices_spec, aggregation="ring",
                                   **overrides).validated()
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     return experiment.build_trainer(config, device_set, make_model, loss, SHAPE,
                                     metrics=metric_list, optimizer=optimizer)
 

@@ -106,7 +106,7 @@ def test_drop_leaves_out_one_tower_and_averages_the_rest(logdir):
     tower is left out and the others averaged."""
     config = helpers.small_config(logdir, devices="cpu:4").validated()
     from mgloop import devices
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
 
     def draws(seed, choose="seeded"):
         method = aggregation.make(f"drop:k=1,seed={seed},choose={choose}", device_set)

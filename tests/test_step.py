@@ -23,7 +23,7 @@ def run_steps(trainer, steps=STEPS):
 def build(config, hooks=(), metrics=None):
     """mgloop's trainer for `config` with a user's `hooks` and `metrics` (assemble.build)."""
     config = config.validated()
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     experiment.seed_everything(config.seed, config.deterministic)  # as build_trainer does
     return assemble.build(helpers.model_fn(config.model), experiment.default_loss(),
                           aggregation.get(config.aggregation)(device_set),

@@ -64,7 +64,7 @@ def reference(config, template, slices):
 @pytest.fixture(scope="module", params=[True, False], ids=["drop", "pad"])
 def trained(request, tmp_path_factory):
     config = config_for(str(tmp_path_factory.mktemp("run")), request.param)
-    device_set = devices.setup(devices.parse(config.devices))
+    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
     source = data.as_input(dict_examples(), config)
     trainer = experiment.build_trainer(config, device_set, dict_model,
                                        experiment.default_loss(), source.input_shape)

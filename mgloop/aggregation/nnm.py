@@ -30,10 +30,31 @@ from __future__ import annotations
 import tensorflow as tf
 
 
+# Up to this many rows the distances are formed from the differences (no cancellation);
+# above, from one Gram matrix of the centred rows (T passes over [T, D] cost T^2 D
+# subtractions: 640 ms for T = 64, D = 118k on a CPU, against 10 ms for the product).
+DIFFERENCE_ROWS = 16
+
+
 def squared_distances(rows: tf.Tensor) -> tf.Tensor:
-    """[T, T]: ||rows[i] - rows[j]||^2, each formed from the difference (no cancellation)."""
-    return tf.stack([tf.reduce_sum(tf.square(rows - rows[i]), axis=1)
-                     for i in range(rows.shape[0])])
+    """[T, T]: ||rows[i] - rows[j]||^2, exactly 0 on the diagonal.
+
+    T <= DIFFERENCE_ROWS: each formed from the difference rows[i] - rows[j] (float32
+    rounding of a sum of D squares: within gamma(D) of the exact value, relatively).
+    Larger T: from the Gram matrix G = C C^T of the rows centred on their mean,
+    C = rows - mean (distances do not change under a translation, and centring keeps
+    the terms as small as the spread of the rows): d_ij = G_ii + G_jj - 2 G_ij, clipped
+    at 0, within 2 gamma(D + 2) (||c_i|| + ||c_j||)^2 of the exact value; two rows at
+    distance 0 may so come out at up to that much, which can reorder ties only."""
+    num = rows.shape[0]
+    if num <= DIFFERENCE_ROWS:
+        return tf.stack([tf.reduce_sum(tf.square(rows - rows[i]), axis=1)
+                         for i in range(num)])
+    centred = rows - tf.reduce_mean(rows, axis=0, keepdims=True)
+    gram = tf.matmul(centred, centred, transpose_b=True)
+    norms = tf.linalg.diag_part(gram)
+    distances = tf.maximum(norms[:, None] + norms[None, :] - 2.0 * gram, 0.0)
+    return tf.linalg.set_diag(distances, tf.zeros([num], distances.dtype))
 
 
 def neighbourhoods(rows: tf.Tensor, f: int) -> tf.Tensor:

@@ -24,6 +24,7 @@ import math
 import tensorflow as tf
 
 from mgloop.aggregation import register
+from mgloop.aggregation import sorting_network
 from mgloop.aggregation.base import option
 from mgloop.aggregation.gather_at_root import (GatherAtRoot, RobustOptions, mixes,
                                                refuse_towers)
@@ -34,8 +35,7 @@ def trimmed_mean(x: tf.Tensor, trim: int) -> tf.Tensor:
     num = x.shape[0]
     if trim == 0:
         return tf.reduce_sum(x, 0) * (1.0 / num)
-    kept = tf.sort(x, axis=0)[trim:num - trim]
-    return tf.reduce_sum(kept, 0) * (1.0 / (num - 2 * trim))
+    return sorting_network.trimmed_means([x], trim)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,4 +64,6 @@ class TrimmedMean(GatherAtRoot):
         return 2 * math.sqrt(num_towers) + 1e-5
 
     def combine(self, stacked):
-        return [trimmed_mean(x, self.options.trim) for x in stacked]
+        if self.options.trim == 0:
+            return [trimmed_mean(x, 0) for x in stacked]
+        return sorting_network.trimmed_means(list(stacked), self.options.trim)
