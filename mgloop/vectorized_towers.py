@@ -58,6 +58,7 @@ from mgloop import precision
 from mgloop import towers as towers_lib
 from mgloop.aggregation import Aggregation
 from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import stacked_rows
 from mgloop.errors import ConfigError
 from mgloop.hooks import Hook
 from mgloop.settings import in_range
@@ -202,8 +203,9 @@ def stack(values: list):
 
 
 def unstack(value, count: int) -> list:
-    """`stack`'s inverse: `count` nested values, row k of every leaf."""
-    rows = [tf.unstack(leaf, num=count) for leaf in tf.nest.flatten(value)]
+    """`stack`'s inverse: `count` nested values, row k of every leaf (remembered, so that
+    a method stacking them again gets the leaf itself: aggregation/stacked_rows.py)."""
+    rows = [stacked_rows.unstack(leaf, count) for leaf in tf.nest.flatten(value)]
     return [tf.nest.pack_sequence_as(value, [r[k] for r in rows]) for k in range(count)]
 
 

@@ -39,6 +39,7 @@ import dataclasses
 import tensorflow as tf
 
 from mgloop.aggregation import nnm as nnm_lib
+from mgloop.aggregation import stacked_rows
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.compression.transport import ring_all_gather
 from mgloop.errors import ConfigError
@@ -102,7 +103,7 @@ class GatherAtRoot(Aggregation):
         received = [[self.send(g, device, root) for g in values]
                     for values, device in zip(tower_values, towers)]
         with tf.device(root):
-            stacked = [tf.stack(per_var) for per_var in zip(*received)]
+            stacked = [stacked_rows.stack(list(per_var)) for per_var in zip(*received)]
             combined = self.combine(self.mix(stacked))
             if not average:
                 combined = [x * float(self.num_towers) for x in combined]

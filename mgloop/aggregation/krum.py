@@ -32,6 +32,7 @@ from mgloop.aggregation.base import option
 from mgloop.aggregation.gather_at_root import (GatherAtRoot, RobustOptions, flat_rows, mixes,
                                                refuse_towers)
 from mgloop.aggregation.nnm import squared_distances  # noqa: F401 (bulyan's, the tests')
+from mgloop.aggregation.nnm import squared_distances_of
 from mgloop.errors import ConfigError
 
 
@@ -50,15 +51,15 @@ def krum_scores(distances: tf.Tensor, neighbours: int, remaining=None) -> tf.Ten
 
 
 def lowest(scores: tf.Tensor, m: int) -> tf.Tensor:
-    """[T] float 0/1 mask of the m lowest scores (ties: the lower index first)."""
-    order = tf.argsort(scores, stable=True)[:m]
-    return tf.scatter_nd(order[:, None], tf.ones([m]), [scores.shape[0]])
+    """[m] int32: the towers of the m lowest scores (ties: the lower index first), in
+    ascending tower order."""
+    return tf.sort(tf.argsort(scores, stable=True)[:m])
 
 
-def masked_mean(x: tf.Tensor, mask: tf.Tensor, count: int) -> tf.Tensor:
-    """(1/count) sum_t mask_t x[t], summed in tower order."""
-    shape = [-1] + [1] * (x.shape.rank - 1)
-    return tf.reduce_sum(x * tf.reshape(mask, shape), 0) * (1.0 / count)
+def chosen_mean(x: tf.Tensor, chosen: tf.Tensor, count: int) -> tf.Tensor:
+    """(1/count) sum_{t in chosen} x[t]: only the chosen rows are read (a tower left out
+    never enters the sum, even with an inf or NaN gradient)."""
+    return tf.reduce_sum(tf.gather(x, chosen), 0) * (1.0 / count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +95,15 @@ class Krum(GatherAtRoot):
     def chosen_count(self) -> int:
         return 1
 
-    def selected(self, rows: tf.Tensor) -> tf.Tensor:
-        """[T] 0/1 mask of the chosen_count() towers of lowest score."""
-        scores = krum_scores(squared_distances(rows), self.num_towers - self.options.f - 2)
+    def selected(self, stacked: list[tf.Tensor]) -> tf.Tensor:
+        """The chosen_count() towers of lowest score, ascending."""
+        scores = krum_scores(squared_distances_of(stacked),
+                             self.num_towers - self.options.f - 2)
         return lowest(scores, self.chosen_count())
 
     def combine(self, stacked):
-        mask = self.selected(flat_rows(stacked))
-        return [masked_mean(x, mask, self.chosen_count()) for x in stacked]
+        chosen = self.selected(stacked)
+        return [chosen_mean(x, chosen, self.chosen_count()) for x in stacked]
 
 
 @register

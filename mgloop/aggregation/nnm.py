@@ -57,6 +57,17 @@ def squared_distances(rows: tf.Tensor) -> tf.Tensor:
     return tf.linalg.set_diag(distances, tf.zeros([num], distances.dtype))
 
 
+def squared_distances_of(stacked: list[tf.Tensor]) -> tf.Tensor:
+    """`squared_distances` of the rows of every x [T, ...] of `stacked` flattened and
+    concatenated (gather_at_root.flat_rows); above DIFFERENCE_ROWS rows, formed variable
+    by variable (the sum of each one's Gram distances, no concatenated copy)."""
+    num = stacked[0].shape[0]
+    blocks = [tf.reshape(x, [num, -1]) for x in stacked]
+    if num <= DIFFERENCE_ROWS or len(blocks) == 1:
+        return squared_distances(tf.concat(blocks, axis=1) if len(blocks) > 1 else blocks[0])
+    return tf.add_n([squared_distances(block) for block in blocks])
+
+
 def neighbourhoods(rows: tf.Tensor, f: int) -> tf.Tensor:
     """[T, T - f] int32: row t the indices of N_t (module docstring), ascending."""
     num = rows.shape[0]
