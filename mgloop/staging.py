@@ -267,12 +267,42 @@ class DeviceStaging(HostStaging):
         return [shard(s.shape) for s in tf.nest.flatten(self._spec)]
 
 
+class PerDevice:
+    """Towers sharing a device (--towers_per_device=K): `inner` stages one part per device,
+    and each device's part is split into its K towers' shards there, after it arrives.
+    Device d's part (`tower_split` over the D devices) holds, for every micro-batch, the
+    rows of its towers d K .. d K + K - 1, so `tower_split` of it over K gives tower
+    d K + j exactly the shard `tower_split` over the T towers gives it."""
+
+    def __init__(self, inner: HostStaging, towers_per_device: int):
+        self.inner, self.k = inner, towers_per_device
+
+    def __getattr__(self, name):  # pipeline, staged, prime, clear, depth, mode, ...
+        return getattr(self.inner, name)
+
+    def next_batch(self, iterator, after: tf.Tensor) -> tuple[tf.Tensor, Take]:
+        has_batch, take_parts = self.inner.next_batch(iterator, after)
+
+        def take():
+            parts, waits = take_parts()
+            shards = []
+            for device, part in zip(self.inner.devices, parts):
+                with tf.device(device):
+                    shards += nested_split(part, self.k, self.inner.micro_batches)
+            return shards, waits
+        return has_batch, take
+
+
 def make(mode: str, depth: int, devices, micro_batches: int = 1) -> HostStaging:
     """The staging of `mode` (one of MODES) with depth K = `depth` for the tower `devices`;
-    `micro_batches` global batches make one step (--accumulation_steps)."""
+    `micro_batches` global batches make one step (--accumulation_steps). Towers listed on
+    one device several times in a row are staged once per device (`PerDevice`)."""
     if mode not in MODES:
         raise ValueError(f"staging mode {mode!r} is not one of {MODES}")
     if depth < 1:
         raise ValueError(f"staging depth {depth} must be >= 1")
     cls = DeviceStaging if mode == "device" else HostStaging
+    distinct = list(dict.fromkeys(devices))
+    if len(distinct) < len(devices):
+        return PerDevice(cls(mode, depth, distinct, micro_batches), len(devices) // len(distinct))
     return cls(mode, depth, list(devices), micro_batches)

@@ -88,7 +88,10 @@ def check_settings(config, request, workers=None) -> None:
     if config.batch_norm == "sync":
         _refuse(flag, "--batch_norm=sync synchronises batch statistics between the towers' "
                 "passes (use --batch_norm=per_tower)")
-    method = aggregation.get(config.aggregation)
+    method, options = aggregation.parse(config.aggregation)
+    if not method.reproducible(options):
+        _refuse(flag, f"--aggregation={config.aggregation} reads when each tower finished "
+                "(a clock), and a device's towers finish together, as one computation")
     if method.single_loss:
         _refuse(flag, f"--aggregation={config.aggregation} computes one loss over every "
                 "tower, no per-tower pass to vectorize")
