@@ -60,13 +60,8 @@ from mgloop.aggregation import Aggregation
 from mgloop.aggregation import nodes as node_level
 from mgloop.aggregation import stacked_rows
 from mgloop.errors import ConfigError
-from mgloop.hooks import Hook
+from mgloop.hooks import IN_TOWER_PASS
 from mgloop.settings import in_range
-
-# Hook callbacks that act inside a tower's forward and backward pass, by its static index:
-# a vectorized computation traces one pass for K towers, so no hook may change them.
-IN_TOWER_CALLBACKS = ("tower_scope", "labels", "scale_loss", "before_backward")
-
 
 def check_settings(config, request, workers=None) -> None:
     """--towers_per_device >= 1; with K > 1, refuses (one line) what a device's towers
@@ -133,12 +128,12 @@ def check_hooks(hooks) -> None:
     """Refuses (one line) a hook that changes a tower's forward or backward pass by its
     index, which one vectorized computation of K towers cannot give it."""
     for hook in hooks:
-        for name in IN_TOWER_CALLBACKS:
-            if getattr(type(hook), name) is not getattr(Hook, name):
-                raise ConfigError(
-                    f"--towers_per_device > 1: the hook {type(hook).__name__} overrides "
-                    f"{name}(t, ...), which acts inside tower t's pass, and a device's towers "
-                    "are computed as one vectorized pass; use --towers_per_device=1")
+        if hook.acts_in_tower_pass():
+            raise ConfigError(
+                f"--towers_per_device > 1: the hook {type(hook).__name__} acts inside a "
+                f"tower's pass by its index (one of {', '.join(IN_TOWER_PASS)}), and a "
+                "device's towers are computed as one vectorized pass; use "
+                "--towers_per_device=1")
 
 
 _FALLBACK = re.compile(r"Using a while_loop for converting (\w+)")

@@ -50,17 +50,20 @@ def reference():
     cache = {}
 
     def get(config):
-        key = (config.model, config.optimizer)
+        key = (config.model, config.optimizer, config.accumulation_steps)
         if key not in cache:
             cache[key] = helpers.train_reference_bounded(config, helpers.batches(STEPS))
         return cache[key]
     return get
 
 
-@pytest.mark.parametrize("mode,num_devices,k", [("ps_cpu", 1, 4), ("ring", 2, 2)])
-def test_vectorized_towers_equal_one_device(mode, num_devices, k, reference, logdir):
+@pytest.mark.parametrize("mode,num_devices,k,micro", [("ps_cpu", 1, 4, 1), ("ring", 2, 2, 1),
+                                                     ("ps_cpu", 2, 2, 2)])
+def test_vectorized_towers_equal_one_device(mode, num_devices, k, micro, reference, logdir):
+    """micro = 2: --accumulation_steps=2 (each tower's state carried between micro-batches,
+    mapped per tower by the vectorized pass)."""
     config = helpers.small_config(logdir, devices=f"cpu:{num_devices}", towers_per_device=k,
-                                  aggregation=mode)
+                                  aggregation=mode, accumulation_steps=micro)
     trainer, _ = helpers.train_mgloop(config, helpers.batches(STEPS))
     assert trainer.replicas.num_towers == num_devices * k
     # one copy per device (replicated) or one in all (shared)
@@ -181,19 +184,24 @@ def shard_gradient_bound(trainer, x, y, towers_count):
     return np.max(bounds, axis=0)
 
 
-@pytest.mark.parametrize("spec,memory_steps", [("median", 1),
-                                               ("randomk:ratio=0.25,memory=residual", 3)])
-def test_methods_on_vectorized_towers_equal_the_tower_loop(spec, memory_steps, logdir):
-    """The median, and random-k with error feedback (every tower's memory e_t kept apart on
-    the shared device; its seeded positions do not depend on the values, so its output is
-    a linear map of x_t = g_t + e_t: a difference in a memory is carried into every later
-    step, at most `memory_steps` = 3 steps' bounds in all), over 3 steps."""
-    settings = dict(aggregation=spec, optimizer="sgd", learning_rate=0.1)
+@pytest.mark.parametrize("spec,memory_steps,attack", [
+    ("median", 1, {}), ("median", 1, dict(byzantine_towers=1, attack="signflip:factor=10")),
+    ("randomk:ratio=0.25,memory=residual", 3, {})])
+def test_methods_on_vectorized_towers_equal_the_tower_loop(spec, memory_steps, attack, logdir):
+    """The median (with and without a sign-flipping tower: the attack alters the tower's
+    row after the vectorized pass, exactly as after its own pass), and random-k with error
+    feedback (every tower's memory e_t kept apart on the shared device; its seeded
+    positions do not depend on the values, so its output is a linear map of
+    x_t = g_t + e_t: a difference in a memory is carried into every later step, at most
+    `memory_steps` = 3 steps' bounds in all), over 3 steps. The attacker's factor of 10
+    scales its bound likewise, within the largest tower's bound times 10."""
+    settings = dict(aggregation=spec, optimizer="sgd", learning_rate=0.1, **attack)
     batches = helpers.batches(3)
     loop_config = helpers.small_config(logdir + "_loop", devices="cpu:4", **settings)
     lr = loop_config.learning_rate
-    loop, bound = train_stepwise(loop_config, batches,
-                                 lambda tr, x, y: lr * shard_gradient_bound(tr, x, y, 4))
+    factor = 10.0 if attack else 1.0
+    loop, bound = train_stepwise(
+        loop_config, batches, lambda tr, x, y: factor * lr * shard_gradient_bound(tr, x, y, 4))
     vectorized, _ = train_stepwise(helpers.small_config(
         logdir, devices="cpu:1", towers_per_device=4, **settings), batches)
     if memory_steps > 1:  # four memories, one per tower, on the one device

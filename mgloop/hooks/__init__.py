@@ -63,8 +63,20 @@ def _always(copy: int, update: Callable[[], None]) -> None:
     update()
 
 
+# The callbacks that act inside tower t's forward and backward pass by its static index
+# (--towers_per_device > 1 computes a device's towers as one pass: vectorized_towers.py).
+IN_TOWER_PASS = ("tower_scope", "labels", "scale_loss", "before_backward")
+
+
 class Hook:
     """A hook that changes nothing: subclass and override what a mechanism changes."""
+
+    def acts_in_tower_pass(self) -> bool:
+        """True: it changes a tower's own pass (one of IN_TOWER_PASS). Default: whether
+        the class overrides one; a hook that overrides one but does not act with its
+        settings says so."""
+        return any(getattr(type(self), name) is not getattr(Hook, name)
+                   for name in IN_TOWER_PASS)
 
     def step_scope(self):
         return contextlib.nullcontext()

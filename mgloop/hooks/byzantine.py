@@ -116,6 +116,9 @@ class ByzantineTowers(Hook):
             return tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape)
         return g * factor
 
+    def acts_in_tower_pass(self) -> bool:
+        return self.attack.name == "labelflip"  # the others alter what the tower sends
+
     # --- labelflip: the labels the tower's loss reads --------------------------------------
 
     def labels(self, t, y, outputs):
