@@ -1,7 +1,8 @@
 """Many simulated towers on one CPU device: `--towers_per_device=K` against one device
 and against the tower loop (issue 26's targets).
 
-    python experiments/bench_many_towers.py --rounds=2 --output=experiments/many_towers.json
+    python experiments/bench_many_towers.py --rounds=3 --output=experiments/many_towers.json
+    python experiments/bench_many_towers.py --kernels     (the robust rules' kernels alone)
 
 Every case trains the mlp on the synthetic dataset with a global batch of 1024 and plain
 SGD, each in a fresh child process (so that each peak resident set is its own), one case
@@ -42,6 +43,9 @@ flags.DEFINE_integer("repeats", 5, "timed loops per case and round")
 flags.DEFINE_integer("global_batch", 1024, "examples per step")
 flags.DEFINE_list("cases", None, "only these cases (default: all)")
 flags.DEFINE_string("output", None, "write the rows as JSON here")
+flags.DEFINE_bool("kernels", False, "instead: time the robust rules' kernels on 64 rows of "
+                  "118k elements side by side (tf.sort against the sorting network; the "
+                  "distances by differences against the Gram matrix)")
 flags.DEFINE_string("child", None, "internal: run this case (JSON) and print its figures")
 
 # name -> Config settings; devices cpu:D, K towers per device
@@ -100,8 +104,41 @@ def median(values):
     return float(np.median(values))
 
 
+def kernels(rows: int = 64, size: int = 118_000, repeats: int = 10) -> None:
+    """Median by tf.sort against the sorting network (XLA), and the T x T squared distances
+    from differences against the centred Gram matrix, timed alternately in one process."""
+    import numpy as np
+    import tensorflow as tf
+    from mgloop.aggregation import nnm, sorting_network
+    x = tf.random.normal([rows, size], seed=1)
+
+    def sort_median(v):
+        ordered = tf.sort(v, axis=0)
+        return (ordered[rows // 2 - 1] + ordered[rows // 2]) * 0.5
+
+    def differences(v):
+        return tf.stack([tf.reduce_sum(tf.square(v - v[i]), axis=1) for i in range(rows)])
+    pairs = {"median": (tf.function(sort_median), lambda v: sorting_network.medians([v])[0]),
+             "distances": (tf.function(differences), tf.function(nnm.squared_distances))}
+    for name, (before, after) in pairs.items():
+        a, b = before(x).numpy(), after(x).numpy()  # traced, compiled; and compared
+        error = float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30))
+        times = {0: [], 1: []}
+        for _ in range(repeats):
+            for which, f in enumerate((before, after)):
+                start = time.perf_counter()
+                f(x).numpy()
+                times[which].append(time.perf_counter() - start)
+        t0, t1 = (1e3 * float(np.median(times[w])) for w in (0, 1))
+        print(f"{name}: {t0:.1f} ms before, {t1:.1f} ms now, {t0 / t1:.1f}x faster "
+              f"(largest relative difference {error:.1e})", flush=True)
+
+
 def main(argv):
     del argv
+    if FLAGS.kernels:
+        kernels()
+        return
     if FLAGS.child:
         print(json.dumps(child(json.loads(FLAGS.child))), flush=True)
         return

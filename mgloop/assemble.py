@@ -30,6 +30,7 @@ from mgloop import random_streams as random_streams_lib
 from mgloop import staging as staging_lib
 from mgloop import sync_batch_norm
 from mgloop import training_spec
+from mgloop import vectorize
 from mgloop import vectorized_towers
 from mgloop.aggregation import Aggregation
 from mgloop.aggregation.nodes import NodeLevel
@@ -128,7 +129,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     classes = (byzantine_lib.label_classes(loss_fn, model, input_shape)
                if config.byzantine_towers and attack.name == "labelflip" else None)
     if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
-        vectorized_towers.probe(model, input_shape)  # before any copy: one line if it cannot
+        vectorize.probe(model, input_shape)  # before any copy: one line if it cannot
     replicas = Replicas(model, aggregation, spec.optimizer_fn)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0

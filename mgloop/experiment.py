@@ -90,11 +90,11 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
 
     With --nodes=N > 1 the method runs between the nodes (aggregation/nodes.py); with
     several workers, the aggregation is wrapped in the cross-worker stage."""
-    processes = workers.num_workers if workers is not None else 1
-    if device_set.num_towers * processes != config.num_towers:  # a caller's mistake
-        raise ValueError(f"the device set has {device_set.num_towers} towers per process but "
-                         f"the config {config.num_towers} in all: make it with "
-                         "devices.setup(devices.parse(config.devices, config.towers_per_device))")
+    asked = devices.parse(config.devices, config.towers_per_device).num_towers
+    if device_set.num_towers != asked:  # a caller's mistake (e.g. K left out)
+        raise ValueError(f"the device set has {device_set.num_towers} towers but the config "
+                         f"asks for {asked} per process: make it with devices.setup("
+                         "devices.parse(config.devices, config.towers_per_device))")
     seed_everything(config.seed, config.deterministic)
     method = nodes.make(config, device_set, aggregation.make, workers)
     if workers is not None and workers.num_workers > 1:

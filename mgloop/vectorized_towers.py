@@ -2,60 +2,52 @@
 
 With D devices and K towers per device there are T = D K towers; tower t = d K + k is on
 device d (tower-major, as the shards: tower t holds rows [t B/T, (t+1) B/T) of the global
-batch). On device d, instead of K traced copies of the tower's pass (towers.tower_pass),
-one function of ONE tower's shard,
+batch, staged once per device and split there: staging.PerDevice). On device d, instead
+of K traced copies of the tower's pass (towers.tower_pass), one function of ONE tower's
+shard,
 
-    f(x_t, y_t, r_t) = (loss_t, metric state_t, g[t] = d loss_t / d v, new state_t),
+    f(x_t, y_t, s_t) = (loss_t, metric state_t, g[t] = d loss_t / d v, new state_t),
 
-is traced once and mapped over the K stacked shards by `tf.vectorized_map` (TensorFlow's
-parallel-for, pfor): every op of f becomes one op over a leading axis of K (a matmul of
-the K shards with the shared weights, a batched matmul for the K weight gradients), so the
-graph does not grow with K. The towers read the same values (their device's copy), so v
-is not mapped; what is mapped is each tower's own:
+is traced once and mapped over the K stacked shards by `tf.vectorized_map` (pfor;
+vectorize.py): every op of f becomes one op over a leading axis of K (a matmul of the K
+shards with the shared weights, a batched matmul for the K weight gradients), so the
+graph does not grow with K. The towers read the same trainable values v (their device's
+copy), which are not mapped; what is mapped is each tower's own:
 
-    x_t, y_t   its shard                         (its batch norm's batch statistics are
-                                                  its shard's, as in the tower loop)
-    r_t        its random streams' seed states   (random_streams.py: [a_g, c] of its
-                                                  global index g, as the tower loop gives it)
+    x_t, y_t   its shard                (its batch norm's batch statistics are its shard's)
+    s_t        its non-trainable values (with accumulation each tower carries its own
+               between micro-batches), its random streams' seed states set to [a_g, c]
+               of its global index g (random_streams.py), as the tower loop gives it
 
 so tower t computes the same function of the same inputs as in the tower loop; the results
 differ only by the rounding of the vectorized kernels' sums (a batched matmul adds in
-another order): |g_vec - g_loop| <= gamma_n sum |terms| per element, the float32 bound of
-any reordered sum of n terms (tests/test_vectorized_towers.py derives its tolerance so).
-After the map, each tower's loss, metric state, gradients and state are rows of the
-outputs, handed to the step per tower as before (`hooks.unscale(t, ...)`,
-`after_tower(t, ...)`): the exchange and every method see T towers.
+another order), within the float32 bound of any reordered sum (tests/test_vectorized_
+towers.py derives its tolerances so). After the map, each tower's loss, metric state,
+gradients and state are rows of the outputs, handed on per tower as before
+(`hooks.unscale(t, ...)`, `after_tower(t, ...)`: a per-tower attack alters its row), and
+the exchange and every method see T towers (aggregation/device_groups.py).
 
-Ops with no vectorized form. pfor converts an op it has no rule for by a `tf.while_loop`
-over the K towers (`fallback_to_while_loop`): Keras's random layers' stateless draws
-(StatelessRandomGetKeyCounter, StatelessRandomUniformV2) are such ops. The results are the
-same; only those ops run K times. Which ops fell back is logged once per trace, never
-silent. An op pfor cannot convert even by a loop is refused (ConfigError, one line naming
-the op and the layer it belongs to), when the step is first traced
-(`probe` checks the template model so before any variable copy is made).
-
+Ops with no vectorized form run in a loop over the K towers inside the computation
+(Keras's stateless random draws), logged once; a layer that cannot be vectorized at all
+is refused before any variable copy exists, named (vectorize.probe, from assemble.py).
 What cannot run per tower inside one vectorized computation is refused before building
-(`check_settings`): hooks that act inside a tower's forward pass with its static index
-(label flipping, loss scaling, synchronised batch norm), methods whose towers read values
-of their own (stale reads), keep a copy each (local SGD and DiLoCo at the towers, the
-independent baseline) or compute one loss over every tower (colocate), several worker
-processes, and nodes that split a device.
+(`check_settings`): hooks that act inside a tower's pass by its index (label flipping,
+loss scaling, synchronised batch norm; `check_hooks` for a user's), methods whose towers
+read values of their own (stale reads), keep a copy each at the towers (local SGD and
+DiLoCo, the independent baseline), time the towers' arrival, or compute one loss over
+every tower (colocate), several worker processes, nodes that split a device, and
+compressors at the towers of several devices.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging as py_logging
-import re
-
-from absl import logging
-import keras
 import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop import byzantine
 from mgloop import precision
 from mgloop import towers as towers_lib
+from mgloop import vectorize
 from mgloop.aggregation import Aggregation
 from mgloop.aggregation import nodes as node_level
 from mgloop.aggregation import stacked_rows
@@ -136,65 +128,6 @@ def check_hooks(hooks) -> None:
                 "--towers_per_device=1")
 
 
-_FALLBACK = re.compile(r"Using a while_loop for converting (\w+)")
-
-
-class _Fallbacks(py_logging.Handler):
-    """Collects the ops pfor converted by a while_loop (TensorFlow logs each as a warning)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def emit(self, record):
-        match = _FALLBACK.search(record.getMessage())
-        if match and match.group(1) not in self.ops:
-            self.ops.append(match.group(1))
-
-
-@contextlib.contextmanager
-def _collect_fallbacks():
-    handler, quiet, logger = _Fallbacks(), _Quiet(), tf.get_logger()
-    logger.addHandler(handler)
-    logger.addFilter(quiet)  # said once by `vectorized_map` below, not once per op by pfor
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.removeFilter(quiet)
-
-
-class _Quiet(py_logging.Filter):
-    def filter(self, record):
-        return not _FALLBACK.search(record.getMessage())
-
-
-def vectorized_map(fn, elems, what: str):
-    """`tf.vectorized_map(fn, elems)` with a loop fallback for ops pfor cannot vectorize,
-    logged once (`what` names the computation); an op that cannot run even so is refused
-    (ConfigError naming the op and its layer)."""
-    with _collect_fallbacks() as fallbacks:
-        try:
-            out = tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
-        except ConfigError:
-            raise
-        except Exception as error:  # pfor's conversion failed, whatever the op raised
-            raise ConfigError(f"--towers_per_device: {what} cannot be vectorized over the "
-                              f"towers of a device: {_first_line(error)}; use "
-                              "--towers_per_device=1 (one traced pass per tower)") from None
-    if fallbacks.ops:
-        logging.info("--towers_per_device: %s: %d op type(s) have no vectorized form and run "
-                     "in a loop over the towers of a device (same results, slower): %s", what,
-                     len(fallbacks.ops), ", ".join(fallbacks.ops))
-    return out
-
-
-def _first_line(error: Exception) -> str:
-    """The error's last line (TensorFlow's own message, after the traced frames)."""
-    text = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return f"{type(error).__name__}: {text[-1] if text else ''}"
-
-
 def stack(values: list):
     """The towers' nested values stacked leaf by leaf along a new leading axis."""
     return tf.nest.map_structure(lambda *leaves: tf.stack(leaves), *values)
@@ -233,7 +166,7 @@ def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_li
             return (loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads,
                     list(new_state))
 
-        losses, metric_states, grads, new_states = vectorized_map(
+        losses, metric_states, grads, new_states = vectorize.vectorized_map(
             one_tower, (x, y, given), f"the towers' pass of {template.name!r}")
         count = len(group)
         losses, metric_states = tf.unstack(losses, count), tf.unstack(metric_states, count)
@@ -243,77 +176,3 @@ def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_li
             for k, t in enumerate(group)]
 
 
-def probe(model, input_shape) -> None:
-    """Refuses (ConfigError, one line naming the op and layer) a model whose forward and
-    backward pass pfor cannot vectorize over two towers, before any variable copy exists;
-    logs the ops that will run in a loop."""
-    if input_shape is None:
-        return
-    trainable = [towers_lib.backing(v) for v in model.trainable_variables]
-    state = [towers_lib.backing(v) for v in model.non_trainable_variables]
-    kwargs = towers_lib.call_kwargs(model, True)
-
-    @tf.function
-    def trace():
-        values = [v.read_value() for v in trainable]
-        fixed = [v.read_value() for v in state]
-
-        def one_tower(x_t):
-            with tf.GradientTape() as tape:
-                tape.watch(values)
-                outputs, _ = model.stateless_call(values, fixed, x_t, **kwargs)
-                total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
-                                  for o in tf.nest.flatten(outputs)])
-            return [tf.convert_to_tensor(g) for g in tape.gradient(
-                total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)]
-        return vectorized_map(one_tower, tf.zeros((2, 1, *input_shape), _input_dtype(model)),
-                              f"the towers' pass of {model.name!r}")
-    try:
-        trace.get_concrete_function()
-    except Exception as error:  # autograph wraps the ConfigError raised while tracing
-        found = re.search(r"ConfigError: (--towers_per_device: .*)", str(error))
-        if found is None:
-            raise
-        line, layer = found.group(1), _failing_layer(model)
-        if layer is not None:
-            line = line.replace(f"the towers' pass of {model.name!r}",
-                                f"layer {layer!r} of {model.name!r}")
-        raise ConfigError(line) from None
-
-
-def _input_dtype(model) -> tf.DType:
-    inputs = getattr(model, "inputs", None)
-    return tf.as_dtype(inputs[0].dtype) if inputs else tf.float32
-
-
-def _failing_layer(model) -> str | None:
-    """The name of the first layer whose own forward and backward pass pfor cannot
-    vectorize (each layer alone, on zeros of its input's shape), or None."""
-    for layer in model.layers:
-        spec = getattr(layer, "input", None)
-        if not isinstance(spec, keras.KerasTensor) or not layer.built:
-            continue
-
-        @tf.function
-        def trace(layer=layer, spec=spec):
-            weights = [towers_lib.backing(v).read_value() for v in layer.trainable_variables]
-            state = [towers_lib.backing(v).read_value()
-                     for v in layer.non_trainable_variables]
-
-            def one(x_t):
-                with tf.GradientTape() as tape:
-                    tape.watch(weights)
-                    tape.watch(x_t)
-                    out, _ = layer.stateless_call(weights, state, x_t)
-                    total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
-                                      for o in tf.nest.flatten(out)])
-                return tape.gradient(total, [x_t] + weights,
-                                     unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            return tf.vectorized_map(one, tf.zeros((2, 1, *spec.shape[1:]), spec.dtype),
-                                     fallback_to_while_loop=True)
-        try:
-            with _collect_fallbacks():
-                trace.get_concrete_function()
-        except Exception:  # pfor's conversion failed in this layer
-            return layer.name
-    return None

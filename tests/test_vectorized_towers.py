@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import devices, experiment, metrics as metrics_lib, towers, vectorized_towers
+from mgloop import devices, experiment, towers, vectorize, vectorized_towers
 from mgloop.config import Config
 from mgloop.errors import ConfigError
 from tests import helpers
@@ -283,6 +283,6 @@ class CTCLayer(keras.layers.Layer):
 def test_a_layer_that_cannot_be_vectorized_is_named_before_any_copy():
     model = keras.Sequential([keras.Input([4]), CTCLayer(name="ctc"), keras.layers.Dense(2)])
     with pytest.raises(ConfigError) as error:
-        vectorized_towers.probe(model, (4,))
+        vectorize.probe(model, (4,))
     assert "layer 'ctc'" in str(error.value) and "--towers_per_device=1" in str(error.value)
-    vectorized_towers.probe(dropout_bn_model(), (FEATURES,))  # a vectorizable model passes
+    vectorize.probe(dropout_bn_model(), (FEATURES,))  # a vectorizable model passes
