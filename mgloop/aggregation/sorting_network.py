@@ -2,16 +2,17 @@
 
 The coordinate-wise rules (median.py, trimmed_mean.py) need, for every element, the T
 towers' values in order. `tf.sort(x, axis=0)` does that with one general sort per
-element: on a CPU about 1.1 us per element for T = 64 (118k elements: 130 ms), most of
-a 64-tower step. A sorting network instead sorts every element at once with the same
+element: for T = 64 and 118k elements, 130.6 ms on a 2-core CPU, more than a 64-tower
+step of the mlp. A sorting network instead sorts every element at once with the same
 fixed sequence of compare-exchanges on whole rows,
 
     (row_i, row_j) <- (min(row_i, row_j), max(row_i, row_j))      for each pair (i, j)
 
 Batcher's odd-even merge sort (Knuth, TAOCP vol. 3, 5.3.4; the arbitrary-n form): about
 n log2(n)^2 / 4 pairs (543 for n = 64). XLA fuses the chain into one loop over the
-elements that keeps the T values in registers: 4.4 ms for T = 64 and 118k elements on
-the same CPU (experiments/bench_many_towers.py). min and max are exact, so the sorted rows
+elements that keeps the T values in registers (for the median, only the compare-exchanges
+the middle rows depend on): 3.9 ms for the same rows (`python
+experiments/bench_many_towers.py --kernels`, side by side). min and max are exact, so the sorted rows
 are exactly tf.sort's values: the median (a middle value, or the mean of the two) is
 bit-identical to one formed from tf.sort; the trimmed mean adds the kept values in
 ascending order (tf.reduce_sum of tf.sort's rows may add them in another: within float32
@@ -81,8 +82,8 @@ def _trimmed_mean_rows(trim: int):
 
 def _per_row(statistic, stacked: list[tf.Tensor]) -> list[tf.Tensor]:
     """`statistic` of the rows [T, D] of every x [T, ...] of `stacked` flattened and
-    concatenated (one network and one XLA compilation for all of them: 0.9 s for T = 64,
-    against 3.3 s for one network per variable of the mlp), split back per x."""
+    concatenated (one network and one XLA compilation for all of them, not one per
+    variable: compiling grows with the network's size), split back per x."""
     num = stacked[0].shape[0]
     if len(stacked) == 1 and stacked[0].shape.rank == 2:
         return [statistic(stacked[0])]
