@@ -71,10 +71,10 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     finite check reads every tower's gradients) nor with --byzantine_towers (the attack
     alters every tower's whole gradient)."""
     aggregation = replicas.aggregation
-    if replicas.towers_per_device > 1:  # a device's towers are one vectorized pass
+    if replicas.towers_per_device > 1 and ordered_sum.applies(aggregation):
         logging.info("--towers_per_device=%d: no ordered sum nor sufficient factors (they sum "
-                     "the towers' gradients at their homes one tower's pass at a time)",
-                     replicas.towers_per_device)
+                     "the towers' gradients at their homes one tower's pass at a time, and a "
+                     "device's towers are one vectorized pass)", replicas.towers_per_device)
         return []
     if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
             and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
