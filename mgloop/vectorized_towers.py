@@ -41,6 +41,8 @@ compressors at the towers of several devices.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from mgloop import aggregation
@@ -96,6 +98,12 @@ def check_settings(config, request, workers=None) -> None:
                     f"towers, which share devices (use --within_node={node_level.DIRECT})")
         return
     at = f"--aggregation={config.aggregation} at the towers"
+    if method.summable and method.exchanges:  # made on the devices, on their means
+        try:
+            method.check(dataclasses.replace(request, towers_per_device=1), options)
+        except ConfigError as error:
+            raise ConfigError(f"{flag}: {at} runs between the {request.num_devices} devices "
+                              f"(on each device's mean of its towers): {error}") from None
     if method.copies_differ:
         _refuse(flag, f"{at} keeps one variable copy per tower, and a device's towers share "
                 "one (give --nodes=N to run it between nodes)")

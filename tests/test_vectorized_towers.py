@@ -257,6 +257,8 @@ def test_nodes_of_vectorized_towers_equal_the_tower_loop_nodes(reference, logdir
      "mixed_float16"),
     (dict(devices="cpu:1", towers_per_device=4, nodes=2, aggregation="median"),
      "whole devices"),
+    (dict(devices="cpu:2", towers_per_device=2, aggregation="hierarchical:groups=4"),
+     "runs between the 2 devices"),
 ])
 def test_refused_before_building(settings, words, logdir):
     config = helpers.small_config(logdir, **settings)
