@@ -143,7 +143,7 @@ class Config:
     # Data and model. Exactly one of the two batch sizes may be set; the global batch is the
     # unit (default 128 when neither is set).
     dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist, text: files in "
-                           "--data_dir; digits: scikit-learn's 8x8 digits, python_text: the "
+                           "--data_dir; digits: the bundled UCI 8x8 digits, python_text: the "
                            "standard library's modules as bytes, installed with Python)", choices=data.names, hparam=True)
     data_dir: str | None = setting(
         None, "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "

@@ -1,5 +1,4 @@
-"""Data that installs with the package: scikit-learn's 8x8 digits (read without importing
-sklearn), its split and values, refusals, and a short run that learns; the standard
+"""Data that installs with the package: the 8x8 digits (bundled in mgloop/data), its split and values, refusals, and a short run that learns; the standard
 library's modules as byte-level LM text; --partition=dirichlet against a numpy model of
 itself, tower slices from their client's part, resume, iid unchanged, refusals."""
 
@@ -78,13 +77,12 @@ def test_digits_bad_or_missing_file_is_refused_in_one_line(tmp_path, monkeypatch
         bad.write_bytes(content)
         with pytest.raises(ConfigError, match=message) as error:
             data.check("digits", None)
-        assert str(bad) in str(error.value) and "pip install scikit-learn" in str(error.value)
+        assert str(bad) in str(error.value) and "reinstall mgloop" in str(error.value)
         assert "\n" not in str(error.value)
     monkeypatch.undo()
-    monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"^--dataset=digits reads sklearn/datasets/data/"
-                                          r"digits.csv.gz from scikit-learn, which is not "
-                                          r"installed; pip install scikit-learn"):
+    monkeypatch.setattr(digits, "FILE", str(tmp_path / "gone.csv.gz"))
+    with pytest.raises(ConfigError, match=r"^--dataset=digits: .*gone.csv.gz is missing from "
+                                          r"the mgloop package; reinstall mgloop"):
         data.check("digits", None)
 
 

@@ -4,7 +4,7 @@
 `cifar10`, `mnist` and `text` (text.py: byte tokens) read their files from `--data_dir`,
 whose layout `check` verifies with plain Python (headers and sizes, no TensorFlow) during
 `Config.validated()`. Real data that installs with the package (no download, no
---data_dir): `digits` (digits.py: scikit-learn's 1797 8x8 handwritten digits, checked
+--data_dir): `digits` (digits.py: the 1797 UCI 8x8 handwritten digits bundled beside it, checked
 the same way) and `python_text` (python_text.py: byte tokens of the standard library's
 own modules, sequenced like `text`). Each of these loaders returns an `InMemoryDataset`.
 `--partition=dirichlet:alpha=A` (partition.py) deals a labelled in-memory dataset's

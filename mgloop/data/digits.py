@@ -1,15 +1,16 @@
-"""`digits`: the real 8x8 handwritten digits that scikit-learn ships inside its wheel.
+"""`digits`: the real 8x8 handwritten digits, bundled with mgloop (57 KB).
 
 The UCI "Optical Recognition of Handwritten Digits" test set (Alpaydin and Kaynak,
-1998): 1797 images of 10 classes, each 8x8 pixels of counts 0..16 (a 32x32 bitmap
-divided into 4x4 blocks, the pixels set in each block counted). scikit-learn installs it
-as `sklearn/datasets/data/digits.csv.gz`: gzip-compressed CSV, one row per image,
-64 integer pixel values (row-major) then the label 0..9. It is found with
-`importlib.util.find_spec("sklearn")`, which locates the package without importing it
-(only the file is needed), and read with numpy; `check_files` verifies it with
-plain Python during `Config.validated()` and refuses a missing or malformed file in one
-line that names it and `pip install scikit-learn`. No `--data_dir`: the file comes with
-the package (a --data_dir is refused, as for synthetic).
+1998; CC BY 4.0, attribution in DIGITS_NOTICE.txt beside this file): 1797 images of 10
+classes, each 8x8 pixels of counts 0..16 (a 32x32 bitmap divided into 4x4 blocks, the
+pixels set in each block counted). `digits.csv.gz` beside this module is the file as
+scikit-learn distributes it (gzip-compressed CSV, one row per image, 64 integer pixel
+values row-major, then the label 0..9), unchanged; it was read from scikit-learn's wheel
+until scikit-learn was dropped as a dependency (Keras imports it whenever it is
+installed: about half a second more for every process; experiments/bench_import.py).
+It is read with numpy; `check_files` verifies it during `Config.validated()` and
+refuses a missing or malformed file in one line that names it. No `--data_dir`: the file
+comes with the package (a --data_dir is refused, as for synthetic).
 
 Split (fixed, independent of --seed): the file's own order, its first 1500 images the
 train split and its last 297 the eval split. The rows cycle roughly through the classes
@@ -24,7 +25,6 @@ stride-2 stages leave 2x2 maps); minigooglenet needs at least 31x31 and is refus
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import os
 import zlib
 
@@ -34,36 +34,27 @@ import tensorflow as tf
 from mgloop.data.base import InMemoryDataset
 from mgloop.errors import ConfigError
 
-RELATIVE_PATH = os.path.join("datasets", "data", "digits.csv.gz")  # inside sklearn/
+FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.csv.gz")
 NUM_EXAMPLES, NUM_TRAIN = 1797, 1500
 ROWS = COLS = 8
 MAX_PIXEL = 16
 NUM_CLASSES = 10
-INSTALL = "pip install scikit-learn (the file ships inside its wheel)"
+INSTALL = "reinstall mgloop (pip install -e .): the file ships inside its package"
 # What the models need that the 8x8 images cannot give (data.check_settings refuses them).
 UNFIT_MODELS = {"minigooglenet": "its two valid 3x3 stride-2 downsamplings and 7x7 average "
                                  "pool need images of at least 31x31, and digits are 8x8"}
 
 
 def find_file() -> str:
-    """The path of scikit-learn's digits.csv.gz, without importing sklearn."""
-    try:
-        spec = importlib.util.find_spec("sklearn")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"--dataset=digits reads sklearn/{RELATIVE_PATH} from scikit-learn, "
-                          f"which is not installed; {INSTALL}")
-    for folder in spec.submodule_search_locations:
-        path = os.path.join(folder, RELATIVE_PATH)
-        if os.path.isfile(path):
-            return path
-    raise ConfigError(f"--dataset=digits: sklearn/{RELATIVE_PATH} is missing from scikit-learn "
-                      f"at {', '.join(spec.submodule_search_locations)}; {INSTALL}")
+    """The path of the bundled digits.csv.gz."""
+    if not os.path.isfile(FILE):
+        raise ConfigError(f"--dataset=digits: {FILE} is missing from the mgloop package; "
+                          f"{INSTALL}")
+    return FILE
 
 
 def _refuse(path: str, message: str) -> ConfigError:
-    return ConfigError(f"--dataset=digits: {path} {message}; reinstall it: {INSTALL}")
+    return ConfigError(f"--dataset=digits: {path} {message}; {INSTALL}")
 
 
 def read(path: str) -> tuple[np.ndarray, np.ndarray]:
