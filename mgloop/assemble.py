@@ -179,8 +179,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
                                            config.pack_bytes, bool(large),
-                                           config.sparse_as_dense), streams,
-                         replicas.towers_per_device)
+                                           config.sparse_as_dense), streams)
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
@@ -188,7 +187,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                   byzantine=byzantine)
             sampled = TowerStep(replicas, loss_fn, metrics,
                                 Hooks(common + large + [stats], step_hooks.gradients), passes,
-                                step.exchange, streams, replicas.towers_per_device)
+                                step.exchange, streams)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
     trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,

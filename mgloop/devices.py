@@ -76,6 +76,11 @@ class DeviceSet:
         return len(self.towers)
 
     @property
+    def towers_per_device(self) -> int:
+        """K: towers listed per device (--towers_per_device)."""
+        return len(self.towers) // len(self.copy_devices)
+
+    @property
     def copy_devices(self) -> tuple[str, ...]:
         """The distinct tower devices in tower order: where a replicated layout keeps its
         copies (one per device; the towers of one device read the same copy)."""

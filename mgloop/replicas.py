@@ -32,7 +32,7 @@ class Replicas:
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         # K: towers d K .. d K + K - 1 share device d (--towers_per_device)
-        self.towers_per_device = len(self.tower_devices) // len(aggregation.devices.copy_devices)
+        self.towers_per_device = aggregation.devices.towers_per_device
         self.copies = towers.make_copies(model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
         with tf.device(aggregation.devices.host):

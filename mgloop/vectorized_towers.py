@@ -55,13 +55,12 @@ from mgloop.aggregation import nodes as node_level
 from mgloop.aggregation import stacked_rows
 from mgloop.errors import ConfigError
 from mgloop.hooks import IN_TOWER_PASS
-from mgloop.settings import in_range
 
 def check_settings(config, request, workers=None) -> None:
-    """--towers_per_device >= 1; with K > 1, refuses (one line) what a device's towers
-    cannot do as one vectorized computation sharing one variable copy (module docstring)."""
+    """With K = --towers_per_device > 1 (its range checked before: Config.validated),
+    refuses (one line) what a device's towers cannot do as one vectorized computation
+    sharing one variable copy (module docstring)."""
     k = config.towers_per_device
-    in_range("towers_per_device", k, low=1)
     if k == 1:
         return
     flag = f"--towers_per_device={k}"

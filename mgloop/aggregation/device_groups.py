@@ -32,7 +32,8 @@ import tensorflow as tf
 
 from mgloop import aggregation as registry
 from mgloop.aggregation import packing
-from mgloop.aggregation.base import CAPABILITIES, REPLICATED, Aggregation
+from mgloop.aggregation.base import Aggregation
+from mgloop.aggregation.wrapper import Wrapper
 from mgloop.devices import DeviceSet
 
 
@@ -50,49 +51,15 @@ def make(spec: str, devices: DeviceSet, transport_dtype: str, make_method,
     return inner if inner.copies_per_device else DeviceGroups(inner, devices, False)
 
 
-class DeviceGroups(Aggregation):
+class DeviceGroups(Wrapper):
     """`inner` for the T towers of `devices` (K per device): on the devices' means if
     `means`, else on every tower with one output kept per device."""
 
     def __init__(self, inner: Aggregation, devices, means: bool, pack_bytes: int = 0):
-        self.options_type = inner.options_type
-        super().__init__(devices, inner.options, inner.transport_dtype.name)
-        self.inner, self.means, self.pack_bytes = inner, means, pack_bytes
-        self.name = inner.name
-        for capability in CAPABILITIES:  # the method's, as declared
-            setattr(self, capability, getattr(inner, capability))
+        super().__init__(inner, devices)
+        self.means, self.pack_bytes = means, pack_bytes
         # the exchange hands every tower's gradients; the means are packed here, if at all
         self.summable = False
-        self.traffic = inner.traffic
-
-    @property
-    def per_device(self) -> int:
-        return self.devices.num_towers // len(self.devices.copy_devices)
-
-    def parameter_devices(self):
-        if self.layout == REPLICATED:
-            return list(self.devices.copy_devices)
-        return self.inner.parameter_devices()
-
-    def variable_scope(self):
-        return self.inner.variable_scope()
-
-    def build(self, variables):
-        self.inner.step_counter = self.step_counter  # set on this wrapper by replicas.py
-        self.inner.build(variables)
-
-    @property
-    def state_variables(self):
-        return self.inner.state_variables
-
-    def error_bound(self, options, num_towers):
-        return self.inner.error_bound(options, self.inner.num_towers)
-
-    def error_bound_for(self, options, num_towers, num_elements):
-        return self.inner.error_bound_for(options, self.inner.num_towers, num_elements)
-
-    def counted_steps(self, steps):
-        return self.inner.counted_steps(steps)
 
     def tower_values(self, tower, values):
         return values  # validation refuses methods whose towers read values of their own
@@ -101,10 +68,11 @@ class DeviceGroups(Aggregation):
         return self.inner.step()
 
     def reduce(self, tower_values, variables, average=True):
+        k = self.devices.towers_per_device
         if not self.means:
             out = self.inner.reduce(tower_values, variables, average)
-            return out if len(out) == 1 else out[::self.per_device]
-        k, means = self.per_device, []
+            return out if len(out) == 1 else out[::k]
+        means = []
         for d, device in enumerate(self.devices.copy_devices):
             with tf.device(device):
                 means.append([tf.add_n([tower_values[t][i] for t in range(d * k, d * k + k)])

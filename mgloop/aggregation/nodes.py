@@ -42,9 +42,10 @@ import tensorflow as tf
 from mgloop import aggregation as registry
 from mgloop.aggregation import device_groups
 from mgloop.aggregation import local_steps
-from mgloop.aggregation.base import CAPABILITIES, REPLICATED, SHARED, Aggregation, canonical
+from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
 from mgloop.aggregation.peers import Peers
+from mgloop.aggregation.wrapper import Wrapper
 from mgloop.devices import DeviceRequest, DeviceSet
 from mgloop.errors import ConfigError
 from mgloop.towers import backing
@@ -81,21 +82,16 @@ class Nodes:
         return out
 
 
-class NodeLevel(Aggregation):
+class NodeLevel(Wrapper):
     """`method` (made on the node leaders) between nodes; `within` (an exact method's name,
     or DIRECT) inside each node."""
 
     def __init__(self, method: Aggregation, devices: DeviceSet, nodes: Nodes,
                  within: str = DIRECT, make=None):
-        self.options_type = method.options_type
-        super().__init__(devices, method.options, method.transport_dtype.name)
-        self.inner, self.nodes, self.within_name = method, nodes, within
-        self.name = method.name
-        for capability in CAPABILITIES:  # the method's, as declared
-            setattr(self, capability, getattr(method, capability))
+        super().__init__(method, devices)
+        self.nodes, self.within_name = nodes, within
         self.sums_at_home = False  # stage 1 always runs first
-        self.traffic.node_of.update(nodes.device_map())
-        method.traffic = self.traffic  # one set of counts, split by tier
+        self.traffic.node_of.update(nodes.device_map())  # one set of counts, split by tier
         self.within = []
         if within != DIRECT:
             for n in range(nodes.count):
@@ -105,37 +101,14 @@ class NodeLevel(Aggregation):
                 stage.traffic = self.traffic
                 self.within.append(stage)
 
-    # ---- what the step sees: every tower, the method's copies ----
-    def parameter_devices(self):
-        if self.layout == SHARED:
-            return self.inner.parameter_devices()
-        return list(self.devices.copy_devices)  # one per device (device_groups.py)
-
+    # ---- what the step sees: every tower, the method's copies (Wrapper.parameter_devices) ----
     def _copy_of(self, tower: int) -> int:
         """The index of the copy tower `tower` reads (its device's)."""
-        return tower * len(self.devices.copy_devices) // self.num_towers
+        return tower // self.devices.towers_per_device
 
     def _device_firsts(self) -> list[int]:
         """The first tower of every device, in order (one per copy)."""
-        per_device = self.num_towers // len(self.devices.copy_devices)
-        return list(range(0, self.num_towers, per_device))
-
-    def variable_scope(self):
-        return self.inner.variable_scope()
-
-    def build(self, variables):
-        self.inner.step_counter = self.step_counter  # set on this wrapper by replicas.py
-        self.inner.build(variables)
-
-    @property
-    def state_variables(self):
-        return self.inner.state_variables
-
-    def error_bound(self, options, num_towers):
-        return self.inner.error_bound(options, self.inner.num_towers)
-
-    def error_bound_for(self, options, num_towers, num_elements):
-        return self.inner.error_bound_for(options, self.inner.num_towers, num_elements)
+        return list(range(0, self.num_towers, self.devices.towers_per_device))
 
     @property
     def exchanges_between_workers(self) -> bool:
@@ -192,9 +165,6 @@ class NodeLevel(Aggregation):
         node = self.nodes.node_of_tower(tower)
         leader = self.devices.towers[self.nodes.leader(node)]
         return [self.send(value, leader, self.devices.towers[tower]) for value in out[node]]
-
-    def counted_steps(self, steps):
-        return self.inner.counted_steps(steps)
 
     def after_update(self, copies):
         if self.layout == SHARED:

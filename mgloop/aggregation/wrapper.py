@@ -1,0 +1,53 @@
+"""`Wrapper`: an aggregation around another method, presenting it on more towers.
+
+NodeLevel (nodes.py: the method between nodes) and DeviceGroups (device_groups.py:
+several towers per device) each make the step see every tower while the method under
+study, `inner`, runs on fewer units. What does not change between them is here: the
+wrapper is the inner method as declared (name, options, capabilities, one set of traffic
+counts) and its state, error bounds, counted steps and variable scope are the inner
+method's; a subclass says where the copies live and how the towers' gradients reach it.
+"""
+
+from __future__ import annotations
+
+from mgloop.aggregation.base import CAPABILITIES, REPLICATED, Aggregation
+
+
+class Wrapper(Aggregation):
+    """`inner` presented on the towers of `devices` (a subclass implements `reduce` and,
+    where it differs from the inner method's, `parameter_devices`)."""
+
+    def __init__(self, inner: Aggregation, devices):
+        self.options_type = inner.options_type
+        super().__init__(devices, inner.options, inner.transport_dtype.name)
+        self.inner, self.name = inner, inner.name
+        for capability in CAPABILITIES:  # the method's, as declared
+            setattr(self, capability, getattr(inner, capability))
+        self.traffic = inner.traffic  # one set of counts for both
+
+    def parameter_devices(self):
+        """Shared: the inner method's copy. Replicated: one copy per device of the towers
+        (a device's towers read one: device_groups.py)."""
+        if self.layout == REPLICATED:
+            return list(self.devices.copy_devices)
+        return self.inner.parameter_devices()
+
+    def variable_scope(self):
+        return self.inner.variable_scope()
+
+    def build(self, variables):
+        self.inner.step_counter = self.step_counter  # set on the wrapper by replicas.py
+        self.inner.build(variables)
+
+    @property
+    def state_variables(self):
+        return self.inner.state_variables
+
+    def error_bound(self, options, num_towers):
+        return self.inner.error_bound(options, self.inner.num_towers)
+
+    def error_bound_for(self, options, num_towers, num_elements):
+        return self.inner.error_bound_for(options, self.inner.num_towers, num_elements)
+
+    def counted_steps(self, steps):
+        return self.inner.counted_steps(steps)
