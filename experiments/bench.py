@@ -116,7 +116,7 @@ flags.DEFINE_string("output_dir", None, "bench.json, bench.md, tensorboard/ (def
 flags.DEFINE_integer("seed", 0, "seed of data and initial weights")
 flags.DEFINE_multi_string("link", [], "BANDWIDTH,LATENCY, e.g. 10gbit,10us (repeatable): "
                           "per mgloop system, the modelled exchange of its counted traffic "
-                          "on such a network (mgloop/link_model.py) and the measured step "
+                          "on such a network (mgloop/observe/link_model.py) and the measured step "
                           "plus it")
 flags.DEFINE_multi_string("plugin", [], "a module to import in the harness and in every "
                           "worker before anything is built (e.g. one registering an aggregation "
@@ -217,7 +217,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
 
 
 def links() -> list:
-    from mgloop import link_model
+    from mgloop.observe import link_model
     return [link_model.parse(text) for text in _FLAGS.link]
 
 
@@ -228,7 +228,7 @@ def link_figures(traffic: dict | None, step_ms: float) -> dict:
     these step figures are upper bounds (variants.py subtracts the exchange timed alone)."""
     if traffic is None or not _FLAGS.link:
         return {}
-    from mgloop import link_model
+    from mgloop.observe import link_model
     counts = link_model.traffic_of(traffic["bytes"], traffic["messages"])
     out = {"bytes_per_device_kib": link_model.bytes_per_device(counts) / 1024,
            "traffic": traffic}
@@ -399,7 +399,7 @@ def main(argv):
     try:
         benchlib.load_plugins(_FLAGS.plugin)  # its methods are valid --modes
         plan = make_plan()
-        from mgloop import link_model
+        from mgloop.observe import link_model
         link_model.check_settings(argparse.Namespace(links=tuple(_FLAGS.link)))
     except (bench_plan.PlanError, benchlib.PluginError, ConfigError) as error:  # before any
         # process starts

@@ -106,11 +106,12 @@ def with_delay(batches, seconds: float):
 
 def main(argv):
     del argv
-    from mgloop import devices
+    from mgloop.cluster import devices
     device_set = devices.setup(devices.parse(_FLAGS.devices))  # before any TensorFlow op
     import tensorflow as tf
-    from mgloop import data, experiment, models
-    from mgloop.config import Config
+    from mgloop import data, models
+    from mgloop.runs import experiment
+    from mgloop.runs.config import Config
 
     folder = _FLAGS.data_dir or tempfile.mkdtemp(prefix="mgloop-file-staging-")
     paths = write_files(folder, _FLAGS.examples, _FLAGS.files)

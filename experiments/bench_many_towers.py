@@ -65,7 +65,7 @@ CASES = {
 
 def child(settings: dict) -> dict:
     from experiments import benchlib
-    from mgloop import devices
+    from mgloop.cluster import devices
     devices.configure_logical_cpus(int(settings["devices"].split(":")[1]))
     start = time.perf_counter()
     trainer, batches = benchlib.build("mlp", FLAGS.global_batch, optimizer="sgd",

@@ -53,7 +53,7 @@ WITHIN = "100gbit,2us"
 
 def measure(model: str) -> list[dict]:
     from experiments import benchlib
-    from mgloop import link_model
+    from mgloop.observe import link_model
     systems = {}
     for spec in FLAGS.methods:
         optimizer = "sgd" if spec.startswith("dgc") else "momentum"
@@ -92,7 +92,7 @@ def measure(model: str) -> list[dict]:
 def main(argv):
     del argv
     from experiments import benchlib
-    from mgloop import devices
+    from mgloop.cluster import devices
     devices.configure_logical_cpus(4)
     rows = []
     for model in FLAGS.models:

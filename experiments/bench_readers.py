@@ -70,8 +70,10 @@ def model_step_timer(cifar, directory: str, batch: int):
     """Seconds per training step of `--model` on one tower (cpu:1) on a cached batch, so the
     input stream is not in the time: the compute the input has to keep up with."""
     import tensorflow as tf
-    from mgloop import devices, experiment, models
-    from mgloop.config import Config
+    from mgloop import models
+    from mgloop.cluster import devices
+    from mgloop.runs import experiment
+    from mgloop.runs.config import Config
     config = Config(devices="cpu:1", aggregation="ps_cpu", model=_FLAGS.model, dataset="cifar10",
                     data_dir=directory, global_batch_size=batch,
                     logdir=tempfile.mkdtemp(prefix="mgloop-bench-")).validated()

@@ -48,7 +48,7 @@ TAGS = ("loss", "accuracy", "examples_per_sec", "step_time", "input_wait", "lear
 
 def slope_per_1000(write: callable, writes: int, warmup: int) -> float:
     """KiB of RSS per 1000 calls of write(i), least squares over samples every 100 calls."""
-    from mgloop.diagnostics import current_rss_kib  # in the child, after its devices
+    from mgloop.observe.diagnostics import current_rss_kib  # in the child, after its devices
     for i in range(warmup):
         write(i)
     xs, ys = [], []
@@ -64,8 +64,9 @@ def slope_per_1000(write: callable, writes: int, warmup: int) -> float:
 
 def make_variant(name: str, logdir: str):
     import tensorflow as tf
-    from mgloop import optim, summaries
-    from mgloop.config import Config
+    from mgloop.observe import summaries
+    from mgloop.spec import optim
+    from mgloop.runs.config import Config
     values = {tag: 0.5 for tag in TAGS}
     if name == "eager":
         writer = tf.summary.create_file_writer(logdir)

@@ -6,7 +6,7 @@ returning its wall-clock seconds (the loop's last result is read back, so
 the time covers the whole loop). Every system reads the same host input
 pipeline (the dataset's `train_batches` for the seed, prefetch 2), starts
 from the seed's initial weights and trains with the same optimizer, schedule
-and loss (mgloop.optim.make_optimizer, mgloop.losses.cross_entropy).
+and loss (mgloop.spec.optim.make_optimizer, mgloop.spec.losses.cross_entropy).
 
     mgloop:<mode>   mgloop's Trainer with --aggregation=<mode>: train_loop, one compiled
                     call of `steps` steps (a tf.range loop)
@@ -26,7 +26,7 @@ and loss (mgloop.optim.make_optimizer, mgloop.losses.cross_entropy).
 
 With `workers` > 1 the system is one process per worker, each with its own
 TF_CONFIG (experiments/bench_processes.py): `start` then starts the worker's
-gRPC server before anything else touches TensorFlow (mgloop: mgloop.cluster via
+gRPC server before anything else touches TensorFlow (mgloop: mgloop.cluster.workers via
 devices.setup; the baseline: by creating the strategy, which must come first),
 and mgloop's workers are built as `mgloop.train` builds them (cross-worker
 aggregation, variables broadcast from worker 0, each worker's contiguous part of
@@ -90,7 +90,7 @@ def _repo_on_path() -> None:
 
 
 def _config(spec: Spec, aggregation: str = "ps_cpu"):
-    from mgloop.config import Config
+    from mgloop.runs.config import Config
     return Config(model=spec.model, dataset=spec.dataset, devices=devices_flag(spec),
                   aggregation=aggregation, global_batch_size=spec.global_batch,
                   optimizer=spec.optimizer, learning_rate=spec.learning_rate,
@@ -102,7 +102,10 @@ class _Parts:
     """What every baseline shares: devices, dataset, model/optimizer functions, input stream."""
 
     def __init__(self, spec: Spec, dataset=None):
-        from mgloop import data, devices, experiment, models, optim
+        from mgloop import data, models
+        from mgloop.cluster import devices
+        from mgloop.runs import experiment
+        from mgloop.spec import optim
         self.config = _config(spec)
         self.devices = list(devices.setup(devices.parse(self.config.devices)).towers)
         self.dataset = dataset or data.load(spec.dataset, spec.seed)
@@ -219,7 +222,7 @@ def start(spec: Spec):
         from third_party import multi_worker_mirrored
         return multi_worker_mirrored.make_strategy(COLLECTIVE_TIMEOUT)
     if spec.system.startswith(MGLOOP_PREFIX):
-        from mgloop import cluster, devices
+        from mgloop.cluster import workers as cluster, devices
         workers = cluster.from_environment()
         if workers is None or workers.num_workers != spec.workers:
             raise ValueError(f"{spec.system} with {spec.workers} workers needs a TF_CONFIG of "

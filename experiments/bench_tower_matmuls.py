@@ -3,7 +3,7 @@
     python experiments/bench_tower_matmuls.py
 
 What remains of big_mlp's tower tax once its kernels are factored
-(mgloop/sufficient_factors.py) is in the products every tower runs on its own
+(mgloop/step/sufficient_factors.py) is in the products every tower runs on its own
 rows. Timed here, side by side:
 
 - forward, z = x W on the first layer (W: 8000 x 4000): every tower reads W;

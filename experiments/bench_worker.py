@@ -55,7 +55,8 @@ def peak_rss_kib() -> int:
 
 def main() -> None:
     request = json.loads(sys.stdin.readline())
-    from mgloop import data, devices
+    from mgloop import data
+    from mgloop.cluster import devices
     devices.configure_logical_cpus(request["logical_devices"])
     import bench_systems
     spec = bench_systems.Spec(**request["spec"])
@@ -65,7 +66,7 @@ def main() -> None:
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if spec.workers > 1 else None
     import numpy as np
     import tensorflow as tf
-    from mgloop.diagnostics import current_rss_kib
+    from mgloop.observe.diagnostics import current_rss_kib
     dataset = data.load(spec.dataset, spec.seed)
     dataset._train_tensors  # the host copy every system reads, made before the baseline
     baseline = current_rss_kib()

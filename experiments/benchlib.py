@@ -35,12 +35,12 @@ def build(model: str, global_batch: int, dataset_object=None, workers=None, devi
     """(trainer, iterator) for one configuration; settings are Config fields.
 
     `dataset_object`: an already loaded dataset of `settings["dataset"]` (default: load it).
-    Several processes: `workers` (mgloop.cluster.Cluster) and `device_set` (from
+    Several processes: `workers` (mgloop.cluster.workers.Cluster) and `device_set` (from
     devices.setup with that cluster, its server started): the trainer is wrapped in
     the cross-worker stage, takes worker 0's variables, and reads this worker's
     contiguous part of every global batch, as mgloop.train does.
     """
-    from mgloop.config import Config
+    from mgloop.runs.config import Config
     config = Config(model=model, global_batch_size=global_batch, train_steps=10 ** 9,
                     logdir=os.path.join("/tmp", "mgloop-bench"), **settings).validated()
     return build_config(config, dataset_object, workers, device_set)[:2]
@@ -51,7 +51,10 @@ def build_config(config, dataset_object=None, workers=None, device_set=None,
     """(trainer, iterator, dataset) for one validated Config (see `build`); `transform`
     maps the dataset of global batches before the staging's pipeline (e.g. a slow input)."""
     import tensorflow as tf  # noqa: F401  (after the caller configured devices)
-    from mgloop import data, devices, experiment, models, staging
+    from mgloop import data, models
+    from mgloop.cluster import devices
+    from mgloop.data import staging
+    from mgloop.runs import experiment
     model = config.model
     if device_set is None:
         device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))

@@ -37,7 +37,7 @@ flags.DEFINE_string("root", "/tmp/mgloop_methods_between_workers", "where the ru
 
 def main(argv):
     del argv
-    from mgloop import devices
+    from mgloop.cluster import devices
     from mgloop import launch
     towers = FLAGS.workers * FLAGS.towers
     devices.configure_logical_cpus(towers)

@@ -7,7 +7,7 @@
 DDP and Horovod start exchanging the gradients of the last layers while the
 backward pass still computes the first layers' (their main speed lever). Here,
 per profiled training step, from the tf.profiler trace (the XSpace protobuf,
-read with mgloop.breakdown): the exchange E is the union of the intervals of
+read with mgloop.observe.breakdown): the exchange E is the union of the intervals of
 the ops built in the `aggregation` phase's name scope (loop.Trainer: packing,
 the method's reduce, the sums at home), the backward pass B the union of the
 ops in the `compute` phase built by the gradient tape (a `gradient_tape` or
@@ -25,7 +25,7 @@ ops in the `compute` phase built by the gradient tape (a `gradient_tape` or
 
 A fraction near 0 means the exchange waits for every gradient (e.g. one bucket
 of all of them: its concatenation needs the last gradient the backward pass
-makes, which is the first layer's). Each variant (mgloop/sweep/grid.py:
+makes, which is the first layer's). Each variant (mgloop/runs/sweep/grid.py:
 `--vary`, `--set`, `--plugin` as in variants.py) is built in this process,
 warmed up, and `--steps` steps are profiled one at a time (one loop of one
 step per profiler session), so every trace holds one step; the table gives the
@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 
 import benchlib  # noqa: E402
 from overlap_trace import overlap_of  # noqa: E402
-from mgloop.sweep import grid as variants_spec  # noqa: E402
+from mgloop.runs.sweep import grid as variants_spec  # noqa: E402
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,... as in experiments/variants.py")
@@ -73,7 +73,7 @@ flags.DEFINE_enum("bucket_order", "forward", ["forward", "backward"],
 def profiled_steps(trainer, iterator, steps: int) -> list[dict]:
     import shutil
     import tensorflow as tf
-    from mgloop import breakdown
+    from mgloop.observe import breakdown
     out = []
     for _ in range(steps):
         folder = tempfile.mkdtemp(prefix="mgloop-overlap-")
@@ -113,8 +113,8 @@ def use_backward_buckets() -> None:
 
 
 def measure_variants() -> list[dict]:
-    from mgloop import devices
-    from mgloop.config import Config
+    from mgloop.cluster import devices
+    from mgloop.runs.config import Config
     chosen = [(v, Config(**{"train_steps": 10 ** 9, "logdir": os.path.join(
         tempfile.gettempdir(), "mgloop-overlap"), **v.settings}).validated())
         for v in variants_spec.variants(_FLAGS.vary, _FLAGS.set)]

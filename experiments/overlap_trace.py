@@ -45,7 +45,7 @@ def is_backward(name: str) -> bool:
 
 def overlap_of(space) -> dict:
     """The figures of one trace (see the top of this module)."""
-    from mgloop import breakdown
+    from mgloop.observe import breakdown
     exchange, backward = [], []
     for name, start, end in breakdown.op_intervals(space):
         phase = breakdown.phase_of(name)

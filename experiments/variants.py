@@ -28,7 +28,7 @@ variants start from the same weights and data, so an exact method's losses
 agree), and the `--measure` columns (experiments/variants_measure.py); with
 `--link=BANDWIDTH,LATENCY` (repeatable) the link model of each variant's counted
 traffic (bytes per device, compression ratio to the baseline, compute, modelled
-exchange and step per link; mgloop/link_model.py). Issue 15's compression table:
+exchange and step per link; mgloop/observe/link_model.py). Issue 15's compression table:
 `--flagfile=experiments/variants_flags/compression_ablation.flags`. With
 `--copies=2` also the median over rounds of (variant's builds) / (baseline's
 builds) with its standard error, and the A/A control of the variant's two
@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 import benchlib  # noqa: E402
 import variants_measure as measure_lib  # noqa: E402
 import variants_report  # noqa: E402
-from mgloop.sweep import grid as variants_spec  # noqa: E402
+from mgloop.runs.sweep import grid as variants_spec  # noqa: E402
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,... (a Config field and its values; K1/K2="
@@ -117,7 +117,7 @@ class Build:
 
 def validated_variants() -> tuple[list, list]:
     """([(variant, Config)], [(variant, reason) skipped]); UsageError/SpecError/ConfigError."""
-    from mgloop.config import Config
+    from mgloop.runs.config import Config
     from mgloop.errors import ConfigError
     unknown = sorted(set(_FLAGS.measure) - set(measure_lib.MEASURES))
     if unknown:
@@ -132,7 +132,7 @@ def validated_variants() -> tuple[list, list]:
         except ValueError:
             raise UsageError(f"--input_delay_ms={_FLAGS.input_delay_ms!r}: give milliseconds "
                              "(>= 0) or auto") from None
-    from mgloop import link_model
+    from mgloop.observe import link_model
     link_model.check_settings(argparse.Namespace(links=tuple(_FLAGS.link)))
     if _FLAGS.copies not in (1, 2) or min(_FLAGS.steps, _FLAGS.repeats) < 1:
         raise UsageError("--copies must be 1 or 2, --steps and --repeats at least 1")
@@ -244,7 +244,7 @@ def extra_measures(build: Build) -> dict:
     if "exchange" in measures or _FLAGS.link:
         out.update(measure_lib.exchange(build.trainer, _FLAGS.repeats))
     if _FLAGS.link:
-        from mgloop import link_model
+        from mgloop.observe import link_model
         out.update(measure_lib.link(build.trainer, [link_model.parse(t) for t in _FLAGS.link],
                                     float(np.median(build.times)), out["exchange_ms"]))
     if "memory" in measures:
@@ -268,7 +268,7 @@ def main(argv):
         print(f"variants.py: error: {error}", file=sys.stderr)
         sys.exit(2)
     output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-variants-")
-    from mgloop import devices
+    from mgloop.cluster import devices
     devices.configure_logical_cpus(max(config.num_towers for _, config in chosen))
     builds, references = build_all(chosen)
     logging.info("%d builds of %d variants", len(builds), len(chosen))

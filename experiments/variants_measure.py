@@ -26,7 +26,7 @@
                 a compiled loop; each variant's ratio to 1 / max(t_input, t_compute)
                 (1.0: input fully hidden)
 
-With `--link=BANDWIDTH,LATENCY` (repeatable; mgloop/link_model.py), every variant also
+With `--link=BANDWIDTH,LATENCY` (repeatable; mgloop/observe/link_model.py), every variant also
 gets the link model of its counted traffic: the busiest device's bytes per step and its
 messages, the compression ratio (the baseline's bytes per device over the variant's),
 the compute time (median step less the exchange alone, measured as by `exchange`) and
@@ -96,8 +96,8 @@ def traffic(trainer) -> dict:
 
 
 def link(trainer, links, step_seconds: float, exchange_ms: float | None) -> dict:
-    """The link model (mgloop/link_model.py) of the variant's counted traffic, per link."""
-    from mgloop import link_model
+    """The link model (mgloop/observe/link_model.py) of the variant's counted traffic, per link."""
+    from mgloop.observe import link_model
     compute = link_model.compute_seconds(
         step_seconds, None if exchange_ms is None else exchange_ms / 1e3)
     report = link_model.report(trainer.aggregation.traffic, links, compute)
@@ -130,7 +130,7 @@ def evaluate(trainer, dataset, global_batch: int) -> dict:
 
 def breakdown(trainer, iterator, repeats: int) -> dict:
     """Phases of one profiled step (median ms) and what one profiled step costs (ms)."""
-    from mgloop import breakdown as breakdown_lib
+    from mgloop.observe import breakdown as breakdown_lib
     plain, profiled, phases = [], [], []
 
     def one_step():
@@ -150,5 +150,5 @@ def breakdown(trainer, iterator, repeats: int) -> dict:
 
 def summary_scalars(trainer, steps: int) -> None:
     """What the Monitor does at one summary (its scalars; nothing is written)."""
-    from mgloop import monitor
+    from mgloop.runs import monitor
     monitor.Monitor(trainer, None, None, None).scalars(steps)

@@ -102,7 +102,7 @@ def markdown(payload: dict, measures: list[str], copies: int) -> str:
     known = {key for key, _, _ in COLUMNS}
     columns += [(key, f"profiled {key[len('breakdown_'):-len('_ms')]} (ms)", ".3f")
                 for key in sorted(present - known) if key.startswith("breakdown_")]
-    from mgloop import link_model
+    from mgloop.observe import link_model
     for link in map(link_model.parse, settings.get("links", [])):
         columns += [(f"link_{link.tag}_{suffix}", header.format(link.name), ".3f")
                     for suffix, header in LINK_COLUMNS if f"link_{link.tag}_{suffix}" in present]
@@ -158,7 +158,7 @@ def write_tensorboard(logdir: str, chosen, rows_: list[dict]) -> None:
     timed loop), and the HParams experiment at the top."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
-    from mgloop import summaries
+    from mgloop.observe import summaries
     values = [{name: _hparam_value(value)
                for name, value in summaries.hparams_of(config, config.num_towers).items()}
               for _, config in chosen]

@@ -3,8 +3,13 @@
     import mgloop
     summary = mgloop.run(mgloop.Config(devices="cpu:4", aggregation="ring"))
 
-See README.md for the tour and the flags; mgloop.devices to set up logical CPU
-devices before TensorFlow starts.
+The package is laid out by purpose, in the order of the data path: cluster/ (where it
+runs), spec/ (what it trains), data/ (what it reads, and staging to the towers),
+aggregation/ (the methods under study), models/, observe/ (what it shows), step/ (the
+tower loop), runs/ (a run from settings to result); each package's docstring says what
+lives there and what it may import. Entry points: train.py, launch.py, sweep.py.
+`configure_logical_cpus` (cluster/devices.py) sets up logical CPU devices before
+TensorFlow starts.
 
 `Config`, `ConfigError` and `run` are loaded on first use, so that importing the
 package loads no TensorFlow: `python -m mgloop.train` imports the package before
@@ -13,9 +18,10 @@ train.py runs, and train.py must act before TensorFlow loads (quiet_start.py).
 
 import importlib
 
-_API = {"Config": "mgloop.config", "ConfigError": "mgloop.errors", "run": "mgloop.experiment"}
+_API = {"Config": "mgloop.runs.config", "ConfigError": "mgloop.errors",
+        "run": "mgloop.runs.experiment", "configure_logical_cpus": "mgloop.cluster.devices"}
 
-__all__ = ["Config", "ConfigError", "run"]
+__all__ = ["Config", "ConfigError", "run", "configure_logical_cpus"]
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ launcher's working directory and Python path) before it validates its settings.
 
 When a worker fails, the launcher names the worker at fault: the one that ended,
 or, when a survivor ended with exit code 3 naming a peer that answered no health
-check (mgloop/peer_health.py), that peer, adding whether its process is stopped
+check (mgloop/cluster/peer_health.py), that peer, adding whether its process is stopped
 (SIGSTOP). The others then stop by themselves (their collectives fail, or their
 health checks give up after --collective_timeout) or are terminated after
 --grace_seconds; a stopped worker is killed at once. The launcher exits with
@@ -36,7 +36,7 @@ import time
 from absl import app
 from absl import flags
 
-from mgloop import peer_health  # imports no TensorFlow
+from mgloop.cluster import peer_health  # imports no TensorFlow
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")

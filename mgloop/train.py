@@ -4,12 +4,12 @@ Bad settings end the process with exit code 2 and one line on stderr, before
 any device or variable is created. TensorFlow's start-up lines are kept off
 stderr unless TF_CPP_MIN_LOG_LEVEL is set (quiet_start.py). With several processes
 (TF_CONFIG), a worker that loses a peer (its collective fails, or the peer answers
-no health check for --collective_timeout seconds: mgloop/peer_health.py) ends with
+no health check for --collective_timeout seconds: mgloop/cluster/peer_health.py) ends with
 exit code 3 and one line naming the peer when the health checks found it.
 SIGTERM or SIGINT ends the run after the current compiled loop, with a checkpoint of that
 step and summary.json (`"preempted"`), and exits with 128 + the signal number (143 for
-SIGTERM, 130 for SIGINT); a second signal ends the process at once (mgloop/preemption.py).
-A full disk, a NaN or infinite loss (mgloop.failures) or a lost logdir end with
+SIGTERM, 130 for SIGINT); a second signal ends the process at once (mgloop/runs/preemption.py).
+A full disk, a NaN or infinite loss (mgloop.runs.failures) or a lost logdir end with
 exit code 1 and one line naming the path or the steps and how to resume.
 """
 
@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from mgloop import quiet_start  # loads no TensorFlow
+from mgloop.runs import quiet_start  # loads no TensorFlow
 
 with quiet_start.loading():  # TensorFlow's start-up lines off stderr, unless TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
@@ -29,11 +29,11 @@ quiet_start.after_loading()
 from absl import app  # noqa: E402
 from absl import logging  # noqa: E402
 
-from mgloop import experiment  # noqa: E402
-from mgloop import failures  # noqa: E402
-from mgloop import flags as mgloop_flags  # noqa: E402
-from mgloop import monitor  # noqa: E402
-from mgloop import peer_health  # noqa: E402
+from mgloop.runs import experiment  # noqa: E402
+from mgloop.runs import failures  # noqa: E402
+from mgloop.runs import flags as mgloop_flags  # noqa: E402
+from mgloop.runs import monitor  # noqa: E402
+from mgloop.cluster import peer_health  # noqa: E402
 from mgloop.errors import ConfigError  # noqa: E402
 
 mgloop_flags.define_flags()

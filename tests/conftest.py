@@ -6,7 +6,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from mgloop import devices  # noqa: E402
+from mgloop.cluster import devices  # noqa: E402
 
 MAX_TOWERS = 4
 devices.configure_logical_cpus(MAX_TOWERS)

@@ -9,8 +9,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop import data, devices, experiment, models, optim, precision, staging
-from mgloop.config import Config
+from mgloop import data, models
+from mgloop.cluster import devices
+from mgloop.data import staging
+from mgloop.runs import experiment
+from mgloop.spec import optim
+from mgloop.step import precision
+from mgloop.runs.config import Config
 from tests import tolerance
 from third_party import single_device
 

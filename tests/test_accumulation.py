@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop import checkpoint, controller
+from mgloop.runs import checkpoint, controller
 from mgloop.data import epochs
 from tests import helpers
 from tests import tolerance

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import cluster, devices, experiment
+from mgloop.cluster import workers as cluster, devices
+from mgloop.runs import experiment
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import canonical
 from tests import helpers

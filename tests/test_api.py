@@ -5,7 +5,8 @@ import numpy as np
 import tensorflow as tf
 
 import mgloop
-from mgloop import controller, data, experiment
+from mgloop import data
+from mgloop.runs import controller, experiment
 from tests import helpers
 from tests import tolerance
 

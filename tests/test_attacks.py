@@ -10,10 +10,11 @@ import pytest
 import tensorflow as tf
 import keras
 
-from mgloop import byzantine, losses
+from mgloop.spec import losses
+from mgloop.step.hooks import attacks as byzantine
 from mgloop.data import padding
 from mgloop.errors import ConfigError
-from mgloop.hooks.byzantine import ByzantineTowers, flip_labels
+from mgloop.step.hooks.byzantine import ByzantineTowers, flip_labels
 from tests import helpers, tolerance
 
 

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop import aggregation, assemble, data, devices, model_input, towers
+from mgloop import aggregation, data
+from mgloop.cluster import devices
+from mgloop.runs import assemble
+from mgloop.spec import model_input
+from mgloop.spec import variables
 from tests import helpers
 
 
@@ -197,7 +201,7 @@ def test_model_input_that_does_not_fit_the_data_is_refused_before_its_copies(log
     once the template exists and before any variable copy is made."""
     def refuse(*args, **kwargs):
         raise AssertionError("variable copies were made before the input shape was checked")
-    monkeypatch.setattr(towers, "make_copies", refuse)
+    monkeypatch.setattr(variables, "make_copies", refuse)
     flat = lambda: keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)])  # noqa: E731
     with pytest.raises(mgloop.ConfigError) as error:
         mgloop.run(helpers.small_config(logdir), model_fn=flat, dataset=helpers.DATASET)

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import checkpoint, experiment, optim
-from mgloop.hooks.synced_moments import SyncBatchNorm
+from mgloop.runs import checkpoint, experiment
+from mgloop.spec import optim
+from mgloop.step.hooks.synced_moments import SyncBatchNorm
 from tests import helpers
 from tests import tolerance
 

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from mgloop import breakdown
+from mgloop.observe import breakdown
 from tests import helpers
 
 

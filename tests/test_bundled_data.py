@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import data, experiment, staging
-from mgloop.config import Config
+from mgloop import data
+from mgloop.data import staging
+from mgloop.runs import experiment
+from mgloop.runs.config import Config
 from mgloop.data import base, digits, epochs, inputs, partition, python_text
 from mgloop.errors import ConfigError
 from tests import helpers

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import byzantine, summaries
+from mgloop.observe import summaries
+from mgloop.step.hooks import attacks as byzantine
 from mgloop.errors import ConfigError
-from mgloop.hooks.byzantine import ByzantineTowers
+from mgloop.step.hooks.byzantine import ByzantineTowers
 from tests import helpers
 
 

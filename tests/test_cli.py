@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from mgloop import settings
-from mgloop.config import Config
+from mgloop.runs.config import Config
 from tests import tensorboard_server
 
 CHANCE = 0.1  # the synthetic task has 10 classes
 # TensorFlow's start-up lines (native: absl's notice, oneDNN, CUDA, CPU features) and the
-# line its checkpoint saver logs per checkpoint; quiet by default (mgloop/quiet_start.py).
+# line its checkpoint saver logs per checkpoint; quiet by default (mgloop/runs/quiet_start.py).
 START_UP_NOISE = re.compile(r"absl::InitializeLog|port\.cc:|cudart_stub|cuInit|"
                             r"cpu_feature_guard|Sharding callback duration")
 NATIVE_LOG_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\.cc:\d+\] ", re.MULTILINE)

@@ -20,7 +20,8 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import aggregation, devices
+from mgloop import aggregation
+from mgloop.cluster import devices
 from mgloop.aggregation import centered_clipping, nnm
 from mgloop.errors import ConfigError
 from tests import helpers

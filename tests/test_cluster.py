@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from mgloop import cluster, launch
+from mgloop import launch
+from mgloop.cluster import workers as cluster
 from mgloop.errors import ConfigError
 
 
@@ -259,7 +260,7 @@ sys.exit(3)
 
 
 def test_the_launcher_names_the_frozen_worker_not_the_survivor(tmp_path):
-    from mgloop import peer_health
+    from mgloop.cluster import peer_health
     lost = peer_health.lost_peer_message(1, "127.0.0.1:1", 30)  # the words the launcher reads
     out = Lines()
     code = launch.launch(2, "cpu:1", [str(tmp_path), lost], grace=600, out=out,

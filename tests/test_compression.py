@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, devices
+from mgloop import aggregation
+from mgloop.cluster import devices
 from mgloop.aggregation.compression.topk import kept
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance

@@ -33,7 +33,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, checkpoint, devices
+from mgloop import aggregation
+from mgloop.cluster import devices
+from mgloop.runs import checkpoint
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import checkpoint
+from mgloop.runs import checkpoint
 from tests import helpers
 
 SETTINGS = dict(train_steps=6, steps_per_loop=2, checkpoint_every=2, keep_checkpoints=3)

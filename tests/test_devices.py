@@ -2,7 +2,7 @@
 
 import pytest
 
-from mgloop import devices
+from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 
 

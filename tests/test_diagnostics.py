@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import diagnostics, experiment, monitor, summaries
+from mgloop.observe import diagnostics, summaries
+from mgloop.runs import experiment, monitor
 from tests import helpers
 from tests import tolerance
 

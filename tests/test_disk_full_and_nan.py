@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import checkpoint, failures
+from mgloop.runs import checkpoint, failures
 from tests import helpers
 
 NO_SPACE = ("{{function_node __wrapped__SaveV2_dtypes_22_device_/job:localhost/replica:0/task:0/"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import experiment
+from mgloop.runs import experiment
 from tests import helpers
 from tests import tolerance
 

@@ -10,14 +10,14 @@ import sys
 from absl import flags
 import pytest
 
-from mgloop import flags as mgloop_flags
+from mgloop.runs import flags as mgloop_flags
 from mgloop.aggregation import packing
 from tests import dataset_files, tensorboard_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
-from mgloop.sweep import grid as variants_spec  # noqa: E402
+from mgloop.runs.sweep import grid as variants_spec  # noqa: E402
 
 FLAGFILES = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.flags")))
 

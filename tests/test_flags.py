@@ -11,9 +11,9 @@ from absl import flags
 
 from mgloop import aggregation
 from mgloop import data
-from mgloop import flags as mgloop_flags
+from mgloop.runs import flags as mgloop_flags
 from mgloop import settings
-from mgloop.config import Config
+from mgloop.runs.config import Config
 
 # The absl parser each resolved annotation must get (`X | None` as X).
 PARSERS = {bool: flags.BooleanParser, int: flags.IntegerParser, float: flags.FloatParser,
@@ -32,7 +32,7 @@ def parsed():
 def test_the_flags_are_the_config_fields_with_their_defaults_types_and_help():
     mgloop_flags.define_flags()
     fields = dataclasses.fields(Config)
-    defined = {flag.name for flag in flags.FLAGS.flags_by_module_dict()["mgloop.flags"]}
+    defined = {flag.name for flag in flags.FLAGS.flags_by_module_dict()["mgloop.runs.flags"]}
     assert defined == {settings.flag_name(field) for field in fields}
     hints = typing.get_type_hints(Config)
     for field in fields:

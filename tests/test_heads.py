@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import experiment, heads, losses, optim
+from mgloop.runs import experiment
+from mgloop.spec import heads, losses, optim
 from mgloop.errors import ConfigError
 from tests import helpers
 from third_party import single_device

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import data
-from mgloop.config import Config
+from mgloop.runs.config import Config
 from mgloop.errors import ConfigError
 from mgloop.models import transformer_lm
 from tests import helpers, tolerance

@@ -1,4 +1,4 @@
-"""The link model (mgloop/link_model.py) against hand-computed alpha-beta times, the counted
+"""The link model (mgloop/observe/link_model.py) against hand-computed alpha-beta times, the counted
 messages of the real methods, --link parsing, and its figures in summary.json and TensorBoard."""
 
 import json
@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import aggregation, link_model
+from mgloop import aggregation
+from mgloop.observe import link_model
 from mgloop.aggregation.base import Traffic
-from mgloop.devices import DeviceSet
+from mgloop.cluster.devices import DeviceSet
 from tests import helpers, tensorboard_server
 
 TEN_GBIT = link_model.parse("10gbit,10us")  # B = 1.25e9 bytes/s, a = 1e-5 s

@@ -16,8 +16,9 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 import mgloop
-from mgloop import aggregation, diagnostics
-from mgloop.hooks import Hook
+from mgloop import aggregation
+from mgloop.observe import diagnostics
+from mgloop.step.hooks import Hook
 from tests import helpers, tolerance
 from tests.test_step import build
 
@@ -105,7 +106,7 @@ def test_drop_leaves_out_one_tower_and_averages_the_rest(logdir):
     draws are reproducible and not always the same tower; by arrival order, too, one
     tower is left out and the others averaged."""
     config = helpers.small_config(logdir, devices="cpu:4").validated()
-    from mgloop import devices
+    from mgloop.cluster import devices
     device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
 
     def draws(seed, choose="seeded"):

@@ -1,4 +1,4 @@
-"""One run per logdir (issue 13, item 5; mgloop/logdir_lock.py)."""
+"""One run per logdir (issue 13, item 5; mgloop/runs/logdir_lock.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import mgloop
-from mgloop import logdir_lock
+from mgloop.runs import logdir_lock
 from mgloop.errors import ConfigError
 from tests import helpers
 

@@ -34,8 +34,8 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import callbacks, controller
-from mgloop.thinned import Thinned
+from mgloop.runs import callbacks, controller
+from mgloop.runs.thinned import Thinned
 from tests import helpers
 
 WARMUP_STEPS, MEASURED_STEPS, STEPS_PER_LOOP = 60, 160, 2

@@ -1,10 +1,10 @@
 """What a gradient-aggregation method may touch: the towers' gradients, and nothing else.
 
 - Non-trainable state (batch-norm moving statistics) is averaged by mgloop's exact
-  path (mgloop/non_trainable.py), never by the method: with a method that zeroes
+  path (mgloop/step/non_trainable.py), never by the method: with a method that zeroes
   everything it reduces, the moving statistics are still the mean of the shard
   statistics (checked against numpy), and the method never sees those variables.
-- `Trainer.time_exchange` (mgloop/exchange_timing.py) leaves a method's state
+- `Trainer.time_exchange` (mgloop/step/exchange_timing.py) leaves a method's state
   (here an error-feedback-like residual) as training left it.
 
 Tolerance of the moving statistics: tolerance.MovingMomentsBound with h = the flattened

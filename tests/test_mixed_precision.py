@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import checkpoint, experiment, optim, precision
+from mgloop.runs import checkpoint, experiment
+from mgloop.spec import optim
+from mgloop.step import precision
 from tests import helpers
 from third_party import single_device
 

@@ -5,7 +5,8 @@ import pytest
 import keras
 import tensorflow as tf
 
-from mgloop import data, losses, models
+from mgloop import data, models
+from mgloop.spec import losses
 from mgloop.data import random_binary
 from tests import helpers, tolerance
 

@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import checkpoint, peer_health
+from mgloop.cluster import peer_health
+from mgloop.runs import checkpoint
 from tests import helpers
 from tests import tolerance
 

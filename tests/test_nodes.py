@@ -14,14 +14,16 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import aggregation, devices, link_model
+from mgloop import aggregation
+from mgloop.cluster import devices
+from mgloop.observe import link_model
 from mgloop.aggregation import nodes as nodes_lib
 from mgloop.aggregation.compression.topk import kept
 from mgloop.aggregation.traffic import Traffic
-from mgloop.byzantine import parse_attack
-from mgloop.config import Config
+from mgloop.step.hooks.attacks import parse_attack
+from mgloop.runs.config import Config
 from mgloop.errors import ConfigError
-from mgloop.hooks.byzantine import ByzantineTowers
+from mgloop.step.hooks.byzantine import ByzantineTowers
 from tests import helpers, tolerance
 
 SHAPES = [(3, 5), (11,), (1,)]

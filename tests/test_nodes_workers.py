@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop import checkpoint
+from mgloop.runs import checkpoint
 from mgloop import launch
 from tests.workers.methods_between_workers import config_for
 

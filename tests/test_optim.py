@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from mgloop import optim
+from mgloop.spec import optim
 from tests import helpers
 from tests.tolerance import ELEMENTARY_ULPS, U, gamma
 

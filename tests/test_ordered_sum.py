@@ -1,11 +1,11 @@
-"""--ordered_sum_bytes: large gradients summed tower by tower (mgloop/ordered_sum.py)."""
+"""--ordered_sum_bytes: large gradients summed tower by tower (mgloop/step/ordered_sum.py)."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.hooks.large_gradients import OrderedSumHook
+from mgloop.step.hooks.large_gradients import OrderedSumHook
 from tests import helpers
 from tests import tolerance
 

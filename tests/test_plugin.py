@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from mgloop import aggregation, checkpoint
+from mgloop import aggregation
+from mgloop.runs import checkpoint
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

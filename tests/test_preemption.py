@@ -1,5 +1,5 @@
 """SIGTERM / SIGINT: the run stops after the current loop with a checkpoint of that step
-(issue 13, item 3; mgloop/preemption.py)."""
+(issue 13, item 3; mgloop/runs/preemption.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from mgloop import preemption
+from mgloop.runs import preemption
 
 TRAIN_STEPS = 1000
 FLAGS = ["--model=mlp", "--devices=cpu:2", "--deterministic", f"--train_steps={TRAIN_STEPS}",

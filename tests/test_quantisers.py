@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, devices
+from mgloop import aggregation
+from mgloop.cluster import devices
 from mgloop.aggregation import ring
 from mgloop.aggregation import bitpacking
 from mgloop.aggregation.compression import powersgd, qsgd

@@ -1,4 +1,4 @@
-"""Random layers on towers: each tower draws its own dropout mask (mgloop/random_streams.py).
+"""Random layers on towers: each tower draws its own dropout mask (mgloop/step/random_streams.py).
 
 The model is Dropout(0.5) then a Dense layer whose kernel is the identity, fed
 all-ones inputs, and trained with a zero loss (so the kernel stays the identity):
@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, assemble, cluster, devices, experiment
+from mgloop import aggregation
+from mgloop.cluster import workers as cluster, devices
+from mgloop.runs import assemble, experiment
 from tests import helpers
 
 RATE, FEATURES, TOWERS = 0.5, 64, 4
@@ -120,7 +122,7 @@ def test_same_seed_draws_the_same_masks(ring_run, tmp_path):
 
 def test_tower_streams_follow_the_global_tower_index():
     """Worker w's tower t draws as global tower w*T + t: no two towers of a job share a key."""
-    from mgloop import random_streams  # a module of its own (absent before the fix)
+    from mgloop.step import random_streams  # a module of its own (absent before the fix)
     model = dropout_model()
     state = [v.value for v in model.non_trainable_variables]
     index = random_streams.seed_state_indices(model)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop import checkpoint
+from mgloop.runs import checkpoint
 from tests import helpers
 from tests import tolerance
 
@@ -78,7 +78,7 @@ def test_finished_run_says_so_and_leaves_its_summary_alone(resumable, train_step
     ("seed", 4, 3), ("global_batch_size", 32, 16), ("drop_remainder", False, True)])
 def test_resume_that_changes_the_data_is_refused_before_building(
         resumable, monkeypatch, setting, value, previous):
-    from mgloop import assemble
+    from mgloop.runs import assemble
 
     def refuse(*args, **kwargs):
         raise AssertionError("variables were built before validation finished")
@@ -128,7 +128,7 @@ def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
 
 def test_resume_with_another_model_is_refused_before_building(tmp_path, monkeypatch):
     run(tmp_path, "mlp_run", train_steps=2)
-    from mgloop import assemble
+    from mgloop.runs import assemble
 
     def refuse(*args, **kwargs):
         raise AssertionError("variables were built before validation finished")

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop.aggregation import ring
-from mgloop.devices import DeviceSet
+from mgloop.cluster.devices import DeviceSet
 from tests import tolerance
 
 

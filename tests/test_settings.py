@@ -11,10 +11,12 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import mgloop
-from mgloop import (accumulation, checkpoint, controller, data, models, monitor, optim,
-                    ordered_sum, precision, run_dir, settings, staging, sufficient_factors,
-                    sync_batch_norm)
-from mgloop.config import Config
+from mgloop import data, models, settings
+from mgloop.data import staging
+from mgloop.runs import checkpoint, controller, monitor, run_dir
+from mgloop.spec import optim
+from mgloop.step import accumulation, ordered_sum, precision, sufficient_factors, sync_batch_norm
+from mgloop.runs.config import Config
 from tests import helpers
 
 # (module, a bad setting it owns, the line it refuses it with)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, devices, sparse_gradients
+from mgloop import aggregation
+from mgloop.cluster import devices
+from mgloop.step import sparse_gradients
 from tests import helpers, tolerance
 
 VOCAB, WIDTH, LENGTH, CLASSES, TOWERS, STEPS = 500, 8, 4, 5, 4, 3

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import controller, towers
+from mgloop.runs import controller
+from mgloop.step import towers
 from mgloop.data import InMemoryDataset, epochs
 from tests import helpers
 
@@ -172,9 +173,9 @@ def counting(batches, produced):
 
 READ_AHEAD_SCRIPT = """
 import time
-from mgloop import devices
+from mgloop.cluster import devices
 devices.configure_logical_cpus(2)
-from mgloop import experiment
+from mgloop.runs import experiment
 from tests import helpers, test_staging as ts
 config = helpers.small_config(sys.argv[1], devices="cpu:2", global_batch_size=8,
                               staging="none", deterministic=False).validated()

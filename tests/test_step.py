@@ -1,4 +1,4 @@
-"""The step (mgloop/step.py): hooks plug in without touching it; nested features and labels;
+"""The step (mgloop/step/tower_step.py): hooks plug in without touching it; nested features and labels;
 metric objects merged across towers; honest traffic and exchange timing."""
 
 import functools
@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, assemble, devices, experiment, losses, optim
-from mgloop.hooks import Hook
+from mgloop import aggregation
+from mgloop.cluster import devices
+from mgloop.runs import assemble, experiment
+from mgloop.spec import losses, optim
+from mgloop.step.hooks import Hook
 from tests import helpers
 from tests import tolerance
 

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, devices
+from mgloop import aggregation
+from mgloop.cluster import devices
 from mgloop.aggregation.streaming_diloco import offsets, partition
 from mgloop.errors import ConfigError
-from mgloop.towers import VariableCopy
+from mgloop.spec.variables import VariableCopy
 from tests import helpers
 
 F32 = np.float32

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import sufficient_factors
+from mgloop.step import sufficient_factors
 from mgloop.aggregation.base import canonical
-from mgloop.hooks.large_gradients import SufficientFactorsHook
-from mgloop.hooks.sampled_stats import GradientStats
+from mgloop.step.hooks.large_gradients import SufficientFactorsHook
+from mgloop.step.hooks.sampled_stats import GradientStats
 from tests import helpers
 from tests import tolerance
 from tests.test_ordered_sum import WIDE, step_peak_bytes, wide_model

@@ -9,9 +9,10 @@ scalar it converts (TFE_TensorHandleCache) and never frees it
 
 from __future__ import annotations
 
-from mgloop import optim, summaries
-from mgloop.diagnostics import current_rss_kib
-from mgloop.config import Config
+from mgloop.observe import summaries
+from mgloop.spec import optim
+from mgloop.observe.diagnostics import current_rss_kib
+from mgloop.runs.config import Config
 
 WRITES = 3000
 # The old writes grew RSS by ~2.2 KiB per write, ~6.3 MiB over WRITES; the fixed ones by

@@ -11,14 +11,14 @@ import sys
 import numpy as np
 import pytest
 
-from mgloop import callbacks
+from mgloop.runs import callbacks
 from mgloop.errors import ConfigError
-from mgloop.sweep import grid
-from mgloop.sweep import plan as plan_lib
-from mgloop.sweep import record
-from mgloop.sweep import report
-from mgloop.sweep import runner
-from mgloop.sweep import stats
+from mgloop.runs.sweep import grid
+from mgloop.runs.sweep import plan as plan_lib
+from mgloop.runs.sweep import record
+from mgloop.runs.sweep import report
+from mgloop.runs.sweep import runner
+from mgloop.observe import stats
 from tests import tensorboard_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +129,7 @@ def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     """4 cells in this process; no Trainer outlives its cell; TensorBoard shows each cell
     as an HParams session (a real server); a re-run skips the finished cells and starts an
     interrupted one afresh; the report has a row per variant and readable plots."""
-    from mgloop import trainer
+    from mgloop.runs import trainer
     plan = _plan(tmp_path)
     cells = plan.cells()
     paths = runner.run(plan)

@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import data, devices, experiment
+from mgloop import data
+from mgloop.cluster import devices
+from mgloop.runs import experiment
 from mgloop.data import padding, user_input
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance

@@ -1,5 +1,5 @@
 """--towers_per_device=K: a device's K towers as one vectorized computation
-(mgloop/vectorized_towers.py) equal the tower loop with the same towers.
+(mgloop/step/vectorized_towers.py) equal the tower loop with the same towers.
 
 1. Against one device (mean methods): K towers on D devices train what one device trains
    on the global batch, within tests/tolerance.py's bound (as test_equivalence.py).
@@ -34,8 +34,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import devices, experiment, towers, vectorize, vectorized_towers
-from mgloop.config import Config
+from mgloop.cluster import devices
+from mgloop.runs import experiment
+from mgloop.step import towers, vectorize, vectorized_towers
+from mgloop.runs.config import Config
 from mgloop.errors import ConfigError
 from tests import helpers
 from tests import tolerance

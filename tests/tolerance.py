@@ -55,7 +55,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop import towers
+from mgloop.step import towers
 
 U = 2.0 ** -24  # float32 unit roundoff
 FEEDBACK = 2.0  # differences carried into later steps (3. above)

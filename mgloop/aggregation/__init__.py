@@ -7,6 +7,9 @@ decorate it with `@register` (in a module of this package imported below, or in
 your own module loaded with `--plugin`, plugins.py). Its name becomes a valid
 `--aggregation` value. What every method must do and declare: base.py and the
 README's "The aggregation contract".
+
+May import: ground modules, cluster/ (devices, workers), spec/ (variable copies). Never
+step/ or runs/: the step hands a method its towers' gradients, not the other way round.
 """
 
 from __future__ import annotations

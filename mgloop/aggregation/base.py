@@ -28,7 +28,7 @@ from typing import ClassVar, Sequence
 import tensorflow as tf
 
 from mgloop.aggregation.traffic import Traffic
-from mgloop.devices import DeviceRequest, DeviceSet
+from mgloop.cluster.devices import DeviceRequest, DeviceSet
 
 SHARED = "shared"
 REPLICATED = "replicated"
@@ -223,7 +223,7 @@ class Aggregation(abc.ABC):
     def counted_steps(self, steps: int) -> float | None:
         """How many times the counted traffic (`traffic`: what the traced step moves, every
         branch of it) the first `steps` steps move in all; what a study's bytes and modelled
-        time through step `steps` multiply the per-step counts by (mgloop/sweep/record.py).
+        time through step `steps` multiply the per-step counts by (mgloop/runs/sweep/record.py).
         Default: `steps` (a step moves what was counted, every step). A method whose step
         moves its count only now and then says how often (local_steps.py: once per period);
         None where the counted step mixes kinds of steps that move different amounts."""

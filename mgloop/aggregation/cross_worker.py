@@ -20,7 +20,7 @@ step makes ONE collective between workers. Each worker sends and receives
 counted in `traffic` on the worker's copy 0 device.
 The collectives carry no timeout (each timeout would park a runtime thread for
 its length, thousands of threads at hundreds of steps a second): a dead, stopped
-or hung peer is found by mgloop/peer_health.py, which aborts the collectives so
+or hung peer is found by mgloop/cluster/peer_health.py, which aborts the collectives so
 that the waiting one raises UnavailableError naming the peer. Group and instance keys come from
 counters that every worker advances in the same order, because every worker
 builds and traces the same functions in the same order.
@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import CAPABILITIES, Aggregation, canonical
-from mgloop.cluster import Cluster
+from mgloop.cluster.workers import Cluster
 
 _GROUP_KEYS = itertools.count(1_000_000)
 _INSTANCE_KEYS = itertools.count(1_000_000)

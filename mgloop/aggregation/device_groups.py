@@ -34,7 +34,7 @@ from mgloop import aggregation as registry
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import Aggregation
 from mgloop.aggregation.wrapper import Wrapper
-from mgloop.devices import DeviceSet
+from mgloop.cluster.devices import DeviceSet
 
 
 def make(spec: str, devices: DeviceSet, transport_dtype: str, make_method,

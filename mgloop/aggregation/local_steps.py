@@ -53,7 +53,7 @@ import tensorflow as tf
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
-from mgloop.towers import backing
+from mgloop.spec.variables import backing
 
 
 def slot_variables(optimizer) -> list:

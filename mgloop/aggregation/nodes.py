@@ -46,9 +46,9 @@ from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
 from mgloop.aggregation.peers import Peers
 from mgloop.aggregation.wrapper import Wrapper
-from mgloop.devices import DeviceRequest, DeviceSet
+from mgloop.cluster.devices import DeviceRequest, DeviceSet
 from mgloop.errors import ConfigError
-from mgloop.towers import backing
+from mgloop.spec.variables import backing
 
 METHOD_AT = ("auto", "nodes", "towers")
 DIRECT = "reduce"  # --within_node's default: every tower sends to the leader

@@ -88,7 +88,7 @@ from mgloop.aggregation.base import option
 from mgloop.aggregation.compression.scales import sum_dtype
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
 from mgloop.errors import ConfigError
-from mgloop.towers import backing
+from mgloop.spec.variables import backing
 
 BITS = (0, 2, 3, 4, 5, 6, 7, 8)
 

@@ -2,7 +2,7 @@
 
 Recorded by `Aggregation.send` (base.py) while a step is traced, so the counts are what
 the algorithm moves per step, exactly; read by the summaries and the link model
-(mgloop/link_model.py).
+(mgloop/observe/link_model.py).
 
 Tiers and kinds. Every count also lands in one of four parts, (tier, kind):
 the tier is `within` when both devices are in one node and `between` otherwise
@@ -28,7 +28,7 @@ class Traffic:
 
     A message is one transfer between two devices (one `send`); a kernel that moves its
     tensors itself (collective.py, cross_worker.py) adds the messages of its algorithm. The
-    message counts are what the link model (mgloop/link_model.py) charges latency for."""
+    message counts are what the link model (mgloop/observe/link_model.py) charges latency for."""
 
     sent: dict[str, int] = dataclasses.field(default_factory=dict)
     received: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -12,6 +12,11 @@ training examples to the run's clients by label-Dirichlet proportions (non-IID s
 A `--plugin` module may `register` a dataset read from files (data larger than
 memory): a function (data_dir, input_context) -> tf.data.Dataset of its training
 examples or batches, and optionally one data_dir -> Dataset of its eval data.
+
+Also here, the end of the input path: staging.py (how batches reach the towers: one
+shard per tower, prefetched into per-device buffers, as tensorpack's StagingInput).
+
+May import: ground modules only. Every package above reads data through here.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from mgloop import staging
+from mgloop.data import staging
 from mgloop.data import epochs
 from mgloop.data import padding
 from mgloop.data import partition

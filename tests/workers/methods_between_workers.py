@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mgloop import Config, ConfigError  # noqa: E402
-from mgloop import experiment  # noqa: E402
+from mgloop.runs import experiment  # noqa: E402
 
 SETTINGS = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
                 train_steps=4, steps_per_loop=4, seed=3, deterministic=True, summary_every=0,

@@ -1,0 +1,10 @@
+"""Where a run executes: devices, worker processes, nodes, and the health of peers.
+
+    devices.py      `--devices` parsed to a DeviceSet (towers, copy devices, towers per
+                    device); logical CPU devices configured before TensorFlow starts
+    workers.py      the worker processes of a job (TF_CONFIG): Cluster, its rank and size
+    peer_health.py  heartbeats between workers: a lost peer stops the job with one line
+
+May import: mgloop's ground modules (errors, settings, phases) only. Everything else
+imports this package, never the other way round.
+"""

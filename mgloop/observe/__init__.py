@@ -1,0 +1,12 @@
+"""What a run shows: TensorBoard summaries, diagnostics, the time breakdown, the link model.
+
+    summaries.py    scalars and histograms written with tf.summary (what TensorBoard reads)
+    diagnostics.py  per-tower norms, RSS and thread counts sampled in the step
+    breakdown.py    where a step's time went (compute, aggregation, apply) from traces
+    link_model.py   bytes counted by the methods turned into seconds on a modelled link
+                    (tiers between devices, nodes and workers)
+    stats.py, plots.py  mean ± sample sd over seeds; a study's plots (matplotlib, Agg)
+
+May import: ground modules, cluster/, spec/, data/, aggregation/ (for their byte counts).
+Never step/ or runs/: the step and the run hand their results here.
+"""

@@ -1,0 +1,200 @@
+"""TensorBoard writers and the run's `summary.json`.
+
+Layout of a logdir (tags are stable; the README lists them):
+
+    <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time,
+                      input_wait (seconds per step the towers waited for input);
+                      at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
+                      (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds,
+                      and the link model's (link_model.py): link/bytes_per_device,
+                      link/compression_ratio, link/compute_seconds, link/<LINK>/exchange_seconds, .../step_seconds_
+                      no_overlap, .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
+    <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
+    <logdir>/         events of the root run: HParams session, text config and command_line,
+                      final/train_loss, final/eval_accuracy, final/examples_per_sec,
+                      final/bytes_per_device, final/compression_ratio, final/compute_seconds,
+                      final/link/<LINK>/...
+    <logdir>/summary.json
+
+Diagnostic tags (tower_i/..., grad/..., replica/divergence, loss_scale, memory/...,
+histograms) are listed in diagnostics.py and monitor.py.
+
+Train scalars are means over the steps since the previous summary. `accuracy`
+(train, eval, final/eval_accuracy) is written only where the loss defines one
+(accuracy.py); summary.json then holds null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+from tensorboard.plugins.hparams import api as hparams_api
+
+from mgloop import aggregation
+from mgloop.observe import link_model
+from mgloop import settings
+
+# The metrics of the HParams table (root-run scalars), with the link model's
+# (`final_metric_tags`); its hyperparameters: `hparams_of`.
+FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_sec")
+
+
+def final_metric_tags(config) -> tuple[str, ...]:
+    """FINAL_METRICS and the link model's final metrics for the run's --link values."""
+    return FINAL_METRICS + link_model.final_metric_tags(config.links)
+
+
+class ScalarWriter:
+    """Writes dicts of Python floats as scalars of one run folder (`train`, `eval`).
+
+    Each distinct set of tags is written by one compiled function (traced once) that
+    takes the values as one float32 vector and writes `tf.summary.scalar(tag_i, v[i])`
+    for every tag, then flushes: one op call per window. The step and the values reach
+    it as numpy values, never Python scalars: TensorFlow keeps the tensor of every
+    distinct Python scalar it converts (its eager scalar cache, never evicted), so a
+    Python-int step, new at every window, kept about 1.5 KiB per window of 7 eager
+    scalars (issue 13; experiments/bench_summary_memory.py, RESULTS.md).
+    """
+
+    def __init__(self, logdir: str, run: str):
+        self._folder = os.path.join(logdir, run)
+        self._writer = tf.summary.create_file_writer(self._folder)
+        self._write_by_tags: dict[tuple[str, ...], Callable] = {}
+
+    def _compiled_write(self, tags: tuple[str, ...]) -> Callable:
+        """The compiled write of `tags`: (step int64, values float32[len(tags)])."""
+        if tags not in self._write_by_tags:
+            writer = self._writer
+
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
+                                          tf.TensorSpec([len(tags)], tf.float32)],
+                         autograph=False)
+            def write(step, values):
+                with writer.as_default(step=step):
+                    for index, tag in enumerate(tags):
+                        tf.summary.scalar(tag, values[index])
+                writer.flush()
+
+            self._write_by_tags[tags] = write
+        return self._write_by_tags[tags]
+
+    def _check_folder(self) -> None:
+        """TensorFlow would write on into deleted files (or recreate folders) silently."""
+        if not os.path.isdir(self._folder):
+            raise FileNotFoundError(f"the summary folder {self._folder} is gone")
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self._check_folder()
+        if not values:
+            return
+        tags = tuple(values)
+        # numpy first: TensorFlow caches the tensor of every distinct Python scalar it
+        # converts (about 0.7 KiB per new step number), a numpy array it does not
+        self._compiled_write(tags)(np.asarray(step, np.int64),
+                                   np.asarray([values[t] for t in tags], np.float32))
+
+    def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
+        self._check_folder()
+        with self._writer.as_default(step=np.int64(step)):  # numpy: see the class docstring
+            for tag, value in values.items():
+                tf.summary.histogram(tag, value)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class NullWriter:
+    """A writer that writes nothing: what workers other than the chief get."""
+
+    def __init__(self, logdir: str = "", run: str = ""):
+        pass
+
+    def scalars(self, step, values) -> None:
+        pass
+
+    def histograms(self, step, values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
+    """The hyperparameters of a run's HParams session: every setting that can change a
+    result (the fields of the validated `config` marked `hparam=True`, settings.py) and
+    the tower count. A tuple (--plugin) is recorded as one comma-separated string."""
+    values = {}
+    for name in settings.hparam_names(type(config)):
+        value = getattr(config, name)
+        if value is None:  # a setting of another model or dataset (e.g. --lm_layers): unused
+            continue
+        values[name] = ",".join(value) if isinstance(value, (tuple, list)) else value
+    values["num_towers"] = num_towers
+    # The aggregation method by its name, and its own options, one hparam per option
+    # (defaults included), e.g. "aggregation/shards" (aggregation.describe).
+    values.update(aggregation.describe(config.aggregation))
+    return values
+
+
+def write_run_record(logdir: str, config, num_towers: int,
+                     command_line: list[str] | None) -> None:
+    """Root run of `logdir`: the HParams session start (`hparams_of`: the hyperparameters
+    of the table) and the text `config` (resolved configuration, JSON) and `command_line`."""
+    hparams = hparams_of(config, num_towers)
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default(step=0):
+        hparams_api.hparams_config(
+            hparams=[hparams_api.HParam(name) for name in hparams],
+            metrics=[hparams_api.Metric(tag) for tag in final_metric_tags(config)])
+        hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
+        tf.summary.text("config", "```\n" + json.dumps(dataclasses.asdict(config), indent=2,
+                                                       sort_keys=True) + "\n```")
+        if command_line is not None:
+            tf.summary.text("command_line", "`" + " ".join(command_line) + "`")
+    writer.close()
+
+
+def write_final_metrics(logdir: str, step: int, values: dict[str, float | None]) -> None:
+    """The HParams table's metrics (`final_metric_tags`), as scalars of the root run; a
+    None value is not written."""
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default(step=step):
+        for tag in values:
+            if values[tag] is not None:
+                tf.summary.scalar(tag, values[tag])
+    writer.close()
+
+
+def aggregation_scalars(traffic: dict[str, dict[str, int]],
+                        exchange_seconds: float | None) -> dict[str, float]:
+    """Scalars of what the aggregation costs: bytes per device per step, exchange time."""
+    values = {}
+    for device, counts in traffic.items():
+        name = device.replace(":", "_")
+        values[f"traffic/{name}/sent_bytes"] = float(counts["sent"])
+        values[f"traffic/{name}/received_bytes"] = float(counts["received"])
+    if exchange_seconds is not None:
+        values["exchange_seconds"] = exchange_seconds
+    return values
+
+
+def write_json_atomically(path: str, payload: dict) -> None:
+    """Writes JSON to a temporary file beside `path`, then renames it into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

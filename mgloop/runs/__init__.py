@@ -1,0 +1,15 @@
+"""A run from settings to result: config, assembly, the loop, checkpoints, preemption,
+run folders, and sweeps of runs.
+
+    config.py, flags.py      Config (every setting, validated before building) and its flags
+    experiment.py            `mgloop.run`: build, train, evaluate, export
+    assemble.py, trainer.py  the step and its hooks put together from a Config
+    loop.py, controller.py, monitor.py, callbacks.py   the outer loop and what it reports
+    checkpoint.py, node_checkpoint.py   tf.train checkpoints, never half-written
+    preemption.py, failures.py, logdir_lock.py, run_dir.py   runs that stop and resume
+    inference.py, run_result.py, thinned.py, quiet_start.py
+    sweep/                   grids of runs over methods, settings and seeds, and reports
+
+Named `runs`, not `run`: `mgloop.run` is the public function that starts one.
+May import every other package; only the entry points (train, launch, sweep) import it.
+"""

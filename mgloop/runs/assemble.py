@@ -1,0 +1,203 @@
+"""Builds a Trainer: the template model, its copies, the step with its hooks, the loop.
+
+Every choice about what the step does is made here, once, from the settings:
+which hooks (hooks/__init__.py) the step gets, whether its pass accumulates
+micro-batches, which exchange it runs (exchange.py), and which kind of step it is
+(`TowerStep`, or `SingleLossStep` for a single-loss method). With --diagnostics a
+second step, the sampled one, gets the gradient statistics' hook instead of the
+large-gradient hooks (its statistics need every tower's whole gradient).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from mgloop.step import accumulation
+from mgloop.step.hooks import attacks as byzantine_lib
+from mgloop.step import exchange as exchange_lib
+from mgloop.runs import inference
+from mgloop.spec import losses
+from mgloop.runs import loop
+from mgloop.spec import metrics as metrics_lib
+from mgloop.spec import model_input
+from mgloop.step import ordered_sum
+from mgloop.step import precision
+from mgloop.step import random_streams as random_streams_lib
+from mgloop.data import staging as staging_lib
+from mgloop.step import sync_batch_norm
+from mgloop.spec import training_spec
+from mgloop.step import vectorize
+from mgloop.step import vectorized_towers
+from mgloop.aggregation import Aggregation
+from mgloop.aggregation.nodes import NodeLevel
+from mgloop.runs.config import Config
+from mgloop.step.hooks import Hook, Hooks, tape_gradients
+from mgloop.step.hooks.byzantine import ByzantineTowers
+from mgloop.step.hooks.sampled_stats import GradientStats
+from mgloop.step.hooks.histograms import KeepLastGradients
+from mgloop.step.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
+from mgloop.step.hooks.loss_scaling import LossScaling
+from mgloop.step.hooks.synced_moments import SyncBatchNorm
+from mgloop.step.replicas import Replicas
+from mgloop.step.single_loss_step import SingleLossStep
+from mgloop.step.tower_step import TowerStep
+from mgloop.runs.trainer import Trainer
+
+
+def template_model(model_fn, aggregation: Aggregation, input_shape, mixed_precision: str):
+    """The template model (variable copy 0), built on the aggregation's first parameter
+    device under the precision policy; refused (one line) if it cannot take the data."""
+    with aggregation.variable_scope(), precision.policy_scope(mixed_precision):
+        model = model_fn()
+        if not model.built or not model.variables:
+            model(tf.zeros((1, *input_shape)))  # create a lazily built model's variables
+    if input_shape is not None:  # before any copy: one line, not a traced traceback
+        model_input.check_fits_data(model, input_shape)
+    return model
+
+
+def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool) -> list:
+    """The ordered sum and sufficient factors, where the towers' gradients of a variable may
+    be summed at its home as they come: a shared layout summed at home on logical CPU
+    towers (ordered_sum.applies), and not when every tower's gradients must be kept anyway
+    (accumulation sums) nor with synchronised batch norm, whose backward
+    passes meet in collectives and so cannot run one after another, nor with an omniscient
+    attack (alie, ipm: it alters every tower's whole gradient once all exist, after the
+    home sums; the sums are exact either way). Factoring also not with loss scaling (the
+    finite check reads every tower's gradients) nor with --byzantine_towers (the attack
+    alters every tower's whole gradient)."""
+    aggregation = replicas.aggregation
+    if replicas.towers_per_device > 1 and ordered_sum.applies(aggregation):
+        logging.info("--towers_per_device=%d: no ordered sum nor sufficient factors (they sum "
+                     "the towers' gradients at their homes one tower's pass at a time, and a "
+                     "device's towers are one vectorized pass)", replicas.towers_per_device)
+        return []
+    if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
+            and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
+        return []
+    if byzantine_lib.omniscient(config):
+        logging.info("--attack=%s: no ordered sum nor sufficient factors (the attack needs "
+                     "every tower's whole gradient)", config.attack)
+        return []
+    variables, devices = replicas.copies[0].trainable, replicas.tower_devices
+    hooks = []
+    if config.sufficient_factor_bytes and not loss_scaling and not config.byzantine_towers:
+        factors = SufficientFactorsHook(aggregation, variables, config.sufficient_factor_bytes,
+                                        devices)
+        hooks += [factors] if factors.candidates else []
+    if config.ordered_sum_bytes:
+        order = OrderedSumHook(aggregation, variables, config.ordered_sum_bytes, devices)
+        hooks += [order] if order.indices else []
+    return hooks
+
+
+def summed_at_home(large: list) -> list[int]:
+    """Indices of the variables whose gradients `large` (large_gradient_hooks) may sum at
+    their homes: no tower keeps its whole gradient of them, so the diagnostics' statistics
+    leave them out (logged once), rather than the sampled step holding T copies of each."""
+    indices = sorted({i for hook in large for i in hook.summed_at_home})
+    if indices:
+        logging.info("--diagnostics: the gradient statistics (grad norms, cosine, norm ratio) "
+                     "leave out the %d large variables summed at their homes (ordered sum, "
+                     "sufficient factors): indices %s", len(indices), indices)
+    return indices
+
+
+def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation,
+          optimizer_fn: Callable[[], keras.optimizers.Optimizer], input_shape=None,
+          config: Config = Config(), staging: staging_lib.HostStaging | None = None,
+          metrics: list | None = None, hooks: Sequence[Hook] = (),
+          optimizer=None) -> Trainer:
+    """A Trainer of `model_fn`'s model for `aggregation` with the step `config` asks for
+    (grad_reduce, pack_bytes, accumulation_steps, mixed_precision, batch_norm,
+    diagnostics, histogram_every, ordered_sum_bytes, sufficient_factor_bytes).
+    `loss_fn`, `metrics`, `optimizer` (a Keras optimizer, name or factory): as given, else
+    the compiled model's, else the default cross-entropy, accuracy where the loss defines
+    it, and `optimizer_fn` (training_spec.py; `Trainer.spec` says which were used).
+    `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
+    single_loss = aggregation.single_loss
+    model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
+    spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
+                                 optimizer_fn, input_shape)
+    loss_fn, metrics = spec.loss_fn, spec.metrics
+    attack = byzantine_lib.parse_attack(config.attack)
+    # labelflip's C: known once the template and the loss are, refused before any copy
+    classes = (byzantine_lib.label_classes(loss_fn, model, input_shape)
+               if config.byzantine_towers and attack.name == "labelflip" else None)
+    if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
+        vectorize.probe(model, input_shape)  # before any copy: one line if it cannot
+    replicas = Replicas(model, aggregation, spec.optimizer_fn)
+    # each tower draws its own random numbers (dropout masks), by its global index
+    first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
+    streams = random_streams_lib.RandomStreams(model, first_tower)
+    units = [aggregation.devices.host] if single_loss else replicas.tower_devices
+    common = []  # the hooks of every step, in data-path order
+    byzantine = None
+    if config.byzantine_towers:  # first, so that its `unscale` is the last applied
+        byzantine = ByzantineTowers(
+            attack, config.byzantine_towers, config.byzantine_choice, config.seed,
+            replicas.global_step, first_tower, replicas.num_towers * replicas.num_workers,
+            aggregation.devices.host, _towers_per_node(aggregation), classes,
+            replicas.tower_devices)
+        common.append(byzantine)
+    loss_scaling = precision.uses_loss_scaling(config.mixed_precision)
+    if loss_scaling:
+        scales = [precision.DynamicLossScale(c.optimizer, c.device) for c in replicas.copies]
+        common.append(LossScaling(scales, aggregation, units,
+                                  [0] if single_loss else
+                                  [replicas.copy_index(t) for t in range(len(units))],
+                                  [c.device for c in replicas.copies]))
+    if config.batch_norm == "sync" and replicas.num_towers > 1:
+        common.append(SyncBatchNorm(replicas.tower_devices))
+        sync_batch_norm.install(model)
+    if config.histogram_every > 0:
+        common.append(KeepLastGradients(replicas.copies[0]))
+    common += list(hooks)
+    if replicas.towers_per_device > 1:
+        vectorized_towers.check_hooks(common)
+    passes = (accumulation.one_pass if config.accumulation_steps == 1 else
+              accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
+                                      units, metrics_lib.total_size(metrics),
+                                      aggregation.traffic))
+    staging = staging or staging_lib.make("device", 2, replicas.tower_devices,
+                                          config.accumulation_steps)
+    average = config.grad_reduce == "mean"
+    if single_loss:
+        if config.diagnostics:
+            logging.info("--aggregation=%s computes one loss and one gradient, none per tower: "
+                         "no per-tower diagnostics are written", config.aggregation)
+        step = SingleLossStep(replicas, loss_fn, metrics, Hooks(common), passes, streams)
+        train_loop = loop.Loop(step, staging, metrics)
+    else:
+        large = large_gradient_hooks(config, replicas, loss_scaling)
+        factors = next((h for h in large if isinstance(h, SufficientFactorsHook)), None)
+        step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
+        step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
+                         exchange_lib.make(aggregation, replicas.copies, average,
+                                           config.pack_bytes, bool(large),
+                                           config.sparse_as_dense), streams)
+        sampled, names = None, []
+        if config.diagnostics:  # the same step, its statistics added (and sampled)
+            stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
+                                  replicas.copies, leave_out=summed_at_home(large),
+                                  byzantine=byzantine)
+            sampled = TowerStep(replicas, loss_fn, metrics,
+                                Hooks(common + large + [stats], step_hooks.gradients), passes,
+                                step.exchange, streams)
+            names = stats.names
+        train_loop = loop.Loop(step, staging, metrics, sampled, names)
+    trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
+                                                                           metrics), streams)
+    trainer.spec = spec
+    return trainer
+
+
+def _towers_per_node(aggregation) -> int:
+    """Towers per node when the method is between nodes (simulated, or each worker a node
+    inside the cross-worker stage), so that an attacker is a whole node; else 1."""
+    level = getattr(aggregation, "local", aggregation)  # cross_worker.py's local stage
+    return level.nodes.per_node if isinstance(level, NodeLevel) else 1

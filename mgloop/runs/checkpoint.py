@@ -1,0 +1,361 @@
+"""Checkpoints of the template model and its optimizer, and the model export.
+
+A checkpoint holds variable copy 0 only (the template model, copy 0's
+optimizer slots, the global step), so it does not depend on the tower count or
+the layout: a run saved with `ps_cpu` on 1 device resumes as `ring` on 4.
+After a restore the trainer copies copy 0 into every other replica. It also
+holds the aggregation method's state (`Aggregation.state_variables`: residuals,
+counters), under `aggregation_state/<method name>/`: restored when the checkpoint
+holds the same method's state, left as `build` made it (a log line says so) when
+it holds none (a run resumed with another method; its state then starts afresh).
+A method whose copies differ between its synchronisations (`copies_differ`: local
+SGD, DiLoCo) also has every other copy and its optimizer saved, under `replicas/`,
+and restored (`restored_every_copy`), so a run resumed mid-period continues as the
+uninterrupted one; such a checkpoint resumes with the same tower count only.
+TensorFlow writes a checkpoint's data before the index file that names it, so
+an interrupted save never becomes the latest checkpoint.
+
+Checkpoint N is the files `ckpt-N.index` and `ckpt-N.data-*` (N = global step)
+in `<logdir>/checkpoints`. A resume does not trust the state file
+`checkpoints/checkpoint` alone: it restores the newest checkpoint of the folder
+that is intact, reading every tensor first (TensorFlow checks each tensor's
+stored CRC32C), so damage (a truncated, emptied or overwritten file, flipped
+bits) is told apart from a checkpoint of another model:
+
+- damage: the damaged checkpoint's files are renamed `*.damaged` (kept for
+  inspection), one warning names them, and the run resumes from the newest
+  intact checkpoint; if none is intact the run is refused (ConfigError), never
+  started from step 0;
+- a checkpoint that reads cleanly but does not fit the model: refused;
+- an unreadable or missing state file is rebuilt from the folder;
+- leftovers of a save killed midway (`ckpt-N_temp/`, `checkpoint.tmp*`, data files
+  whose index was never written) are removed.
+
+A save refuses non-finite variables (failures.NonFinite) and turns a full disk
+into failures.DiskFull; either way the previous checkpoint stays the latest.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+import shutil
+import tempfile
+import uuid
+
+from absl import logging
+from google.protobuf import text_format
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.training import checkpoint_state_pb2
+
+from mgloop.runs import failures
+from mgloop.spec import variables
+from mgloop.errors import ConfigError
+from mgloop.settings import in_range
+
+EXPORT_FILENAME = "model.keras"
+STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
+DAMAGED_SUFFIX = ".damaged"
+_INDEX = re.compile(r"ckpt-(\d+)\.index")
+_LEFTOVER = re.compile(r"ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+")  # of an interrupted save
+_DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
+
+
+def check_settings(config) -> None:
+    """--checkpoint_every >= 0 (0: only at the end), --keep_checkpoints >= 1."""
+    in_range("checkpoint_every", config.checkpoint_every, low=0)
+    in_range("keep_checkpoints", config.keep_checkpoints, low=1)
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+    """Steps of the checkpoints in `directory` that have an index file, newest first."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return sorted((int(m.group(1)) for m in map(_INDEX.fullmatch, names) if m), reverse=True)
+
+
+def holds_checkpoints(directory: str) -> bool:
+    """Whether `directory` holds a checkpoint or a state file naming one."""
+    return bool(checkpoint_steps(directory)) or os.path.exists(
+        os.path.join(directory, STATE_FILENAME))
+
+
+def damage(prefix: str) -> str | None:
+    """Reads every tensor of the checkpoint at `prefix`; returns "<file>: <what failed>"
+    for the first file that does not read back intact, or None."""
+    name = os.path.basename(prefix)
+    data_files = sorted(glob.glob(glob.escape(prefix) + ".data-*"))
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except Exception as error:  # noqa: BLE001 - any failure to open is damage
+        return f"{name}.index: {_first_line(error)}"
+    try:
+        for key in reader.get_variable_to_dtype_map():
+            reader.get_tensor(key)
+    except Exception as error:  # noqa: BLE001 - any failure to read is damage
+        named = re.search(re.escape(name) + r"\.data-\d+-of-\d+", str(error))  # a missing one
+        where = named.group(0) if named else ", ".join(
+            os.path.basename(f) for f in data_files) or f"{name}.data-*"
+        return f"{where}: {_first_line(error)}"
+    return None
+
+
+def _forget_glob_patterns() -> None:
+    """Empties `fnmatch`'s cache of compiled patterns (32,768 entries, ~0.6 KiB each).
+
+    TensorFlow measures every checkpoint it writes with `glob.glob("<prefix>*")`
+    (checkpoint.py, `_get_checkpoint_size`), and each prefix (`ckpt-<step>`) is a new
+    pattern, so a run kept one compiled pattern per save until the cache was full:
+    ~20 MiB after 32,768 checkpoints (issue 23). `re`'s own cache of 512 stays.
+    """
+    clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
+    if clear is not None:  # a private name: if a Python lacks it, nothing is lost but memory
+        clear()
+
+
+def _first_line(error: BaseException) -> str:
+    text = next((line for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {text.strip()}" if text else type(error).__name__
+
+
+class Checkpointer:
+    """Saves every so often into `<logdir>/checkpoints`, keeping the last `keep`."""
+
+    def __init__(self, directory: str, model: keras.Model, optimizer, step: tf.Variable,
+                 keep: int, aggregation=None, copies=()):
+        self._directory = directory
+        self._keep = keep
+        self._core = dict(model=model, optimizer=optimizer, step=step)
+        self._extras = {}  # checkpoint key prefix -> (name, holder), restored only if saved
+        state = list(aggregation.state_variables) if aggregation is not None else []
+        if state:
+            holder = tf.Module()
+            setattr(holder, aggregation.name, state)
+            self._extras[f"aggregation_state/{aggregation.name}/"] = ("aggregation_state",
+                                                                     holder)
+        # copies besides copy 0 that differ from it (Replicas.checkpointed_copies: local SGD)
+        replicas = [[*c.variables, *(variables.backing(v) for v in c.optimizer.variables)]
+                    for c in copies]
+        if replicas:
+            holder = tf.Module()
+            holder.copies = replicas
+            self._extras["replicas/"] = ("replicas", holder)
+        self._checkpoint = tf.train.Checkpoint(
+            **self._core, **{name: holder for name, holder in self._extras.values()})
+        self.restored_every_copy = False  # the last restore set copies 1.. too
+        self._variables = [v for v in [*model.variables, *optimizer.variables, *state,
+                                       *(v for vs in replicas for v in vs)]
+                           if tf.as_dtype(v.dtype).is_floating]
+        self._all_finite = None  # compiled on the first save (_check_finite)
+        self._manager_instance = None  # built once the state file is known to be readable
+
+    @property
+    def _manager(self) -> tf.train.CheckpointManager:
+        if self._manager_instance is None:
+            self._manager_instance = tf.train.CheckpointManager(
+                self._checkpoint, self._directory, max_to_keep=self._keep)
+        return self._manager_instance
+
+    @property
+    def latest(self) -> str | None:
+        return self._manager.latest_checkpoint
+
+    def restore_latest(self, tidy: bool = True) -> str | None:
+        """Restores the newest intact checkpoint, if any; returns its path.
+
+        `tidy` (the chief only, as it alone writes): removes leftovers of an
+        interrupted save, renames damaged checkpoints aside and rewrites the
+        state file when it is unreadable or names anything else.
+        """
+        if tidy:
+            self._remove_leftovers()
+        state, state_problem = self._read_state()
+        damaged = []
+        for step in checkpoint_steps(self._directory):
+            prefix = os.path.join(self._directory, f"ckpt-{step}")
+            problem = damage(prefix)
+            if problem is None:
+                break
+            damaged.append((prefix, problem))
+        else:
+            prefix = None
+        logdir = os.path.dirname(os.path.normpath(self._directory))
+        if prefix is None and damaged:
+            raise ConfigError(
+                f"--logdir={logdir}: no checkpoint in {self._directory} is intact ("
+                + "; ".join(problem for _, problem in damaged) + "); restore one from a "
+                "backup, or move the checkpoints folder away to start again from step 0")
+        if prefix is None and state is not None and state.model_checkpoint_path:
+            raise ConfigError(
+                f"--logdir={logdir}: the state file {self._directory}/{STATE_FILENAME} names "
+                f"{state.model_checkpoint_path}, but no checkpoint files are in the folder; "
+                "restore them, or move the checkpoints folder away to start again from step 0")
+        if prefix is not None:
+            self._restore(prefix, logdir)
+        if damaged:
+            if tidy:
+                for path, _ in damaged:
+                    for name in glob.glob(glob.escape(path) + ".*"):
+                        if not name.endswith(DAMAGED_SUFFIX):
+                            os.replace(name, name + DAMAGED_SUFFIX)
+            logging.warning(
+                "skipped damaged checkpoint%s in %s: %s%s; resuming from %s, the newest intact "
+                "one", "s" if len(damaged) > 1 else "", self._directory,
+                "; ".join(problem for _, problem in damaged),
+                f" (kept as *{DAMAGED_SUFFIX})" if tidy else "", os.path.basename(prefix))
+        if tidy:
+            self._record(prefix, state, state_problem)
+        return prefix
+
+    def _record(self, restored: str | None, state, state_problem: str | None) -> None:
+        """Makes the state file name `restored` (and the checkpoints before it) if it
+        names anything else or is unreadable; removes one that names nothing."""
+        path = os.path.join(self._directory, STATE_FILENAME)
+        if restored is None:
+            if state_problem and os.path.exists(path):
+                os.remove(path)  # names no checkpoint: the first save writes a new one
+            return
+        if state is not None and (os.path.basename(state.model_checkpoint_path)
+                                  == os.path.basename(restored)):
+            return
+        self._rewrite_state(restored)
+        if state_problem:
+            logging.warning("the checkpoint state file %s %s; rebuilt it from the checkpoints "
+                            "in the folder", path, state_problem)
+
+    def _restore(self, prefix: str, logdir: str) -> None:
+        status = None
+        names = [name for name, _ in tf.train.list_variables(prefix)]
+        present = {}
+        for key, (attribute, holder) in self._extras.items():
+            if any(name.startswith(key) for name in names):
+                present[attribute] = holder
+            elif attribute == "replicas":
+                logging.info("checkpoint %s holds copy 0 alone: every copy restarts from it",
+                             prefix)
+            else:
+                logging.info("checkpoint %s holds no state of the aggregation method "
+                             "(%s...): its state starts as the method builds it", prefix, key)
+        checkpoint = (self._checkpoint if len(present) == len(self._extras)
+                      else tf.train.Checkpoint(**self._core, **present))
+        self.restored_every_copy = "replicas" in present
+        try:
+            status = checkpoint.restore(prefix)
+            status.assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as error:
+            if status is not None:
+                status.expect_partial()  # the error below says it all; no warnings at exit
+            raise ConfigError(
+                f"--logdir={logdir}: checkpoint {prefix} is intact but does not match this "
+                f"model and optimizer ({str(error).splitlines()[0]}); resume with the model "
+                "and optimizer that wrote it, or use a fresh --logdir") from None
+
+    def _read_state(self):
+        """(the state file's CheckpointState or None, what is wrong with it or None)."""
+        path = os.path.join(self._directory, STATE_FILENAME)
+        if not os.path.exists(path):
+            return None, "is missing"
+        state = checkpoint_state_pb2.CheckpointState()
+        try:
+            with open(path) as handle:
+                text_format.Merge(handle.read(), state)
+        except (OSError, UnicodeDecodeError, text_format.ParseError) as error:
+            return None, f"is unreadable ({_first_line(error)})"
+        if not state.model_checkpoint_path:
+            return None, "names no checkpoint"
+        return state, None
+
+    def _rewrite_state(self, latest: str) -> None:
+        """Atomically, the state file naming `latest` and the checkpoints up to it (their
+        index files' times as save times, so that the manager deletes the oldest beyond
+        `keep` as it would have)."""
+        latest_step = int(latest.rsplit("-", 1)[1])
+        names = [f"ckpt-{step}" for step in sorted(checkpoint_steps(self._directory))
+                 if step <= latest_step]
+        state = checkpoint_state_pb2.CheckpointState(
+            model_checkpoint_path=os.path.basename(latest), all_model_checkpoint_paths=names,
+            all_model_checkpoint_timestamps=[
+                os.path.getmtime(os.path.join(self._directory, n + ".index")) for n in names])
+        path = os.path.join(self._directory, STATE_FILENAME)
+        temporary = f"{path}.tmp{uuid.uuid4().hex}"  # removed as a leftover if killed here
+        with open(temporary, "w") as handle:
+            handle.write(text_format.MessageToString(state))
+        os.replace(temporary, path)
+        self._manager_instance = None
+
+    def _remove_leftovers(self) -> None:
+        if not os.path.isdir(self._directory):
+            return
+        names = set(os.listdir(self._directory))
+        leftovers = sorted(n for n in names if _LEFTOVER.fullmatch(n) or (  # data, no index yet
+            _DATA.fullmatch(n) and f"{_DATA.fullmatch(n).group(1)}.index" not in names))
+        for name in leftovers:
+            path = os.path.join(self._directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
+        if leftovers:
+            logging.info("removed what an interrupted save left in %s: %s", self._directory,
+                         ", ".join(leftovers))
+
+    def save(self, step: int) -> str:
+        """Saves; refuses (FileNotFoundError) if the folder holding `directory` is gone
+        (TensorFlow would silently recreate a deleted logdir), non-finite variables
+        (failures.NonFinite) and a full disk (failures.DiskFull)."""
+        parent = os.path.dirname(os.path.normpath(self._directory))
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(f"{parent} is gone")
+        self._check_finite(step)
+        try:
+            return self._manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as error:
+            path = failures.disk_full_path(error)
+            if path is None:
+                raise
+            shutil.rmtree(os.path.join(self._directory, f"ckpt-{step}_temp"), ignore_errors=True)
+            raise failures.DiskFull(
+                f"no space left on the device of {path} while saving the checkpoint of step "
+                f"{step}; the last complete checkpoint ({self.latest or 'none yet'}) is kept: "
+                "free space, then rerun the same command to resume") from None
+        finally:
+            _forget_glob_patterns()
+
+    def _check_finite(self, step: int) -> None:
+        """Refuses a save of NaN/inf values: one compiled reduction on the variables' own
+        devices (no host copy of the model per save); the first offending variable is
+        looked up only when there is one."""
+        if self._all_finite is None:
+            variables = self._variables
+            self._all_finite = tf.function(lambda: tf.reduce_all(tf.stack(
+                [tf.reduce_all(tf.math.is_finite(v)) for v in variables])), autograph=False)
+        if not self._variables or bool(self._all_finite()):
+            return
+        variable = next(v for v in self._variables if not np.isfinite(v.numpy()).all())
+        name = getattr(variable, "path", variable.name)  # a method's tf.Variable has no path
+        raise failures.NonFinite(
+            f"{name} holds NaN or inf at step {step}, so its checkpoint is "
+            f"not written; the last checkpoint ({self.latest or 'none yet'}) is finite: "
+            "rerun with the same --logdir and a lower --learning_rate to resume from it")
+
+
+def export_model(model: keras.Model, export_dir: str) -> str:
+    """Saves the template model as `<export_dir>/model.keras` (Keras native format).
+
+    The file is written under a temporary name and renamed, so a crash leaves
+    either the previous export or the new one, never half of one.
+    """
+    os.makedirs(export_dir, exist_ok=True)
+    path = os.path.join(export_dir, EXPORT_FILENAME)
+    fd, tmp = tempfile.mkstemp(dir=export_dir, prefix=".tmp-", suffix=".keras")
+    os.close(fd)
+    try:
+        model.save(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path

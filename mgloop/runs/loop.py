@@ -1,0 +1,158 @@
+"""The compiled loop: many training steps (step.py) in one `tf.function` call.
+
+The staging (staging.py) hands each step its global batch split into T
+contiguous shards of B/T examples, tower 0 first, already on the towers.
+`train_loop` runs up to `num_steps` such steps inside one `tf.function` call (a
+`tf.range` loop), so Python runs once per loop, not once per step; the outer
+loop (`controller.fit`) chooses loop lengths so that summaries, logs and
+checkpoints fall on their step boundaries.
+
+Input wait, per step, is measured inside the compiled loop with `staging.clock()`
+(`tf.timestamp`), as the time step t spends on its input beyond its compute:
+
+    wait_t = (ready_t - begin_t) + (end_t - compute_end_t)
+
+begin_t: step t starts (after step t-1 has ended); ready_t: step t's shards
+are on every tower; compute_end_t: every variable copy holds step t's update;
+end_t: that, and (under `device` staging) the batch of step t+K is staged.
+The first term is the time the towers sit idle at the start of step t
+because its input is not there (under `none` it is the whole host pipeline
+and copy); the second, the time step t is held up after its compute by
+staging a later batch. The sum is zero when input is fully hidden behind
+compute. Priming the staging areas before a loop counts as wait of that loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from mgloop.spec import metrics as metrics_lib
+from mgloop.data import staging as staging_lib
+from mgloop.phases import INPUT, STEP_SCOPE  # name scopes by which a profile is read
+
+
+@dataclasses.dataclass
+class LoopResult:
+    """What one call of `Loop.train_loop` did."""
+
+    steps: int  # steps run: fewer than asked when the input ended
+    loss_sum: float  # sum over those steps of the mean loss over the global batch
+    # metric name -> its state summed over those steps' towers (metrics.py), float64
+    metric_sums: dict[str, np.ndarray]
+    input_wait: float  # seconds the towers waited for input, over those steps
+    # --diagnostics: the `stat_names` values of the loop's last step, if it was sampled
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Loop:
+    """Runs `step` (and, with --diagnostics, `sampled_step` with names `stat_names` for its
+    "stats" report) on the batches the `staging` hands the towers, in compiled loops."""
+
+    def __init__(self, step, staging: staging_lib.HostStaging, metrics,
+                 sampled_step=None, stat_names=()):
+        self.step, self.sampled_step, self.staging = step, sampled_step, staging
+        self.metrics, self.stat_names = list(metrics), list(stat_names)
+        self._input = None  # the iterator whose batches the staging holds
+
+    def train_loop(self, iterator: Iterator, num_steps: int,
+                   sample_stats: bool = True) -> LoopResult:
+        """Up to `num_steps` steps on the iterator's global batches, in one compiled call.
+
+        Fewer steps run only if the iterator ends (then every batch it gave has
+        been trained on). Batches staged ahead stay staged for the next call
+        with the same iterator; given another iterator, the staging first drops
+        what the previous one staged. With --diagnostics and `sample_stats`, the
+        gradient statistics are computed on the loop's last step alone (a
+        sample, as summaries are: the other steps skip them, so their cost is
+        one step's per loop) and returned in `stats`.
+        """
+        if iterator is not self._input:
+            self.staging.clear()
+            self._input = iterator
+        began = time.perf_counter()
+        self.staging.prime(iterator)
+        primed = time.perf_counter() - began
+        out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
+                                 tf.constant(sample_stats and bool(self.stat_names)))
+        return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
+                          metric_sums=metrics_lib.split(self.metrics, out["metric_sums"]),
+                          input_wait=float(out["input_wait"]) + primed,
+                          stats=(dict(zip(self.stat_names, out["stats"].numpy().tolist()))
+                                 if bool(out["sampled"]) else {}))
+
+    def release_input(self) -> None:
+        """Drops whatever the current iterator has staged (the end of a `fit`)."""
+        self.staging.clear()
+        self._input = None
+
+    @tf.function
+    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor,
+                      sample_stats: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The loop of `train_loop`: sums over the steps run, and their count.
+
+        With `sample_stats` (true only with --diagnostics), the last step runs
+        after the `tf.range` loop, traced a second time as the sampled step: the
+        loop's other steps are exactly the step without it (no per-step cost).
+        The sampled step's trace leaves the traffic counts as the ordinary step's.
+        """
+        loss_sum = tf.constant(0.0)  # exact sums:
+        metric_sums = tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64)
+        stats_last, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
+        steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
+        end = staging_lib.clock()
+        for _ in tf.range(num_steps - tf.cast(sample_stats, tf.int32)):
+            begin, has_batch, take = self._next_batch(iterator, after=end)
+            if not has_batch:
+                break
+            result, step_wait, end = self._timed_step(self.step, take, begin)
+            wait += step_wait
+            loss_sum += result.loss
+            metric_sums += tf.cast(result.metric_state, tf.float64)
+            steps += 1
+        if self.sampled_step is not None:  # traced only with --diagnostics
+            if sample_stats and steps == num_steps - 1:
+                begin, has_batch, take = self._next_batch(iterator, after=end)
+                if has_batch:
+                    traffic = self.sampled_step.replicas.aggregation.traffic
+                    ordinary = traffic.snapshot()
+                    result, step_wait, end = self._timed_step(self.sampled_step, take, begin)
+                    traffic.restore(ordinary)  # the counts stay the ordinary step's
+                    wait += step_wait
+                    loss_sum += result.loss
+                    metric_sums += tf.cast(result.metric_state, tf.float64)
+                    stats_last = result.report["stats"]
+                    sampled = tf.constant(True)
+                    steps += 1
+        return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
+                "input_wait": wait, "stats": stats_last, "sampled": sampled}
+
+    def _next_batch(self, iterator, after: tf.Tensor):
+        """(the step's begin time, read once `after` has run; has a batch?; take)."""
+        with tf.control_dependencies([after]):
+            begin = staging_lib.clock()
+        with tf.name_scope(INPUT):
+            has_batch, take = self.staging.next_batch(iterator, after=begin)
+        return begin, has_batch, take
+
+    def _timed_step(self, step, take, begin: tf.Tensor):
+        """`step` on the batch `take()` gives, begun at `begin`: (its StepResult, its input
+        wait (see the top of this module), its end time)."""
+        with tf.name_scope(STEP_SCOPE):
+            with tf.name_scope(INPUT):
+                shards, staged = take()
+            with tf.control_dependencies(tf.nest.flatten(shards)):
+                ready = staging_lib.clock()
+            result = step(shards)
+            with tf.control_dependencies([result.done]):
+                compute_end = staging_lib.clock()
+            with tf.control_dependencies([compute_end] + staged):
+                step_end = staging_lib.clock()
+            # tf.timestamp reads the wall clock, which the system may set back by a few
+            # microseconds between two reads: a term is never less than 0.
+            wait = tf.maximum(ready - begin, 0.0) + tf.maximum(step_end - compute_end, 0.0)
+            return result, wait, step_end

@@ -1,0 +1,167 @@
+"""A study's plan: the grid of cells (variants x seeds), each cell's Config, and its target.
+
+    cells      every variant of the grid (grid.py: `--vary`, `--set`) run once per seed
+               s in `seeds`; cell (variant, s) trains from --seed=s in its own logdir
+               <output_dir>/runs/seed=<s>/<variant folder> (a TensorBoard HParams session,
+               grouped with the variant's other seeds)
+    budget     --epochs=E: train_steps = ceil(E N / B) (N the training examples of the
+               cell's dataset, B its global batch), or --set=train_steps=S
+    evals      --evals=K evaluations spread over the budget (eval_every = ceil(steps / K));
+               the last step is a multiple of eval_every, so the final eval is on the curve
+    target     --target=METRIC>=VALUE or METRIC<=VALUE (an eval metric: accuracy, loss,
+               perplexity, ...): the first eval at which it holds is the cell's time to
+               target, in steps, bytes and modelled seconds (record.py); with
+               --stop_at_target the cell stops there (its curve ends there too)
+
+Every cell's Config is validated before the first one runs (one line naming the cell and
+what is wrong), so a bad grid is refused before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import re
+
+from mgloop.runs.sweep import grid
+
+_TARGET = re.compile(r"\s*([A-Za-z_][\w/]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
+HIGHER = ">="
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    metric: str  # "accuracy": the eval metric compared (eval/accuracy in the history)
+    comparison: str  # ">=" or "<="
+    value: float
+
+    @property
+    def key(self) -> str:
+        return f"eval/{self.metric}"
+
+    def met(self, value) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        return value >= self.value if self.comparison == HIGHER else value <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.comparison}{self.value:g}"
+
+
+def parse_target(text: str | None) -> Target | None:
+    """`accuracy>=0.9`, `loss<=1.5` -> Target; None or "" -> None (no target)."""
+    if not text:
+        return None
+    match = _TARGET.match(text)
+    if not match:
+        raise grid.SpecError(f"--target={text!r}: give METRIC>=VALUE or METRIC<=VALUE, an "
+                             "eval metric and a number (e.g. --target=accuracy>=0.9)")
+    name = match.group(1).removeprefix("eval/")
+    try:
+        value = float(match.group(3))
+    except ValueError:
+        raise grid.SpecError(f"--target={text!r}: {match.group(3)!r} is not a number") from None
+    return Target(name, match.group(2), value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One run of the study: a variant of the grid with one seed."""
+
+    variant: grid.Variant
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name} seed={self.seed}"
+
+    @property
+    def folder(self) -> str:
+        """<variant folder>/seed=<s>, relative to the sweep's runs/ and results/."""
+        return os.path.join(variant_folder(self.variant.name), f"seed={self.seed}")
+
+
+def variant_folder(name: str) -> str:
+    """A folder name for a variant: its name with characters other than letters, digits,
+    `.=-` made `_`, and 6 hex digits of its hash, so that two names never share one."""
+    readable = re.sub(r"[^A-Za-z0-9.=-]+", "_", name)[:80]
+    return f"{readable}-{hashlib.sha1(name.encode()).hexdigest()[:6]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    vary: tuple[str, ...]
+    set: tuple[str, ...]
+    seeds: tuple[int, ...]
+    output_dir: str
+    epochs: float | None = None
+    evals: int = 20
+    target: Target | None = None
+    stop_at_target: bool = False
+    links: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()
+
+    def cells(self) -> list[Cell]:
+        """Every variant with every seed: variants in grid order, seeds within each."""
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise grid.SpecError(f"--epochs={self.epochs}: give a finite number of epochs > 0")
+        variants = grid.variants(list(self.vary), list(self.set))
+        for variant in variants:
+            if "seed" in variant.settings or "logdir" in variant.settings:
+                raise grid.SpecError("--vary/--set seed or logdir: the sweep sets them "
+                                     "(--seeds, --output_dir)")
+        return [Cell(variant, seed) for variant in variants for seed in self.seeds]
+
+    def logdir(self, cell: Cell) -> str:
+        """runs/seed=<s>/<variant folder>: TensorBoard's HParams dashboard groups sessions
+        by trial id, the logdir's last part (summaries.py), so a variant's seeds are one
+        group (its metrics shown per seed and aggregated)."""
+        return os.path.join(self.output_dir, "runs", f"seed={cell.seed}",
+                            variant_folder(cell.variant.name))
+
+    def result_path(self, cell: Cell) -> str:
+        return os.path.join(self.output_dir, "results", cell.folder + ".json")
+
+    def config(self, cell: Cell):
+        """The cell's Config, checked (`validated`; ConfigError naming the cell)."""
+        from mgloop.runs.config import Config
+        from mgloop.errors import ConfigError
+        settings = {"plugins": self.plugins, "links": self.links, **cell.variant.settings,
+                    "seed": cell.seed, "logdir": self.logdir(cell)}
+        try:
+            config = Config(**settings).validated()
+            if self.epochs is not None:
+                steps = max(1, math.ceil(self.epochs * training_examples(config)
+                                         / config.global_batch_size))
+            elif "train_steps" in cell.variant.settings:
+                steps = config.train_steps
+            else:
+                raise ConfigError("give the budget: --epochs=E or --set=train_steps=S")
+            every = max(1, math.ceil(steps / self.evals))
+            steps = every * math.ceil(steps / every)  # the last step evaluates
+            final = Config(**{**settings, "train_steps": steps, "eval_every": every})
+            final.validated()  # checked now; mgloop.run validates it again
+            return final
+        except ConfigError as error:
+            raise ConfigError(f"cell {cell.name}: {error}") from None
+
+
+@functools.cache
+def _examples(dataset: str, data_dir, sequence_length) -> int:
+    from mgloop import data
+    return len(data.load(dataset, 0, data_dir, sequence_length).train_y)
+
+
+def training_examples(config) -> int:
+    """N: the training examples of a config's --dataset (its epochs' unit)."""
+    from mgloop import data
+    return _examples(config.dataset, config.data_dir, data.sequence_length_of(config))
+
+
+def towers_needed(configs) -> int:
+    """The most towers of any cell: the logical CPUs a process running them all makes."""
+    from mgloop.cluster import devices
+    return max(devices.parse(c.devices).num_towers for c in configs)

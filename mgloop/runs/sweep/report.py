@@ -1,0 +1,206 @@
+"""A sweep's report: <output_dir>/report.md (tables) and <output_dir>/plots/*.png.
+
+Per variant, over its seeds (stats.py: mean ± sample sd):
+
+    final <metric>         the eval metric at the cell's last eval, over the seeds that did not
+                           diverge ("diverged (k/n)": k seeds' loss became NaN or infinite)
+    <metric> at B* MB      at equal bytes: the metric at the last eval by which the cell had
+                           sent at most B* gradient bytes, B* the least any variant sent over
+                           its run ("—" for a seed whose first eval came later)
+    reached                seeds that met the target / seeds run
+    steps / MB / s@link    time to target (record.py), over the seeds that reached it
+    B/step                 gradient bytes per counted step (between nodes, or per device
+                           with one node) and, where the method moves its count only on
+                           some steps, the mean per step over the run
+    ratio                  the first variant's mean bytes per step over this one's
+
+Plots, one PNG per x axis: the eval metric against steps, against the gradient bytes
+sent (between nodes), and against the modelled seconds on each --link; one line per
+variant (the mean over seeds at each eval step) and a band of ± one sd where there are
+two or more seeds. matplotlib's Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from mgloop.observe import stats
+from mgloop.observe.plots import plot
+from mgloop.runs.sweep import record as record_lib
+from mgloop.runs.sweep.plan import variant_folder
+
+LOWER_IS_BETTER = ("loss", "perplexity")
+
+
+def load(output_dir: str) -> list[dict]:
+    return [record_lib.read(path) for path in
+            sorted(glob.glob(os.path.join(output_dir, "results", "**", "*.json"),
+                             recursive=True))]
+
+
+def by_variant(records: list[dict], order: list[str] | None = None) -> dict[str, list[dict]]:
+    """{variant: its records, by seed}, variants in `order` (the grid's) then by name."""
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        groups.setdefault(rec["variant"], []).append(rec)
+    rank = {name: i for i, name in enumerate(order or [])}
+    ordered = sorted(groups, key=lambda name: (rank.get(name, len(rank)), name))
+    return {name: sorted(groups[name], key=lambda r: r["seed"]) for name in ordered}
+
+
+def metric_of(records: list[dict], target: str | None) -> str:
+    """The eval metric the report follows: the target's, else accuracy, else loss."""
+    if target:
+        name = target.split(">=")[0].split("<=")[0]
+        return name if name.startswith("eval/") else f"eval/{name}"
+    keys = set().union(*(set(r["curve"][-1]) for r in records if r["curve"])) if records else set()
+    return "eval/accuracy" if "eval/accuracy" in keys else "eval/loss"
+
+
+def _final(rec: dict, metric: str):
+    return rec["curve"][-1].get(metric) if rec["curve"] else None
+
+
+def mean_bytes_per_step(rec: dict) -> float | None:
+    last = rec["curve"][-1] if rec["curve"] else None
+    if not last or last["gradient_bytes"] is None or not last["step"]:
+        return None
+    return last["gradient_bytes"] / last["step"]
+
+
+def at_bytes(rec: dict, metric: str, budget: float):
+    """The metric at the last eval by which the cell had sent at most `budget` gradient
+    bytes (None if it had sent more by its first eval, or bytes are not modelled)."""
+    kept = [p for p in rec["curve"]
+            if p["gradient_bytes"] is not None and p["gradient_bytes"] <= budget * (1 + 1e-9)]
+    return kept[-1].get(metric) if kept else None
+
+
+def equal_bytes_budget(groups: dict[str, list[dict]]) -> float | None:
+    """B*: the least gradient bytes any variant sent over its whole run (its seeds' mean),
+    the budget at which the report compares every variant ("at equal bytes")."""
+    totals = [stats.mean_sd([r["curve"][-1]["gradient_bytes"] for r in recs if r["curve"]])[0]
+              for recs in groups.values()]
+    totals = [t for t in totals if t]
+    return min(totals) if totals else None
+
+
+def table(groups: dict[str, list[dict]], metric: str, links: list[str]) -> str:
+    short = metric.removeprefix("eval/")
+    budget = equal_bytes_budget(groups)
+    head = ["variant", "seeds", f"final {short}",
+            f"{short} at {budget / 1e6:.3g} MB" if budget else "at equal bytes",
+            "reached", "steps to target",
+            "MB to target"] + [f"s to target @{tag}" for tag in links] + [
+            "B/step (mean)", "ratio"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    baseline = None
+    for name, recs in groups.items():
+        reached = [r["time_to_target"] for r in recs if r.get("time_to_target")]
+        per_step = stats.mean_sd([mean_bytes_per_step(r) for r in recs])[0]
+        baseline = per_step if baseline is None else baseline
+        ratio = (f"{baseline / per_step:.1f}x" if per_step and baseline is not None
+                 else "—")
+        target_set = any(r.get("target") for r in recs)
+        diverged = sum(1 for r in recs if r.get("diverged"))
+        final = stats.text([_final(r, metric) for r in recs if not r.get("diverged")])
+        if diverged:
+            final = (f"diverged ({diverged}/{len(recs)})" if diverged == len(recs)
+                     else f"{final} ({diverged} diverged)")
+        cells = [f"`{name}`", str(len(recs)), final,
+                 stats.text([at_bytes(r, metric, budget) for r in recs]) if budget else "—",
+                 f"{len(reached)}/{len(recs)}" if target_set else "—",
+                 stats.text([t["step"] for t in reached]),
+                 stats.text([t["gradient_bytes"] for t in reached], 1e6)]
+        cells += [stats.text([t["seconds"].get(tag) for t in reached]) for tag in links]
+        cells += [f"{per_step:,.0f}" if per_step is not None else "—", ratio]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def pivot(groups: dict[str, list[dict]], metric: str) -> str | None:
+    """With two or more --vary axes: the final metric (mean ± sd) with the last axis as
+    columns and the others as rows; None with one axis."""
+    axes = next((r.get("axes") for recs in groups.values() for r in recs), None)
+    if not axes or len(axes) < 2:
+        return None
+    rows: dict[str, dict[str, str]] = {}
+    columns: list[str] = []
+    for recs in groups.values():
+        pairs = recs[0]["axes"]
+        row = ", ".join(v for _, v in pairs[:-1])
+        column = pairs[-1][1]
+        columns += [column] if column not in columns else []
+        diverged = sum(1 for r in recs if r.get("diverged"))
+        text = stats.text([_final(r, metric) for r in recs if not r.get("diverged")])
+        rows.setdefault(row, {})[column] = (text if not diverged else
+                                            f"diverged ({diverged}/{len(recs)})"
+                                            if diverged == len(recs)
+                                            else f"{text} ({diverged} diverged)")
+    short = metric.removeprefix("eval/")
+    lines = [f"final {short} by {axes[-1][0]}:", "",
+             "| " + " | ".join([", ".join(k for k, _ in axes[:-1])]
+                               + [f"`{c}`" for c in columns]) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    for row, values in rows.items():
+        lines.append("| " + " | ".join([f"`{row}`"] + [values.get(c, "—") for c in columns])
+                     + " |")
+    return "\n".join(lines)
+
+
+def split_by_last_axis(groups: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
+    """{"": groups} with one axis; else {value of the last axis: its variants' groups}."""
+    axes = next((r.get("axes") for recs in groups.values() for r in recs), None)
+    if not axes or len(axes) < 2:
+        return {"": groups}
+    out: dict[str, dict[str, list[dict]]] = {}
+    for name, recs in groups.items():
+        pairs = recs[0]["axes"]
+        label = ", ".join(f"{k}={v}" for k, v in pairs[:-1])
+        out.setdefault(f"{pairs[-1][0]}={pairs[-1][1]}", {})[label] = recs
+    return out
+
+
+def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
+          command: str | None = None) -> str:
+    """Writes report.md and the plots from the records found; returns report.md's path."""
+    records = load(output_dir)
+    groups = by_variant(records, order)
+    target = next((r["target"] for r in records if r.get("target")), None)
+    metric = metric_of(records, target)
+    links = sorted({tag for r in records for p in r["curve"][:1] for tag in p["seconds"]})
+    where = next((r["traffic"]["where"] for r in records if r.get("traffic")), "between nodes")
+    plots = os.path.join(output_dir, "plots")
+    made = []
+    for part, members in split_by_last_axis(groups).items():
+        suffix = f"_{variant_folder(part)}" if part else ""
+        heading = f"{title}: {part}" if part else title
+        made.append(plot(members, metric, lambda p: p["step"], "steps",
+                         os.path.join(plots, f"metric_vs_steps{suffix}.png"), heading))
+        made.append(plot(members, metric, lambda p: p["gradient_bytes"],
+                         f"gradient bytes sent, busiest device ({where})",
+                         os.path.join(plots, f"metric_vs_bytes{suffix}.png"), heading,
+                         log_x=True))
+        for tag in links:
+            made.append(plot(members, metric, lambda p, tag=tag: p["seconds"].get(tag),
+                             f"modelled seconds at {tag} (compute + exchange)",
+                             os.path.join(plots, f"metric_vs_seconds_{tag}{suffix}.png"),
+                             heading))
+    lines = [f"# {title}", ""]
+    if command:
+        lines += ["```", command, "```", ""]
+    seeds = sorted({r["seed"] for r in records})
+    lines += [f"{len(records)} cells: {len(groups)} variants x seeds {seeds}; "
+              f"target: {target or 'none'}; bytes {where}; mean ± sample sd over seeds, "
+              "time to target over the seeds that reached it.", "",
+              table(groups, metric, links), ""]
+    crossed = pivot(groups, metric)
+    if crossed:
+        lines += [crossed, ""]
+    lines += [f"![{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in made]
+    path = os.path.join(output_dir, "report.md")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+

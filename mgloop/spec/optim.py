@@ -1,0 +1,151 @@
+"""Optimizers, learning-rate schedules, and applying the averaged gradients.
+
+Every variable copy has its own Keras optimizer (and so its own slots) on the
+copy's device. All copies receive the same averaged gradient and start from the
+same state, so replicated copies stay bit-identical; a shared layout has one
+copy, hence one optimizer, applied once.
+
+Schedules (step = number of updates applied so far):
+    constant  lr(step) = LR
+    poly      lr(step) = LR * (1 - step / D) ** lr_power   (Caffe's "poly")
+    cosine    lr(step) = LR * (1 + cos(pi * step / D)) / 2
+with D = train_steps - warmup_steps. With warmup W > 0 the rate first rises
+linearly, lr(step) = LR * (step + 1) / W for step < W, then follows the
+schedule shifted by W. Weight decay is Keras's decoupled decay:
+v <- v - lr * weight_decay * v at every update.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mgloop.errors import ConfigError
+from mgloop.settings import choice, in_range
+from mgloop.spec.variables import VariableCopy
+
+schedules = keras.optimizers.schedules
+OPTIMIZERS = ("sgd", "momentum", "adam")
+LR_SCHEDULES = ("constant", "poly", "cosine")
+
+
+def check_settings(config) -> None:
+    """--optimizer, its rate and schedule (after the loop's --train_steps were checked)."""
+    choice("optimizer", config.optimizer, OPTIMIZERS)
+    choice("lr_schedule", config.lr_schedule, LR_SCHEDULES)
+    in_range("learning_rate", config.learning_rate, low=0.0, low_open=True)
+    in_range("momentum", config.momentum, low=0.0, high=1.0, high_open=True)
+    in_range("lr_power", config.lr_power, low=0.0, low_open=True)
+    in_range("weight_decay", config.weight_decay, low=0.0)
+    in_range("warmup_steps", config.warmup_steps, low=0)
+    if config.warmup_steps > config.train_steps:
+        raise ConfigError(
+            f"--warmup_steps={config.warmup_steps} is longer than --train_steps="
+            f"{config.train_steps}; use at most {config.train_steps}")
+
+
+@keras.saving.register_keras_serializable(package="mgloop")
+class LinearWarmup(schedules.LearningRateSchedule):
+    """Rises linearly to `peak` over `warmup_steps`, then follows `after` shifted by them."""
+
+    def __init__(self, peak, warmup_steps, after):
+        self.peak, self.warmup_steps, self.after = peak, warmup_steps, after
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warm = self.peak * (step + 1.0) / float(self.warmup_steps)
+        return tf.where(step < self.warmup_steps, warm,
+                        tf.cast(self.after(step - self.warmup_steps), tf.float32))
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps,
+                "after": schedules.serialize(self.after)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(config["peak"], config["warmup_steps"],
+                   schedules.deserialize(config["after"]))
+
+
+def make_schedule(config) -> schedules.LearningRateSchedule:
+    lr = config.learning_rate
+    decay_steps = max(config.train_steps - config.warmup_steps, 1)
+    if config.lr_schedule == "poly":
+        after = schedules.PolynomialDecay(lr, decay_steps, end_learning_rate=0.0,
+                                          power=config.lr_power)
+    elif config.lr_schedule == "cosine":
+        after = schedules.CosineDecay(lr, decay_steps, alpha=0.0)
+    else:
+        after = schedules.PolynomialDecay(lr, decay_steps, end_learning_rate=lr)  # constant
+    if config.warmup_steps:
+        return LinearWarmup(lr, config.warmup_steps, after)
+    return after
+
+
+def compiled_schedule(schedule: schedules.LearningRateSchedule):
+    """`schedule` traced once as a function of an int64 step: returns step -> float.
+
+    Calling a Keras schedule eagerly on a Python int keeps about 0.6 KiB of host memory
+    per new step that TensorFlow never frees (its cache of converted Python scalars,
+    issue 13); the compiled function, given the step as a numpy int64, keeps none.
+    """
+    compiled = tf.function(lambda step: tf.cast(schedule(step), tf.float32),
+                           input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
+    return lambda step: float(compiled(np.asarray(step, np.int64)))
+
+
+def make_optimizer(config) -> keras.optimizers.Optimizer:
+    """A fresh optimizer for one variable copy."""
+    schedule = make_schedule(config)
+    decay = config.weight_decay or None
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(schedule, weight_decay=decay)
+    momentum = config.momentum if config.optimizer == "momentum" else 0.0
+    return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
+
+
+def colocate_with_variables(optimizer: keras.optimizers.Optimizer) -> None:
+    """Makes `optimizer` create each slot, and run each update, on its variable's device.
+
+    Keras optimizers create slots through `add_variable_from_reference` and
+    update one variable at a time through `update_step`; both are wrapped on
+    this instance so that, whatever the layout (even variables spread over
+    devices), a variable, its slots and its update math share a device.
+    """
+    add_slot, update = optimizer.add_variable_from_reference, optimizer.update_step
+
+    def add_variable_from_reference(reference_variable, *args, **kwargs):
+        with tf.device(reference_variable.device):
+            return add_slot(reference_variable, *args, **kwargs)
+
+    def update_step(gradient, variable, learning_rate):
+        with tf.device(variable.device):
+            return update(gradient, variable, learning_rate)
+
+    optimizer.add_variable_from_reference = add_variable_from_reference
+    optimizer.update_step = update_step
+
+
+def build_optimizers(copies: list[VariableCopy], optimizer_fn) -> None:
+    """Creates each copy's optimizer (step counter on the copy's device, slots beside
+    their variables) before tracing."""
+    for copy in copies:
+        with tf.device(copy.device):
+            copy.optimizer = optimizer_fn()
+            colocate_with_variables(copy.optimizer)
+            copy.optimizer.build(copy.trainable)
+
+
+def apply_updates(copies: list[VariableCopy], grads_per_copy: list[list[tf.Tensor]]) -> None:
+    """Copy c applies grads_per_copy[c] (already averaged and on its device)."""
+    for copy, grads in zip(copies, grads_per_copy):
+        with tf.device(copy.device):
+            copy.optimizer.apply(grads, copy.trainable)
+
+
+def current_rate(optimizer: keras.optimizers.Optimizer):
+    """step -> the rate `optimizer` applies at its current iteration (a user's optimizer:
+    its float, or its LearningRateSchedule at `optimizer.iterations`, which counts the
+    updates applied; the step argument is for the summaries' interface)."""
+    return lambda step: float(np.asarray(optimizer.learning_rate))

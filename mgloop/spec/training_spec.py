@@ -1,0 +1,234 @@
+"""What a run trains with: its loss, metrics and optimizer, from the run, the model, or flags.
+
+Each of the three is taken from the first place that gives it:
+
+    1. the argument of `mgloop.run` (loss=, metrics=, optimizer=);
+    2. the template model, if `model_fn` compiled it (`model.compile(loss=, loss_weights=,
+       metrics=, optimizer=)`);
+    3. mgloop's default: the cross-entropy matched to the output (losses.py), accuracy
+       where that loss defines one (metrics.py), and the flag-driven optimizer
+       (--optimizer, --learning_rate, --lr_schedule, ...: optim.py);
+
+and one log line per run says which was used. A loss is a callable (y, outputs) -> loss
+per example (or already a mean), a Keras loss name, or, for a model with several
+outputs, a list or dict of them (losses.PerOutput; compile's loss_weights apply). Metrics
+are a list (one output) or a dict/list of lists (per output) of keras.metrics.Metric
+objects, Keras metric names, or mgloop metric objects (metrics.py); "accuracy" is
+mgloop's accuracy by the output's loss (accuracy.py). An optimizer is a
+keras.optimizers.Optimizer object (its learning rate a float or a
+keras.optimizers.schedules.LearningRateSchedule), a Keras optimizer name, or a factory
+(no arguments, returns one): every variable copy gets its own optimizer, made from the
+object's config (`from_config(get_config())`) or by calling the factory, so the copies
+start from the same state and apply the same updates.
+
+Compiled settings mgloop cannot honour (weighted_metrics) are refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from absl import logging
+import keras
+
+from mgloop.spec import losses
+from mgloop.spec import metrics as metrics_lib
+from mgloop.spec import perplexity
+from mgloop.errors import ConfigError
+
+_ACCURACY_NAMES = ("accuracy", "acc")
+
+
+@dataclasses.dataclass
+class Spec:
+    loss_fn: Callable
+    metrics: list
+    optimizer_fn: Callable[[], keras.optimizers.Optimizer]
+    sources: dict[str, str]  # "loss", "metrics", "optimizer" -> "run", "compiled model", "default"
+
+
+def check_arguments(loss, metrics, optimizer, callbacks) -> None:
+    """The run's own arguments, by type, before any device exists (one line each)."""
+    if loss is not None and not (callable(loss) or isinstance(loss, (str, list, tuple, dict))):
+        raise ConfigError(f"loss: got {type(loss).__name__}; give a callable (y, outputs) -> "
+                          "loss, a Keras loss name, or a list/dict of them per output")
+    if metrics is not None and not isinstance(metrics, (list, tuple, dict)):
+        raise ConfigError(f"metrics: got {type(metrics).__name__}; give a list of metrics "
+                          "(keras.metrics objects or names), or a dict/list of lists per output")
+    if optimizer is not None and not (isinstance(optimizer, (keras.optimizers.Optimizer, str))
+                                      or callable(optimizer)):
+        raise ConfigError(f"optimizer: got {type(optimizer).__name__}; give a "
+                          "keras.optimizers.Optimizer, its name, or a function returning one")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ConfigError("optimizer: a LossScaleOptimizer; give its inner optimizer and "
+                          "--mixed_precision=mixed_float16 (mgloop scales the loss per copy)")
+    for callback in callbacks or ():
+        if not callable(callback):
+            raise ConfigError(f"callbacks: {callback!r} is not callable; give functions "
+                              "(step, metrics) -> stop? such as mgloop.runs.callbacks.EarlyStopping")
+
+
+def compiled_settings(model: keras.Model) -> dict:
+    """loss, loss_weights, metrics, optimizer as `model.compile` was given them (the
+    optimizer as Keras resolved it); {} for a model that was not compiled."""
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if not getattr(model, "compiled", False) or not config:
+        return {}
+    if config.get("weighted_metrics"):
+        raise ConfigError("model_fn: the model is compiled with weighted_metrics, which "
+                          "mgloop does not take (no sample weights); give them as metrics")
+    return {"loss": config.get("loss"), "loss_weights": config.get("loss_weights"),
+            "metrics": config.get("metrics"),
+            "optimizer": getattr(model, "optimizer", None) or config.get("optimizer")}
+
+
+def _check_several_outputs(model: keras.Model, what: str) -> None:
+    """Refuses a per-output `what` for a Functional/Sequential model with one output."""
+    try:
+        count = len(model.outputs) if getattr(model, "outputs", None) is not None else None
+    except (AttributeError, ValueError):  # a subclassed model: checked when traced
+        count = None
+    if count == 1:
+        raise ConfigError(f"{what}: given per output (a list or dict), but the model has one "
+                          f"output; give {what} for that output alone")
+
+
+def make_loss(loss, model: keras.Model, weights=None):
+    """A callable loss from a run's or compile's `loss` (see the module docstring)."""
+    if isinstance(loss, (list, tuple, dict)):
+        _check_several_outputs(model, "loss")
+        return losses.PerOutput(loss, weights, model)
+    if weights is not None:
+        raise ConfigError("loss_weights: given for one loss; they weigh a loss per output")
+    return keras.losses.get(loss) if isinstance(loss, str) else loss
+
+
+def _one_metric(item, loss_fn, output: losses.OutputKey | None):
+    prefix = f"{output.name}_" if output is not None else ""
+    term = loss_fn
+    if output is not None and isinstance(loss_fn, losses.PerOutput):
+        term = next((t for k, t, _ in loss_fn.terms if k == output), None)
+    if isinstance(item, str) and item in _ACCURACY_NAMES:
+        accuracy = metrics_lib.default_metrics(term) if term is not None else []
+        if not accuracy:
+            raise ConfigError(f"metrics: {item!r} on output {prefix or 'of the model'} is not "
+                              f"defined by its loss {term!r}; give a keras.metrics object "
+                              "(e.g. BinaryAccuracy(threshold=...))")
+        return metrics_lib.Accuracy(accuracy[0].loss_fn, output, f"{prefix}accuracy")
+    if isinstance(item, str):
+        item = keras.metrics.get(item)
+        if isinstance(item, type):
+            item = item()
+        elif not isinstance(item, keras.metrics.Metric):
+            item = keras.metrics.MeanMetricWrapper(item, name=item.__name__)
+    if isinstance(item, keras.metrics.Metric):
+        return metrics_lib.KerasMetric(item, output, prefix + item.name)
+    if all(hasattr(item, a) for a in ("name", "size", "counts", "result")):
+        return item  # an mgloop metric (metrics.py), as given
+    raise ConfigError(f"metrics: {item!r} is neither a keras.metrics.Metric, a Keras metric "
+                      "name, nor an mgloop metric (name, size, counts, result)")
+
+
+def make_metrics(given, loss_fn, model: keras.Model) -> list:
+    """mgloop metric objects of a run's or compile's `metrics`, each name once."""
+    if isinstance(given, dict) or (given and all(isinstance(m, (list, tuple)) for m in given)):
+        _check_several_outputs(model, "metrics")
+        names = list(given) if isinstance(given, dict) else list(range(len(given)))
+        lists = list(given.values()) if isinstance(given, dict) else list(given)
+        keys = losses.output_keys(model, names)
+        made = [_one_metric(m, loss_fn, key) for key, items in zip(keys, lists)
+                for m in ([items] if not isinstance(items, (list, tuple)) else items or [])]
+    else:
+        made = [_one_metric(m, loss_fn, None) for m in given]
+    names = [m.name for m in made]
+    repeated = sorted({n for n in names if names.count(n) > 1} | ({"loss"} & set(names)))
+    if repeated:
+        raise ConfigError(f"metrics: the names {repeated} are used twice (or are 'loss'); give "
+                          "each metric its own name (name=...)")
+    return made
+
+
+def optimizer_factory(optimizer) -> Callable[[], keras.optimizers.Optimizer]:
+    """A function making one fresh optimizer per variable copy (see the module docstring)."""
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer  # compile's auto_scale_loss: mgloop scales
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        kind = type(optimizer)
+        try:
+            config = optimizer.get_config()
+            schedule = getattr(optimizer, "_learning_rate", None)  # Keras keeps the object there
+            if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+                config["learning_rate"] = schedule  # shared: a function of the step alone
+            kind.from_config(dict(config))
+        except Exception as error:  # noqa: BLE001 -- any failure: one line, before any copy
+            raise ConfigError(f"optimizer: {kind.__name__} cannot be remade from its config "
+                              f"({type(error).__name__}: {str(error).splitlines()[0][:120]}); "
+                              "give a factory that returns a fresh optimizer") from None
+        return lambda: kind.from_config(dict(config))
+
+    def make():
+        made = optimizer()
+        if not isinstance(made, keras.optimizers.Optimizer):
+            raise ConfigError(f"optimizer: the factory {optimizer!r} returned "
+                              f"{type(made).__name__}, not a keras.optimizers.Optimizer")
+        return made
+    return make
+
+
+def resolve(model: keras.Model, loss, metrics, optimizer, default_loss,
+            default_optimizer_fn, input_shape=None) -> Spec:
+    """The Spec of a template model (see the module docstring): `loss`, `metrics`,
+    `optimizer` as the run gives them (None: the compiled model's, else the defaults)."""
+    compiled = compiled_settings(model)
+    sources = {}
+    if loss is not None:
+        loss_fn, sources["loss"] = make_loss(loss, model), "run"
+    elif compiled.get("loss") is not None:
+        loss_fn = make_loss(compiled["loss"], model, compiled.get("loss_weights"))
+        sources["loss"] = "compiled model"
+    else:
+        loss_fn, sources["loss"] = default_loss, "default"
+    loss_fn = losses.for_model(loss_fn, model, input_shape)  # the default: its output's
+    if metrics is not None:
+        made, sources["metrics"] = make_metrics(metrics, loss_fn, model), "run"
+    elif compiled.get("metrics"):
+        made, sources["metrics"] = make_metrics(compiled["metrics"], loss_fn, model), \
+            "compiled model"
+    else:
+        made = metrics_lib.default_metrics(loss_fn) + perplexity.for_sequences(loss_fn, model)
+        sources["metrics"] = "default"
+    if optimizer is not None:
+        optimizer_fn, sources["optimizer"] = optimizer_factory(optimizer), "run"
+    elif compiled.get("optimizer") is not None:
+        optimizer_fn = optimizer_factory(compiled["optimizer"])
+        sources["optimizer"] = "compiled model"
+    else:
+        optimizer_fn, sources["optimizer"] = default_optimizer_fn, "default (flags)"
+    logging.info("training with loss %r (%s), metrics %s (%s), optimizer from %s", loss_fn,
+                 sources["loss"], [m.name for m in made], sources["metrics"],
+                 sources["optimizer"])
+    return Spec(loss_fn, made, optimizer_fn, sources)
+
+
+@dataclasses.dataclass
+class Given:
+    """What `mgloop.run` was given (None: not given)."""
+
+    loss: object = None
+    metrics: object = None
+    optimizer: object = None
+    callbacks: object = None
+
+
+def renamed(old: str, old_value, new: str, new_value):
+    """The value of a `run` argument given by its deprecated name (a warning), or the new one."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise ConfigError(f"run: both {old}= and {new}= given; {old}= is the deprecated name "
+                          f"of {new}=, give {new}= alone")
+    logging.warning("run(%s=...) is deprecated: call run(%s=...) (same meaning)", old, new)
+    return old_value

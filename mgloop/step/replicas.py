@@ -1,0 +1,135 @@
+"""The variable copies with their optimizers: what the towers read and every copy updates.
+
+Copy 0 is the template model's own variables; a replicated layout adds one copy per
+further tower (variables.make_copies). Each copy has its own optimizer (optim.py). The
+`Replicas` read the values a tower computes with (`read_for_tower`), apply one step's
+gradients and non-trainable state on every copy (`apply`), advance the global step,
+and keep the copies equal after a restore (`sync_replicas`) or across workers
+(`broadcast_from_chief`, which also carries the aggregation method's own state).
+The method builds that state once the copies exist (`Aggregation.build(copy 0's
+trainable variables)`), before any restore.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+from mgloop.spec import optim, variables
+from mgloop.step import towers
+from mgloop.aggregation import REPLICATED, Aggregation
+from mgloop.step.hooks import Guard
+
+
+class Replicas:
+    """The copies of `model`'s variables for `aggregation`, their optimizers, the step."""
+
+    def __init__(self, model: keras.Model, aggregation: Aggregation,
+                 optimizer_fn: Callable[[], keras.optimizers.Optimizer]):
+        self.model = model
+        self.aggregation = aggregation
+        self.tower_devices = list(aggregation.devices.towers)
+        # K: towers d K .. d K + K - 1 share device d (--towers_per_device)
+        self.towers_per_device = aggregation.devices.towers_per_device
+        self.copies = variables.make_copies(model, aggregation.parameter_devices())
+        optim.build_optimizers(self.copies, optimizer_fn)
+        with tf.device(aggregation.devices.host):
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        aggregation.step_counter = self.global_step  # read by methods acting every H steps
+        aggregation.build(self.copies[0].trainable)
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.tower_devices)
+
+    @property
+    def workers(self):
+        """The cluster of a cross-worker aggregation (aggregation/cross_worker.py), else None."""
+        return self.aggregation.cluster
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers.num_workers if self.workers is not None else 1
+
+    def copy_index(self, tower: int) -> int:
+        """Replicated: the copy of the tower's device (one per device; with
+        --towers_per_device=K, towers d K .. d K + K - 1 read copy d). Shared: copy 0."""
+        if self.aggregation.layout != REPLICATED:
+            return 0
+        return tower * len(self.copies) // self.num_towers
+
+    def copy_for_tower(self, tower: int) -> variables.VariableCopy:
+        return self.copies[self.copy_index(tower)]
+
+    def read_for_tower(self, tower: int) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """The (trainable, non-trainable) values tower `tower` computes with, on its device.
+
+        Replicated: its own copy, already there. Shared: copy 0, sent from each
+        variable's device (the parameter reads, counted in the traffic).
+        """
+        device = self.tower_devices[tower]
+        copy = self.copy_for_tower(tower)
+        values = (self.aggregation.tower_values(tower, towers.read(copy.trainable)),
+                  towers.read(copy.non_trainable))
+        if self.aggregation.layout == REPLICATED:
+            return values
+        variables = copy.trainable, copy.non_trainable
+        return tuple([self.aggregation.send(value, v.device, device) for value, v in zip(vals, vs)]
+                     for vals, vs in zip(values, variables))
+
+    def read_for_towers(self, groups: list[range]) -> list[tuple[list, list]]:
+        """`read_for_tower` of every tower, read once per group of towers on one device
+        (they read the same copy there: validation refuses methods whose `tower_values`
+        differ per tower with --towers_per_device > 1)."""
+        reads = []
+        for group in groups:
+            reads += [self.read_for_tower(group[0])] * len(group)
+        return reads
+
+    def apply(self, grads_per_copy, states_per_copy, may_apply: Guard) -> None:
+        """Each copy applies its gradients and takes its new non-trainable state, inside
+        `may_apply(copy index, update)` (hooks.py: e.g. only if every tower was finite)."""
+        for c, copy in enumerate(self.copies):
+            def update(copy=copy, grads=grads_per_copy[c], states=states_per_copy[c]):
+                optim.apply_updates([copy], [grads])
+                for var, value in zip(copy.non_trainable, states):
+                    with tf.device(var.device):
+                        var.assign(value)
+            may_apply(c, update)
+
+    def advance(self, also: list = ()) -> tf.Operation:
+        """Counts the step; returns an op that has run once every copy holds its update
+        (reads are ordered after the writes: automatic control dependencies) and `also`."""
+        with tf.device(self.aggregation.devices.host):
+            self.global_step.assign_add(1)
+        return tf.group([v.value() for copy in self.copies for v in copy.variables]
+                        + [self.global_step.value()] + list(also))
+
+    def sync_replicas(self) -> None:
+        """Copies variable copy 0 (e.g. just restored) into every other copy."""
+        variables.copy_first_to_rest(self.copies)
+
+    @property
+    def checkpointed_copies(self) -> list[variables.VariableCopy]:
+        """The copies besides copy 0 a checkpoint must hold: every one when the method's
+        copies differ between its synchronisations (`copies_differ`: local SGD), else none."""
+        return self.copies[1:] if self.aggregation.copies_differ else []
+
+    def broadcast_from_chief(self, keep=()) -> None:
+        """Several processes: every worker takes worker 0's variables, optimizer state,
+        step and aggregation state, then copies them into its replicas (run at start,
+        after any restore); but for `keep`, the variables only this worker's node holds
+        (node_checkpoint.py: just restored from its own checkpoint)."""
+        if self.workers is None:
+            return
+        first = self.copies[0]
+        kept = {id(v) for v in keep}
+        variables = [v for v in (first.variables
+                                 + [variables.backing(v) for v in first.optimizer.variables]
+                                 + [self.global_step] + list(self.aggregation.state_variables))
+                     if id(v) not in kept]
+        tf.function(lambda: self.aggregation.broadcast_from_chief(variables))()
+        if not kept:  # (kept copies were restored one by one)
+            self.sync_replicas()

@@ -1,0 +1,123 @@
+"""Variable layouts and the per-tower pass.
+
+There is one template Keras model. Its variables are variable copy 0; a
+replicated layout adds one plain `tf.Variable` copy per further tower, created
+on that tower's device from the template's initial values. Every tower runs the
+template's computation on the values of the copy it reads, through
+`model.stateless_call`, so the layouts differ only in which copy a tower reads:
+
+    shared      one copy on the parameter device; every tower reads copy 0
+    replicated  one copy per tower; tower t reads copy t
+
+A tower computes, on its own device and with its own `tf.GradientTape`,
+
+    loss_t = mean over its shard of loss_fn(y, model(x))  (+ the model's own losses)
+    g[t][v] = d loss_t / d v
+
+and returns them with its metrics' states and its updated non-trainable state
+(e.g. batch-norm moving statistics) for the step (step.py) to combine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+from mgloop.spec import metrics
+from mgloop.step import precision
+from mgloop.data import padding
+from mgloop.spec.variables import VariableCopy, backing
+
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+@dataclasses.dataclass
+class TowerOutput:
+    loss: tf.Tensor  # scalar: mean loss over the tower's shard
+    metric_state: tf.Tensor  # float32 [M]: the metrics' states on the shard (metrics.py)
+    grads: list[tf.Tensor | None]  # per trainable variable, on the tower's device; None if factored
+    non_trainable: list[tf.Tensor]  # updated non-trainable state
+    # variable index -> (x_t, dz_t), its gradient's factors (sufficient_factors.py)
+    factors: dict[int, tuple[tf.Tensor, tf.Tensor]] = dataclasses.field(default_factory=dict)
+
+
+def mean_loss(loss_fn: LossFn, y: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
+    """Mean of `loss_fn` over the examples (works for per-example or already-mean losses);
+    labels `padding.Weighted` (a padded short batch): the mean of w_i * l_i (padding.py)."""
+    if isinstance(y, padding.Weighted):
+        return padding.weighted_mean(loss_fn(y.labels, predictions), y.weights)
+    return tf.reduce_mean(loss_fn(y, predictions))
+
+
+def metric_state(metric_list, y, outputs) -> tf.Tensor:
+    """The metrics' states (metrics.state) of the shard's real examples (padding.py)."""
+    return metrics.state(metric_list, *padding.real_examples(y, outputs))
+
+
+def call_kwargs(model: keras.Model, training: bool) -> dict:
+    """`training=` for models whose `call` takes it (`stateless_call` does not filter it)."""
+    parameters = inspect.signature(model.call).parameters.values()
+    takes = any(p.name == "training" or p.kind == p.VAR_KEYWORD for p in parameters)
+    return {"training": training} if takes else {}
+
+
+def read(variables: list[tf.Variable]) -> list[tf.Tensor]:
+    """The variables' current values, read on their own devices."""
+    values = []
+    for variable in variables:
+        with tf.device(variable.device):
+            values.append(variable.read_value())
+    return values
+
+
+def total_loss(loss_fn: LossFn, y, outputs, model_losses) -> tf.Tensor:
+    """The mean of `loss_fn` over the shard plus the model's own losses (regularisers)."""
+    loss = mean_loss(loss_fn, y, outputs)
+    if not model_losses:  # a property of the model, not an option of the step
+        return loss
+    return loss + tf.add_n([tf.cast(extra, loss.dtype) for extra in model_losses])
+
+
+def tower_pass(step, t: int, trainable: list[tf.Tensor], non_trainable: list[tf.Tensor],
+               x, y) -> TowerOutput:
+    """Forward, loss and gradients of tower t on its shard (x, y), all on its device.
+
+    `trainable` and `non_trainable` are the values of the variable copy the tower
+    reads, already on (or sent to) its device; x and y may be nested (every leaf is
+    copied onto the tower). The outputs reach the loss as float32 (a mixed-precision
+    model computes them in float16/bfloat16). Its loss reads the hooks' `labels` of y (y
+    itself but for a label-flipping attacker); its metrics the true y. The tower
+    differentiates what the hooks make of its loss (`scale_loss`: S * loss_t) once the
+    hooks' `before_backward` tensors exist, by the hooks' backward (the tape's, or with
+    factored products: sufficient_factors.py), and hands on the hooks' `unscale` of the
+    gradients: g[t] = d(S loss_t)/dv / S. Its random layers draw from its own stream
+    (random_streams.py).
+    """
+    template, hooks, streams = step.replicas.model, step.hooks, step.random_streams
+    device = step.replicas.tower_devices[t]
+    with tf.device(device):
+        x, y = tf.nest.map_structure(tf.identity, (x, y))  # the shard's copy onto the tower
+        state = streams.for_tower(non_trainable, t, device)
+        with tf.GradientTape() as tape, hooks.tower_scope(t):
+            tape.watch(trainable)
+            outputs, new_state, model_losses = template.stateless_call(
+                trainable, state, x, return_losses=True, **call_kwargs(template, True))
+            outputs = tf.nest.map_structure(precision.to_float32, outputs)
+            loss = total_loss(step.loss_fn, hooks.labels(t, y, outputs), outputs, model_losses)
+            scaled = hooks.scale_loss(t, loss)
+        with tf.control_dependencies(hooks.before_backward(t)):
+            grads, factors = hooks.gradients(t, tape, scaled, trainable)
+        return TowerOutput(loss, metric_state(step.metrics, y, outputs),
+                           hooks.unscale(t, grads), streams.after_tower(non_trainable, new_state),
+                           factors)
+
+
+def group_pass(step, group: range, trainable, states, xs, ys) -> list[TowerOutput]:
+    """The towers of `group` one traced pass each (`tower_pass`); with one tower per device
+    a group is one tower (vectorized_towers.device_pass computes a device's K at once)."""
+    return [tower_pass(step, t, trainable, state, x, y)
+            for t, state, x, y in zip(group, states, xs, ys)]

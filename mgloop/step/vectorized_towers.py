@@ -1,0 +1,185 @@
+"""`--towers_per_device=K`: the K towers of one device computed as one vectorized computation.
+
+With D devices and K towers per device there are T = D K towers; tower t = d K + k is on
+device d (tower-major, as the shards: tower t holds rows [t B/T, (t+1) B/T) of the global
+batch, staged once per device and split there: staging.PerDevice). On device d, instead
+of K traced copies of the tower's pass (towers.tower_pass), one function of ONE tower's
+shard,
+
+    f(x_t, y_t, s_t) = (loss_t, metric state_t, g[t] = d loss_t / d v, new state_t),
+
+is traced once and mapped over the K stacked shards by `tf.vectorized_map` (pfor;
+vectorize.py): every op of f becomes one op over a leading axis of K (a matmul of the K
+shards with the shared weights, a batched matmul for the K weight gradients), so the
+graph does not grow with K. The towers read the same trainable values v (their device's
+copy), which are not mapped; what is mapped is each tower's own:
+
+    x_t, y_t   its shard                (its batch norm's batch statistics are its shard's)
+    s_t        its non-trainable values (with accumulation each tower carries its own
+               between micro-batches), its random streams' seed states set to [a_g, c]
+               of its global index g (random_streams.py), as the tower loop gives it
+
+so tower t computes the same function of the same inputs as in the tower loop; the results
+differ only by the rounding of the vectorized kernels' sums (a batched matmul adds in
+another order), within the float32 bound of any reordered sum (tests/test_vectorized_
+towers.py derives its tolerances so). After the map, each tower's loss, metric state,
+gradients and state are rows of the outputs, handed on per tower as before
+(`hooks.unscale(t, ...)`, `after_tower(t, ...)`: a per-tower attack alters its row), and
+the exchange and every method see T towers (aggregation/device_groups.py).
+
+Ops with no vectorized form run in a loop over the K towers inside the computation
+(Keras's stateless random draws), logged once; a layer that cannot be vectorized at all
+is refused before any variable copy exists, named (vectorize.probe, from assemble.py).
+What cannot run per tower inside one vectorized computation is refused before building
+(`check_settings`): hooks that act inside a tower's pass by its index (label flipping,
+loss scaling, synchronised batch norm; `check_hooks` for a user's), methods whose towers
+read values of their own (stale reads), keep a copy each at the towers (local SGD and
+DiLoCo, the independent baseline), time the towers' arrival, or compute one loss over
+every tower (colocate), several worker processes, nodes that split a device, and
+compressors at the towers of several devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from mgloop import aggregation
+from mgloop.step.hooks import attacks as byzantine
+from mgloop.step import precision
+from mgloop.step import towers as towers_lib
+from mgloop.step import vectorize
+from mgloop.aggregation import Aggregation
+from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import stacked_rows
+from mgloop.errors import ConfigError
+from mgloop.step.hooks import IN_TOWER_PASS
+
+def check_settings(config, request, workers=None) -> None:
+    """With K = --towers_per_device > 1 (its range checked before: Config.validated),
+    refuses (one line) what a device's towers cannot do as one vectorized computation
+    sharing one variable copy (module docstring)."""
+    k = config.towers_per_device
+    if k == 1:
+        return
+    flag = f"--towers_per_device={k}"
+    if workers is not None and workers.num_workers > 1:
+        raise ConfigError(f"{flag} across {workers.num_workers} workers (TF_CONFIG): it runs "
+                          "in one process; use --towers_per_device=1, or --nodes=N to "
+                          "simulate the nodes in one process")
+    if config.byzantine_towers and byzantine.parse_attack(config.attack).name == "labelflip":
+        _refuse(flag, "--attack=labelflip flips a tower's labels inside its forward pass")
+    if precision.uses_loss_scaling(config.mixed_precision):
+        _refuse(flag, f"--mixed_precision={config.mixed_precision} scales each tower's loss "
+                "by its copy's loss scale inside its pass (use mixed_bfloat16 or none)")
+    if config.batch_norm == "sync":
+        _refuse(flag, "--batch_norm=sync synchronises batch statistics between the towers' "
+                "passes (use --batch_norm=per_tower)")
+    method, options = aggregation.parse(config.aggregation)
+    if not method.reproducible(options):
+        _refuse(flag, f"--aggregation={config.aggregation} reads when each tower finished "
+                "(a clock), and a device's towers finish together, as one computation")
+    if method.single_loss:
+        _refuse(flag, f"--aggregation={config.aggregation} computes one loss over every "
+                "tower, no per-tower pass to vectorize")
+    if node_level.method_at_nodes(config):
+        per_node = request.num_towers // config.nodes
+        if per_node % k:
+            devices = request.num_devices
+            raise ConfigError(
+                f"{flag} with --nodes={config.nodes}: a node must hold whole devices (its "
+                f"bytes between nodes are counted per device), but {per_node} towers per node "
+                f"is not a multiple of {k}; use --nodes dividing the {devices} devices (one "
+                f"of: {', '.join(str(n) for n in range(1, devices + 1) if devices % n == 0)})")
+        if config.within_node != node_level.DIRECT:
+            _refuse(flag, f"--within_node={config.within_node} runs a method on a node's "
+                    f"towers, which share devices (use --within_node={node_level.DIRECT})")
+        return
+    at = f"--aggregation={config.aggregation} at the towers"
+    if method.summable and method.exchanges:  # made on the devices, on their means
+        try:
+            method.check(dataclasses.replace(request, towers_per_device=1), options)
+        except ConfigError as error:
+            raise ConfigError(f"{flag}: {at} runs between the {request.num_devices} devices "
+                              f"(on each device's mean of its towers): {error}") from None
+    if method.copies_differ:
+        _refuse(flag, f"{at} keeps one variable copy per tower, and a device's towers share "
+                "one (give --nodes=N to run it between nodes)")
+    if method.tower_values is not Aggregation.tower_values:
+        _refuse(flag, f"{at} gives each tower values of its own to read (stale reads), and a "
+                "device's towers read one copy (give --nodes=N to run it between nodes)")
+    if not method.averages_non_trainable:
+        _refuse(flag, f"{at} keeps each tower's own non-trainable state, and a device's "
+                "towers share one copy")
+    if (request.num_devices > 1 and not (method.summable and method.exchanges)
+            and not method.copies_per_device):
+        _refuse(flag, f"{at} on {request.num_devices} devices sends to every tower, so its "
+                "bytes would be counted once per receiving tower, not per device (use one "
+                "device, --devices=cpu:1, or --nodes=N with the method between nodes)")
+
+
+def _refuse(flag: str, why: str) -> None:
+    raise ConfigError(f"{flag}: {why}; use --towers_per_device=1")
+
+
+def check_hooks(hooks) -> None:
+    """Refuses (one line) a hook that changes a tower's forward or backward pass by its
+    index, which one vectorized computation of K towers cannot give it."""
+    for hook in hooks:
+        if hook.acts_in_tower_pass():
+            raise ConfigError(
+                f"--towers_per_device > 1: the hook {type(hook).__name__} acts inside a "
+                f"tower's pass by its index (one of {', '.join(IN_TOWER_PASS)}), and a "
+                "device's towers are computed as one vectorized pass; use "
+                "--towers_per_device=1")
+
+
+def stack(values: list):
+    """The towers' nested values stacked leaf by leaf along a new leading axis."""
+    return tf.nest.map_structure(lambda *leaves: tf.stack(leaves), *values)
+
+
+def unstack(value, count: int) -> list:
+    """`stack`'s inverse: `count` nested values, row k of every leaf (remembered, so that
+    a method stacking them again gets the leaf itself: aggregation/stacked_rows.py)."""
+    rows = [stacked_rows.unstack(leaf, count) for leaf in tf.nest.flatten(value)]
+    return [tf.nest.pack_sequence_as(value, [r[k] for r in rows]) for k in range(count)]
+
+
+def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_lib.TowerOutput]:
+    """Forward, loss and gradients of the towers `group` (all on one device, reading the
+    same `trainable` values) on their shards xs[k], ys[k] from their non-trainable values
+    states[k], as one vectorized computation (module docstring); returns one TowerOutput
+    per tower, in order, each unscaled by the hooks as tower_pass does."""
+    template, hooks, streams = step.replicas.model, step.hooks, step.random_streams
+    device = step.replicas.tower_devices[group[0]]
+    kwargs = towers_lib.call_kwargs(template, True)
+    with tf.device(device):
+        x, y = stack(list(xs)), stack(list(ys))
+        # each tower's own values, its random streams' keys [a_g, c] among them
+        given = stack([streams.for_tower(state, t, device) for t, state in zip(group, states)])
+
+        def one_tower(args):
+            x_t, y_t, state = args
+            with tf.GradientTape() as tape:
+                tape.watch(trainable)
+                outputs, new_state, model_losses = template.stateless_call(
+                    trainable, state, x_t, return_losses=True, **kwargs)
+                outputs = tf.nest.map_structure(precision.to_float32, outputs)
+                loss = towers_lib.total_loss(step.loss_fn, y_t, outputs, model_losses)
+            grads, _ = hooks.gradients(None, tape, loss, trainable)
+            grads = [tf.convert_to_tensor(g) for g in grads]  # rows (Embedding): dense
+            return (loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads,
+                    list(new_state))
+
+        losses, metric_states, grads, new_states = vectorize.vectorized_map(
+            one_tower, (x, y, given), f"the towers' pass of {template.name!r}")
+        count = len(group)
+        losses, metric_states = tf.unstack(losses, count), tf.unstack(metric_states, count)
+        grads, new_states = unstack(grads, count), unstack(new_states, count)
+    return [towers_lib.TowerOutput(losses[k], metric_states[k], hooks.unscale(t, grads[k]),
+                                   streams.after_tower(states[k], new_states[k]))
+            for k, t in enumerate(group)]
+
+

@@ -1,0 +1,99 @@
+"""`python -m mgloop.sweep --flagfile=STUDY.flags` (or the flags below): a study.
+
+    --vary=KEY=V1,V2,...   an axis of the grid (repeatable; grid.py: tied keys K1/K2=A/B,
+                           aggregation specs keep their own options)
+    --set=KEY=VALUE        a setting of every cell (repeatable)
+    --seeds=N              every variant with seeds 0..N-1 (default 3)
+    --epochs=E             the budget in passes over the training data (or
+                           --set=train_steps=S)
+    --evals=K              evaluations over the budget (default 20)
+    --target=METRIC>=V     time to target is recorded (steps, bytes, modelled seconds);
+                           --stop_at_target ends a cell there
+    --link=[between:]BANDWIDTH,LATENCY   links to model (repeatable; link_model.py)
+    --output_dir=DIR       runs/ (TensorBoard: one HParams run per cell), results/ (one
+                           JSON record per finished cell), report.md and plots/
+    --processes=P          cells at once (default 1: in this process)
+    --cells_per_process=N  a fresh worker process for every N cells (default 4; 0 with
+                           --processes=1: every cell in this process)
+    --report_only          rewrite report.md and plots/ from the records found
+
+Re-running the same command skips the finished cells (runner.py). Bad settings end the
+process with exit code 2 and one line on stderr, before any cell is built.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from mgloop.runs import quiet_start  # loads no TensorFlow
+
+with quiet_start.loading():
+    import tensorflow as tf
+    tf.config.list_physical_devices("GPU")
+quiet_start.after_loading()
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+
+from mgloop.errors import ConfigError  # noqa: E402
+from mgloop.runs.sweep import grid  # noqa: E402
+from mgloop.runs.sweep import plan as plan_lib  # noqa: E402
+from mgloop.runs.sweep import report  # noqa: E402
+from mgloop.runs.sweep import runner  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,...: an axis of the grid")
+flags.DEFINE_multi_string("set", [], "KEY=VALUE: a setting of every cell")
+flags.DEFINE_integer("seeds", 3, "seeds 0..N-1 per variant", lower_bound=1)
+flags.DEFINE_float("epochs", None, "budget: passes over the training data")
+flags.DEFINE_integer("evals", 20, "evaluations over the budget", lower_bound=1)
+flags.DEFINE_string("target", None, "METRIC>=VALUE or METRIC<=VALUE (an eval metric)")
+flags.DEFINE_bool("stop_at_target", False, "end a cell at its first eval meeting --target")
+flags.DEFINE_multi_string("link", [], "[within:|between:]BANDWIDTH,LATENCY to model")
+flags.DEFINE_multi_string("plugin", [], "module of user methods/datasets (every cell)")
+flags.DEFINE_string("output_dir", None, "where runs/, results/, report.md and plots/ go")
+flags.DEFINE_integer("processes", 1, "cells at once", lower_bound=1)
+flags.DEFINE_integer("cells_per_process", 4, "a fresh worker process after N cells (0: never, "
+                     "and with --processes=1 the cells run in this process)",
+                     lower_bound=0)
+flags.DEFINE_bool("report_only", False, "only rewrite the report from the records")
+flags.DEFINE_string("title", None, "the report's title (default: the output folder's name)")
+
+
+def plan_from_flags() -> plan_lib.Plan:
+    if not FLAGS.output_dir:
+        raise ConfigError("--output_dir is not set; give the folder for the runs, records "
+                          "and report")
+    return plan_lib.Plan(vary=tuple(FLAGS.vary), set=tuple(FLAGS.set),
+                         seeds=tuple(range(FLAGS.seeds)), output_dir=FLAGS.output_dir,
+                         epochs=FLAGS.epochs, evals=FLAGS.evals,
+                         target=plan_lib.parse_target(FLAGS.target),
+                         stop_at_target=FLAGS.stop_at_target, links=tuple(FLAGS.link),
+                         plugins=tuple(FLAGS.plugin))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        plan = plan_from_flags()
+        if FLAGS.stop_at_target and plan.target is None:
+            raise ConfigError("--stop_at_target needs --target=METRIC>=VALUE")
+        cells = plan.cells()
+        if not FLAGS.report_only:
+            runner.run(plan, FLAGS.processes, FLAGS.cells_per_process)
+    except (ConfigError, grid.SpecError) as error:
+        print(f"mgloop.sweep: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    order = list(dict.fromkeys(cell.variant.name for cell in cells))
+    title = FLAGS.title or plan.output_dir.rstrip("/").split("/")[-1]
+    command = [arg for arg in sys.argv[1:] if arg not in ("--report_only", "--report_only=true")]
+    path = report.write(plan.output_dir, order, title,
+                        "python -m mgloop.sweep " + " ".join(map(shlex.quote, command)))
+    logging.info("sweep: report in %s", path)
+
+
+if __name__ == "__main__":
+    app.run(main)
