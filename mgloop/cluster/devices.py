@@ -171,7 +171,7 @@ def configure_logical_cpus(count: int) -> None:
             return
         raise ConfigError(
             f"--devices=cpu:{count}: TensorFlow's runtime already started with {existing} "
-            f"CPU device(s); call mgloop.cluster.devices.configure_logical_cpus({count}) before any "
+            f"CPU device(s); call mgloop.configure_logical_cpus({count}) before any "
             "TensorFlow op runs (at the top of the script, or once in conftest.py)") from None
 
 

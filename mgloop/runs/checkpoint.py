@@ -53,7 +53,7 @@ import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
 from mgloop.runs import failures
-from mgloop.spec import variables
+from mgloop.spec.variables import backing
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
 
@@ -137,7 +137,7 @@ class Checkpointer:
             self._extras[f"aggregation_state/{aggregation.name}/"] = ("aggregation_state",
                                                                      holder)
         # copies besides copy 0 that differ from it (Replicas.checkpointed_copies: local SGD)
-        replicas = [[*c.variables, *(variables.backing(v) for v in c.optimizer.variables)]
+        replicas = [[*c.variables, *(backing(v) for v in c.optimizer.variables)]
                     for c in copies]
         if replicas:
             holder = tf.Module()

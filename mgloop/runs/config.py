@@ -237,7 +237,7 @@ class Config:
         "aggregation and apply (breakdown/... scalars; 0: none)", neutral=_WRITES)
     links: tuple[str, ...] = setting(
         (), "BANDWIDTH,LATENCY, e.g. 10gbit,10us (repeatable): model the step's exchange on "
-        "such a network from its exact traffic (mgloop/observe/link_model.py) and report the modelled "
+        "such a network from its exact traffic (observe/link_model.py) and report the modelled "
         "exchange and step times beside the measured compute time (summary.json link_model, "
         "link/... scalars); bandwidth in bit, kbit, mbit, gbit, tbit per second, latency in "
         "ns, us, ms, s", flag="link",

@@ -26,7 +26,7 @@ import os
 import tensorflow as tf
 
 from mgloop.errors import ConfigError
-from mgloop.spec import variables
+from mgloop.spec.variables import backing
 
 
 def node_variables(aggregation, copies) -> list[tf.Variable]:
@@ -38,7 +38,7 @@ def node_variables(aggregation, copies) -> list[tf.Variable]:
     out = list(local.state_variables)
     if aggregation.copies_differ:
         for copy in copies:
-            out += [*copy.variables, *(variables.backing(v) for v in copy.optimizer.variables)]
+            out += [*copy.variables, *(backing(v) for v in copy.optimizer.variables)]
     return out
 
 

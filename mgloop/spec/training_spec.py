@@ -66,7 +66,8 @@ def check_arguments(loss, metrics, optimizer, callbacks) -> None:
     for callback in callbacks or ():
         if not callable(callback):
             raise ConfigError(f"callbacks: {callback!r} is not callable; give functions "
-                              "(step, metrics) -> stop? such as mgloop.runs.callbacks.EarlyStopping")
+                              "(step, metrics) -> stop? such as "
+                              "mgloop.runs.callbacks.EarlyStopping")
 
 
 def compiled_settings(model: keras.Model) -> dict:

@@ -1,7 +1,7 @@
 """The variable copies with their optimizers: what the towers read and every copy updates.
 
 Copy 0 is the template model's own variables; a replicated layout adds one copy per
-further tower (variables.make_copies). Each copy has its own optimizer (optim.py). The
+further tower (spec/variables.py: make_copies). Each copy has its own optimizer (optim.py). The
 `Replicas` read the values a tower computes with (`read_for_tower`), apply one step's
 gradients and non-trainable state on every copy (`apply`), advance the global step,
 and keep the copies equal after a restore (`sync_replicas`) or across workers
@@ -17,7 +17,8 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from mgloop.spec import optim, variables
+from mgloop.spec import optim
+from mgloop.spec import variables as variables_lib
 from mgloop.step import towers
 from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.step.hooks import Guard
@@ -33,7 +34,7 @@ class Replicas:
         self.tower_devices = list(aggregation.devices.towers)
         # K: towers d K .. d K + K - 1 share device d (--towers_per_device)
         self.towers_per_device = aggregation.devices.towers_per_device
-        self.copies = variables.make_copies(model, aggregation.parameter_devices())
+        self.copies = variables_lib.make_copies(model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
         with tf.device(aggregation.devices.host):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -60,7 +61,7 @@ class Replicas:
             return 0
         return tower * len(self.copies) // self.num_towers
 
-    def copy_for_tower(self, tower: int) -> variables.VariableCopy:
+    def copy_for_tower(self, tower: int) -> variables_lib.VariableCopy:
         return self.copies[self.copy_index(tower)]
 
     def read_for_tower(self, tower: int) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
@@ -109,10 +110,10 @@ class Replicas:
 
     def sync_replicas(self) -> None:
         """Copies variable copy 0 (e.g. just restored) into every other copy."""
-        variables.copy_first_to_rest(self.copies)
+        variables_lib.copy_first_to_rest(self.copies)
 
     @property
-    def checkpointed_copies(self) -> list[variables.VariableCopy]:
+    def checkpointed_copies(self) -> list[variables_lib.VariableCopy]:
         """The copies besides copy 0 a checkpoint must hold: every one when the method's
         copies differ between its synchronisations (`copies_differ`: local SGD), else none."""
         return self.copies[1:] if self.aggregation.copies_differ else []
@@ -127,7 +128,7 @@ class Replicas:
         first = self.copies[0]
         kept = {id(v) for v in keep}
         variables = [v for v in (first.variables
-                                 + [variables.backing(v) for v in first.optimizer.variables]
+                                 + [variables_lib.backing(v) for v in first.optimizer.variables]
                                  + [self.global_step] + list(self.aggregation.state_variables))
                      if id(v) not in kept]
         tf.function(lambda: self.aggregation.broadcast_from_chief(variables))()

@@ -19,7 +19,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mgloop.spec import variables
+from mgloop.spec.variables import backing
 from mgloop.step import towers as towers_lib
 from mgloop.errors import ConfigError
 
@@ -88,8 +88,8 @@ def probe(model, input_shape) -> None:
     logs the ops that will run in a loop."""
     if input_shape is None:
         return
-    trainable = [variables.backing(v) for v in model.trainable_variables]
-    state = [variables.backing(v) for v in model.non_trainable_variables]
+    trainable = [backing(v) for v in model.trainable_variables]
+    state = [backing(v) for v in model.non_trainable_variables]
     kwargs = towers_lib.call_kwargs(model, True)
 
     @tf.function
@@ -135,8 +135,8 @@ def _failing_layer(model) -> str | None:
 
         @tf.function
         def trace(layer=layer, spec=spec):
-            weights = [variables.backing(v).read_value() for v in layer.trainable_variables]
-            state = [variables.backing(v).read_value()
+            weights = [backing(v).read_value() for v in layer.trainable_variables]
+            state = [backing(v).read_value()
                      for v in layer.non_trainable_variables]
 
             def one(x_t):
