@@ -24,6 +24,7 @@ import bench_systems
 SINGLE = "single_device"
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
 DEVICE_KINDS = ("cpu", "gpu")
+XLA_BASELINES = ("single_device", "mirrored_ctl")  # take +xla, as mgloop modes do
 
 
 class PlanError(ValueError):
@@ -57,10 +58,16 @@ def entries(modes: list[str], towers: list[int], mgloop_modes: dict[str, bool]) 
     out = []
     for entry in modes:
         mode, at, split = entry.strip().partition("@")
+        mode, plus, compiler = mode.partition("+")
+        if plus and (compiler != "xla" or mode not in mgloop_modes and mode not in XLA_BASELINES):
+            raise PlanError(f"--modes: {entry!r}: +xla (each tower's or replica's forward and "
+                            "backward compiled by XLA) applies to an mgloop mode or one of "
+                            f"{', '.join(XLA_BASELINES)}")
         if mode not in mgloop_modes and mode not in bench_systems.BASELINES + \
                 bench_systems.MULTI_WORKER_BASELINES:
             raise PlanError(f"--modes: {mode!r} is not {valid}")
-        system = bench_systems.MGLOOP_PREFIX + mode if mode in mgloop_modes else mode
+        system = (bench_systems.MGLOOP_PREFIX + mode if mode in mgloop_modes else mode) + (
+            bench_systems.XLA_SUFFIX if plus else "")
         match = re.fullmatch(r"(?:(\d+)x)?(\d+)", split) if at else None
         if at and (not match or int(match.group(2)) < 1 or (match.group(1) and
                                                              int(match.group(1)) < 1)):
@@ -86,7 +93,7 @@ def entries(modes: list[str], towers: list[int], mgloop_modes: dict[str, bool]) 
         else:
             counts = list(towers)
         for count in counts:
-            name = (SINGLE if mode == SINGLE else f"{system}@{count}" if workers == 1
+            name = (system if mode == SINGLE else f"{system}@{count}" if workers == 1
                     else f"{system}@{workers}x{count}")
             out.append(Entry(name, system, count, workers))
     names = [e.name for e in out]

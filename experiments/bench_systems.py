@@ -47,6 +47,7 @@ import time
 
 BASELINES = ("single_device", "mirrored_ctl", "mirrored_fit", "split_concat")  # one process
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+XLA_SUFFIX = "+xla"  # a system's forward and backward compiled by XLA (bench_plan.py)
 MULTI_WORKER_BASELINES = (MULTI_WORKER_MIRRORED,)  # one process per worker
 MGLOOP_PREFIX = "mgloop:"
 STARTUP_TIMEOUT = 120.0  # seconds a worker waits for its peers at start
@@ -240,12 +241,13 @@ def build(spec: Spec, dataset=None, runtime=None):
     """The system of `spec`, built (not yet traced) in this process; `runtime` from `start`."""
     _repo_on_path()
     import tensorflow as tf
-    if spec.system.startswith(MGLOOP_PREFIX):
+    system, xla = spec.system.removesuffix(XLA_SUFFIX), spec.system.endswith(XLA_SUFFIX)
+    if system.startswith(MGLOOP_PREFIX):
         import benchlib
         workers, device_set = runtime if runtime is not None else (None, None)
         trainer, iterator = benchlib.build(
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
-            devices=devices_flag(spec), aggregation=spec.system[len(MGLOOP_PREFIX):],
+            devices=devices_flag(spec), aggregation=system[len(MGLOOP_PREFIX):], xla_towers=xla,
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
             collective_timeout=COLLECTIVE_TIMEOUT, workers=workers, device_set=device_set,
             **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS
@@ -262,18 +264,18 @@ def build(spec: Spec, dataset=None, runtime=None):
                                                   parts.optimizer_fn, spec.global_batch)
         return CompiledLoop(custom.train_loop, custom.distribute(parts.batches(spec)),
                             spec.steps, custom.model, custom, custom.local_devices)
-    if spec.system == "single_device":
+    if system == "single_device":
         from third_party import single_device
         with tf.device(parts.devices[0]):
             model = parts.model_fn()
-            loop = single_device.make_train_loop(model, parts.loss_fn, parts.optimizer_fn())
+            loop = single_device.make_train_loop(model, parts.loss_fn, parts.optimizer_fn(), xla)
         return CompiledLoop(loop, iter(parts.batches(spec)), spec.steps, model,
                             devices=parts.devices[:1])
     from third_party import keras_fit, mirrored_strategy
-    if spec.system == "mirrored_ctl":
+    if system == "mirrored_ctl":
         strategy = mirrored_strategy.make_strategy(parts.devices, spec.cross_device_ops)
         custom = mirrored_strategy.CustomLoop(strategy, parts.model_fn, parts.loss_fn,
-                                              parts.optimizer_fn, spec.global_batch)
+                                              parts.optimizer_fn, spec.global_batch, xla)
         return CompiledLoop(custom.train_loop, custom.distribute(parts.batches(spec)),
                             spec.steps, custom.model, custom, strategy.extended.worker_devices)
     if spec.system == "mirrored_fit":

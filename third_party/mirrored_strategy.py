@@ -57,8 +57,14 @@ class CustomLoop:
 
     def __init__(self, strategy: tf.distribute.MirroredStrategy,
                  model_fn: Callable[[], keras.Model], loss_fn,
-                 optimizer_fn: Callable[[], keras.optimizers.Optimizer], global_batch: int):
+                 optimizer_fn: Callable[[], keras.optimizers.Optimizer], global_batch: int,
+                 jit_compile: bool = False):
+        """`jit_compile`: each replica's forward and backward pass compiled by XLA
+        (`tf.function(jit_compile=True)` inside `strategy.run`); the all-reduce and the
+        update are not (they are the strategy's)."""
         self.strategy = strategy
+        self._forward_backward = (tf.function(self._forward_backward, jit_compile=True)
+                                  if jit_compile else self._forward_backward)
         self.loss_fn = loss_fn
         self.global_batch = global_batch
         with strategy.scope():
@@ -71,15 +77,18 @@ class CustomLoop:
         return iter(self.strategy.experimental_distribute_dataset(batches))
 
     def _replica_step(self, x, y):
+        loss, grads = self._forward_backward(x, y)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return loss
+
+    def _forward_backward(self, x, y):
         with tf.GradientTape() as tape:
             predictions = self.model(x, training=True)
             loss = tf.nn.compute_average_loss(self.loss_fn(y, predictions),
                                               global_batch_size=self.global_batch)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
-        grads = tape.gradient(loss, self.model.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        return loss
+        return loss, tape.gradient(loss, self.model.trainable_variables)
 
     @tf.function
     def train_loop(self, iterator, num_steps):

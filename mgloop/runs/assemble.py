@@ -16,7 +16,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mgloop.step import accumulation
+from mgloop.step import accumulation, compiled_towers
 from mgloop.step.hooks import attacks as byzantine_lib
 from mgloop.step import exchange as exchange_lib
 from mgloop.runs import inference
@@ -71,6 +71,10 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     finite check reads every tower's gradients) nor with --byzantine_towers (the attack
     alters every tower's whole gradient)."""
     aggregation = replicas.aggregation
+    if config.xla_towers and ordered_sum.applies(aggregation):
+        logging.info("--xla_towers: no ordered sum nor sufficient factors (they act inside "
+                     "a tower's backward pass, which is one compiled function)")
+        return []
     if replicas.towers_per_device > 1 and ordered_sum.applies(aggregation):
         logging.info("--towers_per_device=%d: no ordered sum nor sufficient factors (they sum "
                      "the towers' gradients at their homes one tower's pass at a time, and a "
@@ -159,6 +163,10 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     common += list(hooks)
     if replicas.towers_per_device > 1:
         vectorized_towers.check_hooks(common)
+    compiled = None
+    if config.xla_towers:
+        compiled_towers.check_hooks(common)
+        compiled = compiled_towers.CompiledPass()
     passes = (accumulation.one_pass if config.accumulation_steps == 1 else
               accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
                                       units, metrics_lib.total_size(metrics),
@@ -179,7 +187,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                          exchange_lib.make(aggregation, replicas.copies, average,
                                            config.pack_bytes, bool(large),
-                                           config.sparse_as_dense), streams)
+                                           config.sparse_as_dense), streams, compiled)
         sampled, names = None, []
         if config.diagnostics:  # the same step, its statistics added (and sampled)
             stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
@@ -187,7 +195,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                   byzantine=byzantine)
             sampled = TowerStep(replicas, loss_fn, metrics,
                                 Hooks(common + large + [stats], step_hooks.gradients), passes,
-                                step.exchange, streams)
+                                step.exchange, streams, compiled)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
     trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,

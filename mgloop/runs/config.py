@@ -33,7 +33,7 @@ from mgloop.step import sufficient_factors
 from mgloop.step import precision
 from mgloop.runs import run_dir
 from mgloop.step import sync_batch_norm
-from mgloop.step import vectorized_towers
+from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.data import staging
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range as _check_range
@@ -62,6 +62,12 @@ class Config:
         1, "K: towers on each device, computed together as one vectorized pass "
         "(tf.vectorized_map: each tower its own shard, random stream and batch-norm "
         "statistics) and reading one variable copy per device; towers = devices x K",
+        hparam=True)
+    xla_towers: bool = setting(
+        False, "compile each tower's forward, loss and backward with XLA (one "
+        "tf.function(jit_compile=True), traced once, compiled per device: "
+        "step/compiled_towers.py): fewer, fused kernels per tower; the exchange and the "
+        "update stay uncompiled",
         hparam=True)
     aggregation: str = setting(
         "reduce_broadcast", "how gradients meet: NAME or NAME:key=value,... with the method's "
@@ -274,6 +280,7 @@ class Config:
         # --plugin modules loaded, then the method, its options and what combines with it
         aggregation.check_settings(self, request, workers)
         vectorized_towers.check_settings(self, request, workers)
+        compiled_towers.check_settings(self)
         num_workers = workers.num_workers if workers else 1
         if node_level.method_at_nodes(self, num_workers):  # each worker is a node, if several
             byzantine.check_settings(self, num_workers if num_workers > 1 else self.nodes,

@@ -32,15 +32,18 @@ class StepResult:
 
 
 class TowerStep:
-    def __init__(self, replicas, loss_fn, metrics, hooks, passes, exchange, random_streams):
+    def __init__(self, replicas, loss_fn, metrics, hooks, passes, exchange, random_streams,
+                 compiled=None):
         self.replicas, self.loss_fn, self.metrics = replicas, loss_fn, list(metrics)
         self.hooks, self.passes, self.exchange = hooks, passes, exchange
         self.random_streams = random_streams
         # the towers computed together (one device's K), and how: one traced pass per tower,
-        # or one vectorized computation per device (vectorized_towers.py)
+        # one vectorized computation per device (vectorized_towers.py), or one XLA-compiled
+        # pass per tower (`compiled`: compiled_towers.CompiledPass, --xla_towers)
         k = replicas.towers_per_device
         self.groups = [range(t, t + k) for t in range(0, replicas.num_towers, k)]
-        self.group_pass = towers.group_pass if k == 1 else vectorized_towers.device_pass
+        self.group_pass = (compiled or towers.group_pass if k == 1
+                           else vectorized_towers.device_pass)
         self.tower_outputs: list[towers.TowerOutput] = []  # of the last trace (exchange_timing)
 
     def __call__(self, shards) -> StepResult:
