@@ -19,7 +19,7 @@ SIGTERM), which may then save a checkpoint and exit; workers still running after
 --stop_seconds, or at a second signal, are killed with their process groups. The
 launcher then exits with 128 + the signal's number (143 for SIGTERM, 130 for
 SIGINT), as a shell reports a process ended by it. For a real cluster, set
-TF_CONFIG on each host and run `python -m mgloop.train` there (README).
+TF_CONFIG on each host and run `python -m mgloop.train` there (docs/multi-worker.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ transport_dtype)` the method itself. Adding a method: subclass `Aggregation`,
 decorate it with `@register` (in a module of this package imported below, or in
 your own module loaded with `--plugin`, plugins.py). Its name becomes a valid
 `--aggregation` value. What every method must do and declare: base.py and the
-README's "The aggregation contract".
+docs/concepts/aggregation-contract.md.
 
 May import: ground modules, cluster/ (devices, workers), spec/ (variable copies). Never
 step/ or runs/: the step hands a method its towers' gradients, not the other way round.
@@ -70,7 +70,7 @@ def describe(spec: str) -> dict[str, object]:
 
 from mgloop.aggregation import options as options_lib  # noqa: E402
 
-# Registration happens on import; keep this list in the order of the README.
+# Registration happens on import; keep this list in the order of docs/methods/.
 from mgloop.aggregation import parameter_server  # noqa: E402,F401
 from mgloop.aggregation import reduce_broadcast  # noqa: E402,F401
 from mgloop.aggregation import ring  # noqa: E402,F401

@@ -28,7 +28,7 @@ from typing import ClassVar, Sequence
 import tensorflow as tf
 
 from mgloop.aggregation.traffic import Traffic
-from mgloop.cluster.devices import DeviceRequest, DeviceSet
+from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 
 SHARED = "shared"
 REPLICATED = "replicated"
@@ -58,16 +58,10 @@ def option(default, help: str, low=None, high=None, low_open: bool = False,
         choices=tuple(choices) if choices is not None else None))
 
 
-def canonical(device: str) -> str:
-    """'/job:localhost/replica:0/task:0/device:CPU:1' and '/device:CPU:1' -> 'CPU:1'."""
-    spec = tf.DeviceSpec.from_string(device)
-    return f"{spec.device_type}:{spec.device_index}"
-
-
 class Aggregation(abc.ABC):
     """One gradient-aggregation method. Subclass, set `name` and `layout`, register.
 
-    The contract (README "The aggregation contract"): `reduce` is handed the towers'
+    The contract (docs/concepts/aggregation-contract.md): `reduce` is handed the towers'
     gradients and nothing else; the method's own options are `self.options` (an
     instance of `options_type`); its state is made by `build` and listed by
     `state_variables` (checkpointed, restored on resume, broadcast from the chief,

@@ -29,13 +29,11 @@ leader's parameters and optimizer slots (3. again, counted the same way).
 cross a node boundary. Either way every send is counted within or between nodes
 (traffic.py), the host CPU counting as node 0's.
 
-Layout: `Nodes` (the topology) belongs in cluster/ beside the workers
-(../shared/LAYOUT.md); it stays here until the layout issue moves cluster.py there.
+The topology itself (`Nodes`: which towers a node holds, its leader) is cluster/nodes.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 
 import tensorflow as tf
 
@@ -47,39 +45,12 @@ from mgloop.aggregation.hierarchical import divisors
 from mgloop.aggregation.peers import Peers
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceRequest, DeviceSet
+from mgloop.cluster.nodes import Nodes
 from mgloop.errors import ConfigError
 from mgloop.spec.variables import backing
 
 METHOD_AT = ("auto", "nodes", "towers")
 DIRECT = "reduce"  # --within_node's default: every tower sends to the leader
-
-
-@dataclasses.dataclass(frozen=True)
-class Nodes:
-    """N nodes over `towers` (contiguous, node-major) and the host (node 0's)."""
-
-    towers: tuple[str, ...]
-    count: int
-    host: str
-
-    @property
-    def per_node(self) -> int:
-        return len(self.towers) // self.count
-
-    def members(self, node: int) -> list[int]:
-        return list(range(node * self.per_node, (node + 1) * self.per_node))
-
-    def leader(self, node: int) -> int:
-        return node * self.per_node
-
-    def node_of_tower(self, tower: int) -> int:
-        return tower // self.per_node
-
-    def device_map(self) -> dict[str, int]:
-        """canonical device -> node, for the traffic's tiers."""
-        out = {canonical(self.host): 0}
-        out.update({canonical(d): self.node_of_tower(t) for t, d in enumerate(self.towers)})
-        return out
 
 
 class NodeLevel(Wrapper):

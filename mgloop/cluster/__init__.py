@@ -3,6 +3,7 @@
     devices.py      `--devices` parsed to a DeviceSet (towers, copy devices, towers per
                     device); logical CPU devices configured before TensorFlow starts
     workers.py      the worker processes of a job (TF_CONFIG): Cluster, its rank and size
+    nodes.py        Nodes: which towers each node holds, its leader, device -> node
     peer_health.py  heartbeats between workers: a lost peer stops the job with one line
 
 May import: mgloop's ground modules (errors, settings, phases) only. Everything else

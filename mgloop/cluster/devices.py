@@ -197,3 +197,9 @@ def setup(request: DeviceRequest, workers=None, startup_timeout: float = 60.0) -
     names = [d.name for d in tf.config.list_logical_devices(request.kind.upper())]
     towers = tuple(names[i] for i in request.indices for _ in range(request.towers_per_device))
     return DeviceSet(towers=towers, host=host, simulated=request.simulated)
+
+
+def canonical(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:1' and '/device:CPU:1' -> 'CPU:1'."""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.device_type}:{spec.device_index}"

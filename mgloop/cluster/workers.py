@@ -16,7 +16,7 @@ hard-coded in its GrpcServer::Init; no ServerDef, ConfigProto field or
 environment variable changes the host), not only on the host named in
 TF_CONFIG, and it authenticates no one: whoever reaches the port can take part
 in the job's collectives. So the ports must be on a private network
-(README), and `start` first checks, one ConfigError line each, that this
+(docs/multi-worker.md), and `start` first checks, one ConfigError line each, that this
 worker's TF_CONFIG host is an address of this machine (`check_own_address`)
 and that its port is free.
 """

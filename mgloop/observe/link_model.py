@@ -39,7 +39,7 @@ exchange (nodes.py) sums inside the node, then exchanges between nodes, then
 broadcasts inside the node, so no method's stages overlap there. An untiered
 `--link=B,L` still charges every send alike.
 
-Limits (what the model leaves out; README "The link model"):
+Limits (what the model leaves out; docs/methods/link-model.md):
   * every message pays the full latency, and messages of one device are
     sequential: collectives that a real runtime would pipeline or overlap
     (buckets, shards, tensors) are charged one after the other;

@@ -1,6 +1,6 @@
 """TensorBoard writers and the run's `summary.json`.
 
-Layout of a logdir (tags are stable; the README lists them):
+Layout of a logdir (tags are stable; docs/tensorboard.md lists them):
 
     <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time,
                       input_wait (seconds per step the towers waited for input);

@@ -1,4 +1,4 @@
-"""The compiled loop: many training steps (step.py) in one `tf.function` call.
+"""The compiled loop: many training steps (step/tower_step.py) in one `tf.function` call.
 
 The staging (staging.py) hands each step its global batch split into T
 contiguous shards of B/T examples, tower 0 first, already on the towers.

@@ -1,4 +1,4 @@
-"""Lossy compressed exchanges with error feedback (README "Gradient compression").
+"""Lossy compressed exchanges with error feedback (docs/methods/compression.md).
 
 `base.py`: the shared machinery (the `memory` option, per-tower state, the two
 transports, per-step seeds, exact byte counts); `transport.py`: the ring

@@ -1,6 +1,6 @@
 """The hook protocol: how an option changes the training step without a branch in it.
 
-The step (step.py) calls, in data-path order, for every hook of its `Hooks`:
+The step (step/tower_step.py) calls, in data-path order, for every hook of its `Hooks`:
 
     step_scope()             context around the tracing of one step (e.g. fresh collective
                              keys, the loss scales read onto the towers)
