@@ -58,16 +58,19 @@ def entries(modes: list[str], towers: list[int], mgloop_modes: dict[str, bool]) 
     out = []
     for entry in modes:
         mode, at, split = entry.strip().partition("@")
-        mode, plus, compiler = mode.partition("+")
-        if plus and (compiler != "xla" or mode not in mgloop_modes and mode not in XLA_BASELINES):
-            raise PlanError(f"--modes: {entry!r}: +xla (each tower's or replica's forward and "
-                            "backward compiled by XLA) applies to an mgloop mode or one of "
-                            f"{', '.join(XLA_BASELINES)}")
+        mode, plus, option = mode.partition("+")
+        vectorized = re.fullmatch(r"k([1-9]\d*)", option)
+        if plus and not (option == "xla" and (mode in mgloop_modes or mode in XLA_BASELINES)
+                         or vectorized and mode in mgloop_modes):
+            raise PlanError(f"--modes: {entry!r}: after + give xla (each tower's or replica's "
+                            "forward and backward compiled by XLA: an mgloop mode or one of "
+                            f"{', '.join(XLA_BASELINES)}) or kK (an mgloop mode with K towers "
+                            "per device, one vectorized pass: ps_cpu+k4@1)")
         if mode not in mgloop_modes and mode not in bench_systems.BASELINES + \
                 bench_systems.MULTI_WORKER_BASELINES:
             raise PlanError(f"--modes: {mode!r} is not {valid}")
         system = (bench_systems.MGLOOP_PREFIX + mode if mode in mgloop_modes else mode) + (
-            bench_systems.XLA_SUFFIX if plus else "")
+            "+" + option if plus else "")
         match = re.fullmatch(r"(?:(\d+)x)?(\d+)", split) if at else None
         if at and (not match or int(match.group(2)) < 1 or (match.group(1) and
                                                              int(match.group(1)) < 1)):

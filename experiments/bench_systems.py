@@ -241,13 +241,16 @@ def build(spec: Spec, dataset=None, runtime=None):
     """The system of `spec`, built (not yet traced) in this process; `runtime` from `start`."""
     _repo_on_path()
     import tensorflow as tf
-    system, xla = spec.system.removesuffix(XLA_SUFFIX), spec.system.endswith(XLA_SUFFIX)
+    system, _, option = spec.system.partition("+")
+    xla = "+" + option == XLA_SUFFIX
+    towers_per_device = int(option[1:]) if option.startswith("k") else 1
     if system.startswith(MGLOOP_PREFIX):
         import benchlib
         workers, device_set = runtime if runtime is not None else (None, None)
         trainer, iterator = benchlib.build(
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
             devices=devices_flag(spec), aggregation=system[len(MGLOOP_PREFIX):], xla_towers=xla,
+            towers_per_device=towers_per_device,
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
             collective_timeout=COLLECTIVE_TIMEOUT, workers=workers, device_set=device_set,
             **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS
@@ -255,7 +258,7 @@ def build(spec: Spec, dataset=None, runtime=None):
         # the training step alone, as the other systems run it: the diagnostics' sampled step
         # (one per summary window, on by default) is measured apart (variants.py, RESULTS.md)
         return CompiledLoop(functools.partial(trainer.train_loop, sample_stats=False), iterator, spec.steps, trainer.model, trainer,
-                            trainer.aggregation.devices.towers)
+                            trainer.aggregation.devices.copy_devices)
     parts = _Parts(spec, dataset)
     parts.seed()
     if spec.system == MULTI_WORKER_MIRRORED:
