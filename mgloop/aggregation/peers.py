@@ -21,7 +21,7 @@ processes with TensorFlow's collective ops over gRPC instead of between devices:
                         W = 2 it is a_0 + a_1 on both, bit for bit what the simulated
                         nodes' ring gives; for W > 2 a float sum differs from the
                         simulated ring's by the rounding of W terms (<= 2.4e-7 in the
-                        weights after 4 steps of the MLP at W = 3: RESULTS.md). 8- and
+                        weights after 4 steps of the MLP at W = 3: docs/results/workers.md). 8- and
                         16-bit integers (e.g. quantised codes), for which the collective
                         has no kernels, are gathered instead and added in worker order
                         (exact): (W-1) of their bytes each way.

@@ -12,7 +12,7 @@ Batcher's odd-even merge sort (Knuth, TAOCP vol. 3, 5.3.4; the arbitrary-n form)
 n log2(n)^2 / 4 pairs (543 for n = 64). XLA fuses the chain into one loop over the
 elements that keeps the T values in registers (for the median, only the compare-exchanges
 the middle rows depend on): 3.9 ms for the same rows (`python
-experiments/bench_many_towers.py --kernels`, side by side). min and max are exact, so the sorted rows
+experiments/towers.py kernels`, side by side). min and max are exact, so the sorted rows
 are exactly tf.sort's values: the median (a middle value, or the mean of the two) is
 bit-identical to one formed from tf.sort; the trimmed mean adds the kept values in
 ascending order (tf.reduce_sum of tf.sort's rows may add them in another: within float32

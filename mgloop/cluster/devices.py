@@ -155,7 +155,7 @@ def configure_logical_cpus(count: int) -> None:
     default allocator gives tensors of more than a few MB fresh pages from the
     kernel (mmap) and returns them (munmap), so each step pays page faults and
     zeroing for every such tensor; BFC keeps and reuses freed memory
-    (experiments/RESULTS.md: 2.3x faster steps for big_mlp on 4 towers).
+    (docs/results/systems.md: 2.3x faster steps for big_mlp on 4 towers).
     """
     os.environ.setdefault(BFC_CPU_ALLOCATOR_ENV, "true")  # read when the runtime starts
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -7,7 +7,7 @@ pixels set in each block counted). `digits.csv.gz` beside this module is the fil
 scikit-learn distributes it (gzip-compressed CSV, one row per image, 64 integer pixel
 values row-major, then the label 0..9), unchanged; it was read from scikit-learn's wheel
 until scikit-learn was dropped as a dependency (Keras imports it whenever it is
-installed: about half a second more for every process; experiments/bench_import.py).
+installed: about half a second more for every process; experiments/startup.py).
 It is read with numpy; `check_files` verifies it during `Config.validated()` and
 refuses a missing or malformed file in one line that names it. No `--data_dir`: the file
 comes with the package (a --data_dir is refused, as for synthetic).

@@ -70,7 +70,7 @@ def _matmul_gradient(op: tf.Operation, grad: tf.Tensor):
     TensorFlow's dx = dz W^T multiplies by a transposed right operand. On this
     machine's CPUs, for big_mlp's second layer, four towers' products of 128 rows
     take 2.0 times as long that way as with W on the left, and one product of 512
-    rows 1.3–1.5 times (experiments/bench_tower_matmuls.py; RESULTS.md): T towers
+    rows 1.3–1.5 times (experiments/towers.py matmuls; docs/results/systems.md): T towers
     pay TensorFlow's form on b rows each, which costs more than on B rows at once.
     """
     a, b = tf.math.conj(op.inputs[0]), tf.math.conj(op.inputs[1])
