@@ -28,6 +28,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -243,7 +244,7 @@ def machine() -> dict:
 
 def command_line() -> str:
     """The command that is running, as the docs quote it."""
-    return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    return "python " + shlex.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
 
 
 def write_json(path: str, payload) -> None:
@@ -270,3 +271,17 @@ def publish(header: str, rows: list[dict], columns: list[tuple[str, str, str]],
     if json_out:
         write_json(json_out, payload)
     return payload
+
+
+def dispatch(argv: list[str], commands: dict):
+    """Runs the command an entry was given (`python experiments/ENTRY.py COMMAND [flags]`):
+    `commands` maps each name to (function(arguments after it), {flag: default for it}).
+    The defaults replace the flags' own where the command line does not set them."""
+    from absl import app, flags
+    if len(argv) < 2 or argv[1] not in commands:
+        given = f"{argv[1]!r} is not a command; " if len(argv) > 1 else ""
+        raise app.UsageError(f"{given}give one of: {', '.join(commands)}")
+    function, defaults = commands[argv[1]]
+    for name, value in defaults.items():
+        flags.FLAGS.set_default(name, value)
+    return function(argv[2:])
