@@ -14,7 +14,7 @@ the rounds. Per case:
   build s        from the Config to a built Trainer (template, copies, staging)
   trace s        the first loop of one step (tracing and compiling the step) minus one
                  timed step: "trace + build" is their sum
-  step ms        the median step of `--repeats` loops of `--steps` steps after a warm-up
+  step ms        the median step of `--loops` loops of `--steps` steps after a warm-up
   peak MB        the child's peak resident set (ru_maxrss)
 
 and the ratios the targets are stated in, side by side from the same invocation: trace +
@@ -60,7 +60,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", None, "rounds side by side (default: many 2, kernels 10, "
                      "matmuls 9)")
 flags.DEFINE_integer("steps", 20, "many: steps per timed loop")
-flags.DEFINE_integer("repeats", 5, "many: timed loops per case in each child")
+flags.DEFINE_integer("loops", 5, "many: timed loops per case in each child")
 flags.DEFINE_integer("global_batch", 1024, "many: examples per step")
 flags.DEFINE_list("cases", None, "many: only these cases (default: all)")
 flags.DEFINE_string("child", None, "internal (many): run this case (JSON) and reply")
@@ -98,7 +98,7 @@ def many_child(settings: dict) -> dict:
     first = benchlib.seconds(lambda: trainer.train_loop(batches, 1))  # traces, compiles
     trainer.train_loop(batches, FLAGS.steps)  # warm-up (the loop of `steps` traces once)
     loop = benchlib.timer(lambda: trainer.train_loop(batches, FLAGS.steps), FLAGS.steps)
-    step = benchlib.median_and_mad([loop() for _ in range(FLAGS.repeats)])[0]
+    step = benchlib.median_and_mad([loop() for _ in range(FLAGS.loops)])[0]
     gradient_bytes = sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable)
     return {"build_s": build, "trace_s": max(first - step, 0.0), "step_ms": 1e3 * step,
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -116,7 +116,7 @@ def many(args) -> None:
         raise app.UsageError(f"--cases: {unknown} not among {list(CASES)}")
     commands = {name: benchlib.child_command(
         __file__, "many", f"--child={json.dumps(CASES[name])}", f"--steps={FLAGS.steps}",
-        f"--repeats={FLAGS.repeats}", f"--global_batch={FLAGS.global_batch}")
+        f"--loops={FLAGS.loops}", f"--global_batch={FLAGS.global_batch}")
         for name in names}
     samples = benchlib.in_children(commands, FLAGS.rounds, log=lambda r, name, figures: print(
         f"round {r + 1}: {name}: {figures}", flush=True))
@@ -132,13 +132,13 @@ def many(args) -> None:
             row["peak_vs_allowed"] = row["peak_mb"] / allowed
     benchlib.publish(
         f"mlp, global batch {FLAGS.global_batch}, SGD; medians over {FLAGS.rounds} rounds "
-        f"of {FLAGS.repeats} loops x {FLAGS.steps} steps", rows,
+        f"of {FLAGS.loops} loops x {FLAGS.steps} steps", rows,
         [("case", "case", "s"), ("towers", "towers", ".0f"), ("build_s", "build s", ".2f"),
          ("trace_s", "trace s", ".2f"), ("trace_build_vs_k4", "trace+build / K=4", ".2f"),
          ("step_ms", "step ms", ".2f"), ("step_vs_one", "step / one device", ".2f"),
          ("peak_mb", "peak MB", ".0f"),
          ("peak_vs_allowed", "peak / (2 one + 64 grads)", ".2f")], FLAGS.json_out,
-        {"rounds": FLAGS.rounds, "steps": FLAGS.steps, "repeats": FLAGS.repeats,
+        {"rounds": FLAGS.rounds, "steps": FLAGS.steps, "loops": FLAGS.loops,
          "global_batch": FLAGS.global_batch, "cases": {name: CASES[name] for name in names}})
 
 
