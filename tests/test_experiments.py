@@ -189,10 +189,11 @@ def test_variant_values_split_and_tie():
 
 
 def test_overlap_of_a_synthetic_trace():
-    """experiments/overlap.py's figures on a trace made by hand: backward ops (the gradient
-    tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45 and 70..90."""
+    """`experiments/traces.py overlap`'s figures on a trace made by hand: backward ops (the
+    gradient tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45
+    and 70..90."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    import overlap_trace
+    import traces
     space = xplane_pb2.XSpace()
     host = space.planes.add(name="/host:CPU")
     one, two = host.lines.add(timestamp_ns=0), host.lines.add(timestamp_ns=0)
@@ -207,7 +208,7 @@ def test_overlap_of_a_synthetic_trace():
         host.event_metadata[metadata_id].id = metadata_id
         host.event_metadata[metadata_id].name = name
         line.events.add(metadata_id=metadata_id, offset_ps=start, duration_ps=end - start)
-    figures = overlap_trace.overlap_of(space)
+    figures = traces.overlap_of(space)
     assert figures["exchange_ms"] == pytest.approx(40e-9)  # 20 + 20 ps
     assert figures["backward_ms"] == pytest.approx(40e-9)  # the forward op is not backward
     assert figures["overlap"] == pytest.approx(10 / 40)  # 25..30 and 40..45 at once
