@@ -1,7 +1,7 @@
 """What a fresh Python process pays before it can train: imports, timed side by side.
 
     python experiments/startup.py --rounds=7
-    python experiments/startup.py --cases=mgloop,tensorflow,keras --baseline=mgloop
+    python experiments/startup.py --cases=python,mgloop,tensorflow,keras --baseline=python
 
 Every process the suite, the sweep and the launcher start pays this. Each case is a
 fresh `python -c CODE` (CASES below), run to its end; `--rounds` rounds run every case
@@ -32,6 +32,7 @@ import benchlib  # noqa: E402
 
 FLAGS = flags.FLAGS
 CASES = {
+    "python": "pass",  # the interpreter alone
     "keras": "import keras",
     "keras_without_sklearn": "import sys; sys.modules['sklearn'] = None; import keras",
     "tensorflow": "import tensorflow",
