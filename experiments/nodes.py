@@ -130,7 +130,8 @@ def cost(args) -> None:
                      f"{FLAGS.rounds} rounds of {FLAGS.steps} steps; within {WITHIN}",
                      rows, columns, FLAGS.json_out,
                      {"models": FLAGS.models, "methods": FLAGS.methods, "steps": FLAGS.steps,
-                      "rounds": FLAGS.rounds, "warmup": FLAGS.warmup, "global_batch": FLAGS.global_batch})
+                      "rounds": FLAGS.rounds, "warmup": FLAGS.warmup,
+                      "global_batch": FLAGS.global_batch})
 
 
 def workers(args) -> None:
