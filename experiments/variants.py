@@ -5,7 +5,7 @@
         --output_dir=/tmp/variants
     tensorboard --logdir=/tmp/variants/tensorboard     (HParams tab: one session per variant)
 
-Keys are Config fields (experiments/variants_spec.py: `--vary KEY=V1,V2`, tied
+Keys are Config fields (mgloop/runs/sweep/grid.py: `--vary KEY=V1,V2`, tied
 keys `--vary K1/K2=A/B,C/D`, `--set KEY=VALUE`); the variants are the cross
 product of the --vary axes, the first the baseline of the ratios (with
 `--group=model`, the first variant of each model is its group's baseline).
@@ -19,7 +19,8 @@ in the order v1..vn, vn..v1, since the build order alone moves a small
 model's step by several percent). Each timed repeat is one compiled loop of
 `--steps` steps; after `--warmup` untimed loops each, `--repeats` rounds run
 every build once, the order rotated by one each round, so that machine drift
-and position hit every variant alike.
+and position hit every variant alike (experiments/benchlib.py's rounds, as every
+timing benchmark of the kit).
 
 Reported per variant: median examples/sec over the timed loops with its
 median absolute deviation (propagated from the step time's), the median step,
@@ -99,20 +100,19 @@ class Build:
     trainer: object
     iterator: object
     dataset: object
-    times: list = dataclasses.field(default_factory=list)  # seconds per step, per loop
-    waits: list = dataclasses.field(default_factory=list)  # input wait per step, per loop
+    times: list = dataclasses.field(default_factory=list)  # seconds per step, per timed loop
+    waits: list = dataclasses.field(default_factory=list)  # input wait per step, per timed loop
     last_loss: float | None = None
 
-    def run(self, steps: int, summary: bool) -> float:
-        """One timed loop of `steps` steps; its seconds per step (also kept in `times`)."""
+    def run(self, steps: int, summary: bool) -> tuple[float, float]:
+        """One timed loop of `steps` steps: (seconds per step, input wait per step)."""
         began = time.perf_counter()
         result = self.trainer.train_loop(self.iterator, steps)
         if summary:
             measure_lib.summary_scalars(self.trainer, steps)
-        self.times.append((time.perf_counter() - began) / steps)
-        self.waits.append(result.input_wait / max(result.steps, 1))
+        seconds = (time.perf_counter() - began) / steps
         self.last_loss = result.loss_sum / max(result.steps, 1)
-        return self.times[-1]
+        return seconds, result.input_wait / max(result.steps, 1)
 
 
 def validated_variants() -> tuple[list, list]:
@@ -166,9 +166,8 @@ def input_delay(reference, time_input) -> float:
                                                 reference.config.seed).prefetch(2))
     for _ in range(_FLAGS.warmup):
         reference.run(_FLAGS.steps, False), time_input(free, _FLAGS.steps)
-    t_compute = np.median([reference.run(_FLAGS.steps, False) for _ in range(3)])
+    t_compute = np.median([reference.run(_FLAGS.steps, False)[0] for _ in range(3)])
     t_free = np.median([time_input(free, _FLAGS.steps) for _ in range(3)])
-    reference.times.clear()
     return max(float(t_compute - t_free), 0.0)
 
 
@@ -210,28 +209,24 @@ def build_all(chosen) -> tuple[list[Build], dict]:
 
 
 def time_interleaved(builds: list[Build], references: dict) -> dict:
-    """Warm-up, then --repeats rounds in a rotating order; the references' times."""
+    """`--warmup` untimed loops of each build, then `--repeats` rounds side by side in a
+    rotating order (benchlib.rounds): each build's `times` and `waits` are its timed loops';
+    returns the references' times (`ideal`: compute and input, in the same rounds)."""
     summary = "summary" in _FLAGS.measure
-    systems = [lambda b=b: b.run(_FLAGS.steps, summary) for b in builds]
-    ref_times = {"compute": [], "input": []}
+    runs = {index: (lambda b=b: b.run(_FLAGS.steps, summary))
+            for index, b in enumerate(builds)}
     if "compute" in references:
         compute = references["compute"]
         time_input, stream = references["input"]
-        systems.append(lambda: compute.run(_FLAGS.steps, False))
-        systems.append(lambda: ref_times["input"].append(time_input(stream, _FLAGS.steps)))
-    for run in systems:
-        for _ in range(_FLAGS.warmup):
-            run()
-    for b in builds + ([references["compute"]] if "compute" in references else []):
-        b.times.clear(), b.waits.clear()
-    ref_times["input"].clear()
-    for repeat in range(_FLAGS.repeats):
-        shift = repeat % len(systems)
-        for run in systems[shift:] + systems[:shift]:
-            run()
-    if "compute" in references:
-        ref_times["compute"] = references["compute"].times
-    return ref_times
+        runs["compute"] = lambda: compute.run(_FLAGS.steps, False)
+        runs["input"] = lambda: time_input(stream, _FLAGS.steps)
+    timed = benchlib.rounds(runs, _FLAGS.repeats, _FLAGS.warmup)
+    for index, b in enumerate(builds):
+        b.times = [seconds for seconds, _ in timed[index]]
+        b.waits = [wait for _, wait in timed[index]]
+    if "compute" not in references:
+        return {"compute": [], "input": []}
+    return {"compute": [seconds for seconds, _ in timed["compute"]], "input": timed["input"]}
 
 
 def extra_measures(build: Build) -> dict:
@@ -275,14 +270,14 @@ def main(argv):
     ref_times = time_interleaved(builds, references)
     rows = variants_report.rows(chosen, builds, _FLAGS.group, extra_measures)
     ideal = variants_report.add_ideal(rows, ref_times, references.get("delay_s", 0.0), chosen)
-    command = "python " + " ".join(sys.argv)
+    command = benchlib.command_line()
     settings = {"steps": _FLAGS.steps, "warmup": _FLAGS.warmup, "repeats": _FLAGS.repeats,
                 "copies": _FLAGS.copies, "measure": list(_FLAGS.measure),
                 "vary": list(_FLAGS.vary), "set": list(_FLAGS.set),
                 "plugins": list(_FLAGS.plugin), "group": list(_FLAGS.group),
                 "links": list(_FLAGS.link),
                 "input_delay_ms": _FLAGS.input_delay_ms}
-    payload = {"command": command, "machine": variants_report.machine(), "settings": settings,
+    payload = {"command": command, "machine": benchlib.machine(), "settings": settings,
                "ideal": ideal, "rows": rows,
                "skipped": [{"variant": v.name, "reason": reason} for v, reason in skipped]}
     table = variants_report.markdown(payload, _FLAGS.measure, _FLAGS.copies)

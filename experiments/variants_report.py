@@ -10,10 +10,7 @@ rounds of the variant's second build over its first.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import platform
 
 import numpy as np
 
@@ -124,13 +121,13 @@ def markdown(payload: dict, measures: list[str], copies: int) -> str:
 
 
 def write(output_dir: str, payload: dict, table: str) -> None:
+    """variants.json and variants.md in `output_dir`, each replaced at once."""
     os.makedirs(output_dir, exist_ok=True)
-    for name, text in (("variants.json", json.dumps(payload, indent=2, default=str)),
-                       ("variants.md", table)):
-        tmp = os.path.join(output_dir, f".{name}.tmp")
-        with open(tmp, "w") as handle:
-            handle.write(text + "\n")
-        os.replace(tmp, os.path.join(output_dir, name))
+    benchlib.write_json(os.path.join(output_dir, "variants.json"), payload)
+    tmp = os.path.join(output_dir, ".variants.md.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(table + "\n")
+    os.replace(tmp, os.path.join(output_dir, "variants.md"))
 
 
 def _hparam_value(value):
@@ -185,12 +182,3 @@ def write_tensorboard(logdir: str, chosen, rows_: list[dict]) -> None:
             for repeat, step_ms in enumerate(row["step_ms_repeats"][0]):
                 tf.summary.scalar("examples_per_sec_repeat",
                                   row["global_batch"] / (step_ms / 1e3), step=repeat)
-
-
-def machine() -> dict:
-    import keras
-    import tensorflow as tf
-    return {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "tensorflow": tf.__version__,
-            "keras": keras.__version__, "load_average": os.getloadavg(),
-            "date": datetime.datetime.now().isoformat()}

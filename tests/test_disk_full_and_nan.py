@@ -50,7 +50,8 @@ def test_cli_says_disk_full_in_one_line(tmp_path):
     script = (
         "import errno, sys\n"
         "from absl import app\n"
-        "from mgloop import summaries, train\n"
+        "from mgloop import train\n"
+        "from mgloop.observe import summaries\n"
         "def full(path, payload):\n"
         "    raise OSError(errno.ENOSPC, 'No space left on device', path)\n"
         "summaries.write_json_atomically = full\n"

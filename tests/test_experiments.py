@@ -1,9 +1,12 @@
 """The experiment flagfiles make valid Configs; experiments/variants.py measures variants side by
-side and writes its table, JSON and HParams."""
+side and writes its table, JSON and HParams; the benchmark kit's shared timing
+(experiments/benchlib.py) rotates, takes medians and ratios, and reads its children; every
+entry and command is in experiments/README.md, and MOVED.md names entries that exist."""
 
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -189,10 +192,11 @@ def test_variant_values_split_and_tie():
 
 
 def test_overlap_of_a_synthetic_trace():
-    """experiments/overlap.py's figures on a trace made by hand: backward ops (the gradient
-    tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45 and 70..90."""
+    """`experiments/traces.py overlap`'s figures on a trace made by hand: backward ops (the
+    gradient tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45
+    and 70..90."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    import overlap_trace
+    import traces
     space = xplane_pb2.XSpace()
     host = space.planes.add(name="/host:CPU")
     one, two = host.lines.add(timestamp_ns=0), host.lines.add(timestamp_ns=0)
@@ -207,9 +211,119 @@ def test_overlap_of_a_synthetic_trace():
         host.event_metadata[metadata_id].id = metadata_id
         host.event_metadata[metadata_id].name = name
         line.events.add(metadata_id=metadata_id, offset_ps=start, duration_ps=end - start)
-    figures = overlap_trace.overlap_of(space)
+    figures = traces.overlap_of(space)
     assert figures["exchange_ms"] == pytest.approx(40e-9)  # 20 + 20 ps
     assert figures["backward_ms"] == pytest.approx(40e-9)  # the forward op is not backward
     assert figures["overlap"] == pytest.approx(10 / 40)  # 25..30 and 40..45 at once
     assert figures["early"] == pytest.approx(20 / 40)  # 25..45 before the backward ends (60)
     assert figures["starts"] == pytest.approx((25 - 10) / (60 - 10))
+
+
+# --- the benchmark kit: shared timing (experiments/benchlib.py), entries, README, MOVED ---
+
+EXPERIMENTS = os.path.join(ROOT, "experiments")
+
+
+def test_rounds_rotate_the_order_and_ratios_are_to_the_baseline():
+    import benchlib
+    calls = []
+    values = {"a": iter([9, 1, 2, 3]), "b": iter([9, 4, 5, 6]), "c": iter([9, 7, 8, 10])}
+    runs = {name: (lambda name=name: calls.append(name) or next(values[name]))
+            for name in values}
+    samples = benchlib.rounds(runs, 3, warmup=1)
+    # warm-up case by case (its values dropped), then each round starts one case later
+    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert samples == {"a": [1, 2, 3], "b": [4, 5, 6], "c": [7, 8, 10]}
+    rows = benchlib.summarize(samples)
+    assert [(r["case"], r["median"], r["mad"], r["rounds"]) for r in rows] == [
+        ("a", 2.0, 1.0, [1, 2, 3]), ("b", 5.0, 1.0, [4, 5, 6]), ("c", 8.0, 1.0, [7, 8, 10])]
+    benchlib.add_ratio(rows, "median", "b")
+    benchlib.add_ratio(rows, "median", "b", out="speedup", inverse=True)
+    assert [r["ratio"] for r in rows] == [2 / 5, 1.0, 8 / 5]
+    assert [r["speedup"] for r in rows] == [5 / 2, 1.0, 5 / 8]
+    # a child's figures (dicts): the median of each number, the rest as the first round's
+    rows = benchlib.summarize({"x": [{"ms": 3.0, "towers": 4, "kind": "k"},
+                                     {"ms": 1.0, "towers": 4, "kind": "k"},
+                                     {"ms": 2.0, "towers": 4, "kind": "k"}]})
+    assert (rows[0]["ms"], rows[0]["towers"], rows[0]["kind"]) == (2.0, 4.0, "k")
+
+
+def test_a_child_replies_once_and_a_failing_child_says_why():
+    import benchlib
+    code = ("import sys; sys.path.insert(0, {!r}); import benchlib; print('noise'); "
+            "benchlib.child_reply({{'ms': 1.5}}); print('more noise')").format(EXPERIMENTS)
+    assert benchlib.run_child([sys.executable, "-c", code]) == {"ms": 1.5}
+    samples = benchlib.in_children({"one": [sys.executable, "-c", code]}, 2)
+    assert samples == {"one": [{"ms": 1.5}, {"ms": 1.5}]}
+    with pytest.raises(benchlib.ChildError, match=r"exit code 3, 0 results:\n.*broken"):
+        benchlib.run_child([sys.executable, "-c",
+                            "import sys; sys.stderr.write('broken'); sys.exit(3)"])
+
+
+def entries() -> dict[str, list[str]]:
+    """Each runnable script of experiments/ (but bench.py's worker) -> its COMMANDS, if any."""
+    import ast
+    out = {}
+    for path in sorted(glob.glob(os.path.join(EXPERIMENTS, "*.py"))):
+        source = open(path).read()
+        if "__main__" not in source or path.endswith("bench_worker.py"):
+            continue
+        commands = []
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None)
+                                                 for t in node.targets] == ["COMMANDS"]:
+                commands = [key.value for key in node.value.keys]
+        out[os.path.basename(path)] = commands
+    return out
+
+
+def test_the_readme_lists_every_entry_and_command():
+    readme = open(os.path.join(EXPERIMENTS, "README.md")).read()
+    found = entries()
+    assert {"bench.py", "variants.py", "soak.py", "towers.py", "input.py", "memory.py",
+            "nodes.py", "traces.py", "startup.py"} <= set(found)
+    for script, commands in found.items():
+        assert f"python experiments/{script}" in readme, script
+        for command in commands:
+            assert f"`{script} {command}`" in readme, (script, command)
+            assert f"python experiments/{script} {command}" in readme, (script, command)
+
+
+def test_moved_commands_name_entries_that_exist():
+    found = entries()
+    lines = [line for line in open(os.path.join(EXPERIMENTS, "MOVED.md")).read().splitlines()
+             if line.startswith("`") and "` -> `" in line]
+    assert len(lines) >= 20
+    for line in lines:
+        old, new = line[1:-1].split("` -> `")
+        old_script = re.search(r"experiments/(\w+\.py)", old).group(1)
+        script, *rest = re.search(r"experiments/(\w+\.py)(.*)", new).groups()
+        assert not os.path.exists(os.path.join(EXPERIMENTS, old_script)), old_script
+        assert script in found, line
+        if found[script]:
+            assert rest[0].split()[0] in found[script], line
+
+
+def test_an_entry_times_fresh_processes_and_writes_its_json(tmp_path):
+    out = tmp_path / "startup.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(EXPERIMENTS, "startup.py"), "--cases=python,mgloop",
+         "--baseline=python", "--rounds=2", f"--json_out={out}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    assert payload["command"].startswith("python experiments/startup.py --cases=python,mgloop")
+    assert payload["settings"] == {"cases": ["python", "mgloop"], "baseline": "python",
+                                   "rounds": 2}
+    assert payload["machine"]["cpus"] >= 1
+    python, mgloop = payload["rows"]
+    assert (python["case"], mgloop["case"]) == ("python", "mgloop")
+    for row in (python, mgloop):
+        assert len(row["rounds"]) == 2 and row["median"] > 0
+    assert python["ratio"] == 1.0 and python["difference_s"] == 0.0
+    assert mgloop["ratio"] == pytest.approx(mgloop["median"] / python["median"])
+    assert "| mgloop | import mgloop |" in result.stdout
+    bad = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "towers.py"), "nothing"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0
+    assert "'nothing' is not a command; give one of: many, kernels, matmuls" in bad.stderr

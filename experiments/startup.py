@@ -1,0 +1,77 @@
+"""What a fresh Python process pays before it can train: imports, timed side by side.
+
+    python experiments/startup.py --rounds=7
+    python experiments/startup.py --cases=python,mgloop,tensorflow,keras --baseline=python
+
+Every process the suite, the sweep and the launcher start pays this. Each case is a
+fresh `python -c CODE` (CASES below), run to its end; `--rounds` rounds run every case
+once, one at a time, in an order rotated by one each round (experiments/benchlib.py).
+Reported: each case's median wall time with its MAD, and its difference from and ratio
+to `--baseline` (measured in the same rounds).
+
+By default, the two cases of issue 27: Keras imports scikit-learn whenever it is installed
+(for its scikit-learn wrappers), so `keras` is timed as the machine has it and with
+`sklearn` made unimportable (`sys.modules["sklearn"] = None`, as if it were not
+installed): the difference is what every such process saves once scikit-learn is no
+longer a dependency.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from absl import app, flags  # noqa: E402
+
+import benchlib  # noqa: E402
+
+FLAGS = flags.FLAGS
+CASES = {
+    "python": "pass",  # the interpreter alone
+    "keras": "import keras",
+    "keras_without_sklearn": "import sys; sys.modules['sklearn'] = None; import keras",
+    "tensorflow": "import tensorflow",
+    "mgloop": "import mgloop",  # loads no TensorFlow (mgloop/__init__.py)
+    "mgloop_run": "import mgloop; mgloop.run",  # the API, TensorFlow and Keras with it
+}
+flags.DEFINE_list("cases", ["keras", "keras_without_sklearn"], f"of: {', '.join(CASES)}")
+flags.DEFINE_string("baseline", None, "the case of the differences and ratios (default: "
+                    "the last of --cases)")
+flags.DEFINE_integer("rounds", 7, "rounds side by side; each case once per round")
+flags.DEFINE_string("json_out", None, "write the rows (with command, settings, machine) here")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    unknown = [case for case in FLAGS.cases if case not in CASES]
+    baseline = FLAGS.baseline or FLAGS.cases[-1]
+    if unknown or baseline not in FLAGS.cases:
+        raise app.UsageError(f"--cases and --baseline name cases of: {', '.join(CASES)}; the "
+                             "baseline among --cases")
+
+    def process(code):
+        return lambda: subprocess.run([sys.executable, "-c", code], check=True,
+                                      capture_output=True, cwd=ROOT)
+    runs = {case: benchlib.timer(process(CASES[case])) for case in FLAGS.cases}
+    rows = benchlib.summarize(benchlib.rounds(runs, FLAGS.rounds))
+    benchlib.add_ratio(rows, "median", baseline)
+    base = next(row for row in rows if row["case"] == baseline)
+    for row in rows:
+        row.update(code=CASES[row["case"]], difference_s=row["median"] - base["median"])
+    benchlib.publish(
+        f"fresh processes, medians over {FLAGS.rounds} rounds side by side; baseline "
+        f"{baseline}", rows,
+        [("case", "case", "s"), ("code", "python -c", "s"), ("median", "median s", ".2f"),
+         ("mad", "± MAD s", ".2f"), ("difference_s", f"− {baseline} (s)", "+.2f"),
+         ("ratio", f"÷ {baseline}", ".2f")], FLAGS.json_out,
+        {"cases": FLAGS.cases, "baseline": baseline, "rounds": FLAGS.rounds})
+
+
+if __name__ == "__main__":
+    app.run(main)
