@@ -26,9 +26,8 @@ import dataclasses
 import tensorflow as tf
 
 from mgloop.aggregation import bitpacking, register
-from mgloop.aggregation.compression import scales
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
-from mgloop.aggregation.compression.signs import sign_contraction
+from mgloop.aggregation.compression.signs import SignContracted
 from mgloop.aggregation.compression.transport import GATHER
 
 
@@ -45,19 +44,10 @@ class OneBitOptions(CompressionOptions):
 
 
 @register
-class OneBit(Compressed):
+class OneBit(SignContracted, Compressed):
     name = "onebit"
     options_type = OneBitOptions
     transport = GATHER
-
-    @classmethod
-    def error_bound(cls, options, num_towers):
-        return cls.error_bound_for(options, num_towers, None)
-
-    @classmethod
-    def error_bound_for(cls, options, num_towers, num_elements):
-        return scales.contraction_bound(sign_contraction(num_elements), options.memory,
-                                        num_towers)
 
     def compress(self, x, site):
         bits = x >= 0

@@ -55,6 +55,26 @@ def sign_contraction(num_elements: int | None) -> float:
     return 1.0 if num_elements is None else math.sqrt(1.0 - 1.0 / num_elements)
 
 
+class BoundForAnyLength:
+    """A method whose bound grows with a variable's length n: `error_bound` (no n given)
+    is `error_bound_for` at n unknown, the bound that holds for every n."""
+
+    @classmethod
+    def error_bound(cls, options, num_towers):
+        return cls.error_bound_for(options, num_towers, None)
+
+
+class SignContracted(BoundForAnyLength):
+    """Error feedback around a compressor whose output is sign(x) times a scale: the
+    contraction ||x - C(x)||^2 <= q ||x||^2 with q = sign_contraction(n) (Karimireddy et
+    al. 2019), carried through the memory by scales.contraction_bound."""
+
+    @classmethod
+    def error_bound_for(cls, options, num_towers, num_elements):
+        return scales.contraction_bound(sign_contraction(num_elements), options.memory,
+                                        num_towers)
+
+
 def signs_and_scale(x: tf.Tensor, num_towers: int) -> tuple:
     """(sign(x) as the integer type the ring sums, [||x||_1 / n] float32)."""
     size = tf.reduce_sum(tf.abs(x)) / tf.cast(tf.size(x), x.dtype)
@@ -74,7 +94,7 @@ class EfSignSgdOptions(CompressionOptions):
 
 
 @register
-class SignSgd(Compressed):
+class SignSgd(BoundForAnyLength, Compressed):
     name = "signsgd"
     options_type = SignSgdOptions
     transport = SUMMABLE
@@ -85,10 +105,6 @@ class SignSgd(Compressed):
         if not options.scaled and options.memory == "residual":
             raise ConfigError("--aggregation=signsgd:scaled=false,memory=residual: the "
                               "residual x - sign(x) mixes units; use scaled=true or memory=none")
-
-    @classmethod
-    def error_bound(cls, options, num_towers):
-        return cls.error_bound_for(options, num_towers, None)
 
     @classmethod
     def error_bound_for(cls, options, num_towers, num_elements):
@@ -118,19 +134,10 @@ class SignSgd(Compressed):
 
 
 @register
-class EfSignSgd(Compressed):
+class EfSignSgd(SignContracted, Compressed):
     name = "efsignsgd"
     options_type = EfSignSgdOptions
     transport = GATHER
-
-    @classmethod
-    def error_bound(cls, options, num_towers):
-        return cls.error_bound_for(options, num_towers, None)
-
-    @classmethod
-    def error_bound_for(cls, options, num_towers, num_elements):
-        return scales.contraction_bound(sign_contraction(num_elements), options.memory,
-                                        num_towers)
 
     def compress(self, x, site):
         return signs_and_scale(x, 1)  # gathered, never summed: int8 holds a sign
