@@ -71,18 +71,10 @@ class CompiledPass:
 
     def _compiled(self, step):
         if self._body is None:
-            template, hooks = step.replicas.model, step.hooks
-            kwargs = towers_lib.call_kwargs(template, True)
+            kwargs = towers_lib.call_kwargs(step.replicas.model, True)
 
             def body(trainable, state, x, y):
-                with tf.GradientTape() as tape:
-                    tape.watch(trainable)
-                    outputs, new_state, model_losses = template.stateless_call(
-                        trainable, state, x, return_losses=True, **kwargs)
-                    outputs = tf.nest.map_structure(precision.to_float32, outputs)
-                    loss = towers_lib.total_loss(step.loss_fn, y, outputs, model_losses)
-                grads, _ = hooks.gradients(None, tape, loss, trainable)
-                return loss, outputs, [tf.convert_to_tensor(g) for g in grads], list(new_state)
+                return towers_lib.pure_pass(step, trainable, state, x, y, kwargs)
 
             self._body = tf.function(body, jit_compile=True, autograph=False)
         return self._body

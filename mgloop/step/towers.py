@@ -116,6 +116,22 @@ def tower_pass(step, t: int, trainable: list[tf.Tensor], non_trainable: list[tf.
                            factors)
 
 
+def pure_pass(step, trainable, state, x, y, kwargs: dict):
+    """One shard's forward, loss and gradients with no hook acting by the tower's index,
+    the body vectorized_towers.py maps over a device's towers and compiled_towers.py
+    compiles: (loss, outputs as float32, grads as dense tensors (an Embedding's rows
+    included), the new non-trainable state)."""
+    template = step.replicas.model
+    with tf.GradientTape() as tape:
+        tape.watch(trainable)
+        outputs, new_state, model_losses = template.stateless_call(
+            trainable, state, x, return_losses=True, **kwargs)
+        outputs = tf.nest.map_structure(precision.to_float32, outputs)
+        loss = total_loss(step.loss_fn, y, outputs, model_losses)
+    grads, _ = step.hooks.gradients(None, tape, loss, trainable)
+    return loss, outputs, [tf.convert_to_tensor(g) for g in grads], list(new_state)
+
+
 def group_pass(step, group: range, trainable, states, xs, ys) -> list[TowerOutput]:
     """The towers of `group` one traced pass each (`tower_pass`); with one tower per device
     a group is one tower (vectorized_towers.device_pass computes a device's K at once)."""

@@ -162,16 +162,9 @@ def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_li
 
         def one_tower(args):
             x_t, y_t, state = args
-            with tf.GradientTape() as tape:
-                tape.watch(trainable)
-                outputs, new_state, model_losses = template.stateless_call(
-                    trainable, state, x_t, return_losses=True, **kwargs)
-                outputs = tf.nest.map_structure(precision.to_float32, outputs)
-                loss = towers_lib.total_loss(step.loss_fn, y_t, outputs, model_losses)
-            grads, _ = hooks.gradients(None, tape, loss, trainable)
-            grads = [tf.convert_to_tensor(g) for g in grads]  # rows (Embedding): dense
-            return (loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads,
-                    list(new_state))
+            loss, outputs, grads, new_state = towers_lib.pure_pass(step, trainable, state,
+                                                                   x_t, y_t, kwargs)
+            return loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads, new_state
 
         losses, metric_states, grads, new_states = vectorize.vectorized_map(
             one_tower, (x, y, given), f"the towers' pass of {template.name!r}")
