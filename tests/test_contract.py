@@ -42,6 +42,10 @@ from tests import helpers, tolerance
 PLUGINS = ("tests.plugins.topk_ef",)
 aggregation.load_plugins(PLUGINS)  # the plugin route: as --plugin=tests.plugins.topk_ef
 METHODS = aggregation.names()
+# Each method's tests share its trained runs (the `trained` cache): under pytest-xdist
+# (--dist loadgroup, setup.cfg) they run in one process, so each run is built once.
+BY_METHOD = [pytest.param(name, marks=pytest.mark.xdist_group(f"contract_{name}"))
+             for name in METHODS]
 STEPS = 5
 SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          "trimmed_mean": "trimmed_mean:trim=1", "krum": "krum:f=0",
@@ -141,7 +145,7 @@ def shard(batches, tower, towers):
 
 
 @pytest.mark.parametrize("towers", [2, 4])
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", BY_METHOD)
 def test_aggregate_is_what_the_method_declares(name, towers, trained, reference, tmp_path):
     if refused_here(name, tmp_path, towers):
         return
@@ -210,7 +214,7 @@ def all_values(trainer, copies=None):
     return [np.array(v.numpy()) for v in variables]
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", BY_METHOD)
 def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
     if refused_here(name, tmp_path, towers_for(name)):
         return
@@ -249,7 +253,7 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", BY_METHOD)
 def test_exchange_timing_leaves_the_state(name, trained, tmp_path):
     if refused_here(name, tmp_path, towers_for(name)):
         return
@@ -267,7 +271,7 @@ def batch_norm_model():
         keras.layers.Dense(16), keras.layers.BatchNormalization(), keras.layers.Dense(10)])
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", BY_METHOD)
 def test_reduce_never_receives_a_non_trainable_variable(name, tmp_path):
     if refused_here(name, tmp_path, towers_for(name)):
         return

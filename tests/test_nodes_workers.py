@@ -96,10 +96,13 @@ def two_workers(tmp_path_factory):
     return root
 
 
+# the two tests on `two_workers` run in one process (--dist loadgroup), so its job runs once
+@pytest.mark.xdist_group("nodes_two_workers")
 def test_two_workers_equal_two_simulated_nodes(two_workers, tmp_path):
     check_equal_to_simulated(tmp_path, two_workers, TWO_WORKERS, "cpu:4", 2)
 
 
+@pytest.mark.xdist_group("nodes_two_workers")
 def test_a_resumed_job_restores_every_nodes_own_state(two_workers):
     """2 steps, then a new run to step 4 from the checkpoint of step 2 (the chief's, and
     each worker's node-<w> state beside it): the weights equal the uninterrupted job's,
