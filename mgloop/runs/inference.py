@@ -63,7 +63,7 @@ class TowerInference:
             results.append((sizes[t], outputs))
         return results
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # as the step (loop.py)
     def _eval_batch(self, x, y, active: int):
         """(sum of per-example losses, the metrics' states summed over the towers) over one
         batch, on `active` towers."""
@@ -79,7 +79,7 @@ class TowerInference:
         with tf.device(self.replicas.aggregation.devices.host):
             return tf.add_n(loss_sums), tf.add_n(states)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # as the step (loop.py)
     def _predict_batch(self, x, active: int):
         outputs = [out for _, out in self._tower_outputs(x, active)]
         with tf.device(self.replicas.aggregation.devices.host):

@@ -20,6 +20,14 @@ because its input is not there (under `none` it is the whole host pipeline
 and copy); the second, the time step t is held up after its compute by
 staging a later batch. The sum is zero when input is fully hidden behind
 compute. Priming the staging areas before a loop counts as wait of that loop.
+
+The step is traced without AutoGraph, as Keras's own `fit` traces its train step
+(keras/src/backend/tensorflow/trainer.py): the step's Python loops and conditions are
+on Python values (towers, variables, options), and AutoGraph's rewriting of every
+function the step calls cost about half of its tracing time (experiments/startup.py).
+A model, loss or metric that branches on a tensor's value uses `keras.ops.cond` /
+`tf.cond`, or is itself a `tf.function` (as under `fit`); the loop around the steps,
+a `tf.range` loop with a `break`, keeps AutoGraph.
 """
 
 from __future__ import annotations
@@ -147,7 +155,7 @@ class Loop:
                 shards, staged = take()
             with tf.control_dependencies(tf.nest.flatten(shards)):
                 ready = staging_lib.clock()
-            result = step(shards)
+            result = tf.autograph.experimental.do_not_convert(step)(shards)
             with tf.control_dependencies([result.done]):
                 compute_end = staging_lib.clock()
             with tf.control_dependencies([compute_end] + staged):

@@ -77,7 +77,8 @@ def time_exchange(trainer, repeats: int = 5, per_call: int = 20) -> float | None
             metrics = [tf.constant(0.0), tf.zeros([size])]  # the loss, the metric states
         done = tf.constant(0)
         for _ in tf.range(count):
-            exchanged = trainer.step.exchange_alone(outputs, metrics)
+            exchanged = tf.autograph.experimental.do_not_convert(  # as the step (loop.py)
+                trainer.step.exchange_alone)(outputs, metrics)
             with tf.control_dependencies(tf.nest.flatten(exchanged)):
                 done += 1
         return done
