@@ -2,6 +2,8 @@
 
     python experiments/startup.py --rounds=7
     python experiments/startup.py --cases=python,mgloop,tensorflow,keras --baseline=python
+    python experiments/startup.py --cases=run_ring,run_ring_autograph --rounds=5
+    python experiments/startup.py --cases=run_qsgd,run_qsgd_autograph --rounds=5
 
 Every process the suite, the sweep and the launcher start pays this. Each case is a
 fresh `python -c CODE` (CASES below), run to its end; `--rounds` rounds run every case
@@ -39,6 +41,18 @@ CASES = {
     "mgloop": "import mgloop",  # loads no TensorFlow (mgloop/__init__.py)
     "mgloop_run": "import mgloop; mgloop.run",  # the API, TensorFlow and Keras with it
 }
+# A first run: 4 logical CPU towers, the mlp, 20 steps in one compiled loop, an eval and a
+# checkpoint; `_autograph` converts the step with AutoGraph, as mgloop did before issue 27
+# (loop.py traces it without, as Keras's fit does): the difference is the tracing saved.
+RUN = ("import sys, tempfile; import mgloop; mgloop.configure_logical_cpus(4); {patch}"
+       "mgloop.run(mgloop.Config(devices='cpu:4', aggregation='{method}', model='mlp', "
+       "train_steps=20, steps_per_loop=20, summary_every=0, log_every=0, "
+       "logdir=tempfile.mkdtemp()))")
+CONVERTED = ("import tensorflow as tf; "
+             "tf.autograph.experimental.do_not_convert = lambda f: f; ")
+for _method in ("ring", "qsgd"):
+    CASES[f"run_{_method}"] = RUN.format(method=_method, patch="")
+    CASES[f"run_{_method}_autograph"] = RUN.format(method=_method, patch=CONVERTED)
 flags.DEFINE_list("cases", ["keras", "keras_without_sklearn"], f"of: {', '.join(CASES)}")
 flags.DEFINE_string("baseline", None, "the case of the differences and ratios (default: "
                     "the last of --cases)")

@@ -1,4 +1,4 @@
-"""The one error type for bad settings, so callers can tell it from a crash."""
+"""The error types for bad input, so callers can tell them from a crash."""
 
 
 class ConfigError(ValueError):
@@ -7,3 +7,9 @@ class ConfigError(ValueError):
     The message is one line naming the setting (as its `--flag`) and what would
     be valid. It is raised before any device or variable is created.
     """
+
+
+class TensorBranchError(TypeError):
+    """A model, loss or metric that branches on a tensor's value (`if tensor:`, `while`),
+    found when the step is first traced: mgloop traces it without AutoGraph, as Keras's
+    `fit` does (runs/loop.py). The message is one line naming the user's line."""

@@ -34,7 +34,7 @@ from mgloop.runs import failures  # noqa: E402
 from mgloop.runs import flags as mgloop_flags  # noqa: E402
 from mgloop.runs import monitor  # noqa: E402
 from mgloop.cluster import peer_health  # noqa: E402
-from mgloop.errors import ConfigError  # noqa: E402
+from mgloop.errors import ConfigError, TensorBranchError  # noqa: E402
 
 mgloop_flags.define_flags()
 
@@ -46,7 +46,7 @@ def main(argv):
     config = mgloop_flags.config_from_flags()
     try:
         summary = experiment.run(config, command_line=list(sys.argv))
-    except ConfigError as error:
+    except (ConfigError, TensorBranchError) as error:
         print(f"mgloop.train: error: {error}", file=sys.stderr)
         sys.exit(2)
     except (monitor.LogdirLost, failures.RunFailed) as error:

@@ -19,7 +19,7 @@ from mgloop.cluster import devices
 from mgloop.spec import metrics
 from mgloop.runs import callbacks, checkpoint, experiment
 from mgloop.spec import losses, training_spec
-from mgloop.errors import ConfigError
+from mgloop.errors import ConfigError, TensorBranchError
 from tests import helpers
 from tests import tolerance
 from tests.test_accuracy import event_tags
@@ -206,6 +206,30 @@ def test_one_hot_labels_train_as_integer_labels():
     assert_weights_match(trainer, model, bound)
     counts = result.metric_sums["accuracy"]
     assert counts[1] == STEPS * helpers.GLOBAL_BATCH  # one comparison per example
+
+
+def test_a_loss_branching_on_a_tensor_is_named_in_one_line_and_trains_as_a_tf_function():
+    """The step is traced without AutoGraph, as Keras's fit traces its train step
+    (runs/loop.py): a loss with `if tensor:` is refused in one line naming that line; the
+    same loss made a tf.function (which AutoGraph converts) trains as one device."""
+    make = dense_model([("out", 10, None)])
+
+    def branching(y, logits):
+        per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+        if tf.reduce_mean(per_example) > 1e6:  # never taken: the loss is the cross-entropy
+            per_example = per_example * 0.0
+        return per_example
+    with pytest.raises(TensorBranchError) as error:
+        run_steps(build("cpu:2", make, loss=branching), helpers.batches(1))
+    message = str(error.value)
+    assert "\n" not in message, message
+    assert f"{os.path.basename(__file__)}:" in message and "if tf.reduce_mean(per_example)" in message
+    steps = helpers.batches(STEPS)
+    trainer = build("cpu:2", make, loss=tf.function(branching))
+    run_steps(trainer, steps)
+    model, bound = reference(make, keras.optimizers.SGD(0.1, momentum=0.9), branching, steps,
+                             branching)
+    assert_weights_match(trainer, model, bound)
 
 
 def test_compiled_softmax_model_trains_with_its_loss_metrics_and_optimizer():

@@ -32,7 +32,9 @@ a `tf.range` loop with a `break`, keeps AutoGraph.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 import time
 from typing import Iterator
 
@@ -41,7 +43,25 @@ import tensorflow as tf
 
 from mgloop.spec import metrics as metrics_lib
 from mgloop.data import staging as staging_lib
+from mgloop.errors import TensorBranchError
 from mgloop.phases import INPUT, STEP_SCOPE  # name scopes by which a profile is read
+
+
+@contextlib.contextmanager
+def without_autograph():
+    """Around the first call of a function traced without AutoGraph: a tensor used as a
+    Python bool (TensorFlow's OperatorNotAllowedInGraphError, a traceback through the
+    step) becomes one line naming the user's line and the fix."""
+    try:
+        yield
+    except tf.errors.OperatorNotAllowedInGraphError as error:
+        frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\s*\*?\*?\n\s*(.+)', str(error))
+        where = (f" at {frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})"
+                 if frames else "")
+        raise TensorBranchError(
+            f"the model, loss or a metric uses a tensor as a Python bool{where}; mgloop traces "
+            "the step without AutoGraph, as Keras's fit does: use keras.ops.cond or tf.cond, "
+            "or make that function a tf.function") from None
 
 
 @dataclasses.dataclass
@@ -85,8 +105,9 @@ class Loop:
         began = time.perf_counter()
         self.staging.prime(iterator)
         primed = time.perf_counter() - began
-        out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
-                                 tf.constant(sample_stats and bool(self.stat_names)))
+        with without_autograph():
+            out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
+                                     tf.constant(sample_stats and bool(self.stat_names)))
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
                           metric_sums=metrics_lib.split(self.metrics, out["metric_sums"]),
                           input_wait=float(out["input_wait"]) + primed,
