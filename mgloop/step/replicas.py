@@ -131,6 +131,7 @@ class Replicas:
                                  + [variables_lib.backing(v) for v in first.optimizer.variables]
                                  + [self.global_step] + list(self.aggregation.state_variables))
                      if id(v) not in kept]
-        tf.function(lambda: self.aggregation.broadcast_from_chief(variables))()
+        tf.function(lambda: self.aggregation.broadcast_from_chief(variables),
+                    autograph=False)()  # as the step (runs/loop.py)
         if not kept:  # (kept copies were restored one by one)
             self.sync_replicas()
