@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop.runs import checkpoint, controller
+from mgloop.runs import controller, export
 from mgloop.data import epochs
 from tests import helpers
 from tests import tolerance
@@ -24,7 +24,7 @@ STEPS = 3
 
 
 def exported_weights(export_dir):
-    return keras.models.load_model(os.path.join(export_dir, checkpoint.EXPORT_FILENAME)).weights
+    return keras.models.load_model(os.path.join(export_dir, export.EXPORT_FILENAME)).weights
 
 
 def step_batches(steps, accumulation_steps=K, global_batch=MICRO_BATCH, start_step=0):

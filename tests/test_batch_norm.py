@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.runs import checkpoint, experiment
+from mgloop.runs import experiment, export
 from mgloop.spec import optim
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
 from tests import helpers
@@ -44,7 +44,7 @@ def bn_model():
 
 def exported_statistics(model, export_dir):
     """(moving mean, moving variance) of the batch norm in the saved and reloaded template."""
-    path = checkpoint.export_model(model, export_dir)
+    path = export.export_model(model, export_dir)
     loaded = keras.models.load_model(path).layers[NORM]
     assert loaded._moments.__func__ is keras.layers.BatchNormalization._moments  # plain Keras
     return loaded.moving_mean.numpy(), loaded.moving_variance.numpy()

@@ -17,7 +17,7 @@ import tensorflow as tf
 import mgloop
 from mgloop.cluster import devices
 from mgloop.spec import metrics
-from mgloop.runs import callbacks, checkpoint, experiment
+from mgloop.runs import callbacks, experiment, export
 from mgloop.spec import losses, training_spec
 from mgloop.errors import ConfigError, TensorBranchError
 from tests import helpers
@@ -367,7 +367,7 @@ def test_run_stops_early_calls_back_and_returns_a_usable_model(tmp_path):
         assert {"loss", "mean_absolute_error"} <= tags and "accuracy" not in tags
     assert "learning_rate" in event_tags(str(tmp_path / "run" / "train"))
     exported = keras.models.load_model(os.path.join(str(tmp_path / "export"),
-                                                    checkpoint.EXPORT_FILENAME), compile=False)
+                                                    export.EXPORT_FILENAME), compile=False)
     x = source.eval_x[:20]
     expected = exported.predict(x, verbose=0)  # the same Keras path: equal bits
     np.testing.assert_array_equal(result.model.predict(x, verbose=0), expected)

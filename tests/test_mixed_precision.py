@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.runs import checkpoint, experiment
+from mgloop.runs import checkpoint, experiment, export
 from mgloop.spec import optim
 from mgloop.step import precision
 from tests import helpers
@@ -112,7 +112,7 @@ def test_template_is_built_under_the_policy_and_the_global_policy_restored(polic
     compute = policy.removeprefix("mixed_")
     assert [layer.compute_dtype for layer in trainer.model.layers] == [compute] * 4
     assert {v.dtype for v in trainer.model.weights} == {"float32"}
-    path = checkpoint.export_model(trainer.model, str(tmp_path / "export"))
+    path = export.export_model(trainer.model, str(tmp_path / "export"))
     loaded = keras.models.load_model(path)
     assert [layer.dtype_policy.name for layer in loaded.layers] == [policy] * 4
 

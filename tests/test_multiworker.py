@@ -26,7 +26,7 @@ import tensorflow as tf
 
 import mgloop
 from mgloop.cluster import peer_health
-from mgloop.runs import checkpoint
+from mgloop.runs import export
 from tests import helpers
 from tests import tolerance
 
@@ -119,7 +119,7 @@ def stop_all(process, pids):
 
 
 def weights(export_dir):
-    return keras.models.load_model(os.path.join(export_dir, checkpoint.EXPORT_FILENAME)
+    return keras.models.load_model(os.path.join(export_dir, export.EXPORT_FILENAME)
                                    ).get_weights()
 
 
@@ -212,7 +212,7 @@ def test_two_workers_of_two_towers_equal_one_worker_of_four(straight, tmp_path):
         export_dir=str(tmp_path / "single_export"))
     single = mgloop.run(config)
     assert single["num_towers"] == 4
-    model = keras.models.load_model(tmp_path / "single_export" / checkpoint.EXPORT_FILENAME)
+    model = keras.models.load_model(tmp_path / "single_export" / export.EXPORT_FILENAME)
     expected = model.get_weights()
     status = tf.train.Checkpoint(model=model).restore(
         str(straight / "run" / "checkpoints" / "ckpt-10"))

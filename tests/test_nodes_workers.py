@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop.runs import checkpoint
+from mgloop.runs import export
 from mgloop import launch
 from tests.workers.methods_between_workers import config_for
 
@@ -62,7 +62,7 @@ def run_job(root, num_workers: int, devices: str, specs: list[str], *settings) -
 
 def weights(root, index):
     return keras.models.load_model(
-        os.path.join(root, str(index), "export", checkpoint.EXPORT_FILENAME)).get_weights()
+        os.path.join(root, str(index), "export", export.EXPORT_FILENAME)).get_weights()
 
 
 def between_gradients(root, index) -> dict:

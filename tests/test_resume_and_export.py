@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop.runs import checkpoint
+from mgloop.runs import export
 from tests import helpers
 from tests import tolerance
 
 
 def exported_weights(export_dir):
-    model = keras.models.load_model(os.path.join(export_dir, checkpoint.EXPORT_FILENAME))
+    model = keras.models.load_model(os.path.join(export_dir, export.EXPORT_FILENAME))
     return [w for w in model.get_weights()]
 
 
@@ -106,7 +106,7 @@ def test_export_loads_with_plain_keras_in_a_fresh_process(tmp_path):
     config = helpers.small_config(str(tmp_path / "run"), devices="cpu:2", aggregation="ring",
                                   model="cnn")
     trainer, _ = helpers.train_mgloop(config, helpers.batches(3))
-    path = checkpoint.export_model(trainer.model, str(tmp_path / "export"))
+    path = export.export_model(trainer.model, str(tmp_path / "export"))
     inputs = helpers.DATASET.eval_x[:10]
     np.save(tmp_path / "inputs.npy", inputs)
     expected = trainer.model.predict(inputs, verbose=0)

@@ -1,4 +1,4 @@
-"""Checkpoints of the template model and its optimizer, and the model export.
+"""Checkpoints of the template model and its optimizer (the export: export.py).
 
 A checkpoint holds variable copy 0 only (the template model, copy 0's
 optimizer slots, the global step), so it does not depend on the tower count or
@@ -42,7 +42,6 @@ import glob
 import os
 import re
 import shutil
-import tempfile
 import uuid
 
 from absl import logging
@@ -57,7 +56,6 @@ from mgloop.spec.variables import backing
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
 
-EXPORT_FILENAME = "model.keras"
 STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
 DAMAGED_SUFFIX = ".damaged"
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
@@ -340,22 +338,3 @@ class Checkpointer:
             f"{name} holds NaN or inf at step {step}, so its checkpoint is "
             f"not written; the last checkpoint ({self.latest or 'none yet'}) is finite: "
             "rerun with the same --logdir and a lower --learning_rate to resume from it")
-
-
-def export_model(model: keras.Model, export_dir: str) -> str:
-    """Saves the template model as `<export_dir>/model.keras` (Keras native format).
-
-    The file is written under a temporary name and renamed, so a crash leaves
-    either the previous export or the new one, never half of one.
-    """
-    os.makedirs(export_dir, exist_ok=True)
-    path = os.path.join(export_dir, EXPORT_FILENAME)
-    fd, tmp = tempfile.mkstemp(dir=export_dir, prefix=".tmp-", suffix=".keras")
-    os.close(fd)
-    try:
-        model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path

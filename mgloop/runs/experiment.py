@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from mgloop import aggregation
-from mgloop.runs import assemble
+from mgloop.runs import assemble, export
 from mgloop.runs import callbacks as callbacks_lib
 from mgloop.runs import checkpoint
 from mgloop.cluster import workers as cluster
@@ -273,7 +273,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                      metrics_lib.log_text(eval_metrics, trainer.metrics))
     export_path = None
     if config.export_dir and chief:
-        export_path = checkpoint.export_model(trainer.model, config.export_dir)
+        export_path = export.export_model(trainer.model, config.export_dir)
         logging.info("exported the template model to %s", export_path)
     summary = {
         "config": dataclasses.asdict(config),
@@ -326,7 +326,7 @@ def _finished(config: Config, trainer: Trainer, step: int, summary_path: str,
     with open(summary_path) as handle:
         summary = json.load(handle)
     if config.export_dir and chief:
-        summary["export_path"] = checkpoint.export_model(trainer.model, config.export_dir)
+        summary["export_path"] = export.export_model(trainer.model, config.export_dir)
         logging.info("exported the template model to %s", summary["export_path"])
     return summary
 
