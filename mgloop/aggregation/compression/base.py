@@ -56,8 +56,8 @@ import tensorflow as tf
 
 from mgloop.aggregation import bitpacking
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.compression import transport
 from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, gather_in_buckets
-from mgloop.aggregation.ring import ring_all_reduce
 
 MEMORIES = ("none", "residual")
 _TOWER_DOMAIN = 1 << 20  # folded in with the tower index: apart from variable indices
@@ -276,15 +276,15 @@ class Compressed(Aggregation):
         encoded = [self.encode(tower_values, i) for i in range(len(variables))]
         gathered = gather_in_buckets(self, encoded, [
             i for i, e in enumerate(encoded) if self.transport == GATHER
-            or self._gather_is_cheaper(e.payloads[0], e.wires[0])])
+            or transport.gather_is_cheaper(self, e.payloads[0], e.wires[0])])
         per_var = []
         for i, e in enumerate(encoded):
             if self.transport == GATHER:
-                totals = self._gathered_sums(gathered[i], e.sent, e.sites)
+                totals = transport.gathered_sums(self, gathered[i], e.sent, e.sites)
             elif i in gathered:
-                totals = self._gathered_payload_sums(gathered[i], e.sites)
+                totals = transport.gathered_payload_sums(self, gathered[i], e.sites)
             else:
-                totals = self._summed(e.payloads, e.sites)
+                totals = transport.summed(self, e.payloads, e.sites)
             outs = []
             for device, total, site in zip(towers, totals, e.sites):
                 with tf.device(device):
@@ -294,71 +294,6 @@ class Compressed(Aggregation):
             with tf.device(device):
                 self.steps[t].assign_add(1)
         return [list(per_copy) for per_copy in zip(*per_var)]
-
-    def _gather_is_cheaper(self, payload: tuple, wire: tuple) -> bool:
-        """SUMMABLE: whether gathering the packed payloads moves fewer bytes than the ring's
-        sum of the unpacked ones (module docstring)."""
-        def size(parts):
-            return sum(p.shape.num_elements() * p.dtype.size for p in parts)
-        return (self.num_towers > 1 and size(wire) < size(payload)
-                and self.num_towers * size(wire) < 2 * size(payload))
-
-    def _gathered_payload_sums(self, have, sites):
-        """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order
-        (have[t][s]: tower s's wire on tower t, `gather_in_buckets`)."""
-        towers = list(self.devices.towers)
-        totals = []
-        for t, device in enumerate(towers):
-            with tf.device(device):
-                parts = [self.unpack(wire, sites[t]) for wire in have[t]]
-                summed = tuple(tf.reduce_sum(tf.stack([p[j] for p in parts]), axis=0)
-                               for j in range(len(parts[0])))
-                totals.append(self.decompress(summed, sites[t]))
-        return totals
-
-    def _gathered_sums(self, have, sent, sites):
-        """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
-        same values in the same order on every tower (replicas bit-identical)."""
-        towers = list(self.devices.towers)
-        totals = []
-        for t, device in enumerate(towers):
-            with tf.device(device):
-                if self.sparse_payload:  # (values, int32 indices): scattered in tower order
-                    total = tf.zeros([sites[t].size], sites[t].dtype)
-                    for wire in have[t]:
-                        values, index = self.unpack(wire, sites[t])
-                        total = tf.tensor_scatter_nd_add(total, index[:, None], values)
-                    totals.append(total)
-                    continue
-                own = self.tower_offset + t  # have[t] is in global tower order (peers.py)
-                terms = [sent[t] if s == own else
-                         self.decompress(self.unpack(have[t][s], sites[t]), sites[t])
-                         for s in range(len(have[t]))]
-                # One reduction over the stacked terms: the same kernel on the same [T, n]
-                # input on every tower. (A chain of adds is regrouped by Grappler's
-                # arithmetic optimizer differently per tower, changing the last bits.)
-                totals.append(terms[0] if len(terms) == 1
-                              else tf.reduce_sum(tf.stack(terms), axis=0))
-        return totals
-
-    def _summed(self, payloads, sites):
-        """Every tower: decompress(sum_t p_t), each part summed by the ring all-reduce."""
-        towers = list(self.devices.towers)
-        summed = [[] for _ in towers]
-        for j in range(len(payloads[0])):
-            flats = []
-            for device, payload in zip(towers, payloads):
-                with tf.device(device):
-                    flats.append(tf.reshape(payload[j], [-1]))
-            for t, total in enumerate(ring_all_reduce(self, flats, towers, average=False)):
-                with tf.device(towers[t]):
-                    summed[t].append(tf.reshape(total, payloads[t][j].shape))
-        totals = []
-        for t, device in enumerate(towers):
-            with tf.device(device):
-                totals.append(self.decompress(tuple(summed[t]), sites[t]))
-        return totals
-
 
 __all__ = ["Compressed", "CompressionOptions", "Site", "memory_option", "GATHER", "SUMMABLE",
            "MEMORIES"]

@@ -1,4 +1,5 @@
-"""How a compressed payload travels between the T towers of one worker.
+"""How a compressed payload travels between the T towers of one worker, and what each
+tower forms from what it received (`summed`, `gathered_sums`, `gathered_payload_sums`).
 
 A payload is a tuple of tensors, one per tower, on that tower's device.
 
@@ -27,6 +28,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from mgloop.aggregation import bitpacking
+from mgloop.aggregation.ring import ring_all_reduce
 
 SUMMABLE = "summable"
 GATHER = "gather"
@@ -116,3 +118,73 @@ def gather_in_buckets(method, encoded: list, indices: list[int]) -> dict:
                         have[i][t][s] = tuple(tf.cast(next(parts), p.dtype)
                                               for p in encoded[i].wires[0])
     return have
+
+
+# --- what every tower forms from what it received --------------------------------------
+
+def gather_is_cheaper(method, payload: tuple, wire: tuple) -> bool:
+    """SUMMABLE: whether gathering the packed payloads moves fewer bytes than the ring's
+    sum of the unpacked ones (module docstring)."""
+    def size(parts):
+        return sum(p.shape.num_elements() * p.dtype.size for p in parts)
+    return (method.num_towers > 1 and size(wire) < size(payload)
+            and method.num_towers * size(wire) < 2 * size(payload))
+
+
+def gathered_payload_sums(method, have, sites):
+    """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order
+    (have[t][s]: tower s's wire on tower t, `gather_in_buckets`)."""
+    towers = list(method.devices.towers)
+    totals = []
+    for t, device in enumerate(towers):
+        with tf.device(device):
+            parts = [method.unpack(wire, sites[t]) for wire in have[t]]
+            summed = tuple(tf.reduce_sum(tf.stack([p[j] for p in parts]), axis=0)
+                           for j in range(len(parts[0])))
+            totals.append(method.decompress(summed, sites[t]))
+    return totals
+
+
+def gathered_sums(method, have, sent, sites):
+    """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
+    same values in the same order on every tower (replicas bit-identical)."""
+    towers = list(method.devices.towers)
+    totals = []
+    for t, device in enumerate(towers):
+        with tf.device(device):
+            if method.sparse_payload:  # (values, int32 indices): scattered in tower order
+                total = tf.zeros([sites[t].size], sites[t].dtype)
+                for wire in have[t]:
+                    values, index = method.unpack(wire, sites[t])
+                    total = tf.tensor_scatter_nd_add(total, index[:, None], values)
+                totals.append(total)
+                continue
+            own = method.tower_offset + t  # have[t] is in global tower order (peers.py)
+            terms = [sent[t] if s == own else
+                     method.decompress(method.unpack(have[t][s], sites[t]), sites[t])
+                     for s in range(len(have[t]))]
+            # One reduction over the stacked terms: the same kernel on the same [T, n]
+            # input on every tower. (A chain of adds is regrouped by Grappler's
+            # arithmetic optimizer differently per tower, changing the last bits.)
+            totals.append(terms[0] if len(terms) == 1
+                          else tf.reduce_sum(tf.stack(terms), axis=0))
+    return totals
+
+
+def summed(method, payloads, sites):
+    """Every tower: decompress(sum_t p_t), each part summed by the ring all-reduce."""
+    towers = list(method.devices.towers)
+    sums = [[] for _ in towers]
+    for j in range(len(payloads[0])):
+        flats = []
+        for device, payload in zip(towers, payloads):
+            with tf.device(device):
+                flats.append(tf.reshape(payload[j], [-1]))
+        for t, total in enumerate(ring_all_reduce(method, flats, towers, average=False)):
+            with tf.device(towers[t]):
+                sums[t].append(tf.reshape(total, payloads[t][j].shape))
+    totals = []
+    for t, device in enumerate(towers):
+        with tf.device(device):
+            totals.append(method.decompress(tuple(sums[t]), sites[t]))
+    return totals
