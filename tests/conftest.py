@@ -24,15 +24,3 @@ def gpus(monkeypatch):
         monkeypatch.setattr(devices, "_visible_gpus", lambda: count)
     return pretend
 
-
-# The longest tests first (longest-processing-time-first scheduling): these modules start
-# processes (CLI runs, worker jobs, a TensorBoard server) and hold the suite's longest
-# tests (15-60 s each). Handed out last, one of them kept one test process busy while the
-# other had nothing left (wall 746 s at 86% of both cores, against 693 s at 95% for the
-# same CPU seconds). A stable sort: the order within each part is pytest's.
-FIRST = ("test_sweep.py", "test_long_run_memory.py", "test_plugin.py", "test_bench.py",
-         "test_preemption.py", "test_cli.py", "test_experiments.py")
-
-
-def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in FIRST)
