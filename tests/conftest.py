@@ -23,4 +23,3 @@ def gpus(monkeypatch):
     def pretend(count):
         monkeypatch.setattr(devices, "_visible_gpus", lambda: count)
     return pretend
-

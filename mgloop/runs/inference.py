@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from mgloop.runs.loop import without_autograph
+from mgloop.runs.loop import tensor_branches_refused
 from mgloop.spec import metrics as metrics_lib
 from mgloop.step import towers
 
@@ -104,7 +104,7 @@ class TowerInference:
         state_sum = np.zeros([metrics_lib.total_size(self.metrics)], np.float64)
         for x, y in batches:
             n = _batch_size(y)
-            with without_autograph():
+            with tensor_branches_refused():
                 batch_loss, batch_state = self._eval_batch(x, y, self._active_towers(n))
             loss_sum += float(batch_loss)
             state_sum += batch_state.numpy()
@@ -128,7 +128,7 @@ class TowerInference:
         for batch in inputs:
             x = batch[0] if isinstance(batch, (tuple, list)) else batch
             active = self._active_towers(_batch_size(x))
-            with without_autograph():
+            with tensor_branches_refused():
                 predicted = self._predict_batch(x, active)
             outputs.append(tf.nest.map_structure(lambda o: o.numpy(), predicted))
         return tf.nest.map_structure(lambda *o: np.concatenate(o, axis=0), *outputs)

@@ -48,7 +48,7 @@ from mgloop.phases import INPUT, STEP_SCOPE  # name scopes by which a profile is
 
 
 @contextlib.contextmanager
-def without_autograph():
+def tensor_branches_refused():
     """Around the first call of a function traced without AutoGraph: a tensor used as a
     Python bool (TensorFlow's OperatorNotAllowedInGraphError, a traceback through the
     step) becomes one line naming the user's line and the fix."""
@@ -105,7 +105,7 @@ class Loop:
         began = time.perf_counter()
         self.staging.prime(iterator)
         primed = time.perf_counter() - began
-        with without_autograph():
+        with tensor_branches_refused():
             out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
                                      tf.constant(sample_stats and bool(self.stat_names)))
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
