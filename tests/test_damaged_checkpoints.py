@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop.runs import checkpoint
+from mgloop.runs import checkpoint, checkpoint_files
 from tests import helpers
 
 SETTINGS = dict(train_steps=6, steps_per_loop=2, checkpoint_every=2, keep_checkpoints=3)
@@ -27,7 +27,7 @@ def written(tmp_path_factory):
     """The logdir of a run with checkpoints of steps 2, 4, 6."""
     logdir = str(tmp_path_factory.mktemp("written") / "run")
     mgloop.run(helpers.small_config(logdir, **SETTINGS))
-    assert checkpoint.checkpoint_steps(os.path.join(logdir, "checkpoints")) == [6, 4, 2]
+    assert checkpoint_files.checkpoint_steps(os.path.join(logdir, "checkpoints")) == [6, 4, 2]
     return logdir
 
 
@@ -85,8 +85,8 @@ def test_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(
     assert len(lines) == 1 and f"{named}: " in lines[0] and "resuming from ckpt-4" in lines[0]
     assert "does not match this model" not in caplog.text
     # the damaged files are set aside; the state file now names the checkpoint restored
-    assert checkpoint.checkpoint_steps(folder) == [4, 2]
-    assert any(n.endswith(checkpoint.DAMAGED_SUFFIX) for n in os.listdir(folder))
+    assert checkpoint_files.checkpoint_steps(folder) == [4, 2]
+    assert any(n.endswith(checkpoint_files.DAMAGED_SUFFIX) for n in os.listdir(folder))
     assert tf.train.get_checkpoint_state(folder).model_checkpoint_path.endswith("ckpt-4")
 
 
@@ -101,7 +101,7 @@ STATE = {
 @pytest.mark.parametrize("case", sorted(STATE))
 def test_damaged_state_file_resumes_from_the_newest_checkpoint(case, written, trainer, tmp_path):
     folder = copy_of(written, tmp_path)
-    STATE[case](os.path.join(folder, checkpoint.STATE_FILENAME))
+    STATE[case](os.path.join(folder, checkpoint_files.STATE_FILENAME))
     assert checkpointer(folder, trainer).restore_latest() == os.path.join(folder, "ckpt-6")
     assert int(trainer.global_step.numpy()) == 6
     state = tf.train.get_checkpoint_state(folder)  # rebuilt, so that old ones are deleted
@@ -127,13 +127,13 @@ def test_every_checkpoint_damaged_is_refused_naming_them(written, trainer, tmp_p
                        r"\(ckpt-6.data-00000-of-00001: .*; ckpt-4.data.*; ckpt-2.data.*\); "
                        r".*move the checkpoints folder away to start again from step 0$"):
         checkpointer(folder, trainer).restore_latest()
-    assert checkpoint.checkpoint_steps(folder) == [6, 4, 2]  # nothing renamed: user's choice
+    assert checkpoint_files.checkpoint_steps(folder) == [6, 4, 2]  # nothing renamed: user's choice
 
 
 def test_garbage_state_file_never_restarts_the_run_from_step_0(written, tmp_path):
     """End to end: the run resumes at step 6 instead of training (and saving) from 0."""
     logdir = str(tmp_path / "run")
     shutil.copytree(written, logdir)
-    open(os.path.join(logdir, "checkpoints", checkpoint.STATE_FILENAME), "w").write("garbage")
+    open(os.path.join(logdir, "checkpoints", checkpoint_files.STATE_FILENAME), "w").write("garbage")
     summary = mgloop.run(helpers.small_config(logdir, **dict(SETTINGS, train_steps=8)))
     assert (summary["start_step"], summary["final_step"]) == (6, 8)

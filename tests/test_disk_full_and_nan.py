@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop.runs import checkpoint, failures
+from mgloop.runs import checkpoint, checkpoint_files, failures
 from tests import helpers
 
 NO_SPACE = ("{{function_node __wrapped__SaveV2_dtypes_22_device_/job:localhost/replica:0/task:0/"
@@ -40,7 +40,7 @@ def test_disk_full_during_a_save_names_the_path_and_keeps_the_last_checkpoint(
     assert re.match(rf"^no space left on the device of {re.escape(folder)}/ckpt-4_temp/part-.*"
                     rf" while saving the checkpoint of step 4; the last complete checkpoint "
                     rf"\({re.escape(folder)}/ckpt-2\) is kept: free space, then rerun", message)
-    assert checkpoint.checkpoint_steps(folder) == [2]
+    assert checkpoint_files.checkpoint_steps(folder) == [2]
     assert not os.path.exists(os.path.join(folder, "ckpt-4_temp"))  # its space is given back
 
 
@@ -71,7 +71,7 @@ def test_cli_says_disk_full_in_one_line(tmp_path):
 
 
 def checkpoint_values_are_finite(folder):
-    for step in checkpoint.checkpoint_steps(folder):
+    for step in checkpoint_files.checkpoint_steps(folder):
         reader = tf.train.load_checkpoint(os.path.join(folder, f"ckpt-{step}"))
         for key, dtype in reader.get_variable_to_dtype_map().items():
             if dtype.is_floating and not np.isfinite(reader.get_tensor(key)).all():
@@ -89,7 +89,7 @@ def test_nan_loss_names_the_steps_and_the_last_finite_checkpoint(tmp_path):
         mgloop.run(config)
     message = str(error.value)
     assert "\n" not in message
-    steps = checkpoint.checkpoint_steps(folder)
+    steps = checkpoint_files.checkpoint_steps(folder)
     assert steps and checkpoint_values_are_finite(folder)
     last = os.path.join(folder, f"ckpt-{steps[0]}")
     assert re.match(rf"^(the training loss is (nan|inf) in steps {steps[0] + 1}\.\.{steps[0] + 1}"
@@ -111,7 +111,7 @@ def test_a_checkpoint_of_non_finite_variables_is_refused(tmp_path):
                        r"at step 1, so its checkpoint is not written; the last checkpoint \(.*"
                        r"ckpt-0\) is finite"):
         saver.save(1)
-    assert checkpoint.checkpoint_steps(folder) == [0]
+    assert checkpoint_files.checkpoint_steps(folder) == [0]
 
 
 def test_a_non_finite_method_state_is_named_in_the_refusal(tmp_path):

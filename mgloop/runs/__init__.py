@@ -6,6 +6,7 @@ run folders, and sweeps of runs.
     assemble.py, trainer.py  the step and its hooks put together from a Config
     loop.py, controller.py, monitor.py, callbacks.py   the outer loop and what it reports
     checkpoint.py, node_checkpoint.py   tf.train checkpoints, never half-written
+    checkpoint_files.py      the checkpoints folder's files: steps, damage, state file, leftovers
     export.py                the template model as one Keras file, never half-written
     preemption.py, failures.py, logdir_lock.py, run_dir.py   runs that stop and resume
     inference.py, run_result.py, thinned.py, quiet_start.py

@@ -16,7 +16,8 @@ TensorFlow writes a checkpoint's data before the index file that names it, so
 an interrupted save never becomes the latest checkpoint.
 
 Checkpoint N is the files `ckpt-N.index` and `ckpt-N.data-*` (N = global step)
-in `<logdir>/checkpoints`. A resume does not trust the state file
+in `<logdir>/checkpoints` (checkpoint_files.py reads and tidies the folder's files).
+A resume does not trust the state file
 `checkpoints/checkpoint` alone: it restores the newest checkpoint of the folder
 that is intact, reading every tensor first (TensorFlow checks each tensor's
 stored CRC32C), so damage (a truncated, emptied or overwritten file, flipped
@@ -38,67 +39,25 @@ into failures.DiskFull; either way the previous checkpoint stays the latest.
 from __future__ import annotations
 
 import fnmatch
-import glob
 import os
-import re
 import shutil
-import uuid
 
 from absl import logging
-from google.protobuf import text_format
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.training import checkpoint_state_pb2
 
+from mgloop.runs import checkpoint_files
 from mgloop.runs import failures
 from mgloop.spec.variables import backing
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
-
-STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
-DAMAGED_SUFFIX = ".damaged"
-_INDEX = re.compile(r"ckpt-(\d+)\.index")
-_LEFTOVER = re.compile(r"ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+")  # of an interrupted save
-_DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
 
 
 def check_settings(config) -> None:
     """--checkpoint_every >= 0 (0: only at the end), --keep_checkpoints >= 1."""
     in_range("checkpoint_every", config.checkpoint_every, low=0)
     in_range("keep_checkpoints", config.keep_checkpoints, low=1)
-
-
-def checkpoint_steps(directory: str) -> list[int]:
-    """Steps of the checkpoints in `directory` that have an index file, newest first."""
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    return sorted((int(m.group(1)) for m in map(_INDEX.fullmatch, names) if m), reverse=True)
-
-
-def holds_checkpoints(directory: str) -> bool:
-    """Whether `directory` holds a checkpoint or a state file naming one."""
-    return bool(checkpoint_steps(directory)) or os.path.exists(
-        os.path.join(directory, STATE_FILENAME))
-
-
-def damage(prefix: str) -> str | None:
-    """Reads every tensor of the checkpoint at `prefix`; returns "<file>: <what failed>"
-    for the first file that does not read back intact, or None."""
-    name = os.path.basename(prefix)
-    data_files = sorted(glob.glob(glob.escape(prefix) + ".data-*"))
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-    except Exception as error:  # noqa: BLE001 - any failure to open is damage
-        return f"{name}.index: {_first_line(error)}"
-    try:
-        for key in reader.get_variable_to_dtype_map():
-            reader.get_tensor(key)
-    except Exception as error:  # noqa: BLE001 - any failure to read is damage
-        named = re.search(re.escape(name) + r"\.data-\d+-of-\d+", str(error))  # a missing one
-        where = named.group(0) if named else ", ".join(
-            os.path.basename(f) for f in data_files) or f"{name}.data-*"
-        return f"{where}: {_first_line(error)}"
-    return None
 
 
 def _forget_glob_patterns() -> None:
@@ -112,11 +71,6 @@ def _forget_glob_patterns() -> None:
     clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
     if clear is not None:  # a private name: if a Python lacks it, nothing is lost but memory
         clear()
-
-
-def _first_line(error: BaseException) -> str:
-    text = next((line for line in str(error).splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {text.strip()}" if text else type(error).__name__
 
 
 class Checkpointer:
@@ -169,12 +123,12 @@ class Checkpointer:
         state file when it is unreadable or names anything else.
         """
         if tidy:
-            self._remove_leftovers()
-        state, state_problem = self._read_state()
+            checkpoint_files.remove_leftovers(self._directory)
+        state, state_problem = checkpoint_files.read_state(self._directory)
         damaged = []
-        for step in checkpoint_steps(self._directory):
+        for step in checkpoint_files.checkpoint_steps(self._directory):
             prefix = os.path.join(self._directory, f"ckpt-{step}")
-            problem = damage(prefix)
+            problem = checkpoint_files.damage(prefix)
             if problem is None:
                 break
             damaged.append((prefix, problem))
@@ -188,7 +142,8 @@ class Checkpointer:
                 "backup, or move the checkpoints folder away to start again from step 0")
         if prefix is None and state is not None and state.model_checkpoint_path:
             raise ConfigError(
-                f"--logdir={logdir}: the state file {self._directory}/{STATE_FILENAME} names "
+                f"--logdir={logdir}: the state file "
+                f"{self._directory}/{checkpoint_files.STATE_FILENAME} names "
                 f"{state.model_checkpoint_path}, but no checkpoint files are in the folder; "
                 "restore them, or move the checkpoints folder away to start again from step 0")
         if prefix is not None:
@@ -196,14 +151,13 @@ class Checkpointer:
         if damaged:
             if tidy:
                 for path, _ in damaged:
-                    for name in glob.glob(glob.escape(path) + ".*"):
-                        if not name.endswith(DAMAGED_SUFFIX):
-                            os.replace(name, name + DAMAGED_SUFFIX)
+                    checkpoint_files.set_aside(path)
             logging.warning(
                 "skipped damaged checkpoint%s in %s: %s%s; resuming from %s, the newest intact "
                 "one", "s" if len(damaged) > 1 else "", self._directory,
                 "; ".join(problem for _, problem in damaged),
-                f" (kept as *{DAMAGED_SUFFIX})" if tidy else "", os.path.basename(prefix))
+                f" (kept as *{checkpoint_files.DAMAGED_SUFFIX})" if tidy else "",
+                os.path.basename(prefix))
         if tidy:
             self._record(prefix, state, state_problem)
         return prefix
@@ -211,7 +165,7 @@ class Checkpointer:
     def _record(self, restored: str | None, state, state_problem: str | None) -> None:
         """Makes the state file name `restored` (and the checkpoints before it) if it
         names anything else or is unreadable; removes one that names nothing."""
-        path = os.path.join(self._directory, STATE_FILENAME)
+        path = os.path.join(self._directory, checkpoint_files.STATE_FILENAME)
         if restored is None:
             if state_problem and os.path.exists(path):
                 os.remove(path)  # names no checkpoint: the first save writes a new one
@@ -219,7 +173,8 @@ class Checkpointer:
         if state is not None and (os.path.basename(state.model_checkpoint_path)
                                   == os.path.basename(restored)):
             return
-        self._rewrite_state(restored)
+        checkpoint_files.write_state(self._directory, restored)
+        self._manager_instance = None  # reads the new state file when next used
         if state_problem:
             logging.warning("the checkpoint state file %s %s; rebuilt it from the checkpoints "
                             "in the folder", path, state_problem)
@@ -250,55 +205,6 @@ class Checkpointer:
                 f"--logdir={logdir}: checkpoint {prefix} is intact but does not match this "
                 f"model and optimizer ({str(error).splitlines()[0]}); resume with the model "
                 "and optimizer that wrote it, or use a fresh --logdir") from None
-
-    def _read_state(self):
-        """(the state file's CheckpointState or None, what is wrong with it or None)."""
-        path = os.path.join(self._directory, STATE_FILENAME)
-        if not os.path.exists(path):
-            return None, "is missing"
-        state = checkpoint_state_pb2.CheckpointState()
-        try:
-            with open(path) as handle:
-                text_format.Merge(handle.read(), state)
-        except (OSError, UnicodeDecodeError, text_format.ParseError) as error:
-            return None, f"is unreadable ({_first_line(error)})"
-        if not state.model_checkpoint_path:
-            return None, "names no checkpoint"
-        return state, None
-
-    def _rewrite_state(self, latest: str) -> None:
-        """Atomically, the state file naming `latest` and the checkpoints up to it (their
-        index files' times as save times, so that the manager deletes the oldest beyond
-        `keep` as it would have)."""
-        latest_step = int(latest.rsplit("-", 1)[1])
-        names = [f"ckpt-{step}" for step in sorted(checkpoint_steps(self._directory))
-                 if step <= latest_step]
-        state = checkpoint_state_pb2.CheckpointState(
-            model_checkpoint_path=os.path.basename(latest), all_model_checkpoint_paths=names,
-            all_model_checkpoint_timestamps=[
-                os.path.getmtime(os.path.join(self._directory, n + ".index")) for n in names])
-        path = os.path.join(self._directory, STATE_FILENAME)
-        temporary = f"{path}.tmp{uuid.uuid4().hex}"  # removed as a leftover if killed here
-        with open(temporary, "w") as handle:
-            handle.write(text_format.MessageToString(state))
-        os.replace(temporary, path)
-        self._manager_instance = None
-
-    def _remove_leftovers(self) -> None:
-        if not os.path.isdir(self._directory):
-            return
-        names = set(os.listdir(self._directory))
-        leftovers = sorted(n for n in names if _LEFTOVER.fullmatch(n) or (  # data, no index yet
-            _DATA.fullmatch(n) and f"{_DATA.fullmatch(n).group(1)}.index" not in names))
-        for name in leftovers:
-            path = os.path.join(self._directory, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.remove(path)
-        if leftovers:
-            logging.info("removed what an interrupted save left in %s: %s", self._directory,
-                         ", ".join(leftovers))
 
     def save(self, step: int) -> str:
         """Saves; refuses (FileNotFoundError) if the folder holding `directory` is gone

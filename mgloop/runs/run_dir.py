@@ -16,7 +16,7 @@ import tempfile
 
 from absl import logging
 
-from mgloop.runs import checkpoint
+from mgloop.runs import checkpoint_files
 from mgloop.observe import summaries
 from mgloop.errors import ConfigError
 
@@ -92,7 +92,7 @@ def check_resumable(config) -> None:
     with the logdir's config.json, the resolved settings of the run that wrote them); logs
     one line listing the other settings that differ."""
     logdir = config.logdir
-    if not checkpoint.holds_checkpoints(os.path.join(logdir, "checkpoints")):
+    if not checkpoint_files.holds_checkpoints(os.path.join(logdir, "checkpoints")):
         return
     try:
         with open(os.path.join(logdir, CONFIG_FILENAME)) as handle:
