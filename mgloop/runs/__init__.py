@@ -3,6 +3,7 @@ run folders, and sweeps of runs.
 
     config.py, flags.py      Config (every setting, validated before building) and its flags
     experiment.py            `mgloop.run`: build, train, evaluate, export
+    run_end.py               a run's end: final measures, summary.json, stopped or finished runs
     assemble.py, trainer.py  the step and its hooks put together from a Config
     loop.py, controller.py, monitor.py, callbacks.py   the outer loop and what it reports
     checkpoint.py, node_checkpoint.py   tf.train checkpoints, never half-written

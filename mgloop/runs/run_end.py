@@ -1,0 +1,174 @@
+"""The end of a run (experiment.py): what it measures after training, the summary it
+writes to summary.json and returns, and the checkpoint it rescues if its logdir goes.
+
+A run ends one of three ways: trained to --train_steps (`measure`: the exchange timed
+alone, the link model, the final scalars and eval; then `trained`, the summary of every
+figure); stopped by a signal (`stopped`: where it stopped, no final eval or export, the
+resumed run does them); or with nothing left to train (`finished`: summary.json is left
+as it is). `rescue_saver` saves the checkpoint into another folder when the logdir
+disappears during the run (monitor.logdir_guard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from typing import Callable
+
+from absl import logging
+
+from mgloop.observe import link_model
+from mgloop.observe import summaries
+from mgloop.runs import callbacks as callbacks_lib
+from mgloop.runs import checkpoint, controller, export
+from mgloop.runs import monitor as monitor_lib
+from mgloop.runs import preemption
+from mgloop.runs.config import Config
+from mgloop.runs.trainer import Trainer
+from mgloop.spec import metrics as metrics_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What a trained run measures once training is done (`measure`)."""
+
+    eval_metrics: dict
+    traffic: dict  # bytes per device and step (Traffic.as_dict)
+    link_report: dict  # link_model.report_of_run
+    exchange_seconds: float | None  # the exchange timed alone; None: no step was trained
+
+
+def rescue_saver(trainer: Trainer) -> Callable[[str], str]:
+    """save(folder): the trainer's checkpoint of its current step, saved into
+    `<folder>/checkpoints` (keeping one); returns its path."""
+
+    def save_rescue(folder):
+        return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,
+                                       trainer.copies[0].optimizer, trainer.global_step,
+                                       keep=1, aggregation=trainer.aggregation,
+                                       copies=trainer.replicas.checkpointed_copies
+                                       ).save(int(trainer.global_step.numpy()))
+    return save_rescue
+
+
+def measure(config: Config, trainer: Trainer, result: controller.FitResult, start_step: int,
+            health, monitor: monitor_lib.Monitor, train_writer, eval_writer,
+            chief: bool) -> Measured:
+    """After training: the exchange timed alone (if any step was trained), then the peers'
+    health checks stop (no collective between workers from here on), the link model, the
+    final scalars and the final eval; closes both writers; the chief writes the final
+    metrics (HParams)."""
+    exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
+    health.stop()  # no collective between workers from here on: a peer may now exit
+    traffic = trainer.aggregation.traffic.as_dict()
+    link_report = link_model.report_of_run(trainer, config.links, result.median_step_time,
+                                           exchange_seconds)
+    train_writer.scalars(result.final_step, {
+        **summaries.aggregation_scalars(traffic, exchange_seconds),
+        **link_model.scalars(link_report)})
+    eval_metrics = monitor.eval_at(result.final_step)
+    train_writer.close()
+    eval_writer.close()
+    if chief:
+        summaries.write_final_metrics(config.logdir, result.final_step, {
+            "final/train_loss": result.train.get("loss"),
+            "final/eval_accuracy": eval_metrics.get("accuracy"),
+            "final/examples_per_sec": result.examples_per_sec,
+            **link_model.final_metrics(link_report)})
+    return Measured(eval_metrics, traffic, link_report, exchange_seconds)
+
+
+def export_model(config: Config, trainer: Trainer) -> str:
+    """The template model exported into --export_dir (export.py); one log line."""
+    path = export.export_model(trainer.model, config.export_dir)
+    logging.info("exported the template model to %s", path)
+    return path
+
+
+def trained(config: Config, trainer: Trainer, device_set, total_towers: int, workers,
+            result: controller.FitResult, measured: Measured, export_path: str | None) -> dict:
+    """The summary of a run trained to its end (summary.json, `RunResult.summary`)."""
+    eval_metrics = measured.eval_metrics
+    return {
+        "config": dataclasses.asdict(config),
+        "num_towers": total_towers,
+        "num_workers": workers.num_workers if workers else 1,
+        "tower_devices": list(device_set.towers),
+        "simulated_devices": device_set.simulated,
+        "start_step": result.start_step,
+        "final_step": result.final_step,
+        "final_train_loss": result.train.get("loss"),
+        "final_train_accuracy": result.train.get("accuracy"),
+        "eval_loss": eval_metrics.get("loss"),
+        "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
+        "train_metrics": metrics_lib.values_of(result.train, trainer.metrics),
+        "eval_metrics": metrics_lib.values_of(eval_metrics, trainer.metrics),
+        "training": {"loss": trainer.spec.sources["loss"], "loss_fn": repr(trainer.loss_fn),
+                     "metrics_from": trainer.spec.sources["metrics"],
+                     "metrics": [m.name for m in trainer.metrics],
+                     "optimizer": trainer.spec.sources["optimizer"]},
+        "stopped_by": (callbacks_lib.name_of(result.stopped_by)
+                       if result.stopped_by is not None else None),
+        "final_train_perplexity": result.train.get("perplexity"),  # None: not a language model
+        "eval_perplexity": eval_metrics.get("perplexity"),
+        "examples_per_sec": result.examples_per_sec,
+        "median_step_time": result.median_step_time,
+        "traffic_bytes_per_step": measured.traffic,
+        "traffic_messages_per_step": trainer.aggregation.traffic.messages_as_dict(),
+        "link_model": measured.link_report,
+        "exchange_seconds": measured.exchange_seconds,
+        "input_wait": result.input_wait,
+        "input_wait_fraction": result.input_wait_fraction,
+        "input_ended": result.input_ended,
+        "export_path": export_path,
+    }
+
+
+def write_summary(config: Config, summary_path: str, summary: dict, save_rescue) -> None:
+    """summary.json, written atomically; if the logdir is gone, the checkpoint is rescued
+    (monitor.logdir_guard)."""
+    with monitor_lib.logdir_guard(config.logdir, save_rescue):
+        summaries.write_json_atomically(summary_path, summary)
+
+
+def finished(config: Config, trainer: Trainer, step: int, summary_path: str,
+             chief: bool) -> dict:
+    """A run whose checkpoint is already at --train_steps or past it: trains nothing,
+    leaves summary.json (and config.json) as they are and returns that summary; exports
+    the restored model if --export_dir asks for it."""
+    logging.info("the run in --logdir=%s is finished: its checkpoint is at step %d and "
+                 "--train_steps=%d, so nothing is trained and %s is left as it is; pass "
+                 "--train_steps > %d to train on", config.logdir, step, config.train_steps,
+                 summary_path, step)
+    with open(summary_path) as handle:
+        summary = json.load(handle)
+    if config.export_dir and chief:
+        summary["export_path"] = export_model(config, trainer)
+    return summary
+
+
+def stopped(config: Config, result: controller.FitResult, stop: preemption.StopOnSignal,
+            summary_path: str, checkpointer: checkpoint.Checkpointer | None, save_rescue,
+            chief: bool) -> dict:
+    """The end of a run stopped by a signal: no final eval or export (the resumed run does
+    them); summary.json says where it stopped; one log line."""
+    name = signal.Signals(stop.signum).name
+    summary = {"config": dataclasses.asdict(config), "start_step": result.start_step,
+               "final_step": result.final_step,
+               "final_train_loss": result.train.get("loss"),
+               "final_train_accuracy": result.train.get("accuracy"),
+               "eval_loss": None, "eval_accuracy": None, "export_path": None,
+               "examples_per_sec": result.examples_per_sec,
+               "median_step_time": result.median_step_time,
+               "preempted": {"signal": name, "step": result.final_step}}
+    if chief:
+        write_summary(config, summary_path, summary, save_rescue)
+        logging.warning("stopped by %s after step %d of %d: checkpoint %s saved; run the "
+                        "same command to resume", name, result.final_step, config.train_steps,
+                        checkpointer.latest)
+    else:
+        logging.warning("stopped by %s after step %d of %d (the chief saved the checkpoint)",
+                        name, result.final_step, config.train_steps)
+    return summary
