@@ -2,6 +2,7 @@
 run folders, and sweeps of runs.
 
     config.py, flags.py      Config (every setting, validated before building) and its flags
+    config_checks.py         the gate a Config passes: each module's checks, the combinations
     experiment.py            `mgloop.run`: build, train, evaluate, export
     run_end.py               a run's end: final measures, summary.json, stopped or finished runs
     assemble.py, trainer.py  the step and its hooks put together from a Config

@@ -2,48 +2,33 @@
 
 Each field is a `settings.setting`: its help line (the flag's), its choices and whether it
 can change a result (HParams) live beside it; flags.py makes the flags from the fields.
-`Config.validated()` is the only gate between settings and TensorFlow: it asks each
-module to check its own settings (`check_settings(config)`), checks the combinations,
-resolves the defaults that depend on the machine (tower count, global batch, logdir), and
-raises `ConfigError` with one line naming the flag and what would be valid. It creates no
-device and no variable; its only side effect is creating the logdir it has checked
-(run_dir.py, which also compares a resumed run's settings with its checkpoints' run).
+`Config.validated()` is the only gate between settings and TensorFlow (config_checks.py):
+it asks each module to check its own settings, checks the combinations, resolves the
+defaults that depend on the machine, and raises `ConfigError` with one line naming the
+flag and what would be valid; it creates no device and no variable.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.step import accumulation
+from mgloop.runs import config_checks  # validated(): loads each module that checks a setting
 from mgloop.step.hooks import attacks as byzantine
 from mgloop import aggregation
 from mgloop.aggregation import nodes as node_level
 from mgloop.aggregation import packing
-from mgloop.runs import checkpoint
-from mgloop.cluster import workers as cluster
-from mgloop.runs import controller
 from mgloop import data
-from mgloop.cluster import devices
-from mgloop.observe import link_model
 from mgloop import models
-from mgloop.runs import monitor
 from mgloop.spec import optim
 from mgloop.step import ordered_sum
 from mgloop.step import sufficient_factors
 from mgloop.step import precision
-from mgloop.runs import run_dir
 from mgloop.step import sync_batch_norm
-from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.data import staging
-from mgloop.errors import ConfigError
-from mgloop.settings import in_range as _check_range
-from mgloop.settings import check_finite, setting
+from mgloop.settings import setting
 
 GRAD_REDUCE = aggregation.validation.GRAD_REDUCE
 TRANSPORT_DTYPES = aggregation.validation.TRANSPORT_DTYPES
-MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
-# numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
-MAX_SEED = 2**32 - 1
 _WHERE = "only where files go"  # reasons why a setting changes no result (HParams)
 _WRITES = "only what is written and how often, not what is computed"
 _WAITS = "only how long to wait for peers"
@@ -271,54 +256,6 @@ class Config:
         """Checks every setting; returns a copy with machine-dependent defaults resolved.
 
         Each module checks its own settings, in this order; then the combinations that
-        involve the aggregation method and several workers; then the folders on disk."""
-        check_finite(self)  # NaN and inf pass every comparison: refused once, here
-        _check_range("towers_per_device", self.towers_per_device, low=1)
-        request = devices.parse(self.devices, self.towers_per_device)
-        workers = cluster.from_environment()
-        towers = request.num_towers * (workers.num_workers if workers else 1)
-        # --plugin modules loaded, then the method, its options and what combines with it
-        aggregation.check_settings(self, request, workers)
-        vectorized_towers.check_settings(self, request, workers)
-        compiled_towers.check_settings(self)
-        num_workers = workers.num_workers if workers else 1
-        if node_level.method_at_nodes(self, num_workers):  # each worker is a node, if several
-            byzantine.check_settings(self, num_workers if num_workers > 1 else self.nodes,
-                                     "nodes (the method is between nodes)")
-        else:
-            byzantine.check_settings(self, towers)
-        for module in (models, controller, optim, staging, accumulation, precision,
-                       sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
-                       link_model):
-            module.check_settings(self)  # the settings the module uses
-        _check_range("seed", self.seed, low=0, high=MAX_SEED)
-        devices_flag = self.devices if workers is None else (
-            f"{self.devices} on each of {workers.num_workers} workers")
-        global_batch, data_dir = data.check_settings(self, towers, devices_flag)
-        data.check_partition(self, workers.num_workers if workers else 1)
-        _check_cluster(self, workers)
-        resolved = dataclasses.replace(
-            self, logdir=run_dir.prepare(self.logdir, self.export_dir), data_dir=data_dir,
-            plugins=aggregation.plugins.plugin_list(self.plugins),
-            global_batch_size=global_batch, batch_size_per_tower=global_batch // towers,
-            sequence_length=data.sequence_length_of(self), **models.resolved_settings(self))
-        run_dir.check_resumable(resolved)
-        return resolved
-
-
-def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
-    """What several processes cannot do (yet), refused before anything starts."""
-    _check_range("startup_timeout", config.startup_timeout, low=0.0, low_open=True)
-    # A peer is declared lost after this many seconds without an answer to the health checks,
-    # made every max(0.5, timeout / 4) s (peer_health.py): under 5 s, four checks in a row of
-    # a loaded but healthy peer could miss, so shorter timeouts are refused.
-    _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
-    if workers is None or workers.num_workers == 1:
-        return
-    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: check_settings
-    if config.batch_norm == "sync":
-        raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
-                          "worker's towers only; use --batch_norm=per_tower")
-    if config.mixed_precision == "mixed_float16":
-        raise ConfigError(f"--mixed_precision=mixed_float16 {where}: the overflow check is "
-                          "not yet agreed between workers; use mixed_bfloat16 or none")
+        involve the aggregation method and several workers; then the folders on disk
+        (config_checks.py)."""
+        return config_checks.validated(self)

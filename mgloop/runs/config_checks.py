@@ -1,0 +1,102 @@
+"""The gate between settings and TensorFlow: `validated(config)`, which `Config.validated()`
+(config.py) runs.
+
+It asks each module to check its own settings (`check_settings(config)`), checks the
+combinations, resolves the defaults that depend on the machine (tower count, global
+batch, logdir), and raises `ConfigError` with one line naming the flag and what would be
+valid. It creates no device and no variable; its only side effect is creating the logdir
+it has checked (run_dir.py, which also compares a resumed run's settings with its
+checkpoints' run). The settings themselves, each with its help line, are config.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from mgloop.step import accumulation
+from mgloop.step.hooks import attacks as byzantine
+from mgloop import aggregation
+from mgloop.aggregation import nodes as node_level
+from mgloop.runs import checkpoint
+from mgloop.cluster import workers as cluster
+from mgloop.runs import controller
+from mgloop import data
+from mgloop.cluster import devices
+from mgloop.observe import link_model
+from mgloop import models
+from mgloop.runs import monitor
+from mgloop.spec import optim
+from mgloop.step import ordered_sum
+from mgloop.step import sufficient_factors
+from mgloop.step import precision
+from mgloop.runs import run_dir
+from mgloop.step import sync_batch_norm
+from mgloop.step import compiled_towers, vectorized_towers
+from mgloop.data import staging
+from mgloop.errors import ConfigError
+from mgloop.settings import in_range as _check_range
+from mgloop.settings import check_finite
+
+if TYPE_CHECKING:
+    from mgloop.runs.config import Config
+
+MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
+# numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
+MAX_SEED = 2**32 - 1
+
+
+def validated(config: Config) -> Config:
+    """Checks every setting of `config`; returns a copy with machine-dependent defaults
+    resolved. Each module checks its own settings, in this order; then the combinations
+    that involve the aggregation method and several workers; then the folders on disk."""
+    check_finite(config)  # NaN and inf pass every comparison: refused once, here
+    _check_range("towers_per_device", config.towers_per_device, low=1)
+    request = devices.parse(config.devices, config.towers_per_device)
+    workers = cluster.from_environment()
+    towers = request.num_towers * (workers.num_workers if workers else 1)
+    # --plugin modules loaded, then the method, its options and what combines with it
+    aggregation.check_settings(config, request, workers)
+    vectorized_towers.check_settings(config, request, workers)
+    compiled_towers.check_settings(config)
+    num_workers = workers.num_workers if workers else 1
+    if node_level.method_at_nodes(config, num_workers):  # each worker is a node, if several
+        byzantine.check_settings(config, num_workers if num_workers > 1 else config.nodes,
+                                 "nodes (the method is between nodes)")
+    else:
+        byzantine.check_settings(config, towers)
+    for module in (models, controller, optim, staging, accumulation, precision,
+                   sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
+                   link_model):
+        module.check_settings(config)  # the settings the module uses
+    _check_range("seed", config.seed, low=0, high=MAX_SEED)
+    devices_flag = config.devices if workers is None else (
+        f"{config.devices} on each of {workers.num_workers} workers")
+    global_batch, data_dir = data.check_settings(config, towers, devices_flag)
+    data.check_partition(config, workers.num_workers if workers else 1)
+    _check_cluster(config, workers)
+    resolved = dataclasses.replace(
+        config, logdir=run_dir.prepare(config.logdir, config.export_dir), data_dir=data_dir,
+        plugins=aggregation.plugins.plugin_list(config.plugins),
+        global_batch_size=global_batch, batch_size_per_tower=global_batch // towers,
+        sequence_length=data.sequence_length_of(config), **models.resolved_settings(config))
+    run_dir.check_resumable(resolved)
+    return resolved
+
+
+def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
+    """What several processes cannot do (yet), refused before anything starts."""
+    _check_range("startup_timeout", config.startup_timeout, low=0.0, low_open=True)
+    # A peer is declared lost after this many seconds without an answer to the health checks,
+    # made every max(0.5, timeout / 4) s (peer_health.py): under 5 s, four checks in a row of
+    # a loaded but healthy peer could miss, so shorter timeouts are refused.
+    _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
+    if workers is None or workers.num_workers == 1:
+        return
+    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: check_settings
+    if config.batch_norm == "sync":
+        raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
+                          "worker's towers only; use --batch_norm=per_tower")
+    if config.mixed_precision == "mixed_float16":
+        raise ConfigError(f"--mixed_precision=mixed_float16 {where}: the overflow check is "
+                          "not yet agreed between workers; use mixed_bfloat16 or none")
