@@ -59,7 +59,8 @@ after the first, which traces), less the exchange timed alone in this process
 (exchange_timing.py: the in-memory exchange, its additions included), never less
 than 0. The modelled step time is compute + exchange without overlap, and
 max(compute, exchange) with perfect overlap of the exchange with the compute:
-the two bounds between which a real run falls.
+the two bounds between which a real run falls. What a run writes of the report
+(TensorBoard scalars, HParams metrics) is link_scalars.py's.
 """
 
 from __future__ import annotations
@@ -266,54 +267,3 @@ def num_nodes(aggregation) -> int:
     if aggregation.cluster is not None:
         return aggregation.cluster.num_workers
     return len(set(aggregation.traffic.node_of.values())) or 1
-
-
-def scalars(link_report: dict) -> dict[str, float]:
-    """TensorBoard scalars of a `report`: link/compute_seconds, link/bytes_per_device,
-    link/compression_ratio and
-    link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}."""
-    values = {"link/bytes_per_device": float(link_report["bytes_per_device"])}
-    tiers = link_report.get("tiers", {})
-    for tier in TIERS:
-        for kind, counts in tiers.get(tier, {}).items():
-            values[f"link/{tier}/{kind}_bytes_per_device"] = float(counts["bytes_per_device"])
-            values[f"link/{tier}/{kind}_messages_per_device"] = float(
-                counts["messages_per_device"])
-    if tiers.get("compression_ratio_between") is not None:
-        values["link/between/compression_ratio"] = tiers["compression_ratio_between"]
-    if link_report.get("compression_ratio") is not None:
-        values["link/compression_ratio"] = link_report["compression_ratio"]
-    if link_report["compute_seconds"] is not None:
-        values["link/compute_seconds"] = link_report["compute_seconds"]
-    for tag, figures in link_report["links"].items():
-        for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
-            if figures[key] is not None:
-                values[f"link/{tag}/{key}"] = figures[key]
-    return values
-
-
-def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """The HParams metrics (root-run scalars) of a run with these --link values."""
-    tags = ["final/bytes_per_device", "final/compression_ratio", "final/compute_seconds",
-            "final/between/gradient_bytes_per_device", "final/between/compression_ratio"]
-    for link in map(parse, links):
-        if link.tier == "within":
-            continue
-        tags += [f"final/link/{link.tag}/{key}" for key in
-                 ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")]
-    return tuple(tags)
-
-
-def final_metrics(link_report: dict) -> dict[str, float | None]:
-    """The values of `final_metric_tags` from a `report` (None: not measured)."""
-    values = {"final/bytes_per_device": float(link_report["bytes_per_device"]),
-              "final/compression_ratio": link_report.get("compression_ratio"),
-              "final/compute_seconds": link_report["compute_seconds"],
-              "final/between/gradient_bytes_per_device": float(
-                  link_report["tiers"]["between"]["gradient"]["bytes_per_device"]),
-              "final/between/compression_ratio": link_report["tiers"][
-                  "compression_ratio_between"]}
-    for tag, figures in link_report["links"].items():
-        for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
-            values[f"final/link/{tag}/{key}"] = figures[key]
-    return values

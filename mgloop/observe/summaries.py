@@ -6,7 +6,7 @@ Layout of a logdir (tags are stable; docs/tensorboard.md lists them):
                       input_wait (seconds per step the towers waited for input);
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
                       (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds,
-                      and the link model's (link_model.py): link/bytes_per_device,
+                      and the link model's (link_scalars.py): link/bytes_per_device,
                       link/compression_ratio, link/compute_seconds, link/<LINK>/exchange_seconds, .../step_seconds_
                       no_overlap, .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
     <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
@@ -37,7 +37,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from mgloop import aggregation
-from mgloop.observe import link_model
+from mgloop.observe import link_scalars
 from mgloop import settings
 
 # The metrics of the HParams table (root-run scalars), with the link model's
@@ -47,7 +47,7 @@ FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_
 
 def final_metric_tags(config) -> tuple[str, ...]:
     """FINAL_METRICS and the link model's final metrics for the run's --link values."""
-    return FINAL_METRICS + link_model.final_metric_tags(config.links)
+    return FINAL_METRICS + link_scalars.final_metric_tags(config.links)
 
 
 class ScalarWriter:

@@ -19,7 +19,7 @@ from typing import Callable
 
 from absl import logging
 
-from mgloop.observe import link_model
+from mgloop.observe import link_model, link_scalars
 from mgloop.observe import summaries
 from mgloop.runs import callbacks as callbacks_lib
 from mgloop.runs import checkpoint, controller, export
@@ -67,7 +67,7 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
                                            exchange_seconds)
     train_writer.scalars(result.final_step, {
         **summaries.aggregation_scalars(traffic, exchange_seconds),
-        **link_model.scalars(link_report)})
+        **link_scalars.scalars(link_report)})
     eval_metrics = monitor.eval_at(result.final_step)
     train_writer.close()
     eval_writer.close()
@@ -76,7 +76,7 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
             "final/train_loss": result.train.get("loss"),
             "final/eval_accuracy": eval_metrics.get("accuracy"),
             "final/examples_per_sec": result.examples_per_sec,
-            **link_model.final_metrics(link_report)})
+            **link_scalars.final_metrics(link_report)})
     return Measured(eval_metrics, traffic, link_report, exchange_seconds)
 
 
