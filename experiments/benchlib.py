@@ -75,7 +75,7 @@ def build_config(config, dataset_object=None, workers=None, device_set=None,
     import tensorflow as tf  # noqa: F401  (after the caller configured devices)
     from mgloop import data, models
     from mgloop.cluster import devices
-    from mgloop.data import staging
+    from mgloop.data import batch_split
     from mgloop.runs import experiment
     model = config.model
     if device_set is None:
@@ -87,7 +87,7 @@ def build_config(config, dataset_object=None, workers=None, device_set=None,
     batches = dataset.train_batches(config.global_batch_size, config.seed)
     if workers is not None and workers.num_workers > 1:
         trainer.broadcast_from_chief()
-        part = functools.partial(staging.worker_part, workers=workers.num_workers,
+        part = functools.partial(batch_split.worker_part, workers=workers.num_workers,
                                  index=workers.index)
         batches = batches.map(lambda x, y: (part(x), part(y)))
     if transform is not None:

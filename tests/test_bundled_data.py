@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import data
-from mgloop.data import staging
+from mgloop.data import batch_split
 from mgloop.runs import experiment
 from mgloop.runs.config import Config
 from mgloop.data import base, digits, epochs, inputs, partition, python_text
@@ -255,7 +255,7 @@ def test_each_towers_slice_comes_from_its_clients_part(tmp_path, settings, clien
     assert [p.tolist() for p in made.parts] == [p.tolist() for p in parts]
     for x, y in take(made, 0, 12):
         np.testing.assert_array_equal(y, LABELS[x])
-        shards = staging.tower_split(tf.constant(x), 4, config.accumulation_steps)
+        shards = batch_split.tower_split(tf.constant(x), 4, config.accumulation_steps)
         for tower, shard in enumerate(shards):
             assert set(shard.numpy().tolist()) <= set(parts[client_of_tower[tower]].tolist())
     # each client's own epochs: over 1 + its part's size / shard steps, every example of its

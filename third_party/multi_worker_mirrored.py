@@ -32,7 +32,7 @@ For a fair comparison with mgloop, `train_loop` runs `num_steps` steps inside
 one `tf.function` call with a `tf.range` loop (the tutorial calls one
 `tf.function` per step), and worker w reads the contiguous slice
 [w*B/W, (w+1)*B/W) of every global batch B, as mgloop's workers do
-(mgloop.data.staging.worker_part); its L replicas then take consecutive B/R
+(mgloop.data.batch_split.worker_part); its L replicas then take consecutive B/R
 chunks of that slice.
 """
 

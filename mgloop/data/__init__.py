@@ -14,7 +14,8 @@ memory): a function (data_dir, input_context) -> tf.data.Dataset of its training
 examples or batches, and optionally one data_dir -> Dataset of its eval data.
 
 Also here, the end of the input path: staging.py (how batches reach the towers: one
-shard per tower, prefetched into per-device buffers, as tensorpack's StagingInput).
+shard per tower, prefetched into per-device buffers, as tensorpack's StagingInput) and
+batch_split.py (how a step's examples split among workers and towers).
 
 May import: ground modules only. Every package above reads data through here.
 """

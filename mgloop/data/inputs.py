@@ -17,7 +17,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from mgloop.data import staging
+from mgloop.data import batch_split
 from mgloop.data import epochs
 from mgloop.data import padding
 from mgloop.data import partition
@@ -56,7 +56,7 @@ class Input:
 def _slice_for_worker(batches: tf.data.Dataset, config, workers) -> tf.data.Dataset:
     if workers is None or workers.num_workers == 1:
         return batches
-    part = functools.partial(staging.worker_part, workers=workers.num_workers,
+    part = functools.partial(batch_split.worker_part, workers=workers.num_workers,
                              index=workers.index, micro_batches=config.accumulation_steps)
     return batches.map(lambda x, y: tf.nest.map_structure(part, (x, y)))
 

@@ -29,7 +29,7 @@ promise Generator streams across versions). Client i's class counts are logged a
 written to <logdir>/partition.json ("class_counts": n rows of C).
 
 Training stream. Each global batch is the clients' shards of b = B/n examples,
-concatenated in client order, so tower t reads its contiguous slice (staging.tower_split)
+concatenated in client order, so tower t reads its contiguous slice (batch_split.tower_split)
 and it comes from its client's part only. Client i's shard stream is epochs.py's stream
 over P_i alone, with its own seeded permutations: its epoch e visits P_i in the order
 argsort(stateless_uniform([|P_i|], seed=fold_in(fold_in([seed, 2], i), e))) (2 keeps it

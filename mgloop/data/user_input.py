@@ -34,7 +34,7 @@ re-iterated: reshuffle it yourself if you want new orders; a seeded shuffle is
 reproducible).
 
 Several workers: a dataset or arrays are read whole by every worker, which keeps
-its contiguous B/W slice of each global batch (staging.worker_part); a function
+its contiguous B/W slice of each global batch (batch_split.worker_part); a function
 gets the worker's InputContext and returns that worker's own data, cut into
 batches of B/W (the global batch is the workers' batches, worker 0 first); its
 short batches can only be dropped (the padding weights need the global count).

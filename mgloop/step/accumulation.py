@@ -2,7 +2,7 @@
 
 A training step receives the examples of K consecutive global batches of B,
 concatenated ([K*B, ...]; micro-batch k is rows k*B .. (k+1)*B - 1), already
-split per tower by the staging (staging.tower_split): tower t holds the t-th
+split per tower by the staging (batch_split.tower_split): tower t holds the t-th
 shard of B/T of every micro-batch, micro-shard k first. Each micro-batch goes
 through the towers as an ordinary global batch would, and every unit that
 computes gradients (a tower; the host for the single-loss `colocate`) keeps
