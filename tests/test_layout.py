@@ -16,7 +16,7 @@ GROUND = {"errors", "settings", "phases"}
 ENTRY_POINTS = {"train", "launch", "sweep"}
 RANK = {"ground": 0, "cluster": 1, "spec": 1, "data": 1, "aggregation": 2, "models": 2,
         "observe": 3, "step": 4, "runs": 5, "entry": 6}
-LONGEST_MODULE = 370  # lines; ~300 is the habit, the few above say why in their docstring
+LONGEST_MODULE = 320  # lines; ~300 is the habit: aggregation/base.py, the one above, says why
 
 
 def _package(dotted: str) -> str:

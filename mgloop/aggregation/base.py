@@ -16,6 +16,9 @@ its own dtype on the receiving one, so sums are always accumulated in the
 gradient's dtype, and (b) counts the bytes each device sends and receives.
 The counts are taken while the step is traced, so they are exactly what the
 algorithm moves per step, not an estimate.
+
+Longer than ~300 lines with no natural split: it is one class, the contract every method
+subclasses, each capability and hook documented where it is declared.
 """
 
 from __future__ import annotations
