@@ -37,8 +37,8 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from mgloop import aggregation
-from mgloop.observe import link_scalars
 from mgloop import settings
+from mgloop.observe import link_scalars
 
 # The metrics of the HParams table (root-run scalars), with the link model's
 # (`final_metric_tags`); its hyperparameters: `hparams_of`.

@@ -47,11 +47,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint_files
 from mgloop.runs import failures
-from mgloop.spec.variables import backing
-from mgloop.errors import ConfigError
 from mgloop.settings import in_range
+from mgloop.spec.variables import backing
 
 
 def check_settings(config) -> None:

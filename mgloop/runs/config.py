@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgloop.runs import config_checks  # validated(): loads each module that checks a setting
-from mgloop.step.hooks import attacks as byzantine
 from mgloop import aggregation
-from mgloop.aggregation import nodes as node_level
-from mgloop.aggregation import packing
 from mgloop import data
 from mgloop import models
+from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import packing
+from mgloop.data import staging
+from mgloop.runs import config_checks  # validated(): loads each module that checks a setting
+from mgloop.settings import setting
 from mgloop.spec import optim
 from mgloop.step import ordered_sum
-from mgloop.step import sufficient_factors
 from mgloop.step import precision
+from mgloop.step import sufficient_factors
 from mgloop.step import sync_batch_norm
-from mgloop.data import staging
-from mgloop.settings import setting
+from mgloop.step.hooks import attacks as byzantine
 
 GRAD_REDUCE = aggregation.validation.GRAD_REDUCE
 TRANSPORT_DTYPES = aggregation.validation.TRANSPORT_DTYPES

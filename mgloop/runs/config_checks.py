@@ -14,29 +14,29 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from mgloop.step import accumulation
-from mgloop.step.hooks import attacks as byzantine
 from mgloop import aggregation
-from mgloop.aggregation import nodes as node_level
-from mgloop.runs import checkpoint
-from mgloop.cluster import workers as cluster
-from mgloop.runs import controller
 from mgloop import data
-from mgloop.cluster import devices
-from mgloop.observe import link_model
 from mgloop import models
-from mgloop.runs import monitor
-from mgloop.spec import optim
-from mgloop.step import ordered_sum
-from mgloop.step import sufficient_factors
-from mgloop.step import precision
-from mgloop.runs import run_dir
-from mgloop.step import sync_batch_norm
-from mgloop.step import compiled_towers, vectorized_towers
+from mgloop.aggregation import nodes as node_level
+from mgloop.cluster import devices
+from mgloop.cluster import workers as cluster
 from mgloop.data import staging
 from mgloop.errors import ConfigError
-from mgloop.settings import in_range as _check_range
+from mgloop.observe import link_model
+from mgloop.runs import checkpoint
+from mgloop.runs import controller
+from mgloop.runs import monitor
+from mgloop.runs import run_dir
 from mgloop.settings import check_finite
+from mgloop.settings import in_range as _check_range
+from mgloop.spec import optim
+from mgloop.step import accumulation
+from mgloop.step import compiled_towers, vectorized_towers
+from mgloop.step import ordered_sum
+from mgloop.step import precision
+from mgloop.step import sufficient_factors
+from mgloop.step import sync_batch_norm
+from mgloop.step.hooks import attacks as byzantine
 
 if TYPE_CHECKING:
     from mgloop.runs.config import Config

@@ -21,11 +21,11 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.runs import failures
-from mgloop.spec import metrics as metrics_lib
 from mgloop.runs.loop import LoopResult
+from mgloop.runs.thinned import Thinned
 from mgloop.runs.trainer import Trainer
 from mgloop.settings import in_range
-from mgloop.runs.thinned import Thinned
+from mgloop.spec import metrics as metrics_lib
 
 
 LOOP_TIMES_LIMIT = 4096  # loop times the median step time is taken over, at most

@@ -21,34 +21,34 @@ import keras
 import tensorflow as tf
 
 from mgloop import aggregation
+from mgloop import data
+from mgloop import models
+from mgloop.aggregation import nodes
+from mgloop.aggregation.cross_worker import CrossWorker
+from mgloop.cluster import devices
+from mgloop.cluster import peer_health
+from mgloop.cluster import workers as cluster
+from mgloop.data import epochs
+from mgloop.data import staging
+from mgloop.errors import ConfigError
+from mgloop.observe import summaries
 from mgloop.runs import assemble
 from mgloop.runs import callbacks as callbacks_lib
 from mgloop.runs import checkpoint
-from mgloop.cluster import workers as cluster
-from mgloop.runs import node_checkpoint
-from mgloop import data
-from mgloop.data import epochs
-from mgloop.cluster import devices
 from mgloop.runs import controller
 from mgloop.runs import logdir_lock
-from mgloop.spec import losses
-from mgloop.spec import metrics as metrics_lib
-from mgloop import models
 from mgloop.runs import monitor as monitor_lib
-from mgloop.spec import optim
-from mgloop.cluster import peer_health
+from mgloop.runs import node_checkpoint
 from mgloop.runs import preemption
 from mgloop.runs import run_dir
 from mgloop.runs import run_end
 from mgloop.runs import run_result
-from mgloop.data import staging
-from mgloop.observe import summaries
-from mgloop.spec import training_spec
-from mgloop.aggregation import nodes
-from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.runs.config import Config
-from mgloop.errors import ConfigError
 from mgloop.runs.trainer import Trainer
+from mgloop.spec import losses
+from mgloop.spec import metrics as metrics_lib
+from mgloop.spec import optim
+from mgloop.spec import training_spec
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -144,7 +144,6 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
           contextlib.ExitStack() as on_exit):
         return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
                     (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
-
 
 
 def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_line,

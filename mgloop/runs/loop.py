@@ -41,10 +41,10 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from mgloop.spec import metrics as metrics_lib
 from mgloop.data import staging as staging_lib
 from mgloop.errors import TensorBranchError
 from mgloop.phases import INPUT, STEP_SCOPE  # name scopes by which a profile is read
+from mgloop.spec import metrics as metrics_lib
 
 
 @contextlib.contextmanager

@@ -29,10 +29,10 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
 from mgloop.observe import breakdown
 from mgloop.observe import diagnostics
 from mgloop.runs.trainer import Trainer
-from mgloop.errors import ConfigError
 from mgloop.settings import in_range
 
 

@@ -16,9 +16,9 @@ import tempfile
 
 from absl import logging
 
-from mgloop.runs import checkpoint_files
-from mgloop.observe import summaries
 from mgloop.errors import ConfigError
+from mgloop.observe import summaries
+from mgloop.runs import checkpoint_files
 
 CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
 # Settings a resumed run must keep, as a change would silently make it another run than

@@ -44,8 +44,8 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mgloop.spec import heads
 from mgloop.errors import ConfigError
+from mgloop.spec import heads
 
 
 def is_one_hot(y_true: tf.Tensor, outputs: tf.Tensor) -> bool:

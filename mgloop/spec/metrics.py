@@ -40,9 +40,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
 from mgloop.spec import accuracy
 from mgloop.spec import losses
-from mgloop.errors import ConfigError
 
 
 class Metric(Protocol):

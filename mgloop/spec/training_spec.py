@@ -32,10 +32,10 @@ from typing import Callable
 from absl import logging
 import keras
 
+from mgloop.errors import ConfigError
 from mgloop.spec import losses
 from mgloop.spec import metrics as metrics_lib
 from mgloop.spec import perplexity
-from mgloop.errors import ConfigError
 
 _ACCURACY_NAMES = ("accuracy", "acc")
 

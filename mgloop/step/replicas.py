@@ -17,10 +17,10 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
+from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.spec import optim
 from mgloop.spec import variables as variables_lib
 from mgloop.step import towers
-from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.step.hooks import Guard
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from mgloop.aggregation.base import canonical
+from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.step import non_trainable
 from mgloop.step import precision
 from mgloop.step import towers
 from mgloop.step.accumulation import Pass
-from mgloop.aggregation.base import canonical
-from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.step.tower_step import StepResult
 
 

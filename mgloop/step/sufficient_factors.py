@@ -45,8 +45,8 @@ from typing import Sequence
 import tensorflow as tf
 
 from mgloop.aggregation.base import Aggregation
-from mgloop.step.ordered_sum import num_bytes
 from mgloop.settings import in_range
+from mgloop.step.ordered_sum import num_bytes
 
 DEFAULT_MIN_BYTES = 16 * 2 ** 20  # the Config default of --sufficient_factor_bytes
 

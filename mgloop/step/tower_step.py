@@ -16,10 +16,10 @@ import functools
 
 import tensorflow as tf
 
+from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.step import non_trainable
 from mgloop.step import towers
 from mgloop.step import vectorized_towers
-from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.step.accumulation import Pass
 
 

@@ -27,10 +27,10 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from mgloop.spec import metrics
-from mgloop.step import precision
 from mgloop.data import padding
+from mgloop.spec import metrics
 from mgloop.spec.variables import VariableCopy, backing
+from mgloop.step import precision
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 

@@ -19,9 +19,9 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
 from mgloop.spec.variables import backing
 from mgloop.step import towers as towers_lib
-from mgloop.errors import ConfigError
 
 _FALLBACK = re.compile(r"Using a while_loop for converting (\w+)")
 

@@ -46,15 +46,15 @@ import dataclasses
 import tensorflow as tf
 
 from mgloop import aggregation
-from mgloop.step.hooks import attacks as byzantine
-from mgloop.step import precision
-from mgloop.step import towers as towers_lib
-from mgloop.step import vectorize
 from mgloop.aggregation import Aggregation
 from mgloop.aggregation import nodes as node_level
 from mgloop.aggregation import stacked_rows
 from mgloop.errors import ConfigError
+from mgloop.step import precision
+from mgloop.step import towers as towers_lib
+from mgloop.step import vectorize
 from mgloop.step.hooks import IN_TOWER_PASS
+from mgloop.step.hooks import attacks as byzantine
 
 def check_settings(config, request, workers=None) -> None:
     """With K = --towers_per_device > 1 (its range checked before: Config.validated),

@@ -67,9 +67,9 @@ import keras
 
 from mgloop import aggregation
 from mgloop.cluster import workers as cluster
-from mgloop.spec import losses
 from mgloop.errors import ConfigError
 from mgloop.settings import choice, in_range
+from mgloop.spec import losses
 
 CHOICES = ("fixed", "random")
 # name -> {option: (default, low, low_open)}; every option is a float

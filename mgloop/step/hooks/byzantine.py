@@ -28,10 +28,10 @@ import contextlib
 from absl import logging
 import tensorflow as tf
 
-from mgloop.spec import losses
-from mgloop.step.hooks.attacks import OMNISCIENT, PER_TOWER, Attack, alie_z
 from mgloop.data import padding
+from mgloop.spec import losses
 from mgloop.step.hooks import Hook
+from mgloop.step.hooks.attacks import OMNISCIENT, PER_TOWER, Attack, alie_z
 
 _STREAM = 0x62797a  # keeps the attack's random streams apart from any other use of --seed
 
