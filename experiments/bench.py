@@ -19,8 +19,8 @@ method it registers can be named in `--modes`.
 The workers are built once, then asked for one timed loop of `--steps` steps
 at a time: `--warmup` untimed loops each (tracing, caches), then `--repeats`
 rounds in which every system runs one loop, in an order rotated by one each
-round, so that machine drift and position hit every system alike. Only one
-system computes at any moment; the W processes of a multi-worker system all
+round, so that machine drift and position hit every system alike (benchlib.rounds,
+as in every timing benchmark of experiments/). Only one system computes at any moment; the W processes of a multi-worker system all
 receive each command and run the loop together, its time being the chief's
 (experiments/bench_processes.py).
 
@@ -44,10 +44,8 @@ and metrics, for the HParams dashboard; per-repeat examples/sec as scalars).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import functools
 import os
-import platform
 import sys
 import tempfile
 
@@ -164,16 +162,13 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
         logging.info("%s: %d systems built", model, len(systems))
         names = list(systems)
         losses = {name: [] for name in names}  # every loop's, warm-up first
-        for _ in range(_FLAGS.warmup):
-            for name in names:
-                losses[name].append(systems[name].ask("run")["loss"])
-        times = {name: [] for name in names}
-        for repeat in range(_FLAGS.repeats):
-            shift = repeat % len(names)
-            for name in names[shift:] + names[:shift]:
-                reply = systems[name].ask("run")
-                losses[name].append(reply["loss"])
-                times[name].append(reply["seconds"] / _FLAGS.steps)
+
+        def loop(name):  # one timed loop in the system's workers: seconds per step
+            reply = systems[name].ask("run")
+            losses[name].append(reply["loss"])
+            return reply["seconds"] / _FLAGS.steps
+        times = benchlib.rounds({name: functools.partial(loop, name) for name in names},
+                                _FLAGS.repeats, _FLAGS.warmup)
         if _FLAGS.profile:
             for name in names:
                 systems[name].ask({"trace": os.path.join(output_dir, "profile", model,
@@ -375,15 +370,12 @@ def write_tensorboard(results: list[dict], logdir: str) -> None:
 
 
 def machine() -> dict:
-    import keras
+    """benchlib's record of the machine, with its memory and the GPUs TensorFlow sees."""
     import tensorflow as tf
     with open("/proc/meminfo") as handle:
         total_kib = int(handle.readline().split()[1])
-    return {"cpus": os.cpu_count(), "memory_gib": round(total_kib / 2 ** 20, 1),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "tensorflow": tf.__version__, "keras": keras.__version__,
-            "gpus": len(tf.config.list_physical_devices("GPU")),
-            "load_average": os.getloadavg(), "date": datetime.datetime.now().isoformat()}
+    return {**benchlib.machine(), "memory_gib": round(total_kib / 2 ** 20, 1),
+            "gpus": len(tf.config.list_physical_devices("GPU"))}
 
 
 def make_plan() -> list[bench_plan.Entry]:
@@ -429,11 +421,11 @@ def main(argv):
                             **mgloop_thresholds()},
                "results": results}
     table = markdown(results, command)
-    for name, text in (("bench.json", json.dumps(payload, indent=2)), ("bench.md", table)):
-        tmp = os.path.join(output_dir, f".{name}.tmp")
-        with open(tmp, "w") as handle:
-            handle.write(text + "\n")
-        os.replace(tmp, os.path.join(output_dir, name))
+    benchlib.write_json(os.path.join(output_dir, "bench.json"), payload)
+    tmp = os.path.join(output_dir, ".bench.md.tmp")  # replaced at once, as the JSON
+    with open(tmp, "w") as handle:
+        handle.write(table + "\n")
+    os.replace(tmp, os.path.join(output_dir, "bench.md"))
     write_tensorboard(results, os.path.join(output_dir, "tensorboard"))
     print(table)
     print(f"outputs in {output_dir}")
