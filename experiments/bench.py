@@ -20,9 +20,9 @@ The workers are built once, then asked for one timed loop of `--steps` steps
 at a time: `--warmup` untimed loops each (tracing, caches), then `--repeats`
 rounds in which every system runs one loop, in an order rotated by one each
 round, so that machine drift and position hit every system alike (benchlib.rounds,
-as in every timing benchmark of experiments/). Only one system computes at any moment; the W processes of a multi-worker system all
-receive each command and run the loop together, its time being the chief's
-(experiments/bench_processes.py).
+as in every timing benchmark of experiments/). Only one system computes at any
+moment; the W processes of a multi-worker system all receive each command and run
+the loop together, its time being the chief's (experiments/bench_processes.py).
 
 Reported per system: the split it ran on (W processes x T devices, read back
 from the workers), median examples/sec over the repeats and its median
