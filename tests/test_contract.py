@@ -224,18 +224,12 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
     assert all(isinstance(v, tf.Variable) and not v.trainable and id(v) not in weights
                for v in state)
     folder = str(tmp_path / "checkpoints")
-    saver = checkpoint.Checkpointer(folder, run.trainer.model, run.trainer.copies[0].optimizer,
-                                    run.trainer.global_step, keep=1,
-                                    aggregation=run.trainer.aggregation,
-                                    copies=run.trainer.replicas.checkpointed_copies)
+    saver = checkpoint.Checkpointer.of_trainer(folder, run.trainer, keep=1)
     path = saver.save(int(run.trainer.global_step.numpy()))
     saved = [n for n, _ in tf.train.list_variables(path) if n.startswith("aggregation_state/")]
     assert len(saved) == len(state)
     resumed = helpers.build_trainer(dataclasses.replace(run.config, logdir=str(tmp_path)))
-    restorer = checkpoint.Checkpointer(folder, resumed.model, resumed.copies[0].optimizer,
-                                       resumed.global_step, keep=1,
-                                       aggregation=resumed.aggregation,
-                                       copies=resumed.replicas.checkpointed_copies)
+    restorer = checkpoint.Checkpointer.of_trainer(folder, resumed, keep=1)
     assert restorer.restore_latest() == path
     assert restorer.restored_every_copy == aggregation.get(name).copies_differ
     if not restorer.restored_every_copy:

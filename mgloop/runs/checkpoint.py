@@ -104,6 +104,14 @@ class Checkpointer:
         self._all_finite = None  # compiled on the first save (_check_finite)
         self._manager_instance = None  # built once the state file is known to be readable
 
+    @classmethod
+    def of_trainer(cls, directory: str, trainer, keep: int) -> "Checkpointer":
+        """What a run checkpoints of its Trainer: the template model, copy 0's optimizer,
+        the step, the method's state and the copies that differ from copy 0."""
+        return cls(directory, trainer.model, trainer.copies[0].optimizer, trainer.global_step,
+                   keep=keep, aggregation=trainer.aggregation,
+                   copies=trainer.replicas.checkpointed_copies)
+
     @property
     def _manager(self) -> tf.train.CheckpointManager:
         if self._manager_instance is None:

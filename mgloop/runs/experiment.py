@@ -249,10 +249,8 @@ def _restore(config: Config, trainer: Trainer, workers, chief: bool) -> tuple:
     None, the restored checkpoint or None): restores the newest intact checkpoint and this
     node's own state of its step (node_checkpoint.py), then every worker starts from
     worker 0's values but for its node's own state."""
-    checkpointer = checkpoint.Checkpointer(
-        os.path.join(config.logdir, "checkpoints"), trainer.model, trainer.copies[0].optimizer,
-        trainer.global_step, keep=config.keep_checkpoints, aggregation=trainer.aggregation,
-        copies=trainer.replicas.checkpointed_copies)
+    checkpointer = checkpoint.Checkpointer.of_trainer(
+        os.path.join(config.logdir, "checkpoints"), trainer, keep=config.keep_checkpoints)
     restored = checkpointer.restore_latest(tidy=chief)
     own = node_checkpoint.node_variables(trainer.aggregation, trainer.copies)
     saver = (node_checkpoint.NodeCheckpoints(

@@ -45,11 +45,9 @@ def rescue_saver(trainer: Trainer) -> Callable[[str], str]:
     `<folder>/checkpoints` (keeping one); returns its path."""
 
     def save_rescue(folder):
-        return checkpoint.Checkpointer(os.path.join(folder, "checkpoints"), trainer.model,
-                                       trainer.copies[0].optimizer, trainer.global_step,
-                                       keep=1, aggregation=trainer.aggregation,
-                                       copies=trainer.replicas.checkpointed_copies
-                                       ).save(int(trainer.global_step.numpy()))
+        return checkpoint.Checkpointer.of_trainer(
+            os.path.join(folder, "checkpoints"), trainer, keep=1
+        ).save(int(trainer.global_step.numpy()))
     return save_rescue
 
 
