@@ -135,7 +135,8 @@ class Config:
     # unit (default 128 when neither is set).
     dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist, text: files in "
                            "--data_dir; digits: the bundled UCI 8x8 digits, python_text: the "
-                           "standard library's modules as bytes, installed with Python)", choices=data.names, hparam=True)
+                           "standard library's modules as bytes, installed with Python)",
+                           choices=data.names, hparam=True)
     data_dir: str | None = setting(
         None, "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
         "data_batch_5.bin and test_batch.bin (binary version); mnist reads "

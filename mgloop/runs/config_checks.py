@@ -54,12 +54,12 @@ def validated(config: Config) -> Config:
     _check_range("towers_per_device", config.towers_per_device, low=1)
     request = devices.parse(config.devices, config.towers_per_device)
     workers = cluster.from_environment()
-    towers = request.num_towers * (workers.num_workers if workers else 1)
+    num_workers = workers.num_workers if workers else 1
+    towers = request.num_towers * num_workers
     # --plugin modules loaded, then the method, its options and what combines with it
     aggregation.check_settings(config, request, workers)
     vectorized_towers.check_settings(config, request, workers)
     compiled_towers.check_settings(config)
-    num_workers = workers.num_workers if workers else 1
     if node_level.method_at_nodes(config, num_workers):  # each worker is a node, if several
         byzantine.check_settings(config, num_workers if num_workers > 1 else config.nodes,
                                  "nodes (the method is between nodes)")
@@ -71,9 +71,9 @@ def validated(config: Config) -> Config:
         module.check_settings(config)  # the settings the module uses
     _check_range("seed", config.seed, low=0, high=MAX_SEED)
     devices_flag = config.devices if workers is None else (
-        f"{config.devices} on each of {workers.num_workers} workers")
+        f"{config.devices} on each of {num_workers} workers")
     global_batch, data_dir = data.check_settings(config, towers, devices_flag)
-    data.check_partition(config, workers.num_workers if workers else 1)
+    data.check_partition(config, num_workers)
     _check_cluster(config, workers)
     resolved = dataclasses.replace(
         config, logdir=run_dir.prepare(config.logdir, config.export_dir), data_dir=data_dir,
