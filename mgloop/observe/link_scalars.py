@@ -10,6 +10,8 @@ from __future__ import annotations
 from mgloop.aggregation.traffic import TIERS
 from mgloop.observe.link_model import parse
 
+LINK_FIGURES = ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")  # per --link
+
 
 def scalars(link_report: dict) -> dict[str, float]:
     """TensorBoard scalars of a `link_model.report`: link/compute_seconds,
@@ -29,7 +31,7 @@ def scalars(link_report: dict) -> dict[str, float]:
     if link_report["compute_seconds"] is not None:
         values["link/compute_seconds"] = link_report["compute_seconds"]
     for tag, figures in link_report["links"].items():
-        for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
+        for key in LINK_FIGURES:
             if figures[key] is not None:
                 values[f"link/{tag}/{key}"] = figures[key]
     return values
@@ -42,8 +44,7 @@ def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     for link in map(parse, links):
         if link.tier == "within":
             continue
-        tags += [f"final/link/{link.tag}/{key}" for key in
-                 ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")]
+        tags += [f"final/link/{link.tag}/{key}" for key in LINK_FIGURES]
     return tuple(tags)
 
 
@@ -57,6 +58,6 @@ def final_metrics(link_report: dict) -> dict[str, float | None]:
               "final/between/compression_ratio": link_report["tiers"][
                   "compression_ratio_between"]}
     for tag, figures in link_report["links"].items():
-        for key in ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap"):
+        for key in LINK_FIGURES:
             values[f"final/link/{tag}/{key}"] = figures[key]
     return values
