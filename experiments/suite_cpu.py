@@ -39,6 +39,9 @@ ROOT = os.path.dirname(HERE)
 
 def run(pytest_args: list[str], folder: str) -> dict:
     processes, tests = os.path.join(folder, "processes.jsonl"), os.path.join(folder, "tests.jsonl")
+    for path in (processes, tests):  # a reused --output_dir: this run's lines alone
+        if os.path.exists(path):
+            os.remove(path)
     env = dict(os.environ, SUITE_CPU_PROCESSES=processes, SUITE_CPU_TESTS=tests,
                PYTHONPATH=os.pathsep.join(
                    [os.path.join(HERE, "suite_cpu"), ROOT] +
@@ -47,10 +50,17 @@ def run(pytest_args: list[str], folder: str) -> dict:
     code = subprocess.call([sys.executable, "-m", "pytest", "-p", "cpu_per_test", *pytest_args],
                            cwd=ROOT, env=env)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    read = lambda path: [json.loads(line) for line in open(path)] if os.path.exists(path) else []  # noqa: E731
     return {"exit_code": code, "wall": time.time() - began,
             "cpu": usage.ru_utime + usage.ru_stime,
-            "processes": read(processes), "tests": read(tests)}
+            "processes": _lines(processes), "tests": _lines(tests)}
+
+
+def _lines(path: str) -> list[dict]:
+    """The JSON lines at `path` (none if no process or test wrote one)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle]
 
 
 def report(result: dict) -> str:
