@@ -13,3 +13,10 @@ class TensorBranchError(TypeError):
     """A model, loss or metric that branches on a tensor's value (`if tensor:`, `while`),
     found when the step is first traced: mgloop traces it without AutoGraph, as Keras's
     `fit` does (runs/loop.py). The message is one line naming the user's line."""
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: first non-blank line of the message` (just `Type` if it has none): an error
+    from TensorFlow, the file system or a user's module, quoted inside a one-line message."""
+    text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

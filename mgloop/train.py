@@ -34,7 +34,7 @@ from mgloop.runs import failures  # noqa: E402
 from mgloop.runs import flags as mgloop_flags  # noqa: E402
 from mgloop.runs import monitor  # noqa: E402
 from mgloop.cluster import peer_health  # noqa: E402
-from mgloop.errors import ConfigError, TensorBranchError  # noqa: E402
+from mgloop.errors import ConfigError, TensorBranchError, one_line  # noqa: E402
 
 mgloop_flags.define_flags()
 
@@ -57,8 +57,7 @@ def main(argv):
         if not os.environ.get("TF_CONFIG"):
             raise
         lost = peer_health.find_lost_peer(str(error))  # a peer the health checks gave up on
-        first = next((line for line in str(error).splitlines() if line.strip()), "")
-        detail = lost[1] if lost else f"{type(error).__name__}: {first.strip()}"
+        detail = lost[1] if lost else one_line(error)
         print(f"mgloop.train: error: lost the other workers ({detail}); the last checkpoint "
               "in --logdir is kept: restart every worker to resume", file=sys.stderr)
         sys.exit(peer_health.LOST_PEERS_EXIT_CODE)

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Iterable
 
-from mgloop.errors import ConfigError
+from mgloop.errors import ConfigError, one_line
 
 
 def plugin_list(modules) -> tuple[str, ...]:
@@ -45,9 +45,8 @@ def load_plugins(modules: Iterable[str] | str | None) -> None:
         except BaseException as error:  # noqa: BLE001 - a plugin may fail in any way
             if isinstance(error, KeyboardInterrupt):
                 raise
-            text = next((line for line in str(error).splitlines() if line.strip()), "")
-            raise ConfigError(f"--plugin={module} failed to import: {type(error).__name__}"
-                              f"{': ' + text.strip() if text else ''}") from None
+            raise ConfigError(f"--plugin={module} failed to import: {one_line(error)}"
+                              ) from None
 
 
 def _import_file(path: str) -> None:

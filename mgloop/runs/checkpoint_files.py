@@ -20,6 +20,8 @@ from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
+from mgloop.errors import one_line
+
 STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
 DAMAGED_SUFFIX = ".damaged"
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
@@ -47,7 +49,7 @@ def damage(prefix: str) -> str | None:
     try:
         reader = tf.train.load_checkpoint(prefix)
     except Exception as error:  # noqa: BLE001 - any failure to open is damage
-        return f"{name}.index: {_first_line(error)}"
+        return f"{name}.index: {one_line(error)}"
     try:
         for key in reader.get_variable_to_dtype_map():
             reader.get_tensor(key)
@@ -55,7 +57,7 @@ def damage(prefix: str) -> str | None:
         named = re.search(re.escape(name) + r"\.data-\d+-of-\d+", str(error))  # a missing one
         where = named.group(0) if named else ", ".join(
             os.path.basename(f) for f in data_files) or f"{name}.data-*"
-        return f"{where}: {_first_line(error)}"
+        return f"{where}: {one_line(error)}"
     return None
 
 
@@ -77,7 +79,7 @@ def read_state(directory: str):
         with open(path) as handle:
             text_format.Merge(handle.read(), state)
     except (OSError, UnicodeDecodeError, text_format.ParseError) as error:
-        return None, f"is unreadable ({_first_line(error)})"
+        return None, f"is unreadable ({one_line(error)})"
     if not state.model_checkpoint_path:
         return None, "names no checkpoint"
     return state, None
@@ -118,8 +120,3 @@ def remove_leftovers(directory: str) -> None:
     if leftovers:
         logging.info("removed what an interrupted save left in %s: %s", directory,
                      ", ".join(leftovers))
-
-
-def _first_line(error: BaseException) -> str:
-    text = next((line for line in str(error).splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {text.strip()}" if text else type(error).__name__
