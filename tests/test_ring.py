@@ -47,3 +47,34 @@ def test_ring_equals_numpy_and_is_identical_everywhere(towers, shape, shards, av
         tolerance.assert_within([result.numpy()], [expected],  # any order of the T terms
                                 [tolerance.sum_bound(values, average)])
         np.testing.assert_array_equal(result.numpy(), results[0].numpy())
+
+
+@pytest.mark.parametrize("towers,elements", [(3, 10), (4, 3)])
+def test_reduce_scatter_leaves_each_tower_the_mean_of_the_chunk_it_owns(towers, elements):
+    """The ring's two halves apart (a sharded update would run between them): after the
+    reduce-scatter tower t holds the mean of chunk owned_chunk(t) on its device; the
+    all-gather then gives every tower each owner's chunk, bit for bit."""
+    rng = np.random.default_rng(elements)
+    values = [rng.standard_normal(elements).astype(np.float32) for _ in range(towers)]
+    devices = [f"/device:CPU:{t}" for t in range(towers)]
+    method = ring.Ring(DeviceSet(towers=tuple(devices)))
+    flats = []
+    for device, value in zip(devices, values):
+        with tf.device(device):
+            flats.append(tf.constant(value))
+    chunks = ring.ring_reduce_scatter(method, flats, devices, average=True)
+    bounds = np.cumsum([0] + ring.chunk_sizes(elements, towers))
+    owned = {ring.owned_chunk(t, towers) for t in range(towers)}
+    assert owned == set(range(towers))  # every chunk has one owner
+    for t in range(towers):
+        c = ring.owned_chunk(t, towers)
+        part = [value[bounds[c]:bounds[c + 1]] for value in values]
+        assert chunks[t][c].device.endswith(f"CPU:{t}")
+        tolerance.assert_within([chunks[t][c].numpy()], [np.mean(part, axis=0)],
+                                [tolerance.sum_bound(part, True)])
+    finished = {ring.owned_chunk(t, towers): chunks[t][ring.owned_chunk(t, towers)].numpy()
+                for t in range(towers)}
+    ring.ring_all_gather(method, chunks, devices)
+    for t in range(towers):
+        for c in range(towers):
+            np.testing.assert_array_equal(chunks[t][c].numpy(), finished[c])

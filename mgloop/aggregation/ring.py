@@ -43,31 +43,53 @@ def ring_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[s
     (between worker processes, when the method has peers: their collective, peers.py)."""
     if method.peers is not None:
         return [peers_all_reduce(method, flats, devices, average)]
+    chunks = ring_reduce_scatter(method, flats, devices, average)
+    ring_all_gather(method, chunks, devices)
+    out = []
+    for device, parts in zip(devices, chunks):
+        with tf.device(device):
+            out.append(tf.concat(parts, axis=0))
+    return out
+
+
+def owned_chunk(tower: int, num: int) -> int:
+    """The chunk tower `tower` holds finished after the reduce-scatter: (tower + 1) mod T."""
+    return (tower + 1) % num
+
+
+def ring_reduce_scatter(method: Aggregation, flats: list[tf.Tensor], devices: list[str],
+                        average: bool) -> list[list[tf.Tensor]]:
+    """The ring's first half: chunks[t][c] on devices[t], the T chunks of flats[t]
+    (`chunk_sizes`), of which chunks[t][owned_chunk(t)] is now the sum over the towers of
+    that chunk (scaled by 1/T if `average`); the others are partial sums."""
     num = len(devices)
     sizes = chunk_sizes(flats[0].shape.num_elements(), num)
     chunks = []
     for device, flat in zip(devices, flats):
         with tf.device(device):
             chunks.append(tf.split(flat, sizes))
-    for step in range(num - 1):  # reduce-scatter
+    for step in range(num - 1):
         for src in range(num):
             dst, c = (src + 1) % num, (src - step) % num
             received = method.send(chunks[src][c], devices[src], devices[dst])
             with tf.device(devices[dst]):
                 chunks[dst][c] = chunks[dst][c] + received
     for owner in range(num):
-        c = (owner + 1) % num
+        c = owned_chunk(owner, num)
         with tf.device(devices[owner]):
             chunks[owner][c] = method.scale(chunks[owner][c], average)
-    for step in range(num - 1):  # all-gather
+    return chunks
+
+
+def ring_all_gather(method: Aggregation, chunks: list[list[tf.Tensor]],
+                    devices: list[str]) -> None:
+    """The ring's second half, in place: each tower's owned chunk (`owned_chunk`) is passed
+    on around the ring, T - 1 steps, until every chunks[t][c] is owner c - 1's."""
+    num = len(devices)
+    for step in range(num - 1):
         for src in range(num):
             dst, c = (src + 1) % num, (src + 1 - step) % num
             chunks[dst][c] = method.send(chunks[src][c], devices[src], devices[dst])
-    out = []
-    for device, parts in zip(devices, chunks):
-        with tf.device(device):
-            out.append(tf.concat(parts, axis=0))
-    return out
 
 
 def peers_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[str],
