@@ -3,7 +3,6 @@
     python experiments/towers.py many --rounds=3 --json_out=experiments/many_towers.json
     python experiments/towers.py kernels          (the robust rules' kernels, before and now)
     python experiments/towers.py matmuls          (big_mlp's products on B rows and on T x B/T)
-    python experiments/towers.py updates          (Keras's SGD update against the fused kernel)
 
 `many`: `--towers_per_device=K` against one device and against the tower loop (issue
 26's targets). Every case trains the mlp on the synthetic dataset with a global batch of
@@ -39,10 +38,8 @@ Each variant multiplies B = `--rows` rows at once, or `--towers` pieces of B/T r
 in one tf.function so that they run concurrently as the towers' do; `--rounds` rounds side
 by side. Ratios are to the same product's one-device row in TensorFlow's form.
 
-`updates`: one SGD-with-momentum update (mu 0.9) of big_mlp's 41M parameters (its ten
-variables' shapes), `--towers` copies on as many logical CPU devices as the replicated
-modes apply it, by Keras's own `update_step` and by mgloop's `optim.fused_sgd`, alternately
-over `--rounds` rounds; with the largest difference between the two after one update.
+(The replicated modes' update, Keras's against the fused kernel, and whole against
+sharded: experiments/updates.py.)
 """
 
 from __future__ import annotations
@@ -73,7 +70,7 @@ flags.DEFINE_string("child", None, "internal (many): run this case (JSON) and re
 flags.DEFINE_integer("rows", None, "kernels: rows (towers; default 64); matmuls: B, the "
                      "global batch (default 512)")
 flags.DEFINE_integer("size", 118_000, "kernels: elements per row")
-flags.DEFINE_integer("towers", 4, "matmuls: T, pieces of B/T rows each; updates: copies")
+flags.DEFINE_integer("towers", 4, "matmuls: T, pieces of B/T rows each")
 flags.DEFINE_list("forward_kernel", ["8000", "4000"], "matmuls: m,n of the forward product's W")
 flags.DEFINE_list("backward_kernel", ["4000", "2000"], "matmuls: m,n of the input gradient's W")
 flags.DEFINE_string("json_out", None, "write the rows (with command, settings, machine) here")
@@ -242,62 +239,9 @@ def matmuls(args) -> None:
          "forward_kernel": FLAGS.forward_kernel, "backward_kernel": FLAGS.backward_kernel})
 
 
-def updates(args) -> None:
-    del args
-    import keras
-    import numpy as np
-    import tensorflow as tf
-    from mgloop.cluster import devices
-    from mgloop.models import big_mlp
-    from mgloop.spec import optim
-    towers = devices.setup(devices.parse(f"cpu:{FLAGS.towers}")).towers
-    sizes = [8000, *big_mlp.WIDTHS, 1]
-    shapes = [shape for m, n in zip(sizes, sizes[1:]) for shape in ((m, n), (n,))]
-    grads = [tf.random.normal(shape, seed=4) for shape in shapes]
-    start = [tf.random.normal(shape, seed=5) for shape in shapes]
-
-    def update(fused: bool):
-        copies = []
-        for device in towers:
-            with tf.device(device):
-                weights = [tf.Variable(value) for value in start]
-                optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-                optimizer.build(weights)
-                if fused:
-                    optimizer.update_step = optim.fused_sgd(optimizer)
-            copies.append((weights, optimizer))
-
-        @tf.function
-        def run():
-            for weights, optimizer in copies:
-                optimizer.apply(grads, weights)
-        return run, copies[0][0]
-    runs = {"Keras's update_step": update(False), "optim.fused_sgd": update(True)}
-    for run, _ in runs.values():
-        run()
-    (_, keras_weights), (_, fused_weights) = runs.values()
-    difference = max(float(np.abs(a.numpy() - b.numpy()).max())
-                     for a, b in zip(keras_weights, fused_weights))
-    rows = benchlib.summarize(benchlib.rounds(
-        {name: benchlib.timer(run) for name, (run, _) in runs.items()}, FLAGS.rounds,
-        warmup=1), "update")
-    benchlib.add_ratio(rows, "median", "Keras's update_step", name="update")
-    for row in rows:
-        row.update(ms=1e3 * row["median"], mad_ms=1e3 * row["mad"],
-                   largest_difference=difference)
-    benchlib.publish(
-        f"{sum(int(np.prod(s)) for s in shapes):,} parameters x {len(towers)} copies, "
-        f"{FLAGS.rounds} rounds side by side", rows,
-        [("update", "update", "s"), ("ms", "median (ms)", ".1f"),
-         ("mad_ms", "± MAD (ms)", ".1f"), ("ratio", "ratio to Keras's", ".2f"),
-         ("largest_difference", "largest difference after one update", ".1e")],
-        FLAGS.json_out, {"towers": len(towers), "rounds": FLAGS.rounds})
-
-
 COMMANDS = {"many": (many, {"rounds": 2}),
             "kernels": (kernels, {"rounds": 10, "rows": 64}),
-            "matmuls": (matmuls, {"rounds": 9, "rows": 512}),
-            "updates": (updates, {"rounds": 7})}
+            "matmuls": (matmuls, {"rounds": 9, "rows": 512})}
 
 
 if __name__ == "__main__":
