@@ -11,7 +11,11 @@ full, every function traced), then is measured over MEASURED_LOOPS loops:
 
 - traces: every tf.function's trace count is the same at the end as after warm-up;
 - live objects the garbage collector tracks, by type (dicts holding containers,
-  compiled patterns, weakrefs): fewer than one new object in four loops;
+  compiled patterns, weakrefs): fewer than one new object in four loops, but for the log
+  records pytest's log capture holds (it keeps every record a test emits, twice: caplog's
+  and the report's; a run outside pytest keeps none). The run logs at INFO, as after
+  any earlier test in the process that parsed absl's flags: whether its lines were
+  records used to depend on which tests ran before it in its process;
 - what mgloop's own code allocated and still holds (tracemalloc, by the line that
   allocated: floats and dicts of floats too, which the collector does not track): less
   than 1/8 of the old code's least growth, a History record of >= 400 B a loop.
@@ -26,12 +30,14 @@ from __future__ import annotations
 import collections
 import fnmatch
 import gc
+import logging
 import os
 import re
 import tracemalloc
 
 import pytest
 import tensorflow as tf
+from absl import logging as absl_logging
 
 import mgloop
 from mgloop.runs import callbacks, controller
@@ -75,6 +81,13 @@ def live_objects() -> collections.Counter:
     return collections.Counter(type(o).__name__ for o in gc.get_objects())
 
 
+def captured_records() -> int:
+    """Log records held by the root logger's handlers that keep them (pytest's log capture:
+    its caplog and report handlers each keep every record of the test)."""
+    return sum(len(handler.records) for handler in logging.getLogger().handlers
+               if isinstance(getattr(handler, "records", None), list))
+
+
 def held_by_mgloop() -> int:
     """Bytes still held that a line of mgloop's own code allocated (since tracing began)."""
     gc.collect()
@@ -94,24 +107,31 @@ def test_a_long_run_keeps_nothing_per_loop(tmp_path, monkeypatch):
             tracemalloc.start(1)  # by the line that allocated
         if step == WARMUP_STEPS:
             seen["traces"], seen["objects"] = traces(), live_objects()
-            seen["bytes"] = held_by_mgloop()
+            seen["bytes"], seen["records"] = held_by_mgloop(), captured_records()
         if step == END:
             seen["bytes after"] = held_by_mgloop()
             tracemalloc.stop()
             seen["traces after"], seen["objects after"] = traces(), live_objects()
+            seen["records after"] = captured_records()
             seen["glob patterns"] = fnmatch._compile_pattern.cache_info().currsize
         return False
 
     config = helpers.small_config(str(tmp_path / "run"), devices="cpu:2", deterministic=False,
                                   train_steps=END + 10, steps_per_loop=STEPS_PER_LOOP,
                                   **EVERY_HOOK)
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.INFO)
     try:
         result = mgloop.run(config, callbacks=[measure])
     finally:
         tracemalloc.stop()
+        absl_logging.set_verbosity(verbosity)
     assert result["final_step"] == END + 10
     assert seen["traces after"] == seen["traces"], "a function was traced again after warm-up"
-    grown = seen["objects after"] - seen["objects"]  # the types whose count went up, by how much
+    assert seen["records after"] > seen["records"]  # the run logged, and pytest kept it
+    # the types whose count went up, by how much, but for the records pytest's capture holds
+    grown = (seen["objects after"] - seen["objects"]
+             - collections.Counter(LogRecord=seen["records after"] - seen["records"]))
     assert sum(grown.values()) <= MAX_NEW_OBJECTS, (
         f"{sum(grown.values())} more live objects after {MEASURED_LOOPS} loops "
         f"(bound {MAX_NEW_OBJECTS}): {grown.most_common(5)}")
