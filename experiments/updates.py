@@ -79,8 +79,6 @@ def side_by_side(runs: dict, baseline: str, difference: float, change: float,
     """Times `runs` (name -> (tf.function, ...)) over the rounds and publishes the table.
     `difference`: the largest between the ways after one step; `change`: the largest change
     one step made (so that a difference of 0 is seen to compare updated weights)."""
-    for run, *_ in runs.values():
-        run()
     rows = benchlib.summarize(benchlib.rounds(
         {name: benchlib.timer(run) for name, (run, *_) in runs.items()}, FLAGS.rounds,
         warmup=1), "case")
