@@ -73,7 +73,7 @@ class Replicas:
         """
         device = self.tower_devices[tower]
         copy = self.copy_for_tower(tower)
-        trainable, non_trainable = read or self.read_copy(copy)
+        trainable, non_trainable = read if read is not None else self.read_copy(copy)
         values = (self.aggregation.tower_values(tower, trainable), non_trainable)
         if self.aggregation.layout == REPLICATED:
             return values
