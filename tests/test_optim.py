@@ -131,10 +131,10 @@ def test_fused_sgd_leaves_other_optimizers_to_keras():
 @pytest.mark.parametrize("optimizer,kernel", [("momentum", "ResourceApplyKerasMomentum"),
                                               ("sgd", "ResourceApplyGradientDescent"),
                                               ("adam", "AssignAddVariableOp")])
-def test_every_copy_applies_keras_sgd_by_the_fused_kernel(optimizer, kernel):
+def test_every_copy_applies_keras_sgd_by_the_fused_kernel(optimizer, kernel, tmp_path):
     """What the runs build (optim.build_optimizers) updates by the fused kernel, on the
     copy's device; Adam keeps Keras's own element-wise update."""
-    config = helpers.small_config("/tmp/unused", optimizer=optimizer)
+    config = helpers.small_config(str(tmp_path), optimizer=optimizer)
     weights = tf.Variable(np.ones((3, 2), np.float32))
     copy = VariableCopy("/device:CPU:0", [weights], [])
     optim.build_optimizers([copy], lambda: optim.make_optimizer(config))
