@@ -55,17 +55,25 @@ def big_mlp_shapes() -> list[tuple[int, ...]]:
 
 
 def variables_with_sgd(device: str, values, fused: bool = True):
-    """Variables holding `values` on `device` and a built Keras SGD (momentum) for them,
-    applying by the fused kernel (`optim.fused_sgd`) unless `fused` is False."""
+    """Variables holding `values` on `device` and a built Keras SGD (momentum) for them: as
+    the runs build a copy's optimizer (`optim.build_optimizers`: the fused kernel, placed
+    beside the variables), or, unless `fused`, with Keras's own `update_step`."""
     import keras
     import tensorflow as tf
     from mgloop.spec import optim
+    from mgloop.spec.variables import VariableCopy
+
+    def sgd():
+        return keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
     with tf.device(device):
         variables = [tf.Variable(value) for value in values]
-        optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+    if fused:
+        copy = VariableCopy(device, variables, [])
+        optim.build_optimizers([copy], sgd)
+        return variables, copy.optimizer
+    with tf.device(device):
+        optimizer = sgd()
         optimizer.build(variables)
-        if fused:
-            optimizer.update_step = optim.fused_sgd(optimizer)
     return variables, optimizer
 
 
