@@ -83,7 +83,7 @@ WITHIN = "100gbit,2us"
 
 
 def measure(model: str) -> list[dict]:
-    from mgloop.observe import link_model
+    from mgloop.observe import link_model, link_report
     systems = {}
     for spec in FLAGS.methods:
         optimizer = "sgd" if spec.startswith("dgc") else "momentum"
@@ -99,19 +99,20 @@ def measure(model: str) -> list[dict]:
             for spec, (trainer, batches) in systems.items()}
     rows = benchlib.summarize(benchlib.rounds(runs, FLAGS.rounds, FLAGS.warmup), "method")
     benchlib.add_ratio(rows, "median", FLAGS.methods[0], "overhead", "method")
-    within = link_model.parse(f"within:{WITHIN}")
+    links = [link_model.parse(f"within:{WITHIN}")] + [link_model.parse(f"between:{text}")
+                                                       for text in BETWEEN]
     for row in rows:
         trainer = systems[row["method"]][0]
         step = row["median"]
-        traffic = trainer.aggregation.traffic
-        gradient_bytes = sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable)
-        tiers = link_model.tiers_report(traffic, gradient_bytes, 2)
-        row.update(model=model, between=tiers["between"]["gradient"]["bytes_per_device"],
-                   ratio=tiers["compression_ratio_between"], step_ms=1e3 * step)
-        for text in BETWEEN:
-            seconds = link_model.tiered_exchange_seconds(
-                traffic, within, link_model.parse(f"between:{text}"))
-            row[text.split(",")[0]] = 1e3 * (step + seconds)
+        # the bytes and modelled exchange per step, averaged over the steps trained
+        report = link_report.report(trainer.aggregation.traffic, links, step,
+                                    int(trainer.global_step.numpy()),
+                                    link_report.gradient_bytes_of(trainer), num_nodes=2)
+        row.update(model=model, between=report["gradient_bytes_per_step"],
+                   ratio=report["compression_ratio"], step_ms=1e3 * step)
+        for link in links[1:]:
+            row[link.name.split(",")[0]] = 1e3 * report["links"][link.tag][
+                "step_seconds_no_overlap"]
     return rows
 
 
@@ -123,7 +124,7 @@ def cost(args) -> None:
     for model in FLAGS.models:
         rows += measure(model)
     columns = [("model", "model", "s"), ("method", "method", "s"),
-               ("between", "between B/step", "d"), ("ratio", "ratio", ".1f"),
+               ("between", "between B/step", ",.0f"), ("ratio", "ratio", ".1f"),
                ("step_ms", "step ms", ".1f"), ("overhead", "step / dense", ".2f")]
     columns += [(b.split(",")[0], f"modelled ms @{b.split(',')[0]}", ".1f") for b in BETWEEN]
     benchlib.publish(f"2 nodes x 2 towers (cpu:4), global batch {FLAGS.global_batch}, "

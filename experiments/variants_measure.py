@@ -96,11 +96,13 @@ def traffic(trainer) -> dict:
 
 
 def link(trainer, links, step_seconds: float, exchange_ms: float | None) -> dict:
-    """The link model (mgloop/observe/link_model.py) of the variant's counted traffic, per link."""
-    from mgloop.observe import link_model
+    """The link report (mgloop/observe/link_report.py) of the variant's traffic over the
+    steps it trained, per link."""
+    from mgloop.observe import link_model, link_report
     compute = link_model.compute_seconds(
         step_seconds, None if exchange_ms is None else exchange_ms / 1e3)
-    report = link_model.report(trainer.aggregation.traffic, links, compute)
+    report = link_report.report(trainer.aggregation.traffic, links, compute,
+                                max(int(trainer.global_step.numpy()), 1))
     out = {"bytes_per_device_kib": report["bytes_per_device"] / 1024,
            "messages_per_device": report["messages_per_device"], "compute_ms": 1e3 * compute}
     for tag, figures in report["links"].items():

@@ -31,7 +31,7 @@ COLUMNS = [("variant", "variant", "s"), ("examples_per_sec", "examples/sec (medi
            ("eval_loss", "eval loss", ".4f"), ("eval_accuracy", "eval accuracy", ".4f"),
            ("bytes_per_device_kib", "bytes/device/step (KiB)", ".1f"),
            ("compression_ratio", "compression (baseline bytes ÷ bytes)", ".2f"),
-           ("messages_per_device", "messages/device/step", "d"),
+           ("messages_per_device", "messages/device/step", ".3g"),
            ("compute_ms", "compute (ms): step − exchange alone", ".3f")]
 # --link columns, per link TAG (link_model.Link.tag): (key suffix, header)
 LINK_COLUMNS = [("exchange_ms", "modelled exchange at {} (ms)"),

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import record
 from mgloop.runs.sweep import report
 from mgloop.runs.sweep import runner
-from mgloop.observe import stats
+from mgloop.aggregation.traffic import Occasion, Traffic
+from mgloop.observe import link_model, link_report, stats
 from tests import tensorboard_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,50 +42,78 @@ def test_mean_and_sample_sd_over_seeds():
 
 
 class _Result:
-    def __init__(self, summary, records):
+    """A RunResult's parts that a record reads: the summary, the History, the traffic."""
+
+    def __init__(self, summary, records, traffic=None):
         self.summary = summary
         self.history = callbacks.History()
         for rec in records:
             self.history(rec["step"], {k: v for k, v in rec.items() if k != "step"})
+        aggregation = types.SimpleNamespace(traffic=traffic or Traffic())
+        self.trainer = types.SimpleNamespace(aggregation=aggregation)
 
 
-def _summary(nodes=2, gradient=1000, state=8, compute=0.01, exchange=0.5, final=40):
-    tier = {"gradient": {"bytes_per_device": gradient}, "state": {"bytes_per_device": state}}
-    empty = {"gradient": {"bytes_per_device": 0}, "state": {"bytes_per_device": 0}}
+LINKS = ["within:100gbit,2us", "between:1gbit,50us"]
+
+
+def _local_traffic(gradient=1000, state=8, period=4):
+    """Two nodes (one device each): `state` bytes every step, `gradient` bytes each way
+    on the steps that close a period of `period` (a local method's sync)."""
+    traffic = Traffic(node_of={"CPU:0": 0, "CPU:1": 1})
+    with traffic.counting_state():
+        traffic.record("CPU:0", "CPU:1", state)
+    with traffic.on(Occasion("sync", lambda s: (s + 1) % period == 0)):
+        traffic.record("CPU:0", "CPU:1", gradient)
+        traffic.record("CPU:1", "CPU:0", gradient)
+    return traffic
+
+
+def _summary(traffic, compute=0.01, final=40):
+    report = link_report.report(traffic, [link_model.parse(t) for t in LINKS], compute, final,
+                                gradient_bytes=4000, num_nodes=2)
     return {"final_step": final, "stopped_by": None, "eval_metrics": {"accuracy": 0.8},
-            "link_model": {"compute_seconds": compute,
-                           "tiers": {"nodes": nodes, "between": tier, "within": empty,
-                                     "compression_ratio_between": 3.0},
-                           "links": {"between_1gbit_50us": {"exchange_seconds": exchange}}}}
+            "config": {"links": LINKS}, "link_model": report}
 
 
-def test_record_counts_bytes_and_modelled_seconds_per_counted_step():
-    """gradient bytes = n(s) G, state bytes = s S, seconds = s C + n(s) X, with a local
-    method's n(s) = floor(s / 4); time to target is the first eval meeting it."""
+def test_record_counts_bytes_and_modelled_seconds_of_the_steps_that_send():
+    """gradient bytes through s = n(s) G (n(s) = floor(s / 4) syncs), state bytes = s S,
+    seconds = s C + sum of the modelled exchange of each step; the last point's bytes per
+    step are summary.json's; time to target is the first eval meeting it."""
     records = [{"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.4},
                {"step": 20, "train/loss": 1.0},  # no eval: not a point of the curve
                {"step": 30, "eval/loss": 1.0, "eval/accuracy": 0.75}]
-    result = _Result(_summary(), records)
+    traffic = _local_traffic()
+    result = _Result(_summary(traffic), records, traffic)
     target = plan_lib.parse_target("accuracy>=0.7")
-    curve = record.curve_of(result, lambda s: float(s // 4))
+    curve = record.curve_of(result)
     assert [p["step"] for p in curve] == [10, 30, 40]  # and the final eval from the summary
     assert [p["gradient_bytes"] for p in curve] == [2 * 1000, 7 * 1000, 10 * 1000]
     assert [p["state_bytes"] for p in curve] == [80, 240, 320]
-    assert curve[1]["seconds"]["between_1gbit_50us"] == pytest.approx(30 * 0.01 + 7 * 0.5)
+    within, between = map(link_model.parse, LINKS)
+    quiet = link_model.tiered_exchange_seconds(traffic.at_step(0), within, between)
+    sync = link_model.tiered_exchange_seconds(traffic.at_step(3), within, between)
+    assert sync == pytest.approx(2 * 50e-6 + 1008 / 1.25e8)  # two messages: state, gradient
+    assert quiet == pytest.approx(50e-6 + 8 / 1.25e8)
+    assert curve[1]["seconds"]["between_1gbit_50us"] == pytest.approx(
+        30 * 0.01 + 7 * sync + 23 * quiet)
+    summary = result.summary["link_model"]
+    assert summary["gradient_bytes_per_step"] == curve[-1]["gradient_bytes"] / 40 == 250
+    assert summary["compression_ratio"] == 4000 / 250  # a dense ring between 2 nodes: G
+    assert summary["syncs"]["sync"]["occurrences"] == 10
+    assert summary["syncs"]["sync"]["compression_ratio"] == 4.0
+    assert summary["links"]["between_1gbit_50us"]["exchange_seconds"] == pytest.approx(
+        (10 * sync + 30 * quiet) / 40)
     assert curve[2]["eval/accuracy"] == 0.8
     assert record.time_to_target(curve, target) == {
         "step": 30, "gradient_bytes": 7000, "seconds": curve[1]["seconds"]}
     assert record.time_to_target(curve, plan_lib.parse_target("loss<=0.5")) is None
-    unknown = record.curve_of(result, lambda s: None)
-    assert unknown[0]["gradient_bytes"] is None and unknown[0]["state_bytes"] == 80
     cell = plan_lib.Cell(grid.Variant("aggregation=randomk", {}, {}, (("aggregation", "randomk"),)), 0)
     seen = _Result({}, [{"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.75},
                         {"step": 20, "train/loss": float("nan")}]).history
     lost = record.diverged_record(cell, seen, "nan", target)
     assert lost["diverged"] == "nan" and [p["step"] for p in lost["curve"]] == [10]
     assert lost["time_to_target"]["step"] == 10
-    one_node = record.traffic_of(_summary(nodes=1))
-    assert one_node["where"].startswith("per device") and one_node["gradient_bytes_per_step"] == 0
+    assert record.traffic_of(result.summary)["gradient_bytes_per_step"] == 250
 
 
 def test_targets_and_variant_folders_are_parsed_or_refused():

@@ -30,7 +30,7 @@ from typing import ClassVar, Sequence
 
 import tensorflow as tf
 
-from mgloop.aggregation.traffic import Traffic
+from mgloop.aggregation.traffic import EVERY_STEP, Traffic
 from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 
 SHARED = "shared"
@@ -217,14 +217,10 @@ class Aggregation(abc.ABC):
         end waits for. Default: nothing (every synchronous method)."""
         return []
 
-    def counted_steps(self, steps: int) -> float | None:
-        """How many times the counted traffic (`traffic`: what the traced step moves, every
-        branch of it) the first `steps` steps move in all; what a study's bytes and modelled
-        time through step `steps` multiply the per-step counts by (mgloop/runs/sweep/record.py).
-        Default: `steps` (a step moves what was counted, every step). A method whose step
-        moves its count only now and then says how often (local_steps.py: once per period);
-        None where the counted step mixes kinds of steps that move different amounts."""
-        return float(steps)
+    def sync_occasions(self) -> list:
+        """The occasions (traffic.py) of what `after_update` sends, for a wrapper that sends
+        on the same steps (nodes.py). Default: every step."""
+        return [EVERY_STEP]
 
     def variable_scope(self):
         """Context in which variable copy 0 (the template model) is created."""

@@ -36,12 +36,12 @@ mean gradient), and so is `diloco:period=1,outer_lr=1,outer_momentum=0`
 (x - (x - a) = a); in float32 they differ from it by the roundings of the mean of T
 copies and, for DiLoCo, of the two subtractions.
 
-Traffic: counted as the step is traced, i.e. the bytes of a step that synchronises
-(2(T-1)/T of the parameters per copy through the ring; DiLoCo's outer step is computed
-on every copy from the same bits, so it moves nothing more); a step in between moves
-nothing, so the mean per step is 1/H of it (with warmup_steps > 0 the warmup's
-gradient ring is counted too). One process only: the
-copies' checkpoint (`copies_differ`) holds this worker's replicas.
+Traffic: a sync moves 2(T-1)/T of the parameters per copy through the ring (DiLoCo's
+outer step is computed on every copy from the same bits, so it moves nothing more); it
+is recorded on the occasion "sync" (traffic.py: the steps s with s + 1 > W and
+(s + 1 - W) mod H = 0), the warmup's gradient ring on the occasion "warmup" (s < W), so
+a run's bytes per step average 1/H of a sync's after the warmup (observe/per_step.py).
+The copies' checkpoint (`copies_differ`) holds this worker's replicas.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import tensorflow as tf
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
+from mgloop.aggregation.traffic import Occasion
 from mgloop.spec.variables import backing
 
 
@@ -99,15 +100,22 @@ class LocalSGD(Aggregation):
         own = [list(values) for values in tower_values]
         if self.warmup == 0 or self.num_towers == 1:
             return own
-        return tf.cond(self.step_counter < self.warmup,
-                       lambda: self.ring_mean(own, average), lambda: own)
 
-    def counted_steps(self, steps: int) -> float | None:
-        """The syncs among the first `steps` steps, floor(steps / H) (the count is one sync's
-        bytes); None with warmup (its count adds the warmup ring's and a sync's bytes)."""
-        if self.warmup or self.num_towers == 1:
-            return None if self.warmup else 0.0
-        return float(steps // self.options.period)
+        def warmup_mean():
+            with self.traffic.on(self.warmup_occasion()):
+                return self.ring_mean(own, average)
+        return tf.cond(self.step_counter < self.warmup, warmup_mean, lambda: own)
+
+    def warmup_occasion(self) -> Occasion:
+        """The steps of the warmup, s < W, on which the gradients go through the ring."""
+        warmup = self.warmup
+        return Occasion("warmup", lambda step: step < warmup)
+
+    def sync_occasions(self) -> list[Occasion]:
+        """The steps that close a period (`due`): s + 1 > W and (s + 1 - W) mod H = 0."""
+        warmup, period = self.warmup, self.options.period
+        return [Occasion("sync", lambda step: step + 1 > warmup
+                         and (step + 1 - warmup) % period == 0)]
 
     def due(self) -> tf.Tensor:
         """Whether the step now running closes a period: s + 1 > W, (s + 1 - W) mod H = 0."""
@@ -156,7 +164,8 @@ class LocalSGD(Aggregation):
             return []
 
         def sync():
-            self.synchronise(copies)
+            with self.traffic.on(self.sync_occasions()[0]):
+                self.synchronise(copies)
             return tf.constant(True)
         return [tf.cond(self.due(), sync, lambda: tf.constant(False))]
 

@@ -43,6 +43,7 @@ from mgloop.aggregation import local_steps
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
 from mgloop.aggregation.peers import Peers
+from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceRequest, DeviceSet
 from mgloop.cluster.nodes import Nodes
@@ -145,13 +146,20 @@ class NodeLevel(Wrapper):
         if not self.copies_differ or self.nodes.per_node == 1:
             return ops
 
-        def propagate():
-            self._leaders_to_members(copies)
-            return tf.constant(True)
         due = getattr(self.inner, "due", None)
+        if due is None:
+            with tf.control_dependencies(ops):
+                self._leaders_to_members(copies)
+                return [tf.constant(True)]
+        syncs = self.inner.sync_occasions()
+        occasion = Occasion("sync within nodes",  # on the steps of the method's syncs
+                            lambda step: any(sync.occurs(step) for sync in syncs))
+
+        def propagate():
+            with self.traffic.on(occasion):
+                self._leaders_to_members(copies)
+            return tf.constant(True)
         with tf.control_dependencies(ops):
-            if due is None:
-                return [propagate()]
             return [tf.cond(due(), propagate, lambda: tf.constant(False))]
 
     def _leaders_to_members(self, copies) -> None:

@@ -54,11 +54,11 @@ travel as the ring's partial sums in the narrowest signed integer type holding T
 (compression/scales.py's `sum_dtype`: int8 up to T L = 127), not
 packed at b bits: a ring sums as it goes, and sums of T codes need more than b bits.
 
-Traffic (counted as the step is traced, i.e. every fragment's branch): the rings of
-every fragment once, i.e. `diloco`'s bytes of one sync at outer_bits=0; with
-quantisation the int codes' ring plus a ring of T float32 scales per fragment. A step
-moves at most one fragment's share of it, every fragment moves once per H steps: the
-mean per step is 1/H of the count, the peak the largest fragment's share (about 1/P).
+Traffic: fragment p's ring (with quantisation the int codes' ring plus a ring of T
+float32 scales) is recorded on its own occasion "fragment p" (traffic.py: the steps with
+(s + 1) mod H = o_p mod H), so a step moves at most one fragment's share and a run's
+bytes per step average 1/H of `diloco`'s sync at outer_bits=0 (observe/per_step.py);
+the peak is the largest fragment's share (about 1/P).
 
 Not modelled: the overlap of the paper (a fragment's synced values applied tau inner
 steps after its exchange starts, merged with the local progress meanwhile): here a
@@ -87,6 +87,7 @@ from mgloop.aggregation import register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.compression.scales import sum_dtype
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
+from mgloop.aggregation.traffic import Occasion
 from mgloop.errors import ConfigError
 from mgloop.spec.variables import backing
 
@@ -168,21 +169,12 @@ class StreamingDiLoCo(DiLoCo):
         self.fragments = partition(self.sizes, self.options.fragments)
         self.offsets = offsets(self.options.period, self.options.fragments)
 
-    def counted_steps(self, steps: int) -> float | None:
-        """Fragment p syncs n_p times in the first `steps` steps (the s with (s + 1) mod H
-        = o_p mod H); the count is every fragment's sync once, so they move
-        sum_p n_p E_p / sum_p E_p counts (E_p: fragment p's elements; exact at
-        outer_bits=0, the scales' few bytes per fragment apportioned alike otherwise)."""
-        if self.num_towers == 1:
-            return 0.0
+    def sync_occasions(self) -> list[Occasion]:
+        """One occasion per fragment p ("fragment p"): the steps s with
+        (s + 1) mod H = o_p mod H (`fragment_due`)."""
         period = self.options.period
-        total = float(sum(self.sizes))
-        moved = 0.0
-        for fragment, offset in zip(self.fragments, self.offsets):
-            first = (offset - 1) % period  # the first s with (s + 1) mod H = o_p mod H
-            syncs = 0 if steps <= first else (steps - 1 - first) // period + 1
-            moved += syncs * sum(self.sizes[i] for i in fragment) / total
-        return moved
+        return [Occasion(f"fragment {p}", lambda step, o=offset: (step + 1) % period == o % period)
+                for p, offset in enumerate(self.offsets)]
 
     def fragment_due(self, p: int) -> tf.Tensor:
         """Whether the step now running closes fragment p's period."""
@@ -198,9 +190,11 @@ class StreamingDiLoCo(DiLoCo):
         if self.num_towers == 1:
             return []
         ops = []
+        occasions = self.sync_occasions()
         for p, fragment in enumerate(self.fragments):
-            def sync(fragment=fragment):
-                self.synchronise_fragment(copies, fragment)
+            def sync(fragment=fragment, occasion=occasions[p]):
+                with self.traffic.on(occasion):
+                    self.synchronise_fragment(copies, fragment)
                 return tf.constant(True)
             ops.append(tf.cond(self.fragment_due(p), sync, lambda: tf.constant(False)))
         return ops

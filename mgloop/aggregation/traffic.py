@@ -11,15 +11,37 @@ device is in node 0, and the collective between workers says `between` itself, e
 worker being a node); the kind is `gradient` (what the method exchanges: gradients,
 payloads, parameters it averages) or `state` (batch-norm statistics and the step's
 metrics, counted inside `counting_state()`).
+
+Occasions. A traced step holds every branch of the step, so what it counts is what a step
+moves when everything in it runs. A method whose sends run only on some steps (a sync
+every H steps, a fragment's outer step, a warmup) records them inside
+`on(Occasion(name, occurs))`, `occurs(s)` saying whether the 0-based global step s runs
+them; everything else is `EVERY_STEP`. Each occasion's counts are also kept apart
+(`by_occasion`), so what step s moves is the sum of the occasions that occur at s
+(`at_step`), and a run's bytes per step are averaged over its steps from that
+(observe/per_step.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Callable
 
 TIERS = ("within", "between")
 KINDS = ("gradient", "state")
+
+
+@dataclasses.dataclass(frozen=True)
+class Occasion:
+    """The steps on which a part of the step sends: `occurs(s)` for the 0-based global
+    step s. `name` says which part (e.g. "sync", "fragment 2"); one name, one rule."""
+
+    name: str
+    occurs: Callable[[int], bool]
+
+
+EVERY_STEP = Occasion("every step", lambda step: True)
 
 
 @dataclasses.dataclass
@@ -37,6 +59,8 @@ class Traffic:
     node_of: dict[str, int] = dataclasses.field(default_factory=dict)  # device -> its node
     kind: str = "gradient"  # the kind recorded now (counting_state switches it)
     parts: dict = dataclasses.field(default_factory=dict)  # (tier, kind) -> Traffic
+    occasion: Occasion = EVERY_STEP  # the occasion recorded now (`on` switches it)
+    by_occasion: dict = dataclasses.field(default_factory=dict)  # name -> (Occasion, Traffic)
 
     def record(self, src: str, dst: str, num_bytes: int) -> None:
         """One message of `num_bytes` from `src` to `dst`."""
@@ -59,8 +83,19 @@ class Traffic:
     def add(self, device: str, sent: int = 0, received: int = 0, messages_sent: int = 0,
             messages_received: int = 0, tier: str | None = None) -> None:
         """Counts on `device`; `tier`: None, a collective over every device
-        (`spanning_tier`)."""
-        part = self.part(tier or self.spanning_tier(), self.kind)
+        (`spanning_tier`). Counted in the whole, in its (tier, kind) part, and in the same
+        part of the occasion recorded now."""
+        tier = tier or self.spanning_tier()
+        name = self.occasion.name
+        if name not in self.by_occasion:  # one name, one rule: the first one recorded
+            self.by_occasion[name] = (self.occasion, Traffic(node_of=self.node_of))
+        occasion_traffic = self.by_occasion[name][1]
+        occasion_traffic._add(device, sent, received, messages_sent, messages_received, tier,
+                              self.kind)
+        self._add(device, sent, received, messages_sent, messages_received, tier, self.kind)
+
+    def _add(self, device, sent, received, messages_sent, messages_received, tier, kind):
+        part = self.part(tier, kind)
         for target in (self, part):
             for counts, value in ((target.sent, sent), (target.received, received),
                                   (target.messages_sent, messages_sent),
@@ -84,6 +119,49 @@ class Traffic:
         return total
 
     @contextlib.contextmanager
+    def on(self, occasion: Occasion):
+        """What is recorded inside is sent only on the steps where `occasion` occurs."""
+        outer, self.occasion = self.occasion, occasion
+        try:
+            yield
+        finally:
+            self.occasion = outer
+
+    def occasions(self) -> list[Occasion]:
+        """The occasions recorded, in the order first seen."""
+        return [occasion for occasion, _ in self.by_occasion.values()]
+
+    def of_occasion(self, name: str) -> "Traffic":
+        """The counts recorded on the occasion `name` (empty if none)."""
+        return self.by_occasion[name][1] if name in self.by_occasion else Traffic()
+
+    def at_step(self, step: int) -> "Traffic":
+        """What the 0-based global step `step` moves: the sum of the occasions occurring
+        then (the whole count when every send is on every step)."""
+        due = [traffic for occasion, traffic in self.by_occasion.values()
+               if occasion.occurs(step)]
+        if len(due) == len(self.by_occasion):
+            return self
+        return Traffic.sum(due, self.node_of)
+
+    @staticmethod
+    def sum(traffics, node_of=None) -> "Traffic":
+        """The counts of `traffics` added up, per device and per (tier, kind) part."""
+        total = Traffic(node_of=dict(node_of or {}))
+        for traffic in traffics:
+            total.add_scaled(traffic, 1)
+        return total
+
+    def add_scaled(self, other: "Traffic", times: float) -> None:
+        """Adds `times` x `other`'s counts (whole and per part; `times` may be a fraction:
+        an average over steps)."""
+        for mine, theirs in zip(self._counts(), other._counts()):
+            for device, value in theirs.items():
+                mine[device] = mine.get(device, 0) + times * value
+        for key, part in other.parts.items():
+            self.part(*key).add_scaled(part, times)
+
+    @contextlib.contextmanager
     def counting_state(self):
         """What is recorded inside is of kind `state` (statistics, metrics)."""
         kind, self.kind = self.kind, "state"
@@ -99,10 +177,14 @@ class Traffic:
         for counts in self._counts():
             counts.clear()
         self.parts.clear()
+        self.by_occasion.clear()
 
     def snapshot(self) -> "Traffic":
         return Traffic(*(dict(counts) for counts in self._counts()), node_of=self.node_of,
-                       kind=self.kind, parts={k: p.snapshot() for k, p in self.parts.items()})
+                       kind=self.kind, parts={k: p.snapshot() for k, p in self.parts.items()},
+                       occasion=self.occasion,
+                       by_occasion={name: (occasion, traffic.snapshot())
+                                    for name, (occasion, traffic) in self.by_occasion.items()})
 
     def restore(self, snapshot: "Traffic") -> None:
         """Sets the counts back to `snapshot`'s, in place (the object may be shared)."""
@@ -111,6 +193,9 @@ class Traffic:
             counts.update(saved)
         self.parts.clear()
         self.parts.update({k: p.snapshot() for k, p in snapshot.parts.items()})
+        self.by_occasion.clear()
+        self.by_occasion.update({name: (occasion, traffic.snapshot()) for name, (
+            occasion, traffic) in snapshot.by_occasion.items()})
 
     def repeat_since(self, before: "Traffic", times: int) -> None:
         """Counts what was recorded since the snapshot `before` `times` times in all (a part
@@ -120,6 +205,9 @@ class Traffic:
                 counts[device] += (times - 1) * (counts[device] - earlier.get(device, 0))
         for key, part in self.parts.items():
             part.repeat_since(before.parts.get(key, Traffic()), times)
+        for name, (_, traffic) in self.by_occasion.items():
+            earlier = before.by_occasion.get(name)
+            traffic.repeat_since(earlier[1] if earlier else Traffic(), times)
 
     def devices(self) -> list[str]:
         return sorted(set(self.sent) | set(self.received))

@@ -59,8 +59,10 @@ after the first, which traces), less the exchange timed alone in this process
 (exchange_timing.py: the in-memory exchange, its additions included), never less
 than 0. The modelled step time is compute + exchange without overlap, and
 max(compute, exchange) with perfect overlap of the exchange with the compute:
-the two bounds between which a real run falls. What a run writes of the report
-(TensorBoard scalars, HParams metrics) is link_scalars.py's.
+the two bounds between which a real run falls. The run's report, averaged over its
+steps (a method that syncs every H steps moves its bytes on those steps only), is
+link_report.py's; what a run writes of it (TensorBoard scalars, HParams metrics) is
+link_scalars.py's.
 """
 
 from __future__ import annotations
@@ -195,75 +197,3 @@ def tiered_exchange_seconds(traffic, within: Link, between: Link) -> float:
     """The two-tier model (top of the module): the within stage, then the between stage."""
     return (exchange_seconds(traffic.tier("within"), within)
             + exchange_seconds(traffic.tier("between"), between))
-
-
-def tiers_report(traffic, gradient_bytes: int | None, num_nodes: int) -> dict:
-    """summary.json's "link_model/tiers": per tier ("within", "between" nodes) and kind
-    ("gradient", "state") the busiest device's bytes and messages per step and the bytes
-    all devices send; `compression_ratio_between` is a float32 ring all-reduce's bytes
-    per node of the gradients among the `num_nodes` nodes (`dense_ring_bytes`) over the
-    busiest device's gradient bytes between nodes (None with one node or none sent)."""
-    out = traffic.tiers_as_dict()
-    counted = out["between"]["gradient"]["bytes_per_device"]
-    dense = (dense_ring_bytes(gradient_bytes, num_nodes)
-             if gradient_bytes is not None and num_nodes > 1 else None)
-    out["nodes"] = num_nodes
-    out["dense_ring_bytes_between"] = dense
-    out["compression_ratio_between"] = dense / counted if dense and counted else None
-    return out
-
-
-def report(traffic, links, compute: float | None, gradient_bytes: int | None = None,
-           num_towers: int = 1, num_nodes: int = 1) -> dict:
-    """summary.json's "link_model": the measured compute, the step's bytes and messages of
-    the busiest device, and per link its exchange time and the modelled step times. With
-    the float32 bytes of the trainable gradients, `compression_ratio` is the bytes per
-    device of a dense float32 ring all-reduce of them (`dense_ring_bytes`) over the
-    busiest device's counted bytes (None with one tower or no traffic): a measurement,
-    since the counts include everything the step moves (non-trainable state averaged,
-    a shared layout's parameter reads)."""
-    counted = bytes_per_device(traffic)
-    dense = (dense_ring_bytes(gradient_bytes, num_towers)
-             if gradient_bytes is not None and num_towers > 1 else None)
-    out = {"compute_seconds": compute, "bytes_per_device": counted,
-           "dense_ring_bytes_per_device": dense,
-           "compression_ratio": dense / counted if dense and counted else None,
-           "messages_per_device": traffic.busiest()[1],
-           "tiers": tiers_report(traffic, gradient_bytes, num_nodes),
-           "links": {}}
-    within = next((link for link in links if link.tier == "within"), None)
-    for link in links:
-        if link.tier == "within":
-            continue  # charged with every between link
-        if link.tier == "between":
-            exchange = tiered_exchange_seconds(traffic, within, link)
-        else:
-            exchange = exchange_seconds(traffic, link)
-        out["links"][link.tag] = {
-            "bandwidth_bytes_per_second": link.bytes_per_second,
-            "latency_seconds": link.latency_seconds,
-            "within": None if link.tier is None else within.name,
-            "exchange_seconds": exchange,
-            "step_seconds_no_overlap": None if compute is None else compute + exchange,
-            "step_seconds_overlap": None if compute is None else max(compute, exchange)}
-    return out
-
-
-def report_of_run(trainer, links, median_step_time: float | None,
-                  exchange_alone: float | None) -> dict:
-    """`report` of a trained Trainer: its aggregation's counted traffic, the --link values
-    `links`, compute from the run's median step and exchange timed alone, and the float32
-    bytes of its trainable gradients over all its towers (for the compression ratio)."""
-    return report(trainer.aggregation.traffic, [parse(text) for text in links],
-                  compute_seconds(median_step_time, exchange_alone),
-                  gradient_bytes=sum(4 * v.shape.num_elements()
-                                     for v in trainer.copies[0].trainable),
-                  num_towers=trainer.aggregation.num_towers,
-                  num_nodes=num_nodes(trainer.aggregation))
-
-
-def num_nodes(aggregation) -> int:
-    """The nodes of a run: its workers (each a node), else those of --nodes."""
-    if aggregation.cluster is not None:
-        return aggregation.cluster.num_workers
-    return len(set(aggregation.traffic.node_of.values())) or 1

@@ -1,8 +1,9 @@
-"""The link model's report (link_model.py) as what a run writes: TensorBoard scalars
+"""The run's link report (link_report.py) as what a run writes: TensorBoard scalars
 (link/...) at the end of training, and the HParams table's final metrics (final/...).
 
 The tags are listed in summaries.py and docs/tensorboard.md; the values are those of
-`link_model.report`, None where nothing was measured.
+`link_report.report` (per step, averaged over the run's steps), None where nothing was
+measured.
 """
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ from __future__ import annotations
 from mgloop.aggregation.traffic import TIERS
 from mgloop.observe.link_model import parse
 
-LINK_FIGURES = ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_overlap")  # per --link
+LINK_FIGURES = ("exchange_seconds", "exchange_seconds_slowest_step", "step_seconds_no_overlap",
+                "step_seconds_overlap")  # per --link
 
 
 def scalars(link_report: dict) -> dict[str, float]:
-    """TensorBoard scalars of a `link_model.report`: link/compute_seconds,
-    link/bytes_per_device, link/compression_ratio and
-    link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}."""
-    values = {"link/bytes_per_device": float(link_report["bytes_per_device"])}
+    """TensorBoard scalars of a `link_report.report`: link/compute_seconds,
+    link/bytes_per_device, link/gradient_bytes_per_step, link/state_bytes_per_step,
+    link/compression_ratio (of the gradients), per tier and kind the bytes and messages
+    per step, and link/<TAG>/{exchange_seconds, exchange_seconds_slowest_step,
+    step_seconds_no_overlap, step_seconds_overlap}."""
+    values = {"link/bytes_per_device": float(link_report["bytes_per_device"]),
+              "link/gradient_bytes_per_step": float(link_report["gradient_bytes_per_step"]),
+              "link/state_bytes_per_step": float(link_report["state_bytes_per_step"])}
     tiers = link_report.get("tiers", {})
     for tier in TIERS:
         for kind, counts in tiers.get(tier, {}).items():
@@ -39,7 +45,8 @@ def scalars(link_report: dict) -> dict[str, float]:
 
 def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """The HParams metrics (root-run scalars) of a run with these --link values."""
-    tags = ["final/bytes_per_device", "final/compression_ratio", "final/compute_seconds",
+    tags = ["final/bytes_per_device", "final/gradient_bytes_per_step",
+            "final/compression_ratio", "final/compute_seconds",
             "final/between/gradient_bytes_per_device", "final/between/compression_ratio"]
     for link in map(parse, links):
         if link.tier == "within":
@@ -49,8 +56,9 @@ def final_metric_tags(links: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def final_metrics(link_report: dict) -> dict[str, float | None]:
-    """The values of `final_metric_tags` from a `link_model.report` (None: not measured)."""
+    """The values of `final_metric_tags` from a `link_report.report` (None: not measured)."""
     values = {"final/bytes_per_device": float(link_report["bytes_per_device"]),
+              "final/gradient_bytes_per_step": float(link_report["gradient_bytes_per_step"]),
               "final/compression_ratio": link_report.get("compression_ratio"),
               "final/compute_seconds": link_report["compute_seconds"],
               "final/between/gradient_bytes_per_device": float(

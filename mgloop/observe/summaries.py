@@ -5,14 +5,18 @@ Layout of a logdir (tags are stable; docs/tensorboard.md lists them):
     <logdir>/train/   events: loss, accuracy, learning_rate, examples_per_sec, step_time,
                       input_wait (seconds per step the towers waited for input);
                       at the end: traffic/<DEVICE>/sent_bytes, traffic/<DEVICE>/received_bytes
-                      (per step, e.g. traffic/CPU_1/sent_bytes) and exchange_seconds,
-                      and the link model's (link_scalars.py): link/bytes_per_device,
-                      link/compression_ratio, link/compute_seconds, link/<LINK>/exchange_seconds, .../step_seconds_
-                      no_overlap, .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
+                      (per step averaged over the run's steps, e.g. traffic/CPU_1/sent_bytes)
+                      and exchange_seconds, and the link report's (link_scalars.py):
+                      link/bytes_per_device, link/gradient_bytes_per_step,
+                      link/state_bytes_per_step, link/compression_ratio (gradients),
+                      link/compute_seconds, link/<LINK>/exchange_seconds,
+                      .../exchange_seconds_slowest_step, .../step_seconds_no_overlap,
+                      .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
     <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
     <logdir>/         events of the root run: HParams session, text config and command_line,
                       final/train_loss, final/eval_accuracy, final/examples_per_sec,
-                      final/bytes_per_device, final/compression_ratio, final/compute_seconds,
+                      final/bytes_per_device, final/gradient_bytes_per_step,
+                      final/compression_ratio, final/compute_seconds,
                       final/link/<LINK>/...
     <logdir>/summary.json
 
@@ -89,8 +93,11 @@ class ScalarWriter:
         if not os.path.isdir(self._folder):
             raise FileNotFoundError(f"the summary folder {self._folder} is gone")
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
+    def scalars(self, step: int, values: dict[str, float | None]) -> None:
+        """Writes every value but None (not measured: e.g. the speed of a window holding
+        only the run's first, traced, step)."""
         self._check_folder()
+        values = {tag: value for tag, value in values.items() if value is not None}
         if not values:
             return
         tags = tuple(values)

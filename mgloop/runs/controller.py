@@ -4,9 +4,13 @@ Python runs here once per compiled loop (`Trainer.train_loop`), never per step.
 `fit` chooses each loop's length so that summaries, log lines, checkpoints and
 the monitor's events fall exactly on their step boundaries, sums the loops'
 results into windows (since the last summary, since the last log line), and
-reports steady-state speed over the loops after the first, which includes
-tracing. Summaries, checkpoints and the monitor are injected, as in Orbit's
-controller.
+reports speed without tracing: the first loop runs its first step alone (the call
+that traces and first runs the compiled loop) and then its other steps, one loop for
+every window, summary and callback, and every speed (examples/sec, step time, the
+median step a link model's compute comes from) is taken over the steps after that
+first one. A run of one step has nothing but the traced step: it reports no speed
+(None) and says so in one log line. Summaries, checkpoints and the monitor are
+injected, as in Orbit's controller.
 """
 
 from __future__ import annotations
@@ -39,27 +43,34 @@ class Window:
     steps: int = 0
     loss_sum: float = 0.0
     metric_sums: dict = dataclasses.field(default_factory=dict)  # name -> summed state
-    seconds: float = 0.0
+    seconds: float = 0.0  # of the timed steps
+    timed_steps: int = 0  # the steps timed: all but the first (traced) step of the run
     input_wait: float = 0.0
     stats: dict[str, float] = dataclasses.field(default_factory=dict)  # the last sample
 
-    def add(self, result: LoopResult, seconds: float) -> None:
+    def add(self, result: LoopResult, seconds: float, timed_steps: int | None = None) -> None:
+        """Adds a loop's sums; `seconds` is the time of its `timed_steps` (default: all of
+        its steps)."""
         if result.stats:
             self.stats = dict(result.stats)
         self.steps += result.steps
+        self.timed_steps += result.steps if timed_steps is None else timed_steps
         self.loss_sum += result.loss_sum
         for name, sums in result.metric_sums.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + sums
         self.seconds += seconds
         self.input_wait += result.input_wait
 
-    def means(self, global_batch: int) -> dict[str, float]:
+    def means(self, global_batch: int) -> dict[str, float | None]:
         """The window's metrics: the mean loss, and each metric (e.g. accuracy) where it is
-        defined on the window's summed states."""
+        defined on the window's summed states; the speeds over its timed steps (None: none
+        was timed)."""
+        timed = self.timed_steps > 0 and self.seconds > 0
         return {"loss": self.loss_sum / self.steps,
                 **metrics_lib.results(self.metrics, self.metric_sums),
-                "examples_per_sec": self.steps * global_batch / self.seconds,
-                "step_time": self.seconds / self.steps,
+                "examples_per_sec": (self.timed_steps * global_batch / self.seconds
+                                     if timed else None),
+                "step_time": self.seconds / self.timed_steps if timed else None,
                 "input_wait": self.input_wait / self.steps,
                 **self.stats}
 
@@ -69,10 +80,11 @@ class FitResult:
     start_step: int
     final_step: int  # train_steps, or earlier if the input ended
     train: dict[str, float]  # metrics of the last window
-    # seconds, over loops after the first (tracing) one (an even sample past 4096 loops)
+    # seconds per step of each loop's timed steps (not the run's first, traced, step;
+    # an even sample past 4096 loops); None: only the traced step ran
     median_step_time: float | None
-    examples_per_sec: float | None  # over loops after the first one
-    input_wait: float | None  # seconds per step, over loops after the first one
+    examples_per_sec: float | None  # over the timed steps
+    input_wait: float | None  # seconds per step, over the timed steps
     input_wait_fraction: float | None  # input_wait / mean step time, same loops
     loop_seconds: float  # all loops, tracing included
     input_ended: bool = False  # the input ran out before train_steps
@@ -133,21 +145,20 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 stops += [b for b in monitor.stops(step) if b > step]
                 monitor.before_loop(step)
             num = min(stops) - step
-            began = time.perf_counter()
             # --diagnostics: gradient statistics of the last step of each summary window only
             sample = bool(summary_every) and (step + num) % summary_every == 0
-            result = trainer.train_loop(iterator, num, sample_stats=sample)
-            seconds = time.perf_counter() - began
-            loop_seconds += seconds
+            result, timed, seconds, traced_seconds = _run_loop(trainer, iterator, num, sample,
+                                                               first_loop)
+            loop_seconds += seconds + traced_seconds
             if result.steps < num:
                 input_ended = True
                 logging.warning("the input ended after step %d of %d", step + result.steps,
                                 train_steps)
             if not result.steps:
                 break
-            if not first_loop and not input_ended:  # the first loop includes tracing
-                per_step_times.append(seconds / result.steps)
-                steady.add(result, seconds)
+            if timed is not None and timed.steps and not input_ended:  # (a whole loop's)
+                per_step_times.append(seconds / timed.steps)
+                steady.add(timed, seconds)
             first_loop = False
             step += result.steps
             if not np.isfinite(result.loss_sum):  # before any summary or checkpoint of it
@@ -159,9 +170,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                         f"from the last checkpoint ({latest})" if latest else
                         "no checkpoint was written yet: rerun with a lower --learning_rate"))
             for window in (summary_window, log_window):
-                window.add(result, seconds)
+                window.add(result, seconds, timed.steps if timed is not None else 0)
             last = new_window()
-            last.add(result, seconds)
+            last.add(result, seconds, timed.steps if timed is not None else 0)
             if summaries is not None and summary_every and (
                     step % summary_every == 0 or input_ended):
                 metrics = summary_window.means(global_batch)
@@ -173,11 +184,10 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                 summary_window = new_window()
             if log_every and (step % log_every == 0 or step == train_steps or input_ended):
                 metrics = log_window.means(global_batch)
-                eta = (train_steps - step) * metrics["step_time"]
-                logging.info("step %d/%d  loss %.4f%s  %.0f examples/sec  "
-                             "input wait %.1f ms/step  ETA %.0fs", step, train_steps,
-                             metrics["loss"], metrics_lib.log_text(metrics, trainer.metrics),
-                             metrics["examples_per_sec"], 1e3 * metrics["input_wait"], eta)
+                logging.info("step %d/%d  loss %.4f%s  %s  input wait %.1f ms/step  %s", step,
+                             train_steps, metrics["loss"],
+                             metrics_lib.log_text(metrics, trainer.metrics), _speed_text(metrics),
+                             1e3 * metrics["input_wait"], _eta_text(metrics, train_steps - step))
                 log_window = new_window()
             if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
                 checkpointer.save(step)
@@ -198,19 +208,57 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     if checkpointer is not None and step > start and not (
             checkpoint_every and step % checkpoint_every == 0):
         checkpointer.save(step)
-    if not steady.steps:
-        steady = last  # one loop only: report it, tracing included
+    if step > start and not steady.timed_steps:
+        logging.warning("no step time was measured: the run trained %d step(s) after %d, and "
+                        "the first (it traces the loop) is not timed; examples/sec and the "
+                        "link model's compute and modelled step times are left out (train "
+                        "at least 2 steps for them)", step - start, start)
     return FitResult(
         start_step=start, final_step=step,
         train=last.means(global_batch) if last.steps else {},
-        median_step_time=(float(np.median(per_step_times.items)) if per_step_times
-                          else (steady.seconds / steady.steps if steady.steps else None)),
-        examples_per_sec=(steady.steps * global_batch / steady.seconds
-                          if steady.steps and per_step_times else None),
+        median_step_time=float(np.median(per_step_times.items)) if per_step_times else None,
+        examples_per_sec=(steady.timed_steps * global_batch / steady.seconds
+                          if steady.timed_steps and steady.seconds > 0 else None),
         input_wait=steady.input_wait / steady.steps if steady.steps else None,
         input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
         loop_seconds=loop_seconds, input_ended=input_ended, stopped=stopped,
         stopped_by=stopped_by)
+
+
+def _run_loop(trainer: Trainer, iterator, num: int, sample: bool, first: bool):
+    """One loop of `num` steps: (its result, the result of its timed steps or None, their
+    seconds, the seconds of the untimed first step). The run's first loop runs its first
+    step alone (the call that traces the compiled loop), then the others; the two results
+    are one loop's."""
+    traced_seconds, traced = 0.0, None
+    if first:
+        began = time.perf_counter()
+        traced = trainer.train_loop(iterator, 1, sample_stats=sample and num == 1)
+        traced_seconds = time.perf_counter() - began
+        num -= 1
+        if traced.steps < 1 or num == 0:
+            return traced, None, 0.0, traced_seconds
+    began = time.perf_counter()
+    timed = trainer.train_loop(iterator, num, sample_stats=sample)
+    seconds = time.perf_counter() - began
+    if traced is None:
+        return timed, timed, seconds, 0.0
+    result = LoopResult(
+        steps=traced.steps + timed.steps, loss_sum=traced.loss_sum + timed.loss_sum,
+        metric_sums={name: traced.metric_sums[name] + timed.metric_sums[name]
+                     for name in timed.metric_sums},
+        input_wait=traced.input_wait + timed.input_wait, stats=timed.stats)
+    return result, timed, seconds, traced_seconds
+
+
+def _speed_text(metrics: dict) -> str:
+    if metrics["examples_per_sec"] is None:
+        return "speed not measured (the first step traces)"
+    return f"{metrics['examples_per_sec']:.0f} examples/sec"
+
+
+def _eta_text(metrics: dict, steps_left: int) -> str:
+    return "" if metrics["step_time"] is None else f"ETA {steps_left * metrics['step_time']:.0f}s"
 
 
 def _call_back(callbacks, step: int, train: dict, monitor):

@@ -19,7 +19,7 @@ from typing import Callable
 
 from absl import logging
 
-from mgloop.observe import link_model, link_scalars
+from mgloop.observe import link_report, link_scalars
 from mgloop.observe import summaries
 from mgloop.runs import callbacks as callbacks_lib
 from mgloop.runs import checkpoint, controller, export
@@ -35,8 +35,9 @@ class Measured:
     """What a trained run measures once training is done (`measure`)."""
 
     eval_metrics: dict
-    traffic: dict  # bytes per device and step (Traffic.as_dict)
-    link_report: dict  # link_model.report_of_run
+    traffic: dict  # bytes per device, averaged over the run's steps (link_report.py)
+    messages: dict  # messages per device, averaged alike
+    link_report: dict  # link_report.report_of_run
     exchange_seconds: float | None  # the exchange timed alone; None: no step was trained
 
 
@@ -60,12 +61,12 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
     metrics (HParams)."""
     exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
     health.stop()  # no collective between workers from here on: a peer may now exit
-    traffic = trainer.aggregation.traffic.as_dict()
-    link_report = link_model.report_of_run(trainer, config.links, result.median_step_time,
-                                           exchange_seconds)
+    traffic, messages = link_report.traffic_per_step(trainer, result.final_step)
+    report = link_report.report_of_run(trainer, config.links, result.final_step,
+                                       result.median_step_time, exchange_seconds)
     train_writer.scalars(result.final_step, {
         **summaries.aggregation_scalars(traffic, exchange_seconds),
-        **link_scalars.scalars(link_report)})
+        **link_scalars.scalars(report)})
     eval_metrics = monitor.eval_at(result.final_step)
     train_writer.close()
     eval_writer.close()
@@ -74,8 +75,8 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
             "final/train_loss": result.train.get("loss"),
             "final/eval_accuracy": eval_metrics.get("accuracy"),
             "final/examples_per_sec": result.examples_per_sec,
-            **link_scalars.final_metrics(link_report)})
-    return Measured(eval_metrics, traffic, link_report, exchange_seconds)
+            **link_scalars.final_metrics(report)})
+    return Measured(eval_metrics, traffic, messages, report, exchange_seconds)
 
 
 def export_model(config: Config, trainer: Trainer) -> str:
@@ -114,7 +115,7 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "examples_per_sec": result.examples_per_sec,
         "median_step_time": result.median_step_time,
         "traffic_bytes_per_step": measured.traffic,
-        "traffic_messages_per_step": trainer.aggregation.traffic.messages_as_dict(),
+        "traffic_messages_per_step": measured.messages,
         "link_model": measured.link_report,
         "exchange_seconds": measured.exchange_seconds,
         "input_wait": result.input_wait,

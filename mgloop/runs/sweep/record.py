@@ -1,27 +1,21 @@
 """What a finished cell leaves: one JSON record, from its RunResult.
 
-Per eval point (the history's records that evaluated, step s):
+Per eval point (the history's records that evaluated, step s), from the run's link
+report (mgloop/observe/link_report.py: what each step s' < s moved, from the occasions
+its method sends on):
 
-    gradient_bytes(s) = n(s) * G      G: the busiest device's gradient bytes per counted
-                                      step between nodes (summary.json link_model/tiers;
-                                      with one node, every device's bytes per step);
-                                      n(s) = the method's `counted_steps(s)` (s for every
-                                      synchronous method, floor(s / H) for local SGD and
-                                      DiLoCo, a fragment-weighted count for Streaming
-                                      DiLoCo: aggregation/base.py)
-    state_bytes(s)    = s * S         S: the state bytes (metrics, batch-norm statistics)
-                                      per step, which every step moves
-    seconds[link](s)  = s * C + n(s) * X[link]
-                                      C: the measured compute per step (link_model.py: the
-                                      median step less the exchange timed alone), X: the
-                                      modelled exchange of a counted step on the link, no
-                                      overlap (for local methods the few state bytes of a
-                                      step that does not sync are not charged)
+    gradient_bytes(s) = the busiest device's gradient bytes sent through step s, at the
+                        method's tier (between nodes; with one node, per device)
+    state_bytes(s)    = the same of the state (metrics, batch-norm statistics)
+    seconds[link](s)  = s * C + sum_{s' < s} X[link](s')
+                        C: the measured compute per step (link_model.py: the median step
+                        less the exchange timed alone), X: the modelled exchange of step s'
+                        on the link, no overlap
 
-and the eval metrics there. Time to target: the first eval point where the target holds
-(its step, gradient bytes and seconds per link), None if none does. A cell whose loss
-became NaN or infinite has `diverged` (the reason) and the evals made before it. Bytes that cannot
-be modelled (a method whose counted step mixes kinds, `counted_steps` None) are None.
+and the eval metrics there, so gradient_bytes(S) / S at the last step S is summary.json's
+link_model.gradient_bytes_per_step. Time to target: the first eval point where the target
+holds (its step, gradient bytes and seconds per link), None if none does. A cell whose
+loss became NaN or infinite has `diverged` (the reason) and the evals made before it.
 """
 
 from __future__ import annotations
@@ -29,22 +23,20 @@ from __future__ import annotations
 import json
 import os
 
+from mgloop.observe import link_model, link_report
+
 
 def traffic_of(summary: dict) -> dict:
     """{"where", "gradient_bytes_per_step", "state_bytes_per_step", "nodes"} of a summary."""
-    tiers = summary["link_model"]["tiers"]
-    nodes = tiers["nodes"]
-    tier = tiers["between"] if nodes > 1 else tiers["within"]
-    return {"where": "between nodes" if nodes > 1 else "per device (one node)",
-            "nodes": nodes,
-            "gradient_bytes_per_step": tier["gradient"]["bytes_per_device"],
-            "state_bytes_per_step": tier["state"]["bytes_per_device"]}
+    link = summary["link_model"]
+    return {"where": link["where"], "nodes": link["tiers"]["nodes"],
+            "gradient_bytes_per_step": link["gradient_bytes_per_step"],
+            "state_bytes_per_step": link["state_bytes_per_step"]}
 
 
-def curve_of(result, counted_steps) -> list[dict]:
+def curve_of(result) -> list[dict]:
     """The eval points of a RunResult (the module's top), in step order."""
     summary = result.summary
-    traffic = traffic_of(summary)
     link = summary["link_model"]
     compute = link["compute_seconds"] or 0.0
     points = {}
@@ -54,16 +46,23 @@ def curve_of(result, counted_steps) -> list[dict]:
     final = summary["final_step"]
     if final not in points and summary.get("eval_metrics"):
         points[final] = {f"eval/{k}": v for k, v in summary["eval_metrics"].items()}
+    if not points:
+        return []
+    tier = link_report.method_tier(link["tiers"]["nodes"])
+    schedule = link_report.Schedule(result.trainer.aggregation.traffic, max(points))
+    through = schedule.traffic_through(points)
+    links = [link_model.parse(text) for text in summary["config"]["links"]]
+    within = next((one for one in links if one.tier == "within"), None)
+    exchanged = {one.tag: schedule.totals(points, link_report.exchange_of(one, within))
+                 for one in links if one.tier != "within"}
     curve = []
     for step in sorted(points):
-        n = counted_steps(step)
-        point = {"step": step, **points[step],
-                 "gradient_bytes": None if n is None else n * traffic["gradient_bytes_per_step"],
-                 "state_bytes": step * traffic["state_bytes_per_step"],
-                 "seconds": {tag: None if n is None else step * compute
-                             + n * figures["exchange_seconds"]
-                             for tag, figures in link["links"].items()}}
-        curve.append(point)
+        curve.append({"step": step, **points[step],
+                      "gradient_bytes": link_report.busiest_bytes(through[step], tier,
+                                                                  "gradient"),
+                      "state_bytes": link_report.busiest_bytes(through[step], tier, "state"),
+                      "seconds": {tag: step * compute + totals[step]
+                                  for tag, totals in exchanged.items()}})
     return curve
 
 
@@ -78,9 +77,9 @@ def time_to_target(curve: list[dict], target) -> dict | None:
     return None
 
 
-def record_of(cell, result, aggregation, target) -> dict:
+def record_of(cell, result, target) -> dict:
     summary = result.summary
-    curve = curve_of(result, aggregation.counted_steps)
+    curve = curve_of(result)
     return {"cell": cell.name, "variant": cell.variant.name, "varied": cell.variant.varied,
             "axes": [list(pair) for pair in cell.variant.axes],
             "seed": cell.seed, "final_step": summary["final_step"],
@@ -88,8 +87,7 @@ def record_of(cell, result, aggregation, target) -> dict:
             "eval": summary["eval_metrics"],
             "traffic": traffic_of(summary),
             "compute_seconds": summary["link_model"]["compute_seconds"],
-            "compression_ratio_between": summary["link_model"]["tiers"][
-                "compression_ratio_between"],
+            "compression_ratio": summary["link_model"]["compression_ratio"],
             "curve": curve, "target": None if target is None else str(target),
             "time_to_target": time_to_target(curve, target)}
 
@@ -104,7 +102,7 @@ def diverged_record(cell, history, reason: str, target) -> dict:
     return {"cell": cell.name, "variant": cell.variant.name, "varied": cell.variant.varied,
             "axes": [list(pair) for pair in cell.variant.axes], "seed": cell.seed,
             "final_step": None, "stopped_by": None, "eval": None, "traffic": None,
-            "compute_seconds": None, "compression_ratio_between": None, "curve": curve,
+            "compute_seconds": None, "compression_ratio": None, "curve": curve,
             "target": None if target is None else str(target),
             "time_to_target": time_to_target(curve, target), "diverged": reason}
 

@@ -9,9 +9,9 @@ Per variant, over its seeds (stats.py: mean ± sample sd):
                            its run ("—" for a seed whose first eval came later)
     reached                seeds that met the target / seeds run
     steps / MB / s@link    time to target (record.py), over the seeds that reached it
-    B/step                 gradient bytes per counted step (between nodes, or per device
-                           with one node) and, where the method moves its count only on
-                           some steps, the mean per step over the run
+    B/step                 gradient bytes per step averaged over the run's steps (between
+                           nodes, or per device with one node): summary.json's
+                           link_model.gradient_bytes_per_step (observe/link_report.py)
     ratio                  the first variant's mean bytes per step over this one's
 
 Plots, one PNG per x axis: the eval metric against steps, against the gradient bytes
@@ -63,10 +63,8 @@ def _final(rec: dict, metric: str):
 
 
 def mean_bytes_per_step(rec: dict) -> float | None:
-    last = rec["curve"][-1] if rec["curve"] else None
-    if not last or last["gradient_bytes"] is None or not last["step"]:
-        return None
-    return last["gradient_bytes"] / last["step"]
+    """The cell's gradient bytes per step (None: a diverged cell, with no summary)."""
+    return (rec.get("traffic") or {}).get("gradient_bytes_per_step")
 
 
 def at_bytes(rec: dict, metric: str, budget: float):

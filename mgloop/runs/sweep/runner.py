@@ -71,7 +71,7 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
     else:
         if result.summary.get("preempted"):
             return None
-        record = record_lib.record_of(cell, result, result.trainer.aggregation, plan.target)
+        record = record_lib.record_of(cell, result, plan.target)
         del result
     path = plan.result_path(cell)
     record_lib.write(path, record)

@@ -1,0 +1,241 @@
+"""What a run moves and would take per step: its traffic averaged over its steps, and the
+link model of it (summary.json's "link_model", TensorBoard's link/ scalars, a study's
+curves: one definition for all of them).
+
+A traced step counts everything the step may send (aggregation/traffic.py), each part on
+the occasion it is sent on (every step; a sync every H steps; one fragment of Streaming
+DiLoCo's schedule; a warmup). Step s moves the parts whose occasion occurs at s
+(`Traffic.at_step`). Over the run's steps s = 0 .. S-1 (S = its final step):
+
+    bytes per step (device d)   = (1/S) sum_s bytes_d(s) = sum_o (n_o / S) bytes_d(o)
+    exchange seconds per step   = (1/S) sum_s X(s)         X: link_model.py's time of one
+                                                           step's traffic on a link
+    step seconds, no overlap    = C + (1/S) sum_s X(s)     C: the measured compute per step
+    step seconds, overlap       = (1/S) sum_s max(C, X(s))
+
+n_o the steps on which occasion o occurs. The busiest device is taken on the averages
+(max_d of the mean, as the bandwidth term of a long run sees it). A method that sends on
+every step has S-independent figures, those of its traced step exactly.
+
+Where the method acts. With N > 1 nodes (--nodes or workers), the method's gradients
+cross between nodes: the figures at "the method's tier" are the between tier's, else the
+within tier's (one node: every device's). The compression ratio is of the gradients only:
+
+    compression_ratio = dense / G       dense: the bytes per participant of a float32 ring
+                                        all-reduce of the trainable gradients among the N
+                                        nodes (or T towers with one node), 2(P-1)/P of them;
+                                        G: the busiest device's gradient bytes per step at
+                                        the method's tier
+
+State (batch-norm statistics, the step's metrics) is reported apart, never in G. Per sync
+("syncs": one entry per occasion that is not every step): the bytes and messages of one
+occurrence, how many times it occurred, and the ratio dense / its gradient bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+from mgloop.aggregation.traffic import Traffic
+from mgloop.observe import link_model
+
+
+class Schedule:
+    """Which occasions occur on each of a run's steps 0 .. `steps`-1, and figures of the
+    traffic averaged or summed over them (one Traffic per distinct set of occasions)."""
+
+    def __init__(self, traffic: Traffic, steps: int):
+        self.traffic, self.steps = traffic, max(int(steps), 0)
+        self._occasions = traffic.occasions()
+        self._of_key: dict[tuple, Traffic] = {}
+        self.counts = collections.Counter(self.key(s) for s in range(self.steps))
+
+    def key(self, step: int) -> tuple[str, ...]:
+        """The names of the occasions occurring at `step`."""
+        return tuple(o.name for o in self._occasions if o.occurs(step))
+
+    def traffic_of(self, key: tuple[str, ...]) -> Traffic:
+        """What a step with the occasions `key` moves."""
+        if key not in self._of_key:
+            if len(key) == len(self._occasions):
+                self._of_key[key] = self.traffic
+            else:
+                self._of_key[key] = Traffic.sum([self.traffic.of_occasion(n) for n in key],
+                                                self.traffic.node_of)
+        return self._of_key[key]
+
+    def mean_traffic(self) -> Traffic:
+        """The counts per step averaged over the steps (every part and tier)."""
+        mean = Traffic(node_of=dict(self.traffic.node_of))
+        for key, count in self.counts.items():
+            mean.add_scaled(self.traffic_of(key), count / self.steps)
+        return mean
+
+    def mean(self, figure: Callable[[Traffic], float]) -> float:
+        """(1/S) sum_s figure(traffic of step s); 0 with no step."""
+        if not self.steps:
+            return 0.0
+        return sum(count * figure(self.traffic_of(key))
+                   for key, count in self.counts.items()) / self.steps
+
+    def slowest(self, figure: Callable[[Traffic], float]) -> float:
+        """max_s figure(traffic of step s); 0 with no step."""
+        return max((figure(self.traffic_of(key)) for key in self.counts), default=0.0)
+
+    def occurrences(self, name: str) -> int:
+        return sum(count for key, count in self.counts.items() if name in key)
+
+    def traffic_through(self, points) -> dict[int, Traffic]:
+        """{p: the counts summed over steps 0 .. p-1} for each step count p in `points`."""
+        counts, out, step = collections.Counter(), {}, 0
+        for point in sorted(set(points)):
+            while step < point:
+                counts[self.key(step)] += 1
+                step += 1
+            total = Traffic(node_of=dict(self.traffic.node_of))
+            for key, count in counts.items():
+                total.add_scaled(self.traffic_of(key), count)
+            out[point] = total
+        return out
+
+    def totals(self, points, figure: Callable[[Traffic], float]) -> dict[int, float]:
+        """{p: sum_{s < p} figure(traffic of step s)} for each step count p in `points`
+        (a study's curve: bytes and exchange seconds through each eval)."""
+        memo, total, out, step = {}, 0.0, {}, 0
+        for point in sorted(set(points)):
+            while step < point:
+                key = self.key(step)
+                if key not in memo:
+                    memo[key] = figure(self.traffic_of(key))
+                total += memo[key]
+                step += 1
+            out[point] = total
+        return out
+
+
+def method_tier(num_nodes: int) -> str:
+    """Where the method's gradients travel: between nodes when there are several."""
+    return "between" if num_nodes > 1 else "within"
+
+
+def busiest_bytes(traffic: Traffic, tier: str, kind: str) -> float:
+    """The busiest device's bytes, max(sent, received), of one (tier, kind) part."""
+    return traffic.parts.get((tier, kind), Traffic()).busiest()[0]
+
+
+def dense_bytes(gradient_bytes: int | None, num_towers: int, num_nodes: int) -> int | None:
+    """A float32 ring all-reduce's bytes per participant among the nodes (or the towers of
+    one node), `link_model.dense_ring_bytes`; None with one participant."""
+    participants = num_nodes if num_nodes > 1 else num_towers
+    if gradient_bytes is None or participants <= 1:
+        return None
+    return link_model.dense_ring_bytes(gradient_bytes, participants)
+
+
+def _ratio(dense, counted):
+    return dense / counted if dense and counted else None
+
+
+def _tiers(mean: Traffic, gradient_bytes, num_nodes: int) -> dict:
+    """Per tier and kind, the busiest device's bytes and messages per step and the bytes
+    all devices send per step; the between tier's dense bytes and compression ratio."""
+    out = mean.tiers_as_dict()
+    dense = (link_model.dense_ring_bytes(gradient_bytes, num_nodes)
+             if gradient_bytes is not None and num_nodes > 1 else None)
+    out["nodes"] = num_nodes
+    out["dense_ring_bytes_between"] = dense
+    out["compression_ratio_between"] = _ratio(dense, out["between"]["gradient"]["bytes_per_device"])
+    return out
+
+
+def _syncs(schedule: Schedule, tier: str, dense) -> dict:
+    """One entry per occasion other than every step: one occurrence's figures."""
+    out = {}
+    for occasion in schedule.traffic.occasions():
+        if occasion.name == "every step":
+            continue
+        one = schedule.traffic.of_occasion(occasion.name)
+        gradient = busiest_bytes(one, tier, "gradient")
+        num_bytes, messages = one.busiest()
+        out[occasion.name] = {"occurrences": schedule.occurrences(occasion.name),
+                              "bytes_per_device": num_bytes, "messages_per_device": messages,
+                              "gradient_bytes_per_device": gradient,
+                              "state_bytes_per_device": busiest_bytes(one, tier, "state"),
+                              "compression_ratio": _ratio(dense, gradient)}
+    return out
+
+
+def exchange_of(link, within) -> Callable[[Traffic], float]:
+    """X(traffic) on `link`: the two-tier model with `within` for a between link."""
+    if link.tier == "between":
+        return lambda traffic: link_model.tiered_exchange_seconds(traffic, within, link)
+    return lambda traffic: link_model.exchange_seconds(traffic, link)
+
+
+def report(traffic: Traffic, links, compute: float | None, steps: int,
+           gradient_bytes: int | None = None, num_towers: int = 1, num_nodes: int = 1) -> dict:
+    """summary.json's "link_model" (the module's top) for the run's steps 0 .. `steps`-1."""
+    schedule = Schedule(traffic, steps)
+    mean = schedule.mean_traffic()
+    tier = method_tier(num_nodes)
+    dense = dense_bytes(gradient_bytes, num_towers, num_nodes)
+    gradient = busiest_bytes(mean, tier, "gradient")
+    num_bytes, messages = mean.busiest()
+    out = {"steps": schedule.steps, "compute_seconds": compute,
+           "where": "between nodes" if tier == "between" else "within one node",
+           "gradient_bytes_per_step": gradient,
+           "state_bytes_per_step": busiest_bytes(mean, tier, "state"),
+           "dense_gradient_bytes_per_step": dense,
+           "compression_ratio": _ratio(dense, gradient),
+           "bytes_per_device": num_bytes, "messages_per_device": messages,
+           "tiers": _tiers(mean, gradient_bytes, num_nodes),
+           "syncs": _syncs(schedule, tier, dense),
+           "links": {}}
+    within = next((link for link in links if link.tier == "within"), None)
+    for link in links:
+        if link.tier == "within":
+            continue  # charged with every between link
+        exchange = exchange_of(link, within)
+        out["links"][link.tag] = {
+            "bandwidth_bytes_per_second": link.bytes_per_second,
+            "latency_seconds": link.latency_seconds,
+            "within": None if link.tier is None else within.name,
+            "exchange_seconds": schedule.mean(exchange),
+            "exchange_seconds_slowest_step": schedule.slowest(exchange),
+            "step_seconds_no_overlap": (None if compute is None
+                                        else compute + schedule.mean(exchange)),
+            "step_seconds_overlap": (None if compute is None else
+                                     schedule.mean(lambda t, x=exchange: max(compute, x(t))))}
+    return out
+
+
+def gradient_bytes_of(trainer) -> int:
+    """The float32 bytes of the trainable gradients (copy 0's variables)."""
+    return sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable)
+
+
+def report_of_run(trainer, links, steps: int, median_step_time: float | None,
+                  exchange_alone: float | None) -> dict:
+    """`report` of a trained Trainer over its steps 0 .. `steps`-1: its aggregation's
+    traffic, the --link values `links`, compute from the run's median step less the
+    exchange timed alone (link_model.compute_seconds)."""
+    aggregation = trainer.aggregation
+    return report(aggregation.traffic, [link_model.parse(text) for text in links],
+                  link_model.compute_seconds(median_step_time, exchange_alone), steps,
+                  gradient_bytes=gradient_bytes_of(trainer), num_towers=aggregation.num_towers,
+                  num_nodes=num_nodes(aggregation))
+
+
+def num_nodes(aggregation) -> int:
+    """The nodes of a run: its workers (each a node), else those of --nodes."""
+    if aggregation.cluster is not None:
+        return aggregation.cluster.num_workers
+    return len(set(aggregation.traffic.node_of.values())) or 1
+
+
+def traffic_per_step(trainer, steps: int) -> tuple[dict, dict]:
+    """summary.json's traffic_bytes_per_step and traffic_messages_per_step: per device,
+    sent and received, averaged over the run's steps 0 .. `steps`-1."""
+    mean = Schedule(trainer.aggregation.traffic, steps).mean_traffic()
+    return mean.as_dict(), mean.messages_as_dict()
