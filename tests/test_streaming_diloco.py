@@ -12,6 +12,7 @@ from mgloop import aggregation
 from mgloop.cluster import devices
 from mgloop.aggregation.streaming_diloco import offsets, partition
 from mgloop.errors import ConfigError
+from mgloop.observe import link_model, link_report
 from mgloop.spec.variables import VariableCopy
 from tests import helpers
 
@@ -264,3 +265,38 @@ def test_more_fragments_than_variables_refused_in_one_line(tmp_path):
                                           r"has 6$") as error:
         helpers.build_trainer(config)
     assert "\n" not in str(error.value)
+
+
+def test_per_step_bytes_and_modelled_step_against_diloco(tmp_path):
+    """2 nodes of 2 towers, period 4, over 8 steps, the link report (observe/link_report.py)
+    of each method's traffic with the same compute C: DiLoCo sends every parameter once
+    per period (the gradient ratio between nodes is 4: a dense ring between 2 nodes moves
+    the gradients' bytes), Streaming DiLoCo with 2 fragments the same bytes per step, each
+    fragment on its own step, so its slowest step sends about half and its modelled step
+    with overlap is not slower; without overlap it differs only by the latency of its
+    extra messages (a ring per fragment)."""
+    links = [link_model.parse("within:100gbit,2us"), link_model.parse("between:1gbit,50us")]
+    compute, reports = 1e-3, {}
+    for spec in ("diloco:period=4", "streaming_diloco:period=4,fragments=2,outer_bits=0"):
+        config = helpers.small_config(str(tmp_path / spec.split(":")[0]), devices="cpu:4",
+                                      nodes=2, aggregation=spec)
+        trainer = helpers.build_trainer(config)
+        helpers.run_batches(trainer, helpers.batches(1))  # traces: the traffic is counted
+        reports[spec.split(":")[0]] = link_report.report(
+            trainer.aggregation.traffic, links, compute, 8,
+            gradient_bytes=link_report.gradient_bytes_of(trainer), num_nodes=2)
+    diloco, streaming = reports["diloco"], reports["streaming_diloco"]
+    assert diloco["compression_ratio"] == pytest.approx(4.0, rel=1e-12)
+    assert diloco["syncs"]["sync"]["occurrences"] == 2
+    assert diloco["syncs"]["sync"]["compression_ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert [streaming["syncs"][f"fragment {p}"]["occurrences"] for p in (0, 1)] == [2, 2]
+    # the same bytes per step, but for the ring's split of each fragment (< 4 B per chunk)
+    assert abs(streaming["gradient_bytes_per_step"] - diloco["gradient_bytes_per_step"]) <= 8
+    slow, fast = diloco["links"]["between_1gbit_50us"], streaming["links"]["between_1gbit_50us"]
+    assert fast["exchange_seconds_slowest_step"] < 0.75 * slow["exchange_seconds_slowest_step"]
+    assert fast["step_seconds_overlap"] <= slow["step_seconds_overlap"]
+    extra = (streaming["tiers"]["between"]["gradient"]["messages_per_device"]
+             - diloco["tiers"]["between"]["gradient"]["messages_per_device"])
+    assert extra > 0
+    assert fast["step_seconds_no_overlap"] <= (slow["step_seconds_no_overlap"]
+                                               + extra * 50e-6 * (1 + 1e-9))

@@ -30,7 +30,7 @@ from typing import ClassVar, Sequence
 
 import tensorflow as tf
 
-from mgloop.aggregation.traffic import EVERY_STEP, Traffic
+from mgloop.aggregation.traffic import Traffic
 from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 
 SHARED = "shared"
@@ -217,10 +217,11 @@ class Aggregation(abc.ABC):
         end waits for. Default: nothing (every synchronous method)."""
         return []
 
-    def sync_occasions(self) -> list:
-        """The occasions (traffic.py) of what `after_update` sends, for a wrapper that sends
-        on the same steps (nodes.py). Default: every step."""
-        return [EVERY_STEP]
+    def syncs(self) -> list:
+        """What `after_update` synchronises, as `Sync`s (traffic.py: its occasion, its due
+        tensor, the trainable variables it changes), for a wrapper that hands the synced
+        values on (nodes.py). Default: none."""
+        return []
 
     def variable_scope(self):
         """Context in which variable copy 0 (the template model) is created."""

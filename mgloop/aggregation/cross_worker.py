@@ -74,8 +74,8 @@ class CrossWorker(Aggregation):
     def tower_values(self, tower, values):
         return self.local.tower_values(tower, values)
 
-    def sync_occasions(self):
-        return self.local.sync_occasions()
+    def syncs(self):
+        return self.local.syncs()
 
     def after_update(self, copies):
         """The local method's (this worker's copies only: the methods that average

@@ -53,7 +53,7 @@ import tensorflow as tf
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
-from mgloop.aggregation.traffic import Occasion
+from mgloop.aggregation.traffic import Occasion, Sync
 from mgloop.spec.variables import backing
 
 
@@ -111,11 +111,20 @@ class LocalSGD(Aggregation):
         warmup = self.warmup
         return Occasion("warmup", lambda step: step < warmup)
 
-    def sync_occasions(self) -> list[Occasion]:
+    def sync_occasion(self) -> Occasion:
         """The steps that close a period (`due`): s + 1 > W and (s + 1 - W) mod H = 0."""
         warmup, period = self.warmup, self.options.period
-        return [Occasion("sync", lambda step: step + 1 > warmup
-                         and (step + 1 - warmup) % period == 0)]
+        return Occasion("sync", lambda step: step + 1 > warmup
+                        and (step + 1 - warmup) % period == 0)
+
+    def syncs(self) -> list[Sync]:
+        """One sync of every parameter (and the slots with slots=average)."""
+        return [Sync(self.sync_occasion(), self.due, slots=self.averages_slots)]
+
+    @property
+    def averages_slots(self) -> bool:
+        """Whether a sync averages the optimizer's slots too (slots=average)."""
+        return self.options.slots == "average"
 
     def due(self) -> tf.Tensor:
         """Whether the step now running closes a period: s + 1 > W, (s + 1 - W) mod H = 0."""
@@ -152,7 +161,7 @@ class LocalSGD(Aggregation):
     def synchronise(self, copies) -> None:
         """Every copy takes the mean of the copies' parameters (and slots, if asked)."""
         groups = [list(c.trainable) for c in copies]
-        if self.options.slots == "average":
+        if self.averages_slots:
             groups = [g + slot_variables(c.optimizer) for g, c in zip(groups, copies)]
         for variables, means in zip(groups, self.average(groups)):
             for variable, mean in zip(map(backing, variables), means):
@@ -164,7 +173,7 @@ class LocalSGD(Aggregation):
             return []
 
         def sync():
-            with self.traffic.on(self.sync_occasions()[0]):
+            with self.traffic.on(self.sync_occasion()):
                 self.synchronise(copies)
             return tf.constant(True)
         return [tf.cond(self.due(), sync, lambda: tf.constant(False))]
@@ -185,6 +194,7 @@ class DiLoCo(LocalSGD):
     options_type = DiLoCoOptions
     identity = "period=1,outer_lr=1,outer_momentum=0"
     warmup = 0
+    averages_slots = False  # each replica keeps its inner optimizer's state
 
     def build(self, variables):
         """x (`start`, the parameters at the last sync) and the outer momentum m, one pair

@@ -146,33 +146,41 @@ class NodeLevel(Wrapper):
         if not self.copies_differ or self.nodes.per_node == 1:
             return ops
 
-        due = getattr(self.inner, "due", None)
-        if due is None:
+        syncs = self.inner.syncs()
+        if not syncs:  # a method with its own copies but no declared syncs: every step
             with tf.control_dependencies(ops):
-                self._leaders_to_members(copies)
+                self._leaders_to_members(copies, None, True)
                 return [tf.constant(True)]
-        syncs = self.inner.sync_occasions()
-        occasion = Occasion("sync within nodes",  # on the steps of the method's syncs
-                            lambda step: any(sync.occurs(step) for sync in syncs))
-
-        def propagate():
-            with self.traffic.on(occasion):
-                self._leaders_to_members(copies)
-            return tf.constant(True)
+        handed = []
         with tf.control_dependencies(ops):
-            return [tf.cond(due(), propagate, lambda: tf.constant(False))]
+            for sync in syncs:
+                def propagate(sync=sync):
+                    occasion = Occasion(f"{sync.occasion.name} within nodes",
+                                        sync.occasion.occurs)
+                    with self.traffic.on(occasion):
+                        self._leaders_to_members(copies, sync.variables, sync.slots)
+                    return tf.constant(True)
+                handed.append(tf.cond(sync.due(), propagate, lambda: tf.constant(False)))
+        return handed
 
-    def _leaders_to_members(self, copies) -> None:
-        """Every copy of node n (one per device it holds) takes its leader's parameters and
-        optimizer slots."""
+    def _leaders_to_members(self, copies, indices, slots: bool) -> None:
+        """Every copy of node n (one per device it holds) takes its leader's trainable
+        variables `indices` (None: all) and, with `slots`, optimizer slots. Between syncs
+        the copies of a node apply the same node-mean update to the same values, so they
+        differ only in what a sync changed."""
+
+        def chosen(copy):
+            trainable = list(copy.trainable)
+            picked = trainable if indices is None else [trainable[i] for i in indices]
+            return picked + (local_steps.slot_variables(copy.optimizer) if slots else [])
         for n in range(self.nodes.count):
             first = self._copy_of(self.nodes.leader(n))
             leader = copies[first]
-            sources = list(leader.trainable) + local_steps.slot_variables(leader.optimizer)
+            sources = chosen(leader)
             values = [backing(v).read_value() for v in sources]
             for c in sorted({self._copy_of(t) for t in self.nodes.members(n)} - {first}):
                 copy = copies[c]
-                targets = list(copy.trainable) + local_steps.slot_variables(copy.optimizer)
+                targets = chosen(copy)
                 for target, value in zip(targets, values):
                     target = backing(target)
                     target.assign(self.send(value, leader.device, target.device, exact=True))

@@ -87,7 +87,7 @@ from mgloop.aggregation import register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.compression.scales import sum_dtype
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
-from mgloop.aggregation.traffic import Occasion
+from mgloop.aggregation.traffic import Occasion, Sync
 from mgloop.errors import ConfigError
 from mgloop.spec.variables import backing
 
@@ -169,12 +169,18 @@ class StreamingDiLoCo(DiLoCo):
         self.fragments = partition(self.sizes, self.options.fragments)
         self.offsets = offsets(self.options.period, self.options.fragments)
 
-    def sync_occasions(self) -> list[Occasion]:
+    def fragment_occasions(self) -> list[Occasion]:
         """One occasion per fragment p ("fragment p"): the steps s with
         (s + 1) mod H = o_p mod H (`fragment_due`)."""
         period = self.options.period
         return [Occasion(f"fragment {p}", lambda step, o=offset: (step + 1) % period == o % period)
                 for p, offset in enumerate(self.offsets)]
+
+    def syncs(self) -> list[Sync]:
+        """One sync per fragment, of its variables only."""
+        return [Sync(occasion, lambda p=p: self.fragment_due(p), tuple(fragment))
+                for p, (occasion, fragment) in enumerate(zip(self.fragment_occasions(),
+                                                             self.fragments))]
 
     def fragment_due(self, p: int) -> tf.Tensor:
         """Whether the step now running closes fragment p's period."""
@@ -190,7 +196,7 @@ class StreamingDiLoCo(DiLoCo):
         if self.num_towers == 1:
             return []
         ops = []
-        occasions = self.sync_occasions()
+        occasions = self.fragment_occasions()
         for p, fragment in enumerate(self.fragments):
             def sync(fragment=fragment, occasion=occasions[p]):
                 with self.traffic.on(occasion):

@@ -44,6 +44,18 @@ class Occasion:
 EVERY_STEP = Occasion("every step", lambda step: True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Sync:
+    """One synchronisation a local method runs after the update: on `occasion`'s steps,
+    when the tensor `due()` is true; it changes the trainable `variables` (indices; None:
+    all of them) and, with `slots`, the optimizer's slots."""
+
+    occasion: Occasion
+    due: Callable
+    variables: tuple[int, ...] | None = None
+    slots: bool = False
+
+
 @dataclasses.dataclass
 class Traffic:
     """Bytes and messages sent and received per device in one step, keyed by canonical device.

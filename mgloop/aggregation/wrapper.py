@@ -4,7 +4,7 @@ NodeLevel (nodes.py: the method between nodes) and DeviceGroups (device_groups.p
 several towers per device) each make the step see every tower while the method under
 study, `inner`, runs on fewer units. What does not change between them is here: the
 wrapper is the inner method as declared (name, options, capabilities, one set of traffic
-counts) and its state, error bounds, sync occasions and variable scope are the inner
+counts) and its state, error bounds, syncs and variable scope are the inner
 method's; a subclass says where the copies live and how the towers' gradients reach it.
 """
 
@@ -49,5 +49,5 @@ class Wrapper(Aggregation):
     def error_bound_for(self, options, num_towers, num_elements):
         return self.inner.error_bound_for(options, self.inner.num_towers, num_elements)
 
-    def sync_occasions(self):
-        return self.inner.sync_occasions()
+    def syncs(self):
+        return self.inner.syncs()
