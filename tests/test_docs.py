@@ -254,3 +254,31 @@ def test_the_home_page_has_the_readmes_feature_table():
     table = readme[readme.index("## What is in it"):readme.index("## Documentation")].strip()
     home = _read(os.path.join(DOCS, "index.md"))
     assert table.replace("](docs/", "](") in home
+
+
+# Tags a page may hold: HTML's, SVG's (icons, MathJax) and the theme's custom elements.
+HTML_TAGS = set("""a abbr address area article aside audio b base bdi bdo blockquote body br
+    button canvas caption cite code col colgroup data datalist dd del details dfn dialog div dl
+    dt em embed fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6 head header hgroup hr
+    html i iframe img input ins kbd label legend li link main map mark menu meta meter nav
+    noscript object ol optgroup option output p param picture pre progress q rp rt ruby s samp
+    script search section select slot small source span strong style sub summary sup table
+    tbody td template textarea tfoot th thead time title tr track u ul var video wbr svg path g
+    use symbol defs circle rect line polyline polygon clippath mask lineargradient stop text
+    tspan""".split())
+# Placeholders that are also HTML tags, as a docstring would write them: `task:<i>`, `seed=<s>`.
+PLACEHOLDER_TAGS = re.compile(r"<(i|s|b|u|q|var|time|data|output|select|input)>")
+
+
+def test_no_placeholder_vanishes_as_an_html_tag(site):
+    """A docstring's `<logdir>/summary.json` outside backticks reaches the API page as an
+    unknown HTML tag, and the browser shows nothing of it: placeholders go in backticks."""
+    found = []
+    for page in _html_pages(site):
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"</?([A-Za-z_][\w.-]*)(?=[\s>/])", text):
+            name = match.group(1).lower()
+            if name not in HTML_TAGS and not name.startswith(("mjx-", "md-")):
+                found.append(f"{page.relative_to(site)}: {text[match.start() - 40:match.end() + 20]!r}")
+        found += [f"{page.relative_to(site)}: {m.group(0)}" for m in PLACEHOLDER_TAGS.finditer(text)]
+    assert found == []

@@ -16,7 +16,7 @@ LINK_FIGURES = ("exchange_seconds", "step_seconds_no_overlap", "step_seconds_ove
 def scalars(link_report: dict) -> dict[str, float]:
     """TensorBoard scalars of a `link_model.report`: link/compute_seconds,
     link/bytes_per_device, link/compression_ratio and
-    link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}."""
+    `link/<TAG>/{exchange_seconds, step_seconds_no_overlap, step_seconds_overlap}`."""
     values = {"link/bytes_per_device": float(link_report["bytes_per_device"])}
     tiers = link_report.get("tiers", {})
     for tier in TIERS:
