@@ -25,6 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
 MATHJAX = os.path.join(DOCS, "javascripts", "vendor", "mathjax")
+# One test process builds the site once (the `site` fixture) for every test here.
+pytestmark = pytest.mark.xdist_group("docs")
+
 QUICK_START = ("pip install -e . && python -m mgloop.train",
                "pip install -e '.[test]' && python -m pytest")
 
