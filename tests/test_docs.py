@@ -1,34 +1,232 @@
-"""The documentation: the MkDocs site builds with no warning, and the README is a front page.
+"""The documentation: the MkDocs site builds with no warning, reads as a reference, and
+needs no network; the README is a front page.
 
 `mkdocs build --strict` fails on a broken link or anchor between pages, a page missing
 from the nav, and an API reference (mkdocstrings) that cannot be rendered from the
-docstrings (mkdocs.yml). Its tools come with the test extra (setup.cfg).
+docstrings (mkdocs.yml). Its tools come with the test extra (setup.cfg). The site is
+built once (the module's `site` fixture) and read by the tests that need the HTML.
+
+The rest is read from the Markdown alone: no page cites the project's issue numbers
+(history belongs in git), every page has one H1, and every command a page quotes
+(`python experiments/X.py ...`, `python -m mgloop.X ...`) names a script or module
+that exists and flags that it defines.
 """
 
+import ast
+import glob
 import os
 import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+MATHJAX = os.path.join(DOCS, "javascripts", "vendor", "mathjax")
+# One test process builds the site once (the `site` fixture) for every test here.
+pytestmark = pytest.mark.xdist_group("docs")
+
 QUICK_START = ("pip install -e . && python -m mgloop.train",
                "pip install -e '.[test]' && python -m pytest")
 
 
-def test_the_site_builds_strict(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once by `mkdocs build --strict`."""
+    site_dir = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "index.html").exists()
-    assert (tmp_path / "api" / "aggregation" / "index.html").exists()
+    return site_dir
+
+
+def test_the_site_builds_strict(site):
+    assert (site / "index.html").exists()
+    assert (site / "api" / "aggregation" / "index.html").exists()
+
+
+def _html_pages(site):
+    return sorted(p for p in site.rglob("*.html") if p.name != "404.html")
+
+
+def test_the_site_loads_nothing_from_outside(site):
+    """No script, stylesheet or font from the network: the math renders offline
+    (MathJax is vendored) and the theme fetches no web fonts (`theme.font: false`)."""
+    assert os.path.isfile(os.path.join(MATHJAX, "tex-svg.js"))
+    assert os.path.isfile(os.path.join(MATHJAX, "LICENSE"))
+    tag = re.compile(r"<(script|link)\b[^>]*>", re.I)
+    external = re.compile(r"""\b(src|href)\s*=\s*["']?(https?:)?//""", re.I)
+    found = []
+    for page in _html_pages(site):
+        for match in tag.finditer(page.read_text(encoding="utf-8")):
+            element = match.group(0)
+            if match.group(1).lower() == "link" and not re.search(
+                    r"rel\s*=\s*[\"']?(stylesheet|preload|preconnect|modulepreload)", element, re.I):
+                continue  # a canonical or alternate link is not loaded
+            if external.search(element):
+                found.append(f"{page.relative_to(site)}: {element}")
+    assert found == []
+    math_page = (site / "methods" / "link-model" / "index.html").read_text(encoding="utf-8")
+    assert "javascripts/vendor/mathjax/tex-svg.js" in math_page
+
+
+def test_every_page_has_one_h1(site):
+    """One H1 per page (its title), in the Markdown and in the built page."""
+    two = []
+    for path in _markdown_pages():
+        text = _outside_code(_read(path))
+        h1 = re.findall(r"^# \S", text, re.M)
+        if len(h1) > 1:
+            two.append(f"{os.path.relpath(path, ROOT)}: {len(h1)} H1 lines")
+    for page in _html_pages(site):
+        count = len(re.findall(r"<h1\b", page.read_text(encoding="utf-8")))
+        if count != 1:
+            two.append(f"site/{page.relative_to(site)}: {count} <h1>")
+    assert two == []
+
+
+def _read(path) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _readme() -> str:
-    with open(README, encoding="utf-8") as f:
-        return f.read()
+    return _read(README)
+
+
+def _markdown_pages() -> list:
+    return sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+
+
+def _outside_code(text: str) -> str:
+    """The Markdown without its fenced and indented code blocks."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    return re.sub(r"^(?: {4}|\t)(?![-*] |\d+\. ).*$", "", text, flags=re.M)
+
+
+def test_no_page_cites_an_issue_number():
+    """A reference, not a diary: no "issue 14" (nor "issue #14", "issues 14 and 27", an
+    anchor made from such a heading) in docs/ or the README."""
+    cite = re.compile(r"\bissues?[\s#-]*#?\d", re.I)
+    found = []
+    for path in _markdown_pages() + [README]:
+        for number, line in enumerate(_read(path).splitlines(), 1):
+            if cite.search(line):
+                found.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()[:100]}")
+    assert found == []
+
+
+def test_no_stale_command_notes():
+    """Each figure shows its current command only, not a deleted script's with a note."""
+    stale = re.compile(r"is gone[;:,]|\(Now:", re.I)
+    found = [f"{os.path.relpath(path, ROOT)}:{number}"
+             for path in _markdown_pages() + [README]
+             for number, line in enumerate(_read(path).splitlines(), 1)
+             if stale.search(line)]
+    assert found == []
+
+
+# --- every quoted command names a script or module that exists, and flags it defines.
+
+ABSL_FLAGS = {"flagfile", "undefok", "help", "helpfull", "helpshort", "helpxml", "only_check_args",
+              "logtostderr", "alsologtostderr", "log_dir", "verbosity", "v", "stderrthreshold",
+              "showprefixforinfo", "logger_levels", "run_with_pdb", "pdb", "run_with_profiling",
+              "use_cprofile_for_profiling", "profile_file"}
+COMMAND = re.compile(r"python3?\s+(experiments/[\w/]+\.py|-m\s+mgloop(?:\.\w+)+)([^`\n]*)")
+FLAG = re.compile(r"(?<![\w-])--([a-zA-Z][\w]*)")
+DEFINE = re.compile(r"""DEFINE_\w+\(\s*["'](\w+)["']|add_argument\(\s*["']--(\w+)["']""")
+
+
+def _quoted_commands() -> list:
+    """(page, target, the rest of the line) for every command in docs/ and the README."""
+    commands = []
+    for path in _markdown_pages() + [README]:
+        text = re.sub(r"\\\n\s*", " ", _read(path))  # a command continued over lines
+        for match in COMMAND.finditer(text):
+            commands.append((os.path.relpath(path, ROOT), re.sub(r"\s+", " ", match.group(1)),
+                             match.group(2)))
+    return commands
+
+
+def _defined(text: str) -> set:
+    """The flag names absl (`flags.DEFINE_*("name", ...)`) or argparse defines in a source."""
+    return {absl or argparse for absl, argparse in DEFINE.findall(text)}
+
+
+def _config_flags() -> set:
+    """The flag names of Config's fields (mgloop/runs/config.py), read without importing it."""
+    tree = ast.parse(_read(os.path.join(ROOT, "mgloop", "runs", "config.py")))
+    config = next(node for node in tree.body
+                  if isinstance(node, ast.ClassDef) and node.name == "Config")
+    names = set()
+    for node in config.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+            for call in ast.walk(node):
+                for keyword in getattr(call, "keywords", []):
+                    if keyword.arg == "flag" and isinstance(keyword.value, ast.Constant):
+                        names.add(keyword.value.value)
+    return names
+
+
+def _experiment_flags(script: str, seen=None) -> set:
+    """The flags a script under experiments/ defines, with those of the experiments/
+    modules it imports (and Config's, if it defines mgloop's run flags)."""
+    seen = set() if seen is None else seen
+    if script in seen:
+        return set()
+    seen.add(script)
+    text = _read(script)
+    names = _defined(text)
+    if "define_flags" in text:
+        names |= _config_flags()
+    folder = os.path.dirname(script)
+    for module in re.findall(r"^\s*(?:import|from)\s+(\w+)", text, re.M):
+        path = os.path.join(folder, module + ".py")
+        if os.path.isfile(path):
+            names |= _experiment_flags(path, seen)
+    return names
+
+
+def _module_flags(module: str) -> set:
+    names = _defined(_read(_module_path(module)))
+    if module in ("mgloop.train", "mgloop.launch"):
+        names |= _config_flags()
+    return names
+
+
+def _module_path(module: str):
+    base = os.path.join(ROOT, *module.split("."))
+    for path in (base + ".py", os.path.join(base, "__main__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def test_every_quoted_command_names_a_script_and_flags_that_exist():
+    commands = _quoted_commands()
+    assert len(commands) > 20, "the command extraction found almost nothing"
+    wrong = []
+    for page, target, rest in commands:
+        if target.startswith("experiments/"):
+            path = os.path.join(ROOT, target)
+            known = _experiment_flags(path) if os.path.isfile(path) else None
+        else:
+            module = target.split()[-1]
+            path = _module_path(module)
+            known = _module_flags(module) if path else None
+        if known is None:
+            wrong.append(f"{page}: {target} does not exist")
+            continue
+        for flag in FLAG.findall(rest):
+            if flag in known or flag in ABSL_FLAGS or (flag.startswith("no") and flag[2:] in known):
+                continue
+            wrong.append(f"{page}: {target} defines no --{flag}")
+    assert wrong == []
 
 
 def test_the_readme_is_a_front_page_with_the_two_commands():
@@ -50,3 +248,40 @@ def test_every_relative_link_in_the_readme_exists():
         if not os.path.exists(os.path.join(ROOT, path)):
             missing.append(target)
     assert missing == []
+
+
+def test_the_home_page_has_the_readmes_feature_table():
+    """docs/index.md carries the README's "What is in it" table, its links made relative
+    to docs/."""
+    readme = _readme()
+    table = readme[readme.index("## What is in it"):readme.index("## Documentation")].strip()
+    home = _read(os.path.join(DOCS, "index.md"))
+    assert table.replace("](docs/", "](") in home
+
+
+# Tags a page may hold: HTML's, SVG's (icons, MathJax) and the theme's custom elements.
+HTML_TAGS = set("""a abbr address area article aside audio b base bdi bdo blockquote body br
+    button canvas caption cite code col colgroup data datalist dd del details dfn dialog div dl
+    dt em embed fieldset figcaption figure footer form h1 h2 h3 h4 h5 h6 head header hgroup hr
+    html i iframe img input ins kbd label legend li link main map mark menu meta meter nav
+    noscript object ol optgroup option output p param picture pre progress q rp rt ruby s samp
+    script search section select slot small source span strong style sub summary sup table
+    tbody td template textarea tfoot th thead time title tr track u ul var video wbr svg path g
+    use symbol defs circle rect line polyline polygon clippath mask lineargradient stop text
+    tspan""".split())
+# Placeholders that are also HTML tags, as a docstring would write them: `task:<i>`, `seed=<s>`.
+PLACEHOLDER_TAGS = re.compile(r"<(i|s|b|u|q|var|time|data|output|select|input)>")
+
+
+def test_no_placeholder_vanishes_as_an_html_tag(site):
+    """A docstring's `<logdir>/summary.json` outside backticks reaches the API page as an
+    unknown HTML tag, and the browser shows nothing of it: placeholders go in backticks."""
+    found = []
+    for page in _html_pages(site):
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"</?([A-Za-z_][\w.-]*)(?=[\s>/])", text):
+            name = match.group(1).lower()
+            if name not in HTML_TAGS and not name.startswith(("mjx-", "md-")):
+                found.append(f"{page.relative_to(site)}: {text[match.start() - 40:match.end() + 20]!r}")
+        found += [f"{page.relative_to(site)}: {m.group(0)}" for m in PLACEHOLDER_TAGS.finditer(text)]
+    assert found == []

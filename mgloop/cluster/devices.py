@@ -180,7 +180,7 @@ def setup(request: DeviceRequest, workers=None, startup_timeout: float = 60.0) -
 
     With a cluster (`mgloop.cluster.workers.Cluster`), also starts this worker's server
     and waits (at most `startup_timeout` seconds) for every peer; the device
-    names are then this worker's: /job:worker/replica:0/task:<i>/device:...
+    names are then this worker's: `/job:worker/replica:0/task:<i>/device:...`
     """
     if request.simulated:
         configure_logical_cpus(request.num_devices)

@@ -8,10 +8,10 @@ TF_CONFIG is the JSON that MultiWorkerMirroredStrategy reads:
 
 Worker 0 is the chief. Each worker starts TensorFlow's in-process gRPC server
 for its own address with collective ops enabled (`start`), after which its
-devices are named /job:worker/replica:0/task:<index>/device:..., and
+devices are named `/job:worker/replica:0/task:<index>/device:...`, and
 `CollectiveReduceV2` ops whose group spans the workers run over gRPC.
 
-TensorFlow's server listens on every interface of the machine (0.0.0.0:<port>,
+TensorFlow's server listens on every interface of the machine (`0.0.0.0:<port>`,
 hard-coded in its GrpcServer::Init; no ServerDef, ConfigProto field or
 environment variable changes the host), not only on the host named in
 TF_CONFIG, and it authenticates no one: whoever reaches the port can take part
@@ -51,7 +51,7 @@ class Cluster:
         return self.index == 0
 
     def task(self, index: int | None = None) -> str:
-        """'/job:worker/replica:0/task:<index>' (this worker's by default)."""
+        """`/job:worker/replica:0/task:<index>` (this worker's by default)."""
         return f"/job:{JOB}/replica:0/task:{self.index if index is None else index}"
 
 

@@ -29,7 +29,7 @@ between runs, not with the unprofiled `step_time`. How long the towers wait for
 input is measured on every step without the profiler (`input_wait`, loop.py):
 `breakdown/input` is the input ops' busy time, overlapped or not.
 
-CPU ops appear in the trace as events named "<op name>:<op type>"; GPU
+CPU ops appear in the trace as events named `<op name>:<op type>`; GPU
 kernels as events carrying a `tf_op` stat of that form (read the same way;
 not exercised on these GPU-less machines beyond a synthetic trace in the tests).
 """
@@ -94,7 +94,7 @@ def profile_phases(run: Callable[[], object], phases: tuple[str, ...] = PHASES
 
 
 def read_trace(folder: str) -> xplane_pb2.XSpace:
-    """The XSpace the profiler wrote under `folder` (plugins/profile/<run>/<host>.xplane.pb)."""
+    """The XSpace the profiler wrote under `folder` (`plugins/profile/<run>/<host>.xplane.pb`)."""
     paths = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
     if not paths:
         raise FileNotFoundError(f"no profiler trace (*.xplane.pb) under {folder}")

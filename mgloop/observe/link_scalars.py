@@ -19,8 +19,8 @@ def scalars(link_report: dict) -> dict[str, float]:
     """TensorBoard scalars of a `link_report.report`: link/compute_seconds,
     link/bytes_per_device, link/gradient_bytes_per_step, link/state_bytes_per_step,
     link/compression_ratio (of the gradients), per tier and kind the bytes and messages
-    per step, and link/<TAG>/{exchange_seconds, exchange_seconds_slowest_step,
-    step_seconds_no_overlap, step_seconds_overlap}."""
+    per step, and `link/<TAG>/{exchange_seconds, exchange_seconds_slowest_step,
+    step_seconds_no_overlap, step_seconds_overlap}`."""
     values = {"link/bytes_per_device": float(link_report["bytes_per_device"]),
               "link/gradient_bytes_per_step": float(link_report["gradient_bytes_per_step"]),
               "link/state_bytes_per_step": float(link_report["state_bytes_per_step"])}

@@ -108,7 +108,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
         command_line: list[str] | None = None, loss_fn=None,
         dataset=None) -> run_result.RunResult:
     """Trains per `config`; returns a RunResult (run_result.py: the trained template model,
-    the history, and the summary, also written to <logdir>/summary.json, read by indexing).
+    the history, and the summary, also written to `<logdir>/summary.json`, read by indexing).
 
     `model_fn` (no arguments, returns a Keras model, compiled or not) overrides `--model`.
     `loss`, `metrics`, `optimizer`: as given, else the compiled model's, else the default
