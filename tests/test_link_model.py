@@ -2,6 +2,7 @@
 messages of the real methods, --link parsing, and its figures in summary.json and TensorBoard."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -155,8 +156,11 @@ def test_summary_and_tensorboard_report_the_model_of_the_counted_traffic(logdir)
     has the same figures as train scalars and as HParams metrics of the root run."""
     links = ("1gbit,50us", "100gbit,2us")
     summary = mgloop.run(helpers.small_config(
-        logdir, devices="cpu:2", aggregation="ring", train_steps=4, steps_per_loop=2,
+        logdir, devices="cpu:2", aggregation="ring", train_steps=4, steps_per_loop=4,
         links=links))
+    # one loop: its first step (the trace) is timed apart, the median from the other three
+    assert summary["examples_per_sec"] > 0
+    assert 0 < summary["median_step_time"] < summary["traced_step_seconds"] / 3
     with open(f"{logdir}/summary.json") as handle:
         assert json.load(handle)["link_model"] == summary["link_model"]
     report = summary["link_model"]
@@ -202,3 +206,19 @@ def test_summary_and_tensorboard_report_the_model_of_the_counted_traffic(logdir)
                 figures["exchange_seconds"], rel=1e-6)
         assert metrics["final/bytes_per_device"] == report["bytes_per_device"]
         assert metrics["final/compression_ratio"] == pytest.approx(report["compression_ratio"])
+
+
+def test_a_run_of_one_step_reports_no_speed_and_says_so(logdir, caplog):
+    """The only step traces the loop: no examples/sec, no compute, no modelled step time
+    (null), and one log line saying why; the exchange model per step is still there."""
+    caplog.set_level(logging.WARNING)
+    summary = mgloop.run(helpers.small_config(logdir, devices="cpu:2", aggregation="ring",
+                                              train_steps=1, links=("1gbit,50us",)))
+    assert summary["examples_per_sec"] is None and summary["median_step_time"] is None
+    assert summary["traced_step_seconds"] > 0
+    report = summary["link_model"]
+    assert report["compute_seconds"] is None
+    figures = report["links"]["1gbit_50us"]
+    assert figures["exchange_seconds"] > 0 and figures["step_seconds_no_overlap"] is None
+    said = [r.getMessage() for r in caplog.records if "no step time was measured" in r.getMessage()]
+    assert len(said) == 1 and "train at least 2 steps" in said[0]

@@ -87,6 +87,7 @@ class FitResult:
     input_wait: float | None  # seconds per step, over the timed steps
     input_wait_fraction: float | None  # input_wait / mean step time, same loops
     loop_seconds: float  # all loops, tracing included
+    traced_step_seconds: float | None = None  # the run's first step: trace and first run
     input_ended: bool = False  # the input ran out before train_steps
     stopped: bool = False  # should_stop() ended the fit early (a signal: preemption.py)
     stopped_by: object = None  # the callback that ended the fit early (callbacks.py)
@@ -134,7 +135,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
     summary_window, log_window, steady, last = (new_window() for _ in range(4))
     # seconds per step of each loop after the first, an even sample (thinned.py)
     per_step_times = Thinned(LOOP_TIMES_LIMIT)
-    loop_seconds, first_loop, input_ended = 0.0, True, False
+    loop_seconds, first_loop, input_ended, traced_step = 0.0, True, False, None
     stopped, stopped_by = False, None
     try:
         while step < train_steps:
@@ -150,6 +151,7 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
             result, timed, seconds, traced_seconds = _run_loop(trainer, iterator, num, sample,
                                                                first_loop)
             loop_seconds += seconds + traced_seconds
+            traced_step = traced_seconds if first_loop else traced_step
             if result.steps < num:
                 input_ended = True
                 logging.warning("the input ended after step %d of %d", step + result.steps,
@@ -221,7 +223,8 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                           if steady.timed_steps and steady.seconds > 0 else None),
         input_wait=steady.input_wait / steady.steps if steady.steps else None,
         input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
-        loop_seconds=loop_seconds, input_ended=input_ended, stopped=stopped,
+        loop_seconds=loop_seconds, traced_step_seconds=traced_step,
+        input_ended=input_ended, stopped=stopped,
         stopped_by=stopped_by)
 
 
