@@ -188,6 +188,11 @@ class Aggregation(abc.ABC):
         on (e.g. groups that do not divide the towers). Ranges are checked before, from
         the options' field metadata."""
 
+    def check_model(self, variables: Sequence[tf.Variable]) -> None:
+        """Refuses (ConfigError, one line) a model this method cannot run: `variables`, the
+        template model's trainable ones, known once it is built, before any copy
+        (assemble.py). Default: any model."""
+
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Creates the method's own state once, after the variable copies exist and before
         any restore: `variables` are copy 0's trainable variables (shapes, dtypes, homes).
