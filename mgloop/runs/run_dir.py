@@ -70,7 +70,7 @@ def check_writable_dir(flag: str, path: str, create: bool) -> None:
             parent = os.path.dirname(parent.rstrip(os.sep)) or os.sep
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise ConfigError(f"--{flag}={path} cannot be created ({parent} is not a "
-                              "writable directory)")
+                              f"writable directory); give a --{flag} under a writable one")
         return
     try:
         os.makedirs(path, exist_ok=True)
@@ -78,7 +78,7 @@ def check_writable_dir(flag: str, path: str, create: bool) -> None:
             pass
     except OSError as error:
         raise ConfigError(f"--{flag}={path} is not a writable directory "
-                          f"({error.strerror or error})") from None
+                          f"({error.strerror or error}); give a writable --{flag}") from None
 
 
 def missing_folders(logdir: str) -> list[str]:
