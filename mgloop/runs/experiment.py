@@ -125,7 +125,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     old names of `loss=` and `train_data=` (deprecated: a warning, same behaviour).
     `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
-    the logdir is refused). SIGTERM or SIGINT ends the run after the current loop with a
+    the logdir is refused). A refused run (any error) leaves no folder behind: the logdir
+    folders its validation made are removed while still empty. SIGTERM or SIGINT ends the run after the current loop with a
     checkpoint of that step; the summary then holds `"preempted": {"signal", "step"}`
     (preemption.py).
     """
