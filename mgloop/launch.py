@@ -270,12 +270,27 @@ def _supervise(workers: _Workers, received: list[int], grace: float,
     return failed[1] if failed[1] > 0 else 128 - failed[1]
 
 
+def refusal(num_workers: int, grace: float, stop_seconds: float,
+            train_flags: list[str]) -> str | None:
+    """The one line that refuses the launcher's settings, or None: they can run."""
+    if any(f.startswith("--devices=") or f == "--devices" for f in train_flags):
+        return ("--devices is set per worker by the launcher: give --devices_per_worker="
+                "DEVICES (e.g. cpu:2) instead of --devices after --")
+    if num_workers < 1:
+        return f"--num_workers={num_workers} is out of range: must be >= 1 (e.g. --num_workers=2)"
+    for flag, value in (("grace_seconds", grace), ("stop_seconds", stop_seconds)):
+        if not value >= 0:  # NaN too
+            return f"--{flag}={value} is out of range: must be >= 0 seconds"
+    return None
+
+
 def main(argv):
     train_flags = argv[1:]
-    if any(f.startswith("--devices=") or f == "--devices" for f in train_flags):
-        raise app.UsageError("set the workers' devices with --devices_per_worker, not --devices")
-    if _FLAGS.num_workers < 1:
-        raise app.UsageError(f"--num_workers={_FLAGS.num_workers}: needs at least 1")
+    problem = refusal(_FLAGS.num_workers, _FLAGS.grace_seconds, _FLAGS.stop_seconds,
+                      train_flags)
+    if problem:  # one line and exit code 2, as mgloop.train's refusals (no usage text)
+        print(f"mgloop.launch: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(launch(_FLAGS.num_workers, _FLAGS.devices_per_worker, train_flags,
                     _FLAGS.grace_seconds, _FLAGS.stop_seconds))
 

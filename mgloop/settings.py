@@ -87,4 +87,5 @@ def check_finite(config) -> None:
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"--{field.name}={value} is not a finite number")
+            raise ConfigError(f"--{flag_name(field)}={value} is not a finite number; give a "
+                              "finite one")

@@ -50,12 +50,12 @@ def made_gradients(towers, seed=1):
              rng.standard_normal(4).astype(np.float32)] for _ in range(towers)]
 
 
-def numpy_attack(units, honest, name, value):
+def numpy_attack(units, honest, name, value, ddof=0):
     """The attack from the honest units' gradients, in float64: mu - z sigma (population
-    sigma) or -epsilon mu."""
+    sigma, or with ddof=1 the sample one) or -epsilon mu."""
     h = np.asarray([units[u] for u in honest], np.float64)
     mu = h.mean(0)
-    return mu - value * h.std(0, ddof=0) if name == "alie" else -value * mu
+    return mu - value * h.std(0, ddof=ddof) if name == "alie" else -value * mu
 
 
 def attack_bound(units, honest, value):
@@ -93,6 +93,24 @@ def test_omniscient_attacks_match_numpy(attack, name, value):
     expected = [(numpy_attack([g[i] for g in grads], honest, name, value),
                  attack_bound([g[i] for g in grads], honest, value)) for i in range(2)]
     check_sent(sent, grads, 1, {0, 1}, expected)
+
+
+@pytest.mark.parametrize("attack,value", [("alie:z=1.5,ddof=1", 1.5),
+                                          ("alie:z=-1.5,ddof=1", -1.5)])  # ByzFL's default
+def test_alie_with_the_sample_sd_matches_numpy(attack, value):
+    """ddof=1: sigma is the sample standard deviation of the 3 honest of 5 units (numpy's
+    std with ddof=1, as ByzFL's ALittleIsEnough takes it), sqrt(3/2) times the population
+    one that the default uses."""
+    grads = made_gradients(5)
+    byz, _ = hook(attack, count=2, total=5)
+    with byz.step_scope():
+        sent = byz.alter_towers([[tf.constant(g) for g in tower] for tower in grads])
+    honest = [2, 3, 4]
+    expected = [(numpy_attack([g[i] for g in grads], honest, "alie", value, ddof=1),
+                 attack_bound([g[i] for g in grads], honest, value)) for i in range(2)]
+    check_sent(sent, grads, 1, {0, 1}, expected)
+    population = numpy_attack([g[0] for g in grads], honest, "alie", value)
+    assert np.abs(sent[0][0].numpy() - population).max() > 10 * expected[0][1].max()
 
 
 def test_omniscient_attack_with_random_choice_reads_the_steps_honest_towers():
@@ -214,7 +232,11 @@ def test_labelflip_with_a_users_loss_is_refused_before_any_copy(tmp_path):
 # --- refusals at validation -----------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides,message", [
-    (dict(attack="alie:z=x"), "z='x' is not a number"),
+    (dict(attack="alie:z=x"), "z='x' is not a number; give z=NUMBER"),
+    (dict(attack="alie:ddof=2"), "ddof=2 is not 0 or 1; give ddof=0 (population sd, the "
+                                 "default) or ddof=1 (sample sd, ByzFL's)"),
+    (dict(byzantine_towers=3, attack="alie:z=1,ddof=1"),
+     "the sample sd (ddof=1) needs 2 honest ones; use ddof=0 or --byzantine_towers <= 2"),
     (dict(attack="ipm:epsilon=0"), "--attack=ipm:epsilon=0"),
     (dict(attack="labelflip:factor=2"), "is not one of labelflip's options"),
     (dict(byzantine_towers=3, attack="alie"), "s = floor(n/2 + 1) - f = 0 < 1, is infinite"),

@@ -87,16 +87,18 @@ CASES = {
                             r"range: must be >= 1$"),
     "option given twice": (dict(aggregation="ring:shards=2,shards=3"),
                            r"^--aggregation=ring:shards=2,shards=3: ring option shards is given "
-                           r"twice$"),
+                           r"twice; give each option once$"),
     "groups not dividing": (dict(aggregation="hierarchical:groups=3", devices="cpu:4"),
                             r"^--aggregation=hierarchical:groups=3: 3 groups do not divide the 4 "
                             r"towers; use groups= one of: 1, 2, 4$"),
     "plugin missing": (dict(plugins=("no_such_mgloop_plugin",)),
                        r"^--plugin=no_such_mgloop_plugin failed to import: "
-                       r"ModuleNotFoundError: No module named 'no_such_mgloop_plugin'$"),
+                       r"ModuleNotFoundError: No module named 'no_such_mgloop_plugin'; fix the module or "
+                       r"leave that --plugin out$"),
     "plugin file missing": (dict(plugins=("/nonexistent/methods.py",)),
                             r"^--plugin=/nonexistent/methods.py failed to import: "
-                            r"FileNotFoundError: no file /nonexistent/methods.py$"),
+                            r"FileNotFoundError: no file /nonexistent/methods.py; fix the module or "
+                            r"leave that --plugin out$"),
     "packing a gathering method": (
         dict(aggregation="topk_ef", plugins=("tests.plugins.topk_ef",), pack_bytes=4096),
         r"^--pack_bytes=4096 with --aggregation=topk_ef: it gathers each tower's top-k values "
@@ -134,17 +136,21 @@ CASES = {
     "profile steps malformed": (dict(profile_steps="3"), r"^--profile_steps='3' must be"),
     # NaN and inf pass every comparison, so each float setting is checked to be finite
     "nan learning rate": (dict(learning_rate=float("nan")),
-                          r"^--learning_rate=nan is not a finite number$"),
+                          r"^--learning_rate=nan is not a finite number; give a finite one$"),
     "inf learning rate": (dict(learning_rate=float("inf")),
-                          r"^--learning_rate=inf is not a finite number$"),
-    "nan momentum": (dict(momentum=float("nan")), r"^--momentum=nan is not a finite number$"),
+                          r"^--learning_rate=inf is not a finite number; give a finite one$"),
+    "nan momentum": (dict(momentum=float("nan")),
+                     r"^--momentum=nan is not a finite number; give a finite one$"),
     "nan weight decay": (dict(weight_decay=float("nan")),
-                         r"^--weight_decay=nan is not a finite number$"),
-    "inf lr power": (dict(lr_power=float("inf")), r"^--lr_power=inf is not a finite number$"),
+                         r"^--weight_decay=nan is not a finite number; give a finite one$"),
+    "inf lr power": (dict(lr_power=float("inf")),
+                     r"^--lr_power=inf is not a finite number; give a finite one$"),
     "nan startup timeout": (dict(startup_timeout=float("nan")),
-                            r"^--startup_timeout=nan is not a finite number$"),
+                            r"^--startup_timeout=nan is not a finite number; give a finite "
+                            r"one$"),
     "inf collective timeout": (dict(collective_timeout=float("inf")),
-                               r"^--collective_timeout=inf is not a finite number$"),
+                               r"^--collective_timeout=inf is not a finite number; give a "
+                               r"finite one$"),
     "seed past numpy's 32 bits": (dict(seed=2**32),
                                   r"^--seed=4294967296 is out of range: must be >= 0 and "
                                   r"<= 4294967295$"),

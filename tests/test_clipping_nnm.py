@@ -230,10 +230,10 @@ def test_declared_bounds():
 
 
 @pytest.mark.parametrize("spec,towers,message", [
-    ("krum:f=1,nnm=3", 6, "needs more than 2 nnm = 6 towers"),
-    ("median:nnm=2", 4, "use nnm <= 1 or more towers"),
-    ("geomedian:nnm=1", 2, "use nnm <= 0 or more towers"),
-    ("centered_clipping:nnm=3", 5, "more than 2 nnm = 6 towers")])
+    ("krum:f=1,nnm=3", 6, "needs at least 7 towers (2 nnm + 1 = 7 for nnm=3)"),
+    ("median:nnm=2", 4, "use nnm <= 1 or at least 5 towers"),
+    ("geomedian:nnm=1", 2, "use nnm <= 0 or at least 3 towers"),
+    ("centered_clipping:nnm=3", 5, "2 nnm + 1 = 7 for nnm=3")])
 def test_mixing_needs_more_than_twice_nnm_towers(spec, towers, message):
     method, options = aggregation.parse(spec)
     with pytest.raises(ConfigError) as error:

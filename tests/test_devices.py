@@ -32,8 +32,9 @@ def test_auto_takes_every_gpu(gpus):
 def test_gpu_list_is_checked_against_visible_gpus(gpus):
     gpus(2)
     assert devices.parse("gpu:1,0").indices == (1, 0)
-    with pytest.raises(ConfigError, match=r"^--devices=gpu:0,2: GPU 2 does not exist; "
-                                          r"visible GPUs are 0..1$"):
+    with pytest.raises(ConfigError, match=r"^--devices=gpu:0,2: GPU 2 does not exist; list "
+                                          r"GPUs among the visible 0..1, or give "
+                                          r"--devices=gpu \(every visible GPU\)$"):
         devices.parse("gpu:0,2")
     with pytest.raises(ConfigError, match="listed twice"):
         devices.parse("gpu:1,1")

@@ -248,8 +248,11 @@ def test_attackers_are_whole_nodes():
     (dict(nodes=3), "--nodes=3 does not divide the 4 towers into equal nodes; use one of: "
                     "1, 2, 4"),
     (dict(nodes=1, method_at="nodes"), "--method_at=nodes with --nodes=1"),
-    (dict(nodes=2, aggregation="krum:f=0"), "(at --method_at=nodes the method's towers are "
-                                            "the 2 nodes of --nodes)"),
+    (dict(nodes=2, aggregation="krum:f=0"), "--aggregation=krum:nnm=0,f=0 between nodes "
+                                            "needs at least 3 nodes (2f + 3 = 3 for f=0); "
+                                            "--nodes=2 gives 2 nodes: use --nodes=4 or "
+                                            "--method_at=towers (the method then sees the 4 "
+                                            "towers)"),
     (dict(nodes=2, within_node="topk"), "--within_node=topk is not an exact replicated "
                                         "method"),
     (dict(nodes=2, method_at="towers", within_node="ring"), "--within_node=ring applies "

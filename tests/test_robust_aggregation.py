@@ -182,9 +182,20 @@ def test_methods_gather_on_tower_0_and_broadcast_one_tensor():
 
 
 @pytest.mark.parametrize("spec,towers,needed", [
-    ("krum:f=1", 4, "more than 2f + 2 = 4 towers"), ("multikrum:f=1", 4, "2f + 2"),
-    ("bulyan:f=1", 4, "4f + 3 = 7"), ("trimmed_mean:trim=2", 4, "2b + 1 = 5"),
-    ("adasum", 3, "power-of-two"), ("multikrum:f=0,m=5", 4, "m is more than the 4")])
+    ("krum:f=1", 4, "at least 5 towers (2f + 3 = 5 for f=1); --devices gives 4 towers: use "
+                    "f <= 0 or at least 5 towers"),
+    ("krum:f=1", 2, "--devices gives 2 towers: use at least 5 towers"),
+    ("multikrum:f=1", 4, "2f + 3 = 5"),
+    ("bulyan:f=1", 4, "at least 7 towers (4f + 3 = 7 for f=1); --devices gives 4 towers: use "
+                      "f <= 0 or at least 7 towers"),
+    ("bulyan:f=1", 2, "use at least 7 towers"),
+    ("trimmed_mean:trim=2", 4, "(2b + 1 = 5 for trim=2); --devices gives 4 towers: use "
+                               "trim <= 1 or at least 5 towers"),
+    ("adasum", 3, "needs a power-of-two count of towers (its pairwise tree, as Horovod's); "
+                  "--devices gives 3 towers: use 2 or 4 towers"),
+    ("multikrum:f=0,m=5", 4, "(m = 5 for m=5); --devices gives 4 towers: use m <= 4 or at "
+                             "least 5 towers"),
+    ("krum:f=1,nnm=2", 4, "use nnm <= 1 and f <= 0 or at least 5 towers")])
 def test_tower_counts_a_method_cannot_serve_are_refused_in_one_line(spec, towers, needed):
     method, options = aggregation.parse(spec)
     with pytest.raises(ConfigError) as error:

@@ -13,6 +13,7 @@ from mgloop.cluster import devices
 from mgloop.aggregation.streaming_diloco import offsets, partition
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model, link_report
+from mgloop.spec import variables
 from mgloop.spec.variables import VariableCopy
 from tests import helpers
 
@@ -255,14 +256,19 @@ def test_bad_options_refused_in_one_line(spec, message, tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_more_fragments_than_variables_refused_in_one_line(tmp_path):
-    """The mlp has 6 trainable variables: 7 fragments are refused when the method is built
-    (the count is known only once the model exists), naming the option and the count."""
+def test_more_fragments_than_variables_refused_in_one_line(tmp_path, monkeypatch):
+    """The mlp has 6 trainable variables: 7 fragments are refused once the template model
+    is built (the count is known only then), before any copy of it, naming the option, the
+    count and what would run."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("variable copies were made before the fragments were checked")
+    monkeypatch.setattr(variables, "make_copies", refuse)
     config = helpers.small_config(str(tmp_path), devices="cpu:2",
                                   aggregation="streaming_diloco:period=16,fragments=7")
     with pytest.raises(ConfigError, match=r"^--aggregation=streaming_diloco:fragments=7 needs "
-                                          r"at least as many trainable variables; the model "
-                                          r"has 6$") as error:
+                                          r"at least 7 trainable variables \(a fragment holds "
+                                          r"whole variables\); the model has 6: use "
+                                          r"fragments <= 6$") as error:
         helpers.build_trainer(config)
     assert "\n" not in str(error.value)
 

@@ -66,8 +66,9 @@ class Adasum(GatherAtRoot):
         num = request.num_towers
         if not is_power_of_two(num):
             lower = 1 << (num.bit_length() - 1)
-            refuse_towers(cls, request, options, "a power-of-two tower count (its pairwise "
-                          "tree, as Horovod's)", f"use {lower} or {2 * lower} towers")
+            refuse_towers(cls, request, options, "a power-of-two count of",
+                          "(its pairwise tree, as Horovod's)", is_power_of_two,
+                          f"{lower} or {2 * lower}")
 
     @classmethod
     def error_bound(cls, options, num_towers):

@@ -106,11 +106,9 @@ class Aggregation(abc.ABC):
     # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
     copies_differ: ClassVar[bool] = False
     # True: every value it moves between its towers goes through the transports that reach
-    # other processes when it has `peers` (ring.py's all-reduces, transport.py's gather,
-    # gather_at_root.py, the parameter servers' sums; peers.py), so it runs between
-    # workers at the nodes. False (the default, e.g. a method that only `send`s between
-    # its own towers): never put at the nodes across workers, where it would exchange
-    # nothing (validation refuses --method_at=nodes there).
+    # other processes with `peers` (ring.py, transport.py, gather_at_root.py, the parameter
+    # servers' sums; peers.py), so it runs between workers at the nodes. False (e.g. a method
+    # that only `send`s between its own towers): refused at the nodes across workers.
     runs_between_processes: ClassVar[bool] = False
     # True: the per-tensor payloads it gathers are fused into buckets of --pack_bytes for
     # the transport (compression/base.py's `gather_in_buckets`), though it is not summable.
@@ -145,9 +143,8 @@ class Aggregation(abc.ABC):
 
     @classmethod
     def applies_momentum(cls, options: Options) -> bool:
-        """True: with these options the method applies momentum to the gradients itself
-        (DGC's momentum correction), so validation refuses any optimizer but plain SGD,
-        which would apply a second momentum or rescaling on top."""
+        """True: with these options it applies momentum itself (DGC's momentum correction), so
+        validation refuses any optimizer but plain SGD (a second momentum on top)."""
         return False
 
     @classmethod
@@ -184,9 +181,12 @@ class Aggregation(abc.ABC):
 
     @classmethod
     def check(cls, request: DeviceRequest, options: Options) -> None:
-        """Refuses (ConfigError, one line) devices this method cannot run with its options
-        on (e.g. groups that do not divide the towers). Ranges are checked before, from
-        the options' field metadata."""
+        """Refuses (ConfigError, one line) devices it cannot run on with these options (e.g.
+        groups that do not divide the towers); ranges are checked before, from metadata."""
+
+    def check_model(self, variables: Sequence[tf.Variable]) -> None:
+        """Refuses (ConfigError, one line) a model it cannot run, from the template's trainable
+        `variables`, once built and before any copy (assemble.py). Default: any model."""
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
         """Creates the method's own state once, after the variable copies exist and before

@@ -30,8 +30,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import option
-from mgloop.aggregation.gather_at_root import (GatherAtRoot, RobustOptions, flat_rows, mixes,
-                                               refuse_towers)
+from mgloop.aggregation.gather_at_root import GatherAtRoot, RobustOptions, flat_rows, mixes
 from mgloop.aggregation.krum import krum_scores, squared_distances
 from mgloop.aggregation.median import coordinate_median
 
@@ -78,13 +77,10 @@ class Bulyan(GatherAtRoot):
     options_type = BulyanOptions
 
     @classmethod
-    def check(cls, request, options):
-        super().check(request, options)
-        f = options.f
-        if request.num_towers < 4 * f + 3:
-            refuse_towers(cls, request, options, f"at least 4f + 3 = {4 * f + 3} towers",
-                          f"use f <= {(request.num_towers - 3) // 4} or more towers"
-                          if request.num_towers >= 3 else "use at least 3 towers")
+    def requirements(cls):
+        """T >= 4f + 3 (and the mixing's T > 2 nnm)."""
+        return {**super().requirements(),
+                "f": ("4f + 3", lambda f: 4 * f + 3, lambda t: (t - 3) // 4)}
 
     @classmethod
     def error_bound(cls, options, num_towers):

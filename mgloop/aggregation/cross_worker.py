@@ -67,6 +67,9 @@ class CrossWorker(Aggregation):
     def variable_scope(self):
         return self.local.variable_scope()
 
+    def check_model(self, variables):
+        self.local.check_model(variables)
+
     def build(self, variables):
         self.local.step_counter = self.step_counter  # set on this wrapper by replicas.py
         self.local.build(variables)

@@ -75,14 +75,38 @@ class GatherAtRoot(Aggregation):
         return list(self.devices.copy_devices)
 
     @classmethod
+    def requirements(cls) -> dict:
+        """option -> (the least tower count as a formula, that count for the option's value,
+        the option's largest value for T towers): what `check` asks of the tower count
+        (a subclass adds its own to these)."""
+        return {"nnm": ("2 nnm + 1", lambda v: 2 * v + 1 if v else 1, lambda t: (t - 1) // 2)}
+
+    @classmethod
+    def min_towers(cls, options) -> int:
+        """The fewest towers these options run on (every requirement met)."""
+        return max(least(getattr(options, name))
+                   for name, (_, least, _) in cls.requirements().items())
+
+    @classmethod
     def check(cls, request, options):
-        """Refuses (one line) nearest-neighbour mixing on T <= 2 nnm towers (a subclass's
-        `check` calls this first)."""
-        f = getattr(options, "nnm", 0)
-        if f and request.num_towers <= 2 * f:
-            refuse_towers(cls, request, options, f"more than 2 nnm = {2 * f} towers "
-                          "(nearest-neighbour mixing needs nnm < towers / 2)",
-                          f"use nnm <= {(request.num_towers - 1) // 2} or more towers")
+        """Refuses (one line) fewer towers than `min_towers` (nearest-neighbour mixing needs
+        T > 2 nnm; a subclass's own requirements too), naming what would run."""
+        num = request.num_towers
+        if num >= cls.min_towers(options):
+            return
+        needs = cls.requirements()
+        failing = [f"{formula} = {least(getattr(options, name))} for "
+                   f"{name}={getattr(options, name)}"
+                   for name, (formula, least, _) in needs.items()
+                   if least(getattr(options, name)) > num]
+        bounds = {name: most(num) for name, (_, _, most) in needs.items()}
+        lower = (" and ".join(f"{name} <= {bounds[name]}" for name in needs
+                           if getattr(options, name) > bounds[name])
+                 if min(bounds.values()) >= 0 else None)  # else no option value runs
+        minimum = cls.min_towers(options)
+        raise TowerCountError(options_spec(cls, options), f"at least {minimum}",
+                              f"({'; '.join(failing)})", request, lower,
+                              lambda n: n >= minimum, f"at least {minimum}")
 
     def mix(self, stacked: list[tf.Tensor]) -> list[tf.Tensor]:
         """`stacked` after nearest-neighbour mixing (nnm.py) when the options ask for it."""
@@ -132,10 +156,59 @@ def flat_rows(stacked: list[tf.Tensor]) -> tf.Tensor:
     return tf.concat([tf.reshape(x, [num, -1]) for x in stacked], axis=1)
 
 
-def refuse_towers(method, request, options, needed: str, valid: str) -> None:
-    """One ConfigError line: `method` with `options` cannot run on request's tower count."""
-    spec = method.name + "".join(
-        (":" if i == 0 else ",") + f"{f.name}={getattr(options, f.name)}"
-        for i, f in enumerate(dataclasses.fields(options)))  # every option, defaults too
-    raise ConfigError(f"--aggregation={spec} needs {needed}; --devices gives "
-                      f"{request.num_towers} towers: {valid}")
+def options_spec(method, options) -> str:
+    """`name:key=value,...` with every option, defaults too."""
+    return method.name + "".join((":" if i == 0 else ",") + f"{f.name}={getattr(options, f.name)}"
+                                 for i, f in enumerate(dataclasses.fields(options)))
+
+
+def towers_given(request) -> str:
+    """What gives `request`'s towers, as flags."""
+    if getattr(request, "towers_per_device", 1) > 1:
+        return (f"--devices ({request.num_devices} devices) x --towers_per_device="
+                f"{request.towers_per_device} gives {request.num_towers} towers")
+    return f"--devices gives {request.num_towers} towers"
+
+
+class TowerCountError(ConfigError):
+    """A method's refusal of the count of towers it runs on, worded for towers; `at_nodes`
+    words it for the nodes or workers it runs between (validation.py)."""
+
+    def __init__(self, spec: str, needed: str, why: str, request, lower: str | None,
+                 fits, count_hint: str):
+        self.spec, self.needed, self.why, self.lower = spec, needed, why, lower
+        self.count, self.fits, self.count_hint = request.num_towers, fits, count_hint
+        use = ([f"{lower}"] if lower else []) + [f"{count_hint} towers"]
+        super().__init__(f"--aggregation={spec} needs {needed} towers {why}; "
+                         f"{towers_given(request)}: use {either(use)}")
+
+    def at_nodes(self, given: str, towers: int | None) -> str:
+        """The message for the method between nodes: `given` says what gives the nodes
+        (e.g. `--nodes=4 gives 4 nodes`); `towers`: the run's towers, which --nodes may
+        divide otherwise and --method_at=towers would hand the method (None: several
+        workers, each a node, where neither applies)."""
+        use = [self.lower] if self.lower else []
+        if towers is None:
+            use.append(f"{self.count_hint} workers")
+        else:
+            counts = [n for n in range(2, towers + 1) if towers % n == 0 and self.fits(n)]
+            use += ([f"--nodes={' or '.join(map(str, counts[:3]))}"] if counts else
+                    [f"{self.count_hint} nodes (more towers, and --nodes dividing them)"])
+            if self.fits(towers):
+                use.append(f"--method_at=towers (the method then sees the {towers} towers)")
+        return (f"--aggregation={self.spec} between nodes needs {self.needed} nodes "
+                f"{self.why}; {given}: use {either(use)}")
+
+
+def either(choices: list[str]) -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    return " or ".join([", ".join(choices[:-1]), choices[-1]] if len(choices) > 2 else choices)
+
+
+def refuse_towers(method, request, options, needed: str, why: str, fits,
+                  count_hint: str) -> None:
+    """Raises TowerCountError: `method` with `options` cannot run on request's tower count;
+    it needs `needed` (e.g. "a power-of-two count of") towers `why`; `fits(n)`: whether n
+    towers would do; `count_hint`: those counts in words (e.g. "2 or 4")."""
+    raise TowerCountError(options_spec(method, options), needed, why, request, None, fits,
+                          count_hint)

@@ -29,11 +29,9 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import option
-from mgloop.aggregation.gather_at_root import (GatherAtRoot, RobustOptions, flat_rows, mixes,
-                                               refuse_towers)
+from mgloop.aggregation.gather_at_root import GatherAtRoot, RobustOptions, flat_rows, mixes
 from mgloop.aggregation.nnm import squared_distances  # noqa: F401 (bulyan's, the tests')
 from mgloop.aggregation.nnm import squared_distances_of
-from mgloop.errors import ConfigError
 
 
 def krum_scores(distances: tf.Tensor, neighbours: int, remaining=None) -> tf.Tensor:
@@ -79,14 +77,10 @@ class Krum(GatherAtRoot):
     options_type = KrumOptions
 
     @classmethod
-    def check(cls, request, options):
-        """Refuses (one line) fewer than 2f + 3 towers."""
-        super().check(request, options)
-        num, f = request.num_towers, options.f
-        if num < 2 * f + 3:
-            refuse_towers(cls, request, options, f"more than 2f + 2 = {2 * f + 2} towers",
-                          f"use f <= {(num - 3) // 2} or more towers" if num >= 3
-                          else "use at least 3 towers")
+    def requirements(cls):
+        """T >= 2f + 3 (and the mixing's T > 2 nnm)."""
+        return {**super().requirements(),
+                "f": ("2f + 3", lambda f: 2 * f + 3, lambda t: (t - 3) // 2)}
 
     @classmethod
     def error_bound(cls, options, num_towers):
@@ -112,12 +106,9 @@ class MultiKrum(Krum):
     options_type = MultiKrumOptions
 
     @classmethod
-    def check(cls, request, options):
-        super().check(request, options)
-        if options.m > request.num_towers:
-            raise ConfigError(f"--aggregation={cls.name}:f={options.f},m={options.m}: m is "
-                              f"more than the {request.num_towers} towers; use 1 <= m <= "
-                              f"{request.num_towers} (0: towers - f)")
+    def requirements(cls):
+        """Krum's, and T >= m (m = 0: T - f)."""
+        return {**super().requirements(), "m": ("m", lambda m: m, lambda t: t)}
 
     @classmethod
     def error_bound(cls, options, num_towers):

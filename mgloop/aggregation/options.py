@@ -71,7 +71,8 @@ def parse_options(method: type[Aggregation], text: str, spec: str) -> Options:
             what = f"has no option {key!r}" if equals else f"option {item!r} is not key=value"
             raise ConfigError(f"{where}: {method.name} {what}{valid_keys}")
         if key in values:
-            raise ConfigError(f"{where}: {method.name} option {key} is given twice")
+            raise ConfigError(f"{where}: {method.name} option {key} is given twice; "
+                              "give each option once")
         values[key] = _convert(method, fields[key], types[key], raw, where)
     return options_type(**values)
 

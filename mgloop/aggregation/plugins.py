@@ -45,8 +45,8 @@ def load_plugins(modules: Iterable[str] | str | None) -> None:
         except BaseException as error:  # noqa: BLE001 - a plugin may fail in any way
             if isinstance(error, KeyboardInterrupt):
                 raise
-            raise ConfigError(f"--plugin={module} failed to import: {one_line(error)}"
-                              ) from None
+            raise ConfigError(f"--plugin={module} failed to import: {one_line(error)}; "
+                              "fix the module or leave that --plugin out") from None
 
 
 def _import_file(path: str) -> None:

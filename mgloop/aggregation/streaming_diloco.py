@@ -157,13 +157,21 @@ class StreamingDiLoCo(DiLoCo):
         """L = 2^(b-1) - 1: the codes are the integers -L..L."""
         return 2 ** (self.options.outer_bits - 1) - 1
 
-    def build(self, variables):
-        """`diloco`'s x and m per copy, and the fragments (variable indices) of `variables`;
-        refuses more fragments than variables in one line."""
-        if self.options.fragments > len(variables):
+    def check_model(self, variables):
+        """Refuses more fragments than trainable variables (a fragment is a set of whole
+        variables), in one line, once the template model is built and before its copies."""
+        super().check_model(variables)
+        count, fragments = len(variables), self.options.fragments
+        if fragments > count:
             raise ConfigError(
-                f"--aggregation={self.name}:fragments={self.options.fragments} needs at least "
-                f"as many trainable variables; the model has {len(variables)}")
+                f"--aggregation={self.name}:fragments={fragments} needs at least {fragments} "
+                f"trainable variables (a fragment holds whole variables); the model has "
+                f"{count}: use fragments <= {count}")
+
+    def build(self, variables):
+        """`diloco`'s x and m per copy, and the fragments (variable indices) of `variables`
+        (`check_model` first: one line if there are more fragments than variables)."""
+        self.check_model(variables)
         super().build(variables)
         self.sizes = [v.shape.num_elements() for v in variables]
         self.fragments = partition(self.sizes, self.options.fragments)

@@ -26,8 +26,7 @@ import tensorflow as tf
 from mgloop.aggregation import register
 from mgloop.aggregation import sorting_network
 from mgloop.aggregation.base import option
-from mgloop.aggregation.gather_at_root import (GatherAtRoot, RobustOptions, mixes,
-                                               refuse_towers)
+from mgloop.aggregation.gather_at_root import GatherAtRoot, RobustOptions, mixes
 
 
 def trimmed_mean(x: tf.Tensor, trim: int) -> tf.Tensor:
@@ -50,12 +49,10 @@ class TrimmedMean(GatherAtRoot):
     options_type = TrimmedMeanOptions
 
     @classmethod
-    def check(cls, request, options):
-        super().check(request, options)
-        b = options.trim
-        if request.num_towers < 2 * b + 1:
-            refuse_towers(cls, request, options, f"at least 2b + 1 = {2 * b + 1} towers",
-                          f"use trim <= {(request.num_towers - 1) // 2} or more towers")
+    def requirements(cls):
+        """T >= 2b + 1 (and the mixing's T > 2 nnm)."""
+        return {**super().requirements(),
+                "trim": ("2b + 1", lambda b: 2 * b + 1, lambda t: (t - 1) // 2)}
 
     @classmethod
     def error_bound(cls, options, num_towers):

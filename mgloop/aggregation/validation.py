@@ -33,6 +33,7 @@ import dataclasses
 from mgloop import aggregation as registry
 from mgloop.aggregation import nodes
 from mgloop.aggregation.base import SHARED, Aggregation, Options
+from mgloop.aggregation.gather_at_root import TowerCountError
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
@@ -71,9 +72,15 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
     except ConfigError as error:
         if participants is request:
             raise
-        where = (f"the {participants.num_towers} workers (each worker is a node)"
-                 if workers is not None and workers.num_workers > 1
-                 else f"the {participants.num_towers} nodes of --nodes")
+        several = workers is not None and workers.num_workers > 1
+        count = participants.num_towers
+        if isinstance(error, TowerCountError):  # said of the nodes, with what would run
+            raise ConfigError(error.at_nodes(
+                f"{count} workers (TF_CONFIG) give {count} nodes" if several
+                else f"--nodes={count} gives {count} nodes",
+                None if several else request.num_towers)) from None
+        where = (f"the {count} workers (each worker is a node)" if several
+                 else f"the {count} nodes of --nodes")
         raise ConfigError(f"{error} (at --method_at=nodes the method's towers are "
                           f"{where})") from None
     optimizer = getattr(config, "optimizer", "sgd")

@@ -35,6 +35,9 @@ class Wrapper(Aggregation):
     def variable_scope(self):
         return self.inner.variable_scope()
 
+    def check_model(self, variables):
+        self.inner.check_model(variables)
+
     def build(self, variables):
         self.inner.step_counter = self.step_counter  # set on the wrapper by replicas.py
         self.inner.build(variables)

@@ -132,12 +132,13 @@ def _parse(spec: str) -> DeviceRequest:
         return DeviceRequest("gpu", tuple(range(gpus)))
     indices = tuple(int(i) for i in match.group(1).split(","))
     if len(set(indices)) != len(indices):
-        raise ConfigError(f"--devices={spec}: a GPU is listed twice")
+        raise ConfigError(f"--devices={spec}: a GPU is listed twice; list each once "
+                          "(e.g. --devices=gpu:0,1)")
     missing = [i for i in indices if i >= gpus]
     if missing:
         raise ConfigError(
-            f"--devices={spec}: GPU {missing[0]} does not exist; visible GPUs are "
-            f"0..{gpus - 1}")
+            f"--devices={spec}: GPU {missing[0]} does not exist; list GPUs among the "
+            f"visible 0..{gpus - 1}, or give --devices=gpu (every visible GPU)")
     return DeviceRequest("gpu", indices)
 
 

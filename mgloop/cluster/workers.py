@@ -158,7 +158,8 @@ def check_own_address(cluster: Cluster) -> None:
         found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as error:
         raise ConfigError(f"{where}: host {host!r} does not resolve "
-                          f"({getattr(error, 'strerror', None) or error})") from None
+                          f"({getattr(error, 'strerror', None) or error}); give a host name "
+                          "that resolves here, or its IP address") from None
     resolved = sorted({sockaddr[0] for *_, sockaddr in found})
     if not any(_binds(family, sockaddr[0], 0) for family, *_, sockaddr in found):
         raise ConfigError(

@@ -90,8 +90,8 @@ def parse(spec: str) -> Partition:
     try:
         alpha = float(raw)
     except ValueError:
-        raise ConfigError(f"--partition={spec}: alpha={raw.strip()!r} is not a number"
-                          ) from None
+        raise ConfigError(f"--partition={spec}: alpha={raw.strip()!r} is not a number; give "
+                          "alpha=A with A > 0 (e.g. dirichlet:alpha=0.5)") from None
     if not (math.isfinite(alpha) and alpha > 0):
         raise ConfigError(f"--partition={spec}: alpha={alpha} is out of range: must be a "
                           "finite number > 0")

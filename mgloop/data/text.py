@@ -44,7 +44,7 @@ def check_files(data_dir: str) -> None:
     files = text_files(data_dir)
     if not files:
         raise ConfigError(f"--data_dir={data_dir} holds no files; --dataset=text reads the "
-                          "UTF-8 text files under it")
+                          "UTF-8 text files under it: give a --data_dir that holds some")
     for path in files:
         with open(path, "rb") as handle:
             try:

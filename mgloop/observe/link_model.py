@@ -112,6 +112,10 @@ def parse(text: str) -> Link:
     tier, _, rest = text.partition(":")
     if rest and tier.strip().lower() in TIERS:
         return dataclasses.replace(parse(rest), tier=tier.strip().lower())
+    if rest and tier.strip().isalpha():  # a word before ':' that names no tier
+        raise ConfigError(f"--link={text}: the tier {tier.strip()!r} is not one of: "
+                          f"{', '.join(f'{t}:' for t in TIERS)} (e.g. --link=within:"
+                          "100gbit,2us --link=between:10gbit,50us), or leave it out")
     parts = text.split(",")
     if len(parts) != 2:
         raise ConfigError(f"--link={text}: give BANDWIDTH,LATENCY ({_EXAMPLE})")

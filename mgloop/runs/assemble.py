@@ -125,6 +125,7 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
     single_loss = aggregation.single_loss
     model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
+    aggregation.check_model(model.trainable_variables)  # before any copy: one line if not
     spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
                                  optimizer_fn, input_shape)
     loss_fn, metrics = spec.loss_fn, spec.metrics

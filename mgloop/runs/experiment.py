@@ -12,6 +12,7 @@ ends (measures, summary.json, a stop by a signal, nothing left to train) is run_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from typing import Callable
@@ -124,26 +125,29 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     old names of `loss=` and `train_data=` (deprecated: a warning, same behaviour).
     `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
-    the logdir is refused). SIGTERM or SIGINT ends the run after the current loop with a
+    the logdir is refused). A refused run (any error) leaves no folder behind: the logdir
+    folders its validation made are removed while still empty. SIGTERM or SIGINT ends the run after the current loop with a
     checkpoint of that step; the summary then holds `"preempted": {"signal", "step"}`
     (preemption.py).
     """
-    config = config.validated()
-    loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
-    dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
-    training_spec.check_arguments(loss, metrics, optimizer, callbacks)
-    callbacks_lib.check(callbacks, config.eval_every)
-    if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
-        check_data(dataset, config)
-    for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
-        data.user_input.check_accepted(value, what)  # one line, before any device exists
-    request = devices.parse(config.devices, config.towers_per_device)
-    workers = cluster.from_environment()
-    chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
-    with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
-          contextlib.ExitStack() as on_exit):
-        return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
-                    (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
+    config = dataclasses.replace(config, logdir=config.logdir or run_dir.fresh_logdir())
+    with run_dir.removed_if_left_empty(config.logdir):  # a refused run leaves no folder
+        config = config.validated()
+        loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
+        dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
+        training_spec.check_arguments(loss, metrics, optimizer, callbacks)
+        callbacks_lib.check(callbacks, config.eval_every)
+        if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
+            check_data(dataset, config)
+        for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
+            data.user_input.check_accepted(value, what)  # one line, before any device exists
+        request = devices.parse(config.devices, config.towers_per_device)
+        workers = cluster.from_environment()
+        chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
+        with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
+              contextlib.ExitStack() as on_exit):
+            return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
+                        (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
 
 
 def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_line,

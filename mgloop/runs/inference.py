@@ -110,7 +110,7 @@ class TowerInference:
             state_sum += batch_state.numpy()
             count += n
         if not count:
-            raise ValueError("evaluate() was given no examples")
+            raise ValueError("evaluate() was given no examples; give at least one")
         return {"loss": loss_sum / count,
                 **metrics_lib.results(self.metrics, metrics_lib.split(self.metrics, state_sum))}
 

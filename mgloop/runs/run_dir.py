@@ -8,6 +8,7 @@ Nothing here creates a device or a variable; the only side effect is creating th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -69,7 +70,7 @@ def check_writable_dir(flag: str, path: str, create: bool) -> None:
             parent = os.path.dirname(parent.rstrip(os.sep)) or os.sep
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise ConfigError(f"--{flag}={path} cannot be created ({parent} is not a "
-                              "writable directory)")
+                              f"writable directory); give a --{flag} under a writable one")
         return
     try:
         os.makedirs(path, exist_ok=True)
@@ -77,7 +78,39 @@ def check_writable_dir(flag: str, path: str, create: bool) -> None:
             pass
     except OSError as error:
         raise ConfigError(f"--{flag}={path} is not a writable directory "
-                          f"({error.strerror or error})") from None
+                          f"({error.strerror or error}); give a writable --{flag}") from None
+
+
+def missing_folders(logdir: str) -> list[str]:
+    """The folders of `logdir` and of its parents that do not exist yet, deepest first: those
+    `prepare` will create."""
+    folders, path = [], os.path.abspath(logdir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        folders.append(path)
+        path = os.path.dirname(path)
+    return folders
+
+
+def remove_empty(folders: list[str] | None) -> None:
+    """Removes `folders` (deepest first) while they are empty: what a refused run made and
+    left empty goes; anything written in them keeps them."""
+    for folder in folders or ():
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty (or gone): it and its parents stay
+            return
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(logdir: str):
+    """The folders of `logdir` that the body creates (validation's `prepare`) are removed
+    again if it raises while they are empty: a refused run leaves no folder behind."""
+    made = missing_folders(logdir)
+    try:
+        yield
+    except BaseException:
+        remove_empty(made)
+        raise
 
 
 def write_config(config) -> None:

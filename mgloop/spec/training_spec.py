@@ -101,7 +101,8 @@ def make_loss(loss, model: keras.Model, weights=None):
         _check_several_outputs(model, "loss")
         return losses.PerOutput(loss, weights, model)
     if weights is not None:
-        raise ConfigError("loss_weights: given for one loss; they weigh a loss per output")
+        raise ConfigError("loss_weights: given for one loss; they weigh a loss per output: "
+                          "leave loss_weights out, or give a loss per output")
     return keras.losses.get(loss) if isinstance(loss, str) else loss
 
 
@@ -128,7 +129,8 @@ def _one_metric(item, loss_fn, output: losses.OutputKey | None):
     if all(hasattr(item, a) for a in ("name", "size", "counts", "result")):
         return item  # an mgloop metric (metrics.py), as given
     raise ConfigError(f"metrics: {item!r} is neither a keras.metrics.Metric, a Keras metric "
-                      "name, nor an mgloop metric (name, size, counts, result)")
+                      "name, nor an mgloop metric (name, size, counts, result); give one "
+                      "of those")
 
 
 def make_metrics(given, loss_fn, model: keras.Model) -> list:
@@ -174,7 +176,8 @@ def optimizer_factory(optimizer) -> Callable[[], keras.optimizers.Optimizer]:
         made = optimizer()
         if not isinstance(made, keras.optimizers.Optimizer):
             raise ConfigError(f"optimizer: the factory {optimizer!r} returned "
-                              f"{type(made).__name__}, not a keras.optimizers.Optimizer")
+                              f"{type(made).__name__}, not a keras.optimizers.Optimizer; "
+                              "give a function that returns one")
         return made
     return make
 

@@ -27,15 +27,21 @@ Data poisoning (the attacker computes its gradient honestly, on poisoned data):
 Omniscient (the attackers see every honest unit's gradient of the step; g_h for the n - f
 honest units, per coordinate j, f = k attackers):
 
-    alie:z=Z            g' = mu - z sigma ("A little is enough", Baruch et al., NeurIPS 2019),
-                        mu_j = mean_h g_h,j, sigma_j = sqrt(mean_h (g_h,j - mu_j)^2): the
-                        population standard deviation of the honest vectors, as ByzFL's ALIE
-                        (the attacker describes what it sees, it estimates nothing; it is also
-                        defined for one honest unit). z = 0 or unset: the paper's
+    alie:z=Z,ddof=D     g' = mu - z sigma ("A little is enough", Baruch et al., NeurIPS 2019),
+                        mu_j = mean_h g_h,j, sigma_j = sqrt(sum_h (g_h,j - mu_j)^2 / (m - D)),
+                        m = n - f honest units. D = 0 (the default): the population standard
+                        deviation of the honest vectors (the attacker describes what it sees,
+                        it estimates nothing; defined for one honest unit). D = 1: the sample
+                        standard deviation, as ByzFL 0.0.11's ALittleIsEnough computes it
+                        (var with ddof=1; needs m >= 2). ByzFL writes the attack mu + tau sigma
+                        (tau = 1.5 by default): its tau is -z here, so ByzFL's default is
+                        alie:z=-1.5,ddof=1. z = 0 or unset: the paper's
                         z_max = Phi^-1((n - s) / n), s = floor(n/2 + 1) - f (`alie_z`; 0 for
                         n = 4, f = 1: g' = mu); s < 1 is refused (z_max infinite).
     ipm:epsilon=E       g' = -E mu (inner-product manipulation, Xie et al., UAI 2020, "Fall of
-                        empires"; default E = 0.1, ByzFL's default)
+                        empires"); default E = 0.1, mgloop's own (ByzFL 0.0.11's
+                        InnerProductManipulation sends -tau mu with tau = 2.0 by default:
+                        ipm:epsilon=2)
 
 Which units: `fixed`, units 0..k-1 (global indices) every step; `random`, each step k units
 drawn uniformly without replacement from a stateless stream keyed by (--seed, step), the
@@ -79,7 +85,8 @@ ATTACKS = {
     "gaussian": {"std": (1.0, 0.0, False)},
     "zero": {},
     "labelflip": {},
-    "alie": {"z": (0.0, None, False)},  # 0: the paper's z_max (alie_z)
+    # z 0: the paper's z_max (alie_z); ddof 0: population sd, 1: sample sd (ByzFL's)
+    "alie": {"z": (0.0, None, False), "ddof": (0.0, 0.0, False)},
     "ipm": {"epsilon": (0.1, 0.0, True)},
 }
 DEFAULT_ATTACK = "signflip"
@@ -113,9 +120,13 @@ def parse_attack(spec: str) -> Attack:
         try:
             values[key] = float(raw)
         except ValueError:
-            raise ConfigError(f"--attack={spec}: {key}={raw!r} is not a number") from None
+            raise ConfigError(f"--attack={spec}: {key}={raw!r} is not a number; give "
+                              f"{key}=NUMBER") from None
         _, low, low_open = fields[key]
         in_range(f"attack={name}:{key}", values[key], low=low, low_open=low_open)
+    if values.get("ddof", 0.0) not in (0.0, 1.0):
+        raise ConfigError(f"--attack={spec}: ddof={values['ddof']:g} is not 0 or 1; give "
+                          "ddof=0 (population sd, the default) or ddof=1 (sample sd, ByzFL's)")
     return Attack(name, values)
 
 
@@ -183,7 +194,8 @@ def check_settings(config, num_towers: int, unit: str = "towers") -> None:
     attack = parse_attack(config.attack)
     for key, value in attack.options.items():
         if not math.isfinite(value):
-            raise ConfigError(f"--attack={config.attack}: {key}={value} is not a finite number")
+            raise ConfigError(f"--attack={config.attack}: {key}={value} is not a finite number; "
+                              "give a finite one")
     k = config.byzantine_towers
     if k == 0:
         given = [f"--attack={config.attack}"] if config.attack != DEFAULT_ATTACK else []
@@ -210,3 +222,7 @@ def check_settings(config, num_towers: int, unit: str = "towers") -> None:
                               "N nodes) or a per-tower --attack")
         if attack.name == "alie" and attack.options["z"] == 0.0:
             alie_z(num_towers, k)  # the default z must be finite
+        if attack.name == "alie" and attack.options["ddof"] == 1.0 and num_towers - k < 2:
+            raise ConfigError(f"--attack={config.attack} with --byzantine_towers={k} of "
+                              f"{num_towers} {unit}: the sample sd (ddof=1) needs 2 honest "
+                              f"ones; use ddof=0 or --byzantine_towers <= {num_towers - 2}")

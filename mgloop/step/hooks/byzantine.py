@@ -159,7 +159,8 @@ class ByzantineTowers(Hook):
     def attack_vector(self, units: tf.Tensor) -> tf.Tensor:
         """What every attacker sends, from the units' gradients `units` [n, ...] (n: every
         unit of the job, one worker's): over the n - f honest ones (this step's flags 0),
-        mu = their mean, sigma = their population standard deviation, per coordinate;
+        mu = their mean, sigma = their standard deviation, per coordinate (population:
+        divided by n - f; with alie's ddof=1 the sample one, by n - f - 1);
         alie: mu - z sigma; ipm: -epsilon mu."""
         shape = tf.concat([[self.total_units], tf.ones([tf.rank(units) - 1], tf.int32)], 0)
         attacker = tf.reshape(self._flags > 0.5, shape)
@@ -169,7 +170,8 @@ class ByzantineTowers(Hook):
         if self.attack.name == "ipm":
             return -self.attack.options["epsilon"] * mu
         deviation = tf.where(attacker, zeros, units - mu)
-        sigma = tf.sqrt(tf.reduce_sum(tf.square(deviation), 0) / honest_count)
+        sigma = tf.sqrt(tf.reduce_sum(tf.square(deviation), 0)
+                        / (honest_count - self.attack.options["ddof"]))
         return mu - self.z * sigma
 
 
