@@ -34,15 +34,16 @@ from mgloop import launch
 from tests.workers.methods_between_workers import config_for
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")
-# The issue's list (error feedback, the two all-reduces of P and Q, seeded levels, outer
-# Nesterov steps every 3 steps, a robust aggregator) and 4-bit Streaming DiLoCo, whose
+# Error feedback, the two all-reduces of P and Q, seeded levels, outer Nesterov steps
+# every 4 steps (one sync in the 4 steps: bytes per step a quarter of a sync's), a robust
+# aggregator, and 4-bit Streaming DiLoCo, whose
 # int8 codes are summed between the workers by a gather (peers.py). The first three are
 # stopped after 2 steps and resumed (SPEC@2): each keeps state per node that the resume
 # must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q), and
 # the resumed job must still equal the uninterrupted simulated nodes bit for bit.
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
-TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=3@2", "powersgd@2", "qsgd", "median",
+TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
@@ -87,6 +88,14 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
         expected = between_gradients(tmp_path / "single", index)["bytes_per_device"]
         assert expected <= sent["bytes_per_device"] <= expected + 3 * sent[
             "messages_per_device"], (spec, sent, expected)
+        if spec == "diloco:period=4":  # one sync of every parameter in 4 steps
+            with open(os.path.join(root, str(index), "summary.json")) as handle:
+                report = json.load(handle)["link_model"]
+            assert report["where"] == "between nodes" and report["syncs"]["sync"][
+                "occurrences"] == 1
+            # a dense ring between 2 nodes moves G bytes, a sync the same (but the < 4 B of
+            # padding per message), so the gradient ratio per step is 4
+            assert report["compression_ratio"] == pytest.approx(4.0, rel=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +116,8 @@ def test_a_resumed_job_restores_every_nodes_own_state(two_workers):
     """2 steps, then a new run to step 4 from the checkpoint of step 2 (the chief's, and
     each worker's node-<w> state beside it): a run started again, not from scratch, whose
     weights the test above finds bit-equal to the uninterrupted simulated nodes'; without
-    the nodes' own state they would not be (error feedback, DiLoCo's copies between its
-    syncs at steps 3 and 6)."""
+    the nodes' own state they would not be (error feedback, DiLoCo's copies and outer state
+    before its sync at step 4)."""
     for entry in RESUMED:
         index = TWO_WORKERS.index(entry)
         with open(two_workers / str(index) / "summary.json") as handle:
