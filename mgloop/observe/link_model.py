@@ -54,8 +54,8 @@ Limits (what the model leaves out; docs/methods/link-model.md):
     the collective between workers being 2(W-1) messages of 2(W-1)/W of its buffer
     on the worker's copy 0 device (cross_worker.py), on top of the local stage's.
 
-The compute time beside it is measured: the median step time of the run (loops
-after the first, which traces), less the exchange timed alone in this process
+The compute time beside it is measured: the median step time of the run (every step
+but the run's first, which traces the loop: runs/controller.py), less the exchange timed alone in this process
 (exchange_timing.py: the in-memory exchange, its additions included), never less
 than 0. The modelled step time is compute + exchange without overlap, and
 max(compute, exchange) with perfect overlap of the exchange with the compute:
