@@ -63,8 +63,12 @@ def _final(rec: dict, metric: str):
 
 
 def mean_bytes_per_step(rec: dict) -> float | None:
-    """The cell's gradient bytes per step (None: a diverged cell, with no summary)."""
-    return (rec.get("traffic") or {}).get("gradient_bytes_per_step")
+    """The cell's gradient bytes per step: those sent through its last eval over its step
+    (record.py: at the final step, summary.json's gradient_bytes_per_step)."""
+    last = rec["curve"][-1] if rec["curve"] else None
+    if not last or last["gradient_bytes"] is None or not last["step"]:
+        return None
+    return last["gradient_bytes"] / last["step"]
 
 
 def at_bytes(rec: dict, metric: str, budget: float):
