@@ -76,11 +76,12 @@ def main(argv):
         sys.exit(1)
     if summary.get("preempted"):  # the run logged where it stopped and what it saved
         sys.exit(128 + signal.Signals[summary["preempted"]["signal"]])
-    logging.info("final: train loss %.4f,%s %.0f examples/sec on %d towers; "
+    speed = summary["examples_per_sec"]
+    logging.info("final: train loss %.4f,%s %s on %d towers; "
                  "summary in %s", summary["final_train_loss"] or float("nan"),
                  "" if summary["eval_accuracy"] is None
                  else f" eval accuracy {summary['eval_accuracy']:.3f},",
-                 summary["examples_per_sec"] or 0.0,
+                 "speed not measured" if speed is None else f"{speed:.0f} examples/sec",
                  summary["num_towers"],
                  os.path.join(summary["config"]["logdir"], experiment.SUMMARY_FILENAME))
 
