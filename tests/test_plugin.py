@@ -110,7 +110,7 @@ def test_plugin_that_fails_to_import_is_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert lines == ["mgloop.train: error: --plugin=tests.plugins.no_such_module failed to "
                      "import: ModuleNotFoundError: No module named "
-                     "'tests.plugins.no_such_module'"]
+                     "'tests.plugins.no_such_module'; fix the module or leave that --plugin out"]
 
 
 def test_describe_gives_every_option_of_a_spec():
