@@ -5,6 +5,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -127,8 +128,9 @@ def test_a_bad_cell_is_refused_before_any_cell_runs(tmp_path):
 
 def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     """4 cells in this process; no Trainer outlives its cell; TensorBoard shows each cell
-    as an HParams session (a real server); a re-run skips the finished cells and starts an
-    interrupted one afresh; the report has a row per variant and readable plots."""
+    as an HParams session (a real server); a re-run skips the finished cells, takes a cell
+    that has a checkpoint from there, starts one without afresh; the report has a row per
+    variant and readable plots."""
     from mgloop.runs import trainer
     plan = _plan(tmp_path)
     cells = plan.cells()
@@ -143,14 +145,20 @@ def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     assert first["traffic"]["gradient_bytes_per_step"] > 0
 
     stamps = {p: os.stat(p).st_mtime_ns for p in paths}
-    os.remove(paths[3])  # the last cell "interrupted": no record, a half-written logdir
-    junk = os.path.join(plan.logdir(cells[3]), "half-written")
+    last = record.read(paths[3])
+    os.remove(paths[3])  # the last cell ended but its record was not written: it resumes
+    shutil.rmtree(plan.logdir(cells[2]) + "/checkpoints")  # no checkpoint: starts afresh
+    os.remove(paths[2])
+    junk = os.path.join(plan.logdir(cells[2]), "half-written")
     with open(junk, "w") as handle:
         handle.write("x")
-    assert runner.pending(plan, cells) == [cells[3]]
+    assert runner.pending(plan, cells) == cells[2:]
     runner.run(plan)
-    assert [os.stat(p).st_mtime_ns == stamps[p] for p in paths[:3]] == [True] * 3
-    assert os.path.exists(paths[3]) and not os.path.exists(junk)
+    assert [os.stat(p).st_mtime_ns == stamps[p] for p in paths[:2]] == [True] * 2
+    assert os.path.exists(paths[2]) and not os.path.exists(junk)
+    again = record.read(paths[3])  # from its checkpoint at step 4 and its kept evals
+    assert [(p["step"], p["eval/loss"]) for p in again["curve"]] == [
+        (p["step"], p["eval/loss"]) for p in last["curve"]]
 
     request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS"],

@@ -5,14 +5,17 @@ A run resumed from a checkpoint at step S has in its History only the evals afte
 (run_result.py). The sweep passes each cell's run a `Keeper` callback, which appends
 every record {"step": s, **metrics} of a loop that evaluated to
 `<logdir>/sweep_evals.jsonl`, one JSON line each (floats as repr: read back exactly) and
-flushed at once. The cell's record then takes the evals at steps <= S from the file and
-those after S from the run (`merged`): the same values at the same steps as a run that
-was never stopped, since a resumed run continues exactly where its checkpoint was made
-(bit-exact on one machine with the same settings).
+flushed at once, in every attempt. The cell's record takes its curve from the file
+(`history`): the evals before S from the attempts before, those after from the last: the
+same values at the same steps as a run that was never stopped, since a resumed run
+continues exactly where its checkpoint was made (bit-exact on one machine with the same
+settings: tests/test_sweep_stop.py). A run that finds its checkpoint at its last step
+trains nothing and evaluates nothing; the file has its curve all the same.
 
 A second signal can end a process after it kept an eval but before the checkpoint of
-that step: before each attempt `truncate` drops what lies past the newest checkpoint,
-and `merged` takes from the file nothing past the step the run started from.
+that step: before each attempt `truncate` drops what lies past the newest checkpoint;
+should the run restore an older one (the newest damaged), the steps it evaluates again
+are read from the later lines (`read`: the later of two for one step).
 """
 
 from __future__ import annotations
@@ -73,15 +76,9 @@ class Keeper:
         return False
 
 
-def merged(logdir: str, start_step: int, history: callbacks_lib.History | None
-           ) -> callbacks_lib.History:
-    """A History of the kept records at steps <= start_step, then `history`'s records
-    (those of the run that started at start_step; None: it trained nothing)."""
+def history(logdir: str) -> callbacks_lib.History:
+    """The kept records as a History (what record.py reads of a run's)."""
     out = callbacks_lib.History()
     for rec in read(logdir):
-        if rec["step"] <= start_step:
-            out(rec["step"], {k: v for k, v in rec.items() if k != "step"})
-    for rec in history.records if history is not None else ():
-        if rec["step"] > start_step:
-            out(rec["step"], {k: v for k, v in rec.items() if k != "step"})
+        out(rec["step"], {k: v for k, v in rec.items() if k != "step"})
     return out

@@ -57,7 +57,8 @@ class Stopped(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class _Resumed:
-    """What record.record_of reads of a RunResult, with the cell's whole eval history."""
+    """What record.record_of reads of a RunResult, with the evals of all the cell's attempts
+    (kept_evals.py) as its history."""
 
     summary: dict
     history: object
@@ -100,14 +101,13 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
     try:
         result = mgloop.run(config, callbacks=callbacks)
     except failures.NonFinite as error:
-        history = kept_evals.merged(logdir, config.train_steps, None)
-        record = record_lib.diverged_record(cell, history, str(error), plan.target)
+        record = record_lib.diverged_record(cell, kept_evals.history(logdir), str(error),
+                                            plan.target)
         logging.warning("sweep: cell %s diverged: %s", cell.name, error)
     else:
         if result.summary.get("preempted"):
             return None
-        start = result.summary.get("start_step", result.summary["final_step"])
-        whole = _Resumed(result.summary, kept_evals.merged(logdir, start, result.history))
+        whole = _Resumed(result.summary, kept_evals.history(logdir))
         record = record_lib.record_of(cell, whole, result.trainer.aggregation, plan.target)
         del result, whole
     path = plan.result_path(cell)
