@@ -160,7 +160,7 @@ def stop_check(stop: StopOnSignal, aggregation) -> Callable[[], bool]:
     cluster = aggregation.cluster
     if cluster is None or cluster.num_workers <= 1:
         return lambda: stop.requested
-    import numpy as np
+    import numpy as np  # here: a sweep's worker imports this module before TensorFlow loads
     import tensorflow as tf
     summed = tf.function(aggregation.all_workers_sum, autograph=False,
                          input_signature=[tf.TensorSpec([], tf.float32)])
