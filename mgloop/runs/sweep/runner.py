@@ -178,13 +178,23 @@ def stopped_message(plan: plan_lib.Plan, cells, signum: int, at_once: bool) -> s
 
 
 def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0) -> list[str]:
-    """Validates every cell, then runs the pending ones; returns every cell's record path.
+    """Validates every cell (a stopped one also against the settings of its checkpoints:
+    run_dir.check_resumable), then runs the pending ones; returns every cell's record path.
     Raises Stopped if a signal stopped the sweep (module docstring)."""
     from mgloop.runs import preemption
     from mgloop.runs.sweep import processes as processes_lib
+    from mgloop.errors import ConfigError
+    from mgloop.runs import run_dir
     cells = plan.cells()
     configs = [plan.config(cell) for cell in cells]  # every cell checked before any runs
     todo = pending(plan, cells)
+    for cell, config in zip(cells, configs):
+        if cell in todo:  # a stopped cell resumes only with the settings of its checkpoints
+            try:
+                run_dir.check_resumable(config.validated(on_disk=False))
+            except ConfigError as error:
+                raise ConfigError(f"cell {cell.name}: {error} (or remove that folder to run "
+                                  "the cell from step 0)") from None
     logging.info("sweep: %d cells, %d done before, %d to run on %d process(es)",
                  len(cells), len(cells) - len(todo), len(todo), processes)
     towers = plan_lib.towers_needed(configs)
