@@ -11,8 +11,6 @@ import sys
 import threading
 import time
 
-import pytest
-
 from mgloop.runs import quiet_start
 from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import report
