@@ -73,6 +73,14 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as handle:
@@ -85,8 +93,9 @@ def _stop_at_random(out, signum: int, max_delay: float) -> re.Match:
     """Runs the sweep's command, sends `signum` at a random moment (drawn with a logged
     seed) up to `max_delay` s after its worker began a cell, and checks how it ended: exit
     code 128 + the signal number; exactly one line about the stop, the last on stderr (no
-    traceback, no other line naming a signal or a stop), no TensorFlow start-up line; none
-    of the processes under the sweep left once it has exited (/proc); no logdir lock; the
+    traceback, no other line naming a signal or a stop), no TensorFlow start-up line; its
+    worker process gone when it has exited, and every process under it (multiprocessing's
+    resource tracker too, which leaves when its pipe closes) within 2 s (/proc); no lock; the
     checkpoint of the step at which the line says a cell stopped. Returns the line's match
     (done cells, stopped cell, its step)."""
     process = subprocess.Popen(_command(out), cwd=REPO, env=_quiet_environment(),
@@ -105,12 +114,15 @@ def _stop_at_random(out, signum: int, max_delay: float) -> re.Match:
         time.sleep(0.02)
     time.sleep(delay)
     tree = _descendants(process.pid)
+    names = {pid: _command_line(pid) for pid in tree}
     assert process.poll() is None, f"the sweep ended before the signal (delay {delay:.2f} s)"
-    assert tree, "the sweep has no worker process"
+    assert any("spawn_main" in name for name in names.values()), names
     process.send_signal(signum)
     stdout = process.stdout.read()
     process.wait(timeout=120)
     reader.join(timeout=10)
+    workers = {pid for pid, name in names.items() if "spawn_main" in name}
+    assert not {pid for pid in workers if _alive(pid)}, "a worker outlived the sweep"
     left = {pid for pid in tree if _alive(pid)}
     for _ in range(40):  # multiprocessing's resource tracker leaves once its pipe closes
         left = {pid for pid in left if _alive(pid)}
@@ -158,18 +170,19 @@ def test_sigint_then_sigterm_stop_the_sweep_cleanly_and_the_reruns_resume_it_exa
     assert _exact(report.load(str(out))) == _exact(report.load(reference.output_dir))
 
 
-def test_bad_values_are_refused_in_one_line_before_any_folder(tmp_path):
-    """--seeds=0 and a non-number (refused while the flags are parsed, before TensorFlow
-    loads), and a grid whose second cell cannot run (checked before any cell's folder is
-    made): exit code 2, one line on stderr, no output folder."""
+def test_bad_flag_values_are_refused_in_one_line_before_tensorflow_loads(tmp_path):
+    """--seeds=0, a non-number, an unknown flag: exit code 2 and one line on stderr while
+    the flags are parsed, before TensorFlow loads; no output folder. (A bad --vary or --set
+    item or cell: tests/test_sweep.py, by the command line and by runner.run.)"""
     out = tmp_path / "sweep"
     base = [sys.executable, "-m", "mgloop.sweep", f"--output_dir={out}",
             "--set=model=mlp", "--set=devices=cpu:2", "--set=train_steps=4"]
-    for extra, says in ((["--seeds=0"], "--seeds"), (["--evals=x"], "--evals"),
-                        (["--vary=global_batch_size=32,33"], "global_batch_size=33 does not split")):
+    for extra, says in ((["--seeds=0"], "flag --seeds=0: 0 is not a positive integer"),
+                        (["--evals=x"], "flag --evals=x: invalid literal"),
+                        (["--sets=model=mlp"], "Unknown command line flag 'sets'")):
         done = subprocess.run(base + extra, capture_output=True, text=True, cwd=REPO,
                               timeout=300, env=_quiet_environment())
         assert done.returncode == 2, done.stderr[-2000:]
-        assert done.stderr.startswith("mgloop.sweep: error: ") and says in done.stderr
+        assert done.stderr.startswith(f"mgloop.sweep: error: {says}"), done.stderr
         assert len(done.stderr.splitlines()) == 1 and not done.stdout, done.stderr
         assert not out.exists()
