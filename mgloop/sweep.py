@@ -120,7 +120,9 @@ def _main():
             raise ConfigError("--stop_at_target needs --target=METRIC>=VALUE")
         cells = plan.cells()
         if not FLAGS.report_only:
-            runner.run(plan, FLAGS.processes, FLAGS.cells_per_process)
+            runner.run(plan, FLAGS.processes, FLAGS.cells_per_process,
+                       last_words=lambda line: print(f"mgloop.sweep: {line}", file=sys.stderr,
+                                                     flush=True))
     except (ConfigError, grid.SpecError) as error:
         _error(f"error: {error}", 2)
     except runner.Stopped as stop:

@@ -21,23 +21,44 @@ The parent (`run`), on SIGINT or SIGTERM, starts no further worker, forwards the
 to every running one and waits until all have exited: each stops its cell at the next
 loop boundary with a checkpoint. A second signal is forwarded too, and a worker then
 exits at once (preemption.py; its lock removed). Should the parent's own loop fail, it
-sends SIGTERM to its workers and waits for them before the error goes on.
+sends SIGTERM to its workers and waits for them before the error goes on; should the
+parent die without a word (SIGKILL), each worker sends itself SIGTERM (`_stop_with_parent`)
+and stops as above.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 
 from mgloop.runs.sweep import plan as plan_lib
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def _stop_with_parent() -> None:
+    """A thread that sends this process SIGTERM once, should its parent die before it
+    (SIGKILL: the parent waits for its workers otherwise): the cell then stops as for the
+    parent's SIGTERM. It waits on multiprocessing's parent sentinel, which a parent's death
+    makes readable. (Linux's PR_SET_PDEATHSIG is not used: every thread created after it
+    sends the signal again, and a second signal means "at once".)"""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, daemon=True, name="mgloop-parent").start()
+
+
 def _worker(plan: plan_lib.Plan, cells: list, towers: int, quiet: bool) -> None:
     os.setpgrp()  # signals come from the parent only (module docstring)
+    _stop_with_parent()
     from mgloop.runs import quiet_start
     with quiet_start.loading(quiet):
         import tensorflow as tf

@@ -38,6 +38,7 @@ import logging as std_logging
 import os
 import shutil
 import signal
+from typing import Callable
 
 from absl import logging
 
@@ -177,10 +178,13 @@ def stopped_message(plan: plan_lib.Plan, cells, signum: int, at_once: bool) -> s
             + "; run the same command to resume")
 
 
-def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0) -> list[str]:
+def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
+        last_words: Callable[[str], None] | None = None) -> list[str]:
     """Validates every cell (a stopped one also against the settings of its checkpoints:
     run_dir.check_resumable), then runs the pending ones; returns every cell's record path.
-    Raises Stopped if a signal stopped the sweep (module docstring)."""
+    Raises Stopped if a signal stopped the sweep (module docstring). With the cells in this
+    process, a second signal ends it at once: `last_words(line)` says where first (default:
+    the line is logged as a warning)."""
     from mgloop.runs import preemption
     from mgloop.runs.sweep import processes as processes_lib
     from mgloop.errors import ConfigError
@@ -199,9 +203,9 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0) -> 
                  len(cells), len(cells) - len(todo), len(todo), processes)
     towers = plan_lib.towers_needed(configs)
     if processes <= 1 and not cells_per_process:
-        def last_words(signum):
-            logging.warning("%s", stopped_message(plan, cells, signum, at_once=True))
-        with preemption.StopOnSignal(announce=False, last_words=last_words) as stop:
+        say = last_words or (lambda line: logging.warning("%s", line))
+        with preemption.StopOnSignal(announce=False, last_words=lambda signum: say(
+                stopped_message(plan, cells, signum, at_once=True))) as stop:
             run_chunk(plan, todo, towers, stop)
         signum, at_once = stop.signum, False
     elif todo:
