@@ -17,31 +17,28 @@
                            --processes=1: every cell in this process)
     --report_only          rewrite report.md and plots/ from the records found
 
-Re-running the same command skips the finished cells (runner.py). Bad settings end the
-process with exit code 2 and one line on stderr, before any cell is built.
+Re-running the same command skips the finished cells and resumes a stopped one from its
+checkpoint (runner.py). SIGINT (Ctrl-C) or SIGTERM stops the running cells at their next
+loop boundary with a checkpoint, stops every worker process, prints one line and exits
+with 128 + the signal number (130, 143); a second signal stops them at once, leaving their
+last checkpoints (processes.py). Bad settings (a flag's value, a --vary or --set item, a
+cell's Config) end the process with exit code 2 and one line on stderr, before any folder
+is made or any cell built. The workers' TensorFlow start-up lines are kept off stderr as
+`mgloop.train`'s are (quiet_start.py).
 """
 
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 
+from absl import app
+from absl import flags
+from absl import logging
+
+from mgloop.errors import ConfigError
 from mgloop.runs import quiet_start  # loads no TensorFlow
-
-with quiet_start.loading():
-    import tensorflow as tf
-    tf.config.list_physical_devices("GPU")
-quiet_start.after_loading()
-
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
-
-from mgloop.errors import ConfigError  # noqa: E402
-from mgloop.runs.sweep import grid  # noqa: E402
-from mgloop.runs.sweep import plan as plan_lib  # noqa: E402
-from mgloop.runs.sweep import report  # noqa: E402
-from mgloop.runs.sweep import runner  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,...: an axis of the grid")
@@ -62,10 +59,8 @@ flags.DEFINE_bool("report_only", False, "only rewrite the report from the record
 flags.DEFINE_string("title", None, "the report's title (default: the output folder's name)")
 
 
-def plan_from_flags() -> plan_lib.Plan:
-    if not FLAGS.output_dir:
-        raise ConfigError("--output_dir is not set; give the folder for the runs, records "
-                          "and report")
+def plan_from_flags():
+    from mgloop.runs.sweep import plan as plan_lib
     return plan_lib.Plan(vary=tuple(FLAGS.vary), set=tuple(FLAGS.set),
                          seeds=tuple(range(FLAGS.seeds)), output_dir=FLAGS.output_dir,
                          epochs=FLAGS.epochs, evals=FLAGS.evals,
@@ -74,19 +69,64 @@ def plan_from_flags() -> plan_lib.Plan:
                          plugins=tuple(FLAGS.plugin))
 
 
+class _Interrupted(Exception):
+    """A signal that came while no cell was running (validating, writing the report)."""
+
+
+def _interrupted(signum, frame):
+    raise _Interrupted(signum)
+
+
+def _error(message: str, code: int):
+    print(f"mgloop.sweep: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def parse_flags(argv):
+    """absl's parsing, with a bad flag value refused in one line and exit code 2."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        _error("error: " + " ".join(str(error).split()), 2)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupted)  # the runner sets its own while cells run
+    try:
+        _main()
+    except _Interrupted as stop:
+        signum = stop.args[0]
+        _error(f"stopped by {signal.Signals(signum).name} while no cell was running; run the "
+               "same command to resume", 128 + signum)
+
+
+def _main():
+    if not FLAGS.output_dir:
+        _error("error: --output_dir is not set; give the folder for the runs, records and "
+               "report", 2)
+    with quiet_start.loading():  # TensorFlow (which the cells' Configs load), quietly
+        import tensorflow as tf
+        tf.config.list_physical_devices("GPU")  # where a machine without CUDA logs its cuInit
+    quiet_start.after_loading()
+    from mgloop.runs.sweep import grid
+    from mgloop.runs.sweep import report
+    from mgloop.runs.sweep import runner
     try:
         plan = plan_from_flags()
         if FLAGS.stop_at_target and plan.target is None:
             raise ConfigError("--stop_at_target needs --target=METRIC>=VALUE")
         cells = plan.cells()
         if not FLAGS.report_only:
-            runner.run(plan, FLAGS.processes, FLAGS.cells_per_process)
+            runner.run(plan, FLAGS.processes, FLAGS.cells_per_process,
+                       last_words=lambda line: print(f"mgloop.sweep: {line}", file=sys.stderr,
+                                                     flush=True))
     except (ConfigError, grid.SpecError) as error:
-        print(f"mgloop.sweep: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        _error(f"error: {error}", 2)
+    except runner.Stopped as stop:
+        _error(str(stop), 128 + stop.signum)
     order = list(dict.fromkeys(cell.variant.name for cell in cells))
     title = FLAGS.title or plan.output_dir.rstrip("/").split("/")[-1]
     command = [arg for arg in sys.argv[1:] if arg not in ("--report_only", "--report_only=true")]
@@ -96,4 +136,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -5,6 +5,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -144,9 +145,7 @@ def test_a_bad_cell_is_refused_before_any_cell_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"cell global_batch_size=33 seed=0: "
                                           r"--global_batch_size=33 does not split"):
         runner.run(plan)
-    assert not os.path.exists(os.path.join(plan.output_dir, "results"))
-    written = [f for _, _, files in os.walk(plan.output_dir) for f in files]
-    assert written == []  # (validation may make the logdirs, to see that they are writable)
+    assert not os.path.exists(plan.output_dir)  # validation makes no folder
     for epochs in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(grid.SpecError, match=f"--epochs={epochs}: give a finite number"):
             _plan(tmp_path, epochs=epochs).cells()
@@ -157,8 +156,9 @@ def test_a_bad_cell_is_refused_before_any_cell_runs(tmp_path):
 
 def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     """4 cells in this process; no Trainer outlives its cell; TensorBoard shows each cell
-    as an HParams session (a real server); a re-run skips the finished cells and starts an
-    interrupted one afresh; the report has a row per variant and readable plots."""
+    as an HParams session (a real server); a re-run skips the finished cells, takes a cell
+    that has a checkpoint from there, starts one without afresh; the report has a row per
+    variant and readable plots."""
     from mgloop.runs import trainer
     plan = _plan(tmp_path)
     cells = plan.cells()
@@ -173,14 +173,20 @@ def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     assert first["traffic"]["gradient_bytes_per_step"] > 0
 
     stamps = {p: os.stat(p).st_mtime_ns for p in paths}
-    os.remove(paths[3])  # the last cell "interrupted": no record, a half-written logdir
-    junk = os.path.join(plan.logdir(cells[3]), "half-written")
+    last = record.read(paths[3])
+    os.remove(paths[3])  # the last cell ended but its record was not written: it resumes
+    shutil.rmtree(plan.logdir(cells[2]) + "/checkpoints")  # no checkpoint: starts afresh
+    os.remove(paths[2])
+    junk = os.path.join(plan.logdir(cells[2]), "half-written")
     with open(junk, "w") as handle:
         handle.write("x")
-    assert runner.pending(plan, cells) == [cells[3]]
+    assert runner.pending(plan, cells) == cells[2:]
     runner.run(plan)
-    assert [os.stat(p).st_mtime_ns == stamps[p] for p in paths[:3]] == [True] * 3
-    assert os.path.exists(paths[3]) and not os.path.exists(junk)
+    assert [os.stat(p).st_mtime_ns == stamps[p] for p in paths[:2]] == [True] * 2
+    assert os.path.exists(paths[2]) and not os.path.exists(junk)
+    again = record.read(paths[3])  # from its checkpoint at step 4 and its kept evals
+    assert [(p["step"], p["eval/loss"]) for p in again["curve"]] == [
+        (p["step"], p["eval/loss"]) for p in last["curve"]]
 
     request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS"],
@@ -218,6 +224,7 @@ def test_command_line_runs_cells_in_worker_processes_and_refuses_bad_flags(tmp_p
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1] == (
         "mgloop.sweep: error: --vary learning_rate: 'fast' is not a float")
+    assert not out.exists()
     done = subprocess.run(base + ["--vary=aggregation=ring,ps_cpu", "--processes=1",
                                   "--cells_per_process=2", "--link=1gbit,50us"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)

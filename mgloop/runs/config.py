@@ -253,10 +253,11 @@ class Config:
         """Tower count of a validated config (global batch / per-tower batch)."""
         return self.global_batch_size // self.batch_size_per_tower
 
-    def validated(self) -> "Config":
+    def validated(self, on_disk: bool = True) -> "Config":
         """Checks every setting; returns a copy with machine-dependent defaults resolved.
 
         Each module checks its own settings, in this order; then the combinations that
         involve the aggregation method and several workers; then the folders on disk
-        (config_checks.py)."""
-        return config_checks.validated(self)
+        (config_checks.py). `on_disk` False: the folders are checked creatable but not
+        made, and no checkpoints are compared (a check ahead of the run, as a sweep's)."""
+        return config_checks.validated(self, on_disk)

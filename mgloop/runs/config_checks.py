@@ -6,7 +6,7 @@ combinations, resolves the defaults that depend on the machine (tower count, glo
 batch, logdir), and raises `ConfigError` with one line naming the flag and what would be
 valid. It creates no device and no variable; its only side effect is creating the logdir
 it has checked (run_dir.py, which also compares a resumed run's settings with its
-checkpoints' run). The settings themselves, each with its help line, are config.py's.
+checkpoints' run; neither with `on_disk` False). The settings themselves, each with its help line, are config.py's.
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check
 MAX_SEED = 2**32 - 1
 
 
-def validated(config: Config) -> Config:
+def validated(config: Config, on_disk: bool = True) -> Config:
     """Checks every setting of `config`; returns a copy with machine-dependent defaults
     resolved. Each module checks its own settings, in this order; then the combinations
-    that involve the aggregation method and several workers; then the folders on disk."""
+    that involve the aggregation method and several workers; then the folders on disk
+    (`on_disk` False: checked creatable, none made, no checkpoints compared; the logdir
+    is left as given)."""
     check_finite(config)  # NaN and inf pass every comparison: refused once, here
     _check_range("towers_per_device", config.towers_per_device, low=1)
     request = devices.parse(config.devices, config.towers_per_device)
@@ -75,12 +77,15 @@ def validated(config: Config) -> Config:
     global_batch, data_dir = data.check_settings(config, towers, devices_flag)
     data.check_partition(config, num_workers)
     _check_cluster(config, workers)
+    logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
+              else run_dir.check_creatable(config.logdir, config.export_dir))
     resolved = dataclasses.replace(
-        config, logdir=run_dir.prepare(config.logdir, config.export_dir), data_dir=data_dir,
+        config, logdir=logdir, data_dir=data_dir,
         plugins=aggregation.plugins.plugin_list(config.plugins),
         global_batch_size=global_batch, batch_size_per_tower=global_batch // towers,
         sequence_length=data.sequence_length_of(config), **models.resolved_settings(config))
-    run_dir.check_resumable(resolved)
+    if on_disk:
+        run_dir.check_resumable(resolved)
     return resolved
 
 

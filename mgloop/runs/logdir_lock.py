@@ -8,7 +8,8 @@ a live holder from a new process that reuses its PID. A second run is refused wi
 ConfigError line naming the holder's PID and host. A lock whose holder is gone (same
 host, no such process or another process under its PID) is taken over with one log
 line; a lock of another host is never taken over (its process cannot be checked from
-here). The lock is removed when the run ends, whatever the way; a kill -9 leaves it,
+here). The lock is removed when the run ends, whatever the way, a second signal's
+exit at once included (preemption.py calls `release_held` first); a kill -9 leaves it,
 and the next run takes it over as stale.
 """
 
@@ -25,6 +26,7 @@ from absl import logging
 from mgloop.errors import ConfigError
 
 LOCK_FILENAME = "mgloop.lock"
+_held: set[str] = set()  # the locks this process holds (release_held)
 
 
 def _process_start(pid: int) -> int | None:
@@ -83,6 +85,7 @@ def acquire(logdir: str) -> str:
     path = os.path.join(logdir, LOCK_FILENAME)
     for _ in range(3):  # a takeover can race another run's: try again, then refuse
         if _create(path):
+            _held.add(path)
             return path
         holder = _read(path)
         host = holder.get("host")
@@ -101,9 +104,16 @@ def acquire(logdir: str) -> str:
 
 def release(path: str) -> None:
     """Removes the lock if this process still holds it."""
+    _held.discard(path)
     if _read(path).get("pid") == os.getpid():
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
+
+
+def release_held() -> None:
+    """Removes every lock this process holds (before an exit that runs no `finally`)."""
+    for path in list(_held):
+        release(path)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,15 @@ no collective.
 Handlers are installed only on the main thread (Python delivers signals there; a
 library user calling `mgloop.run` from another thread gets no handler) and the previous
 handlers are put back when the run ends.
+
+Nested: a StopOnSignal entered while another is active in the process (a sweep's, around
+its cells' runs: mgloop/runs/sweep/) installs nothing and shares the outer one's signal,
+so a signal that arrives between two runs, or in the last loop of one, is still seen by
+the owner after that run ends; the owner says what stopped (`announce=False`: the
+watcher logs nothing; `last_words(signum)` runs before a second signal's exit) and the
+nested run logs its stop at DEBUG (`nested`).
+Before a second signal ends the process, the logdir locks it holds are removed
+(logdir_lock.release_held), so a hard stop leaves no lock either.
 """
 
 from __future__ import annotations
@@ -28,10 +37,11 @@ import threading
 from typing import Callable
 
 from absl import logging
-import numpy as np
-import tensorflow as tf
+
+from mgloop.runs import logdir_lock
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_active: list[StopOnSignal] = []  # the outermost StopOnSignal that installed handlers
 
 
 class StopOnSignal:
@@ -44,16 +54,41 @@ class StopOnSignal:
     the first is logged and recorded, the second ends the process (`os._exit`).
     """
 
-    def __init__(self):
-        self.signum: int | None = None
+    def __init__(self, announce: bool = True,
+                 last_words: Callable[[int], None] | None = None):
+        self.announce = announce  # log the signals as they come (False: the owner reports)
+        self.last_words = last_words  # called with the second signal, before the exit
+        self._signum: int | None = None
+        self._outer: StopOnSignal | None = None
         self._previous: dict[int, object] = {}
         self._previous_wakeup = -1
         self._pipe: tuple[int, int] | None = None
         self._watcher: threading.Thread | None = None
 
+    @property
+    def signum(self) -> int | None:
+        """The first signal received (None: none), the outer StopOnSignal's if nested."""
+        return self._outer.signum if self._outer is not None else self._signum
+
+    @signum.setter
+    def signum(self, value: int | None) -> None:
+        if self._outer is not None:
+            self._outer.signum = value
+        else:
+            self._signum = value
+
+    @property
+    def nested(self) -> bool:
+        """Whether an outer StopOnSignal owns the signals (and reports the stop)."""
+        return self._outer is not None
+
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is not threading.main_thread():
             return self  # signals reach the main thread only: leave them to its owner
+        if _active:
+            self._outer = _active[0]
+            return self
+        _active.append(self)
         read, write = os.pipe()
         os.set_blocking(write, False)
         self._pipe = (read, write)
@@ -66,8 +101,12 @@ class StopOnSignal:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._outer is not None:
+            self._outer = None
+            return
         if self._pipe is None:
             return
+        _active.remove(self)
         signal.set_wakeup_fd(self._previous_wakeup)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
@@ -91,11 +130,16 @@ class StopOnSignal:
                     continue
                 name = signal.Signals(signum).name
                 if self.signum is not None:
-                    logging.warning("received %s again: exiting at once", name)
+                    if self.announce:
+                        logging.warning("received %s again: exiting at once", name)
+                    logdir_lock.release_held()
+                    if self.last_words is not None:
+                        self.last_words(signum)
                     os._exit(128 + signum)
                 self.signum = signum
-                logging.warning("received %s: finishing the current loop, then saving a "
-                                "checkpoint (a second signal exits at once)", name)
+                if self.announce:
+                    logging.warning("received %s: finishing the current loop, then saving a "
+                                    "checkpoint (a second signal exits at once)", name)
 
     @property
     def requested(self) -> bool:
@@ -116,6 +160,8 @@ def stop_check(stop: StopOnSignal, aggregation) -> Callable[[], bool]:
     cluster = aggregation.cluster
     if cluster is None or cluster.num_workers <= 1:
         return lambda: stop.requested
+    import numpy as np  # here: a sweep's worker imports this module before TensorFlow loads
+    import tensorflow as tf
     summed = tf.function(aggregation.all_workers_sum, autograph=False,
                          input_signature=[tf.TensorSpec([], tf.float32)])
     flags = {False: np.zeros([], np.float32), True: np.ones([], np.float32)}

@@ -64,9 +64,11 @@ def is_start_up_line(line: str) -> bool:
 
 
 @contextlib.contextmanager
-def loading():
-    """Wrap the import of TensorFlow (and a first device listing) in this."""
-    if not quiet():
+def loading(enabled: bool | None = None):
+    """Wrap the import of TensorFlow (and a first device listing) in this. `enabled`: quiet
+    or not (None: `quiet()`; a sweep's worker is told its parent's answer, since the
+    variable the parent set is in its environment)."""
+    if not (quiet() if enabled is None else enabled):
         yield
         return
     os.environ[LEVEL_VARIABLE] = QUIET_LEVEL
@@ -98,9 +100,10 @@ class _NoTensorFlowInfo(logging.Filter):
         return record.levelno >= logging.WARNING or not record.pathname.startswith(self.prefix)
 
 
-def after_loading() -> None:
-    """Once TensorFlow is imported: its Python modules' INFO lines off (see the docstring)."""
-    if not quiet():
+def after_loading(enabled: bool | None = None) -> None:
+    """Once TensorFlow is imported: its Python modules' INFO lines off (see the docstring;
+    `enabled` as for `loading`)."""
+    if not (quiet() if enabled is None else enabled):
         return
     import tensorflow as tf  # already loaded by `loading()`'s block
 

@@ -55,6 +55,15 @@ def prepare(logdir: str | None, export_dir: str | None) -> str:
     return logdir
 
 
+def check_creatable(logdir: str | None, export_dir: str | None) -> str | None:
+    """`prepare`'s checks without creating anything: each given folder is a directory or
+    can be created. Returns `logdir` as given."""
+    for flag, path in (("logdir", logdir), ("export_dir", export_dir)):
+        if path is not None:
+            check_writable_dir(flag, path, create=False)
+    return logdir
+
+
 def fresh_logdir() -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     return os.path.join(tempfile.gettempdir(), "mgloop", stamp)

@@ -153,7 +153,8 @@ def stopped(config: Config, result: controller.FitResult, stop: preemption.StopO
             summary_path: str, checkpointer: checkpoint.Checkpointer | None, save_rescue,
             chief: bool) -> dict:
     """The end of a run stopped by a signal: no final eval or export (the resumed run does
-    them); summary.json says where it stopped; one log line."""
+    them); summary.json says where it stopped; one log line (at DEBUG when an outer
+    StopOnSignal owns the signals and reports the stop itself: a sweep's)."""
     name = signal.Signals(stop.signum).name
     summary = {"config": dataclasses.asdict(config), "start_step": result.start_step,
                "final_step": result.final_step,
@@ -163,12 +164,13 @@ def stopped(config: Config, result: controller.FitResult, stop: preemption.StopO
                "examples_per_sec": result.examples_per_sec,
                "median_step_time": result.median_step_time,
                "preempted": {"signal": name, "step": result.final_step}}
+    level = logging.DEBUG if stop.nested else logging.WARNING
     if chief:
         write_summary(config, summary_path, summary, save_rescue)
-        logging.warning("stopped by %s after step %d of %d: checkpoint %s saved; run the "
-                        "same command to resume", name, result.final_step, config.train_steps,
-                        checkpointer.latest)
+        logging.log(level, "stopped by %s after step %d of %d: checkpoint %s saved; run the "
+                    "same command to resume", name, result.final_step, config.train_steps,
+                    checkpointer.latest)
     else:
-        logging.warning("stopped by %s after step %d of %d (the chief saved the checkpoint)",
-                        name, result.final_step, config.train_steps)
+        logging.log(level, "stopped by %s after step %d of %d (the chief saved the "
+                    "checkpoint)", name, result.final_step, config.train_steps)
     return summary

@@ -3,12 +3,16 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
 
     grid.py     --vary/--set as typed Config settings (the variants)
     plan.py     the cells (variants x seeds), each cell's Config, budget and target
-    runner.py   runs the cells one build at a time, resumable, on one or more processes
+    runner.py   runs the cells one build at a time, resumable, stopped by SIGINT/SIGTERM
+    kept_evals.py  a cell's evals kept in its logdir: a stopped cell resumes to its whole curve
+    processes.py   the cells in worker processes; the parent forwards signals, waits for them
     record.py   one JSON record per finished cell: eval curve, bytes, modelled seconds
     report.py   report.md (tables); the plots and the mean ± sd are observe/plots.py
                 and observe/stats.py
 
-May import: ground modules, observe/ (stats, plots) and runs/ (config). Imports no
-TensorFlow itself (the runner's cells do).
+May import: ground modules, observe/ (stats, plots) and runs/ (config, callbacks,
+preemption, quiet_start, checkpoint_files). No module here loads TensorFlow when imported
+(the cells' runs do; a worker process loads it quietly first), so a plan unpickles in a
+fresh worker before TensorFlow loads.
 The CLI is `python -m mgloop.sweep` (mgloop/sweep.py).
 """

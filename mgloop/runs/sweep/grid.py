@@ -27,8 +27,6 @@ import re
 import types
 import typing
 
-from mgloop.runs.config import Config
-
 _CONTINUES_SPEC = re.compile(r"[A-Za-z_]\w*=")  # "chunks=4" after "ring:shards=2"
 SPEC_KEYS = ("aggregation",)  # values NAME:key=value,key=value
 
@@ -48,6 +46,9 @@ class Variant:
 
 
 def field_types() -> dict[str, object]:
+    """{field: type} of mgloop.runs.config.Config (imported here: it loads TensorFlow, which
+    a sweep's worker loads quietly before its first cell, so the plan unpickles without)."""
+    from mgloop.runs.config import Config
     hints = typing.get_type_hints(Config)
     return {field.name: hints[field.name] for field in dataclasses.fields(Config)}
 

@@ -14,7 +14,8 @@
                --stop_at_target the cell stops there (its curve ends there too)
 
 Every cell's Config is validated before the first one runs (one line naming the cell and
-what is wrong), so a bad grid is refused before anything is built.
+what is wrong), so a bad grid is refused before anything is built or any folder made (the
+cell's run makes its logdir).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class Plan:
         settings = {"plugins": self.plugins, "links": self.links, **cell.variant.settings,
                     "seed": cell.seed, "logdir": self.logdir(cell)}
         try:
-            config = Config(**settings).validated()
+            config = Config(**settings).validated(on_disk=False)
             if self.epochs is not None:
                 steps = max(1, math.ceil(self.epochs * training_examples(config)
                                          / config.global_batch_size))
@@ -143,7 +144,7 @@ class Plan:
             every = max(1, math.ceil(steps / self.evals))
             steps = every * math.ceil(steps / every)  # the last step evaluates
             final = Config(**{**settings, "train_steps": steps, "eval_every": every})
-            final.validated()  # checked now; mgloop.run validates it again
+            final.validated(on_disk=False)  # no folder made; mgloop.run validates it again
             return final
         except ConfigError as error:
             raise ConfigError(f"cell {cell.name}: {error}") from None

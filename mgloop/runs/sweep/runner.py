@@ -1,41 +1,69 @@
-"""Runs a plan's cells: one build in memory at a time, resumable, on one or more processes.
+"""Runs a plan's cells: one build in memory at a time, resumable, stoppable by a signal,
+on one or more processes.
 
 A cell runs `mgloop.run` on its Config in its own logdir, then writes its record
 (record.py) to <output_dir>/results/<cell folder>.json, atomically, as soon as it ends.
-A re-run of the same sweep skips every cell whose record exists; a cell that was
-interrupted (no record) is started again from step 0 in a fresh logdir (its old one is
-removed first, since a half-run's checkpoint would resume it with a history that lacks
-the first evals).
+A re-run of the same sweep skips every cell whose record exists (saying nothing per
+cell) and resumes a cell that was stopped from its checkpoint: its evals before the stop
+are kept in its logdir (kept_evals.py), so its record equals that of a cell never
+stopped. A cell with no checkpoint yet starts again from step 0 in a fresh logdir.
+
+Stopping. SIGINT or SIGTERM stops the cell running at its next loop boundary, with a
+checkpoint of that step (preemption.py, as `mgloop.train`), and no further cell starts;
+`run` then raises `Stopped` (the entry point prints its one line and exits with 128 +
+the signal number). The sweep's StopOnSignal spans all the cells of a process, so a
+signal that arrives between two cells or in the last loop of one is not lost; the cells'
+runs, nested in it, report nothing about the stop. A second signal ends the process at
+once, leaving the last checkpoint and removing the logdir lock. With worker processes
+the parent forwards the signals to them and waits for them (processes.py).
 
 Memory. Each process holds one cell's build at a time: once a cell's record is
 written, its RunResult (the trainer, every variable copy, the traced steps) is dropped,
 Keras' global state cleared (`keras.backend.clear_session`) and the garbage collected
 before the next cell builds (no Trainer outlives its cell: tests/test_sweep.py). What
 TensorFlow itself keeps of a finished cell is not: about 150 MB per cell of the mlp on 4
-nodes with top-k (RSS after each of 4 cells in one process, /tmp probe of the runner), its
-tf.data and loop functions (AtomicFunction, FuncGraph) held from TensorFlow's C++ side
-(objgraph finds no chain to them from any Python module), so a process that runs many
-cells grows. That is bounded by running every `cells_per_process` cells in a fresh
-spawned process (runner.run_in_processes; default 4 from the command line), which also
-costs that process TensorFlow's start and its first trace.
-With `processes` = 1 and cells_per_process = 0 the cells run in this process; otherwise
-chunks of cells_per_process cells each run in a fresh process, `processes` at a time
-(each configures the logical CPUs of the largest cell once). Python 3.11's
-ProcessPoolExecutor with max_tasks_per_child hung here after its first replacement
-worker (a 36-cell sweep stopped at 17 records), hence plain processes.
+nodes with top-k (RSS after each of 4 cells in one process), its tf.data and loop
+functions held from TensorFlow's C++ side, so a process that runs many cells grows. That
+is bounded by running every `cells_per_process` cells in a fresh spawned process
+(processes.py; default 4 from the command line). With `processes` = 1 and
+cells_per_process = 0 the cells run in this process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import multiprocessing
+import json
+import logging as std_logging
 import os
 import shutil
+import signal
+from typing import Callable
 
 from absl import logging
 
+from mgloop.runs.sweep import kept_evals
 from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import record as record_lib
+
+
+class Stopped(Exception):
+    """The sweep was stopped by a signal; the message is one line saying where, and how to
+    resume."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resumed:
+    """What record.record_of reads of a RunResult, with the evals of all the cell's attempts
+    (kept_evals.py) as its history."""
+
+    summary: dict
+    history: object
+    trainer: object  # its aggregation's traffic: what each step sends
 
 
 def pending(plan: plan_lib.Plan, cells) -> list:
@@ -43,22 +71,31 @@ def pending(plan: plan_lib.Plan, cells) -> list:
     return [cell for cell in cells if not os.path.exists(plan.result_path(cell))]
 
 
+def _prepare_logdir(logdir: str) -> None:
+    """Resumable (a checkpoint): drops kept evals past its newest checkpoint; else starts
+    the logdir afresh (what an attempt without a checkpoint left is removed)."""
+    from mgloop.runs import checkpoint_files
+    steps = checkpoint_files.checkpoint_steps(os.path.join(logdir, "checkpoints"))
+    if steps:
+        kept_evals.truncate(logdir, steps[0])
+    elif os.path.exists(logdir):
+        shutil.rmtree(logdir)
+
+
 def run_cell(plan: plan_lib.Plan, cell) -> str | None:
-    """Runs one cell from scratch and writes its record; returns the record's path (None:
-    the cell was stopped by a signal, left without a record for the re-run).
+    """Runs one cell (resumed from its checkpoint, if any) and writes its record; returns
+    the record's path (None: the cell was stopped by a signal, left with its checkpoint
+    for the re-run).
 
     A cell whose loss became NaN or infinite (failures.NonFinite) is a result, not an
     error: its record holds the evals made before (`record.diverged_record`)."""
     import keras
     import mgloop
-    from mgloop.runs import callbacks as callbacks_lib
     from mgloop.runs import failures
     logdir = plan.logdir(cell)
-    if os.path.exists(logdir):
-        shutil.rmtree(logdir)
+    _prepare_logdir(logdir)
     config = plan.config(cell)
-    history = callbacks_lib.History()  # its evals, kept if the cell diverges (no RunResult)
-    callbacks = [history]
+    callbacks = [kept_evals.Keeper(logdir)]
     if plan.stop_at_target and plan.target:
         callbacks.append(_stop_at(plan.target))
     logging.info("sweep: cell %s (%d steps, eval every %d)", cell.name, config.train_steps,
@@ -66,13 +103,15 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
     try:
         result = mgloop.run(config, callbacks=callbacks)
     except failures.NonFinite as error:
-        record = record_lib.diverged_record(cell, history, str(error), plan.target)
+        record = record_lib.diverged_record(cell, kept_evals.history(logdir), str(error),
+                                            plan.target)
         logging.warning("sweep: cell %s diverged: %s", cell.name, error)
     else:
         if result.summary.get("preempted"):
             return None
-        record = record_lib.record_of(cell, result, plan.target)
-        del result
+        whole = _Resumed(result.summary, kept_evals.history(logdir), result.trainer)
+        record = record_lib.record_of(cell, whole, plan.target)
+        del result, whole
     path = plan.result_path(cell)
     record_lib.write(path, record)
     keras.backend.clear_session()
@@ -87,15 +126,31 @@ def _stop_at(target):
     return reached
 
 
-def _run_chunk(plan: plan_lib.Plan, cells, towers: int) -> None:
+class _NoCrossCellRetracing(std_logging.Filter):
+    """Drops TensorFlow's "N out of the last M calls to <function ...> triggered
+    tf.function retracing": it counts the traces of every tf.function made from one piece
+    of code, so the summary writers each cell makes anew add up over a process's cells to
+    a warning that a single run (`mgloop.train`) never gives."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+def run_chunk(plan: plan_lib.Plan, cells, towers: int, stop) -> None:
     """A process's cells one after the other, on the logical CPUs of the largest cell
-    (configured once per process; absl logs at INFO)."""
+    (configured once per process; absl logs at INFO), until `stop` (the sweep's
+    StopOnSignal) has seen a signal."""
     from mgloop.cluster import devices
     logging.set_verbosity(logging.INFO)
     devices.configure_logical_cpus(towers)
-    for cell in cells:
-        if run_cell(plan, cell) is None:
-            return  # stopped by a signal: the rest of the chunk waits for the re-run
+    quiet = _NoCrossCellRetracing()
+    std_logging.getLogger("tensorflow").addFilter(quiet)
+    try:
+        for cell in cells:
+            if stop.requested or run_cell(plan, cell) is None:
+                return  # stopped by a signal: the rest waits for the re-run
+    finally:
+        std_logging.getLogger("tensorflow").removeFilter(quiet)
 
 
 def chunks(cells: list, size: int) -> list[list]:
@@ -104,42 +159,60 @@ def chunks(cells: list, size: int) -> list[list]:
     return [cells[i:i + size] for i in range(0, len(cells), size)]
 
 
-def run_in_processes(plan: plan_lib.Plan, todo: list, towers: int, processes: int,
-                     cells_per_process: int) -> None:
-    """Each chunk of `cells_per_process` cells in a fresh spawned process, `processes` at
-    a time. A process that fails does not stop the others: once every chunk has run, the
-    cells left without a record are named in one error (the re-run runs just those)."""
-    context = multiprocessing.get_context("spawn")
-    waiting = chunks(todo, cells_per_process)
-    running: list = []
-    failed: list[int] = []
-    while waiting or running:
-        while waiting and len(running) < max(1, processes):
-            process = context.Process(target=_run_chunk, args=(plan, waiting.pop(0), towers))
-            process.start()
-            running.append(process)
-        running[0].join(timeout=1.0)
-        for process in [p for p in running if p.exitcode is not None]:
-            running.remove(process)
-            if process.exitcode != 0:
-                failed.append(process.exitcode)
-    missing = [c.name for c in todo if not os.path.exists(plan.result_path(c))]
-    if missing:
-        raise RuntimeError(f"{len(missing)} cells have no record (sweep processes ended with "
-                           f"exit codes {failed or 'none'}; their logs above say why): "
-                           f"{', '.join(missing)}; re-run the same command to run them")
+def stopped_message(plan: plan_lib.Plan, cells, signum: int, at_once: bool) -> str:
+    """The one line that says where a stopped sweep stopped and how to resume."""
+    name = signal.Signals(signum).name
+    done = len(cells) - len(pending(plan, cells))
+    saved = []
+    for cell in pending(plan, cells):
+        try:
+            with open(os.path.join(plan.logdir(cell), "summary.json")) as handle:
+                summary = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if summary.get("preempted"):
+            saved.append(f"cell {cell.name} saved at step {summary['preempted']['step']} of "
+                         f"{summary['config']['train_steps']}")
+    how = "at once by a second" if at_once else "by"
+    return (f"stopped {how} {name}: {done} of {len(cells)} cells done"
+            + "".join(f", {text}" for text in saved)
+            + "; run the same command to resume")
 
 
-def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0) -> list[str]:
-    """Validates every cell, then runs the pending ones; returns every cell's record path."""
+def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
+        last_words: Callable[[str], None] | None = None) -> list[str]:
+    """Validates every cell (a stopped one also against the settings of its checkpoints:
+    run_dir.check_resumable), then runs the pending ones; returns every cell's record path.
+    Raises Stopped if a signal stopped the sweep (module docstring). With the cells in this
+    process, a second signal ends it at once: `last_words(line)` says where first (default:
+    the line is logged as a warning)."""
+    from mgloop.runs import preemption
+    from mgloop.runs.sweep import processes as processes_lib
+    from mgloop.errors import ConfigError
+    from mgloop.runs import run_dir
     cells = plan.cells()
     configs = [plan.config(cell) for cell in cells]  # every cell checked before any runs
     todo = pending(plan, cells)
+    for cell, config in zip(cells, configs):
+        if cell in todo:  # a stopped cell resumes only with the settings of its checkpoints
+            try:
+                run_dir.check_resumable(config.validated(on_disk=False))
+            except ConfigError as error:
+                raise ConfigError(f"cell {cell.name}: {error} (or remove that folder to run "
+                                  "the cell from step 0)") from None
     logging.info("sweep: %d cells, %d done before, %d to run on %d process(es)",
                  len(cells), len(cells) - len(todo), len(todo), processes)
     towers = plan_lib.towers_needed(configs)
     if processes <= 1 and not cells_per_process:
-        _run_chunk(plan, todo, towers)
+        say = last_words or (lambda line: logging.warning("%s", line))
+        with preemption.StopOnSignal(announce=False, last_words=lambda signum: say(
+                stopped_message(plan, cells, signum, at_once=True))) as stop:
+            run_chunk(plan, todo, towers, stop)
+        signum, at_once = stop.signum, False
     elif todo:
-        run_in_processes(plan, todo, towers, processes, cells_per_process)
+        signum, at_once = processes_lib.run(plan, todo, towers, processes, cells_per_process)
+    else:
+        signum = None
+    if signum is not None:
+        raise Stopped(stopped_message(plan, cells, signum, at_once), signum)
     return [plan.result_path(cell) for cell in cells]
