@@ -9,7 +9,7 @@ Where each row runs, so that the table costs one TensorFlow start at most:
   absl's app.run parses them; TensorFlow is already loaded here);
 - sweep: sweep's flags share names with train's (--link, --plugin) in absl's one registry,
   so its rows run together in ONE helper process (`python -m tests.test_refusals`), each
-  through absl's app.run of `mgloop.sweep.main`, as the command line runs it.
+  through absl's app.run of `mgloop.sweep.main` with its flags parser, as the command line runs it.
 """
 
 import json
@@ -24,9 +24,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR_LINE = re.compile(r"^(mgloop\.\w+: |FATAL )")  # a refusal's line, or absl's flag error
 LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # absl log lines (INFO, ...)
 OUT = "{out}"  # replaced by the row's own folder, which must not exist afterwards
-SWEEP_PENDING = pytest.mark.xfail(
-    reason="--seeds out of range is still absl's usage error (exit 1, two lines); the sweep "
-           "package's one-line refusals are another change", strict=False)
 
 # (argv, the regex of the one error line); every row exits with 2
 TRAIN = {
@@ -100,7 +97,6 @@ SWEEP = {
                           r"the tier 'inside' is not one of: within:, between:"),
     "no seeds": ([f"--output_dir={OUT}", "--seeds=0"], r"--seeds=0"),
 }
-PENDING = {"no seeds"}  # rows that wait for the sweep package's one-line refusals
 
 LAUNCH = {
     "no workers": (["--num_workers=0"],
@@ -161,7 +157,7 @@ def run_sweep_rows(rows: list[list[str]]) -> list[tuple[int, str]]:
         printed = io.StringIO()
         with contextlib.redirect_stderr(printed), contextlib.redirect_stdout(printed):
             try:
-                app.run(sweep.main, argv=["mgloop.sweep", *argv])
+                app.run(sweep.main, argv=["mgloop.sweep", *argv], flags_parser=sweep.parse_flags)
                 code = 0
             except SystemExit as error:
                 code = error.code
@@ -185,8 +181,7 @@ def sweep_results(tmp_path_factory):
 
 
 @pytest.mark.xdist_group("refusals_sweep")  # one helper process for every row
-@pytest.mark.parametrize("row", [pytest.param(name, marks=SWEEP_PENDING if name in PENDING
-                                              else ()) for name in sorted(SWEEP)])
+@pytest.mark.parametrize("row", sorted(SWEEP))
 def test_sweep_refusal(row, sweep_results):
     code, stderr, folder = sweep_results[row]
     pattern = SWEEP[row][1]
