@@ -20,3 +20,20 @@ def one_line(error: BaseException) -> str:
     from TensorFlow, the file system or a user's module, quoted inside a one-line message."""
     text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def flags_parser(program: str):
+    """An entry point's flag parser for absl's `app.run(main, flags_parser=...)`: absl's
+    parsing, with a bad flag or value refused in one line on stderr (`PROGRAM: error: ...`)
+    and exit code 2, as every other refusal (absl's own prints two lines and exits 1)."""
+    import sys
+
+    from absl import flags
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as error:
+            print(f"{program}: error: {' '.join(str(error).split())}", file=sys.stderr)
+            sys.exit(2)
+    return parse

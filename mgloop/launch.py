@@ -36,6 +36,7 @@ import time
 from absl import app
 from absl import flags
 
+from mgloop import errors  # imports no TensorFlow
 from mgloop.cluster import peer_health  # imports no TensorFlow
 
 _FLAGS = flags.FLAGS
@@ -296,4 +297,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=errors.flags_parser("mgloop.launch"))

@@ -37,6 +37,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from mgloop import errors
 from mgloop.errors import ConfigError
 from mgloop.runs import quiet_start  # loads no TensorFlow
 
@@ -82,12 +83,7 @@ def _error(message: str, code: int):
     sys.exit(code)
 
 
-def parse_flags(argv):
-    """absl's parsing, with a bad flag value refused in one line and exit code 2."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as error:
-        _error("error: " + " ".join(str(error).split()), 2)
+parse_flags = errors.flags_parser("mgloop.sweep")  # a bad value: one line, exit code 2
 
 
 def main(argv):

@@ -34,6 +34,7 @@ from mgloop.runs import failures  # noqa: E402
 from mgloop.runs import flags as mgloop_flags  # noqa: E402
 from mgloop.runs import monitor  # noqa: E402
 from mgloop.cluster import peer_health  # noqa: E402
+from mgloop import errors  # noqa: E402
 from mgloop.errors import ConfigError, TensorBranchError, one_line  # noqa: E402
 
 mgloop_flags.define_flags()
@@ -87,4 +88,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=errors.flags_parser("mgloop.train"))

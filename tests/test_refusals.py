@@ -20,13 +20,17 @@ import sys
 
 import pytest
 
+from mgloop import errors
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ERROR_LINE = re.compile(r"^(mgloop\.\w+: |FATAL )")  # a refusal's line, or absl's flag error
 LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # absl log lines (INFO, ...)
 OUT = "{out}"  # replaced by the row's own folder, which must not exist afterwards
 
 # (argv, the regex of the one error line); every row exits with 2
 TRAIN = {
+    "batch not a number": (["--global_batch_size=many"],
+                           r"^flag --global_batch_size=many: invalid literal for int\(\)"),
+    "unknown flag": (["--no_such_flag=1"], r"^Unknown command line flag 'no_such_flag'"),
     "krum on 2 towers": (
         ["--devices=cpu:2", "--aggregation=krum"],
         r"--aggregation=krum:nnm=0,f=1 needs at least 5 towers \(2f \+ 3 = 5 for f=1\); "
@@ -103,6 +107,8 @@ LAUNCH = {
                    r"--num_workers=0 is out of range: must be >= 1 \(e.g. --num_workers=2\)$"),
     "negative grace": (["--grace_seconds=-1"], r"--grace_seconds=-1.0 is out of range: must "
                                                r"be >= 0 seconds$"),
+    "workers not a number": (["--num_workers=x"], r"^flag --num_workers=x: invalid literal "
+                                                   r"for int\(\)"),
     "devices after --": (["--", "--devices=cpu:2"], r"--devices is set per worker by the "
                                                     r"launcher: give --devices_per_worker="),
 }
@@ -126,7 +132,8 @@ def with_folder(argv, folder):
 def train_main():
     from absl import flags
     from mgloop import train  # its flags, defined once per process
-    yield lambda argv: (flags.FLAGS.unparse_flags(), flags.FLAGS(["mgloop.train", *argv]),
+    parse = errors.flags_parser("mgloop.train")  # as `python -m mgloop.train` parses
+    yield lambda argv: (flags.FLAGS.unparse_flags(), parse(["mgloop.train", *argv]),
                         train.main(["mgloop.train"]))
     flags.FLAGS.unparse_flags()
 
