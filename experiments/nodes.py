@@ -105,9 +105,10 @@ def measure(model: str) -> list[dict]:
         trainer = systems[row["method"]][0]
         step = row["median"]
         # the bytes and modelled exchange per step, averaged over the steps trained
-        report = link_report.report(trainer.aggregation.traffic, links, step,
-                                    int(trainer.global_step.numpy()),
-                                    link_report.gradient_bytes_of(trainer), num_nodes=2)
+        schedule = link_report.Schedule(trainer.aggregation.traffic,
+                                        int(trainer.global_step.numpy()))
+        report = link_report.report(schedule, links, step, link_report.gradient_bytes_of(trainer),
+                                    num_nodes=2)
         row.update(model=model, between=report["gradient_bytes_per_step"],
                    ratio=report["compression_ratio"], step_ms=1e3 * step)
         for link in links[1:]:

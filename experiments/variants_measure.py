@@ -101,8 +101,8 @@ def link(trainer, links, step_seconds: float, exchange_ms: float | None) -> dict
     from mgloop.observe import link_model, link_report
     compute = link_model.compute_seconds(
         step_seconds, None if exchange_ms is None else exchange_ms / 1e3)
-    report = link_report.report(trainer.aggregation.traffic, links, compute,
-                                max(int(trainer.global_step.numpy()), 1))
+    report = link_report.report(link_report.Schedule(
+        trainer.aggregation.traffic, max(int(trainer.global_step.numpy()), 1)), links, compute)
     out = {"bytes_per_device_kib": report["bytes_per_device"] / 1024,
            "messages_per_device": report["messages_per_device"], "compute_ms": 1e3 * compute}
     for tag, figures in report["links"].items():

@@ -289,7 +289,7 @@ def test_per_step_bytes_and_modelled_step_against_diloco(tmp_path):
         trainer = helpers.build_trainer(config)
         helpers.run_batches(trainer, helpers.batches(1))  # traces: the traffic is counted
         reports[spec.split(":")[0]] = link_report.report(
-            trainer.aggregation.traffic, links, compute, 8,
+            link_report.Schedule(trainer.aggregation.traffic, 8), links, compute,
             gradient_bytes=link_report.gradient_bytes_of(trainer), num_nodes=2)
     diloco, streaming = reports["diloco"], reports["streaming_diloco"]
     assert diloco["compression_ratio"] == pytest.approx(4.0, rel=1e-12)

@@ -70,7 +70,8 @@ def _local_traffic(gradient=1000, state=8, period=4):
 
 
 def _summary(traffic, compute=0.01, final=40):
-    report = link_report.report(traffic, [link_model.parse(t) for t in LINKS], compute, final,
+    report = link_report.report(link_report.Schedule(traffic, final),
+                                [link_model.parse(t) for t in LINKS], compute,
                                 gradient_bytes=4000, num_nodes=2)
     return {"final_step": final, "stopped_by": None, "eval_metrics": {"accuracy": 0.8},
             "config": {"links": LINKS}, "link_model": report}

@@ -19,7 +19,7 @@ every H steps, a fragment's outer step, a warmup) records them inside
 them; everything else is `EVERY_STEP`. Each occasion's counts are also kept apart
 (`by_occasion`), so what step s moves is the sum of the occasions that occur at s
 (`at_step`), and a run's bytes per step are averaged over its steps from that
-(observe/per_step.py).
+(observe/link_report.py).
 """
 
 from __future__ import annotations
@@ -147,14 +147,21 @@ class Traffic:
         """The counts recorded on the occasion `name` (empty if none)."""
         return self.by_occasion[name][1] if name in self.by_occasion else Traffic()
 
-    def at_step(self, step: int) -> "Traffic":
-        """What the 0-based global step `step` moves: the sum of the occasions occurring
-        then (the whole count when every send is on every step)."""
-        due = [traffic for occasion, traffic in self.by_occasion.values()
-               if occasion.occurs(step)]
-        if len(due) == len(self.by_occasion):
+    def occurring(self, step: int) -> tuple[str, ...]:
+        """The names of the occasions that occur at the 0-based global step `step`."""
+        return tuple(name for name, (occasion, _) in self.by_occasion.items()
+                     if occasion.occurs(step))
+
+    def of_occasions(self, names: tuple[str, ...]) -> "Traffic":
+        """What a step on which the occasions `names` occur moves: their sum (the whole
+        count when they are all of them)."""
+        if len(names) == len(self.by_occasion):
             return self
-        return Traffic.sum(due, self.node_of)
+        return Traffic.sum([self.by_occasion[name][1] for name in names], self.node_of)
+
+    def at_step(self, step: int) -> "Traffic":
+        """What the 0-based global step `step` moves."""
+        return self.of_occasions(self.occurring(step))
 
     @staticmethod
     def sum(traffics, node_of=None) -> "Traffic":

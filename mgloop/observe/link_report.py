@@ -42,27 +42,22 @@ from mgloop.observe import link_model
 
 
 class Schedule:
-    """Which occasions occur on each of a run's steps 0 .. `steps`-1, and figures of the
-    traffic averaged or summed over them (one Traffic per distinct set of occasions)."""
+    """Which occasions occur on each of a run's steps 0 .. `steps`-1 (read once), and
+    figures of the traffic averaged or summed over them (one Traffic per distinct set of
+    occasions)."""
 
     def __init__(self, traffic: Traffic, steps: int):
         self.traffic, self.steps = traffic, max(int(steps), 0)
-        self._occasions = traffic.occasions()
+        shared: dict[tuple, tuple] = {}  # one tuple per distinct set: a pointer per step
+        self.keys = [shared.setdefault(key, key)
+                     for key in map(traffic.occurring, range(self.steps))]
+        self.counts = collections.Counter(self.keys)
         self._of_key: dict[tuple, Traffic] = {}
-        self.counts = collections.Counter(self.key(s) for s in range(self.steps))
-
-    def key(self, step: int) -> tuple[str, ...]:
-        """The names of the occasions occurring at `step`."""
-        return tuple(o.name for o in self._occasions if o.occurs(step))
 
     def traffic_of(self, key: tuple[str, ...]) -> Traffic:
-        """What a step with the occasions `key` moves."""
+        """What a step with the occasions `key` moves (Traffic.of_occasions, kept)."""
         if key not in self._of_key:
-            if len(key) == len(self._occasions):
-                self._of_key[key] = self.traffic
-            else:
-                self._of_key[key] = Traffic.sum([self.traffic.of_occasion(n) for n in key],
-                                                self.traffic.node_of)
+            self._of_key[key] = self.traffic.of_occasions(key)
         return self._of_key[key]
 
     def mean_traffic(self) -> Traffic:
@@ -86,13 +81,19 @@ class Schedule:
     def occurrences(self, name: str) -> int:
         return sum(count for key, count in self.counts.items() if name in key)
 
+    def _counts_through(self, points):
+        """(p, how many of the steps 0 .. p-1 had each set of occasions) for each step
+        count p in `points` (at most `steps`), in order."""
+        counts, step = collections.Counter(), 0
+        for point in sorted(set(points)):
+            counts.update(self.keys[step:point])
+            step = max(step, point)
+            yield point, counts
+
     def traffic_through(self, points) -> dict[int, Traffic]:
         """{p: the counts summed over steps 0 .. p-1} for each step count p in `points`."""
-        counts, out, step = collections.Counter(), {}, 0
-        for point in sorted(set(points)):
-            while step < point:
-                counts[self.key(step)] += 1
-                step += 1
+        out = {}
+        for point, counts in self._counts_through(points):
             total = Traffic(node_of=dict(self.traffic.node_of))
             for key, count in counts.items():
                 total.add_scaled(self.traffic_of(key), count)
@@ -101,17 +102,9 @@ class Schedule:
 
     def totals(self, points, figure: Callable[[Traffic], float]) -> dict[int, float]:
         """{p: sum_{s < p} figure(traffic of step s)} for each step count p in `points`
-        (a study's curve: bytes and exchange seconds through each eval)."""
-        memo, total, out, step = {}, 0.0, {}, 0
-        for point in sorted(set(points)):
-            while step < point:
-                key = self.key(step)
-                if key not in memo:
-                    memo[key] = figure(self.traffic_of(key))
-                total += memo[key]
-                step += 1
-            out[point] = total
-        return out
+        (a study's curve: exchange seconds through each eval)."""
+        return {point: sum(count * figure(self.traffic_of(key)) for key, count in counts.items())
+                for point, counts in self._counts_through(points)}
 
 
 def method_tier(num_nodes: int) -> str:
@@ -173,10 +166,9 @@ def exchange_of(link, within) -> Callable[[Traffic], float]:
     return lambda traffic: link_model.exchange_seconds(traffic, link)
 
 
-def report(traffic: Traffic, links, compute: float | None, steps: int,
+def report(schedule: Schedule, links, compute: float | None,
            gradient_bytes: int | None = None, num_towers: int = 1, num_nodes: int = 1) -> dict:
-    """summary.json's "link_model" (the module's top) for the run's steps 0 .. `steps`-1."""
-    schedule = Schedule(traffic, steps)
+    """summary.json's "link_model" (the module's top) over the schedule's steps."""
     mean = schedule.mean_traffic()
     tier = method_tier(num_nodes)
     dense = dense_bytes(gradient_bytes, num_towers, num_nodes)
@@ -215,14 +207,14 @@ def gradient_bytes_of(trainer) -> int:
     return sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable)
 
 
-def report_of_run(trainer, links, steps: int, median_step_time: float | None,
+def report_of_run(trainer, links, schedule: Schedule, median_step_time: float | None,
                   exchange_alone: float | None) -> dict:
-    """`report` of a trained Trainer over its steps 0 .. `steps`-1: its aggregation's
-    traffic, the --link values `links`, compute from the run's median step less the
-    exchange timed alone (link_model.compute_seconds)."""
+    """`report` of a trained Trainer over `schedule` (its aggregation's traffic over its
+    steps): the --link values `links`, compute from the run's median step less the exchange
+    timed alone (link_model.compute_seconds)."""
     aggregation = trainer.aggregation
-    return report(aggregation.traffic, [link_model.parse(text) for text in links],
-                  link_model.compute_seconds(median_step_time, exchange_alone), steps,
+    return report(schedule, [link_model.parse(text) for text in links],
+                  link_model.compute_seconds(median_step_time, exchange_alone),
                   gradient_bytes=gradient_bytes_of(trainer), num_towers=aggregation.num_towers,
                   num_nodes=num_nodes(aggregation))
 
@@ -232,10 +224,3 @@ def num_nodes(aggregation) -> int:
     if aggregation.cluster is not None:
         return aggregation.cluster.num_workers
     return len(set(aggregation.traffic.node_of.values())) or 1
-
-
-def traffic_per_step(trainer, steps: int) -> tuple[dict, dict]:
-    """summary.json's traffic_bytes_per_step and traffic_messages_per_step: per device,
-    sent and received, averaged over the run's steps 0 .. `steps`-1."""
-    mean = Schedule(trainer.aggregation.traffic, steps).mean_traffic()
-    return mean.as_dict(), mean.messages_as_dict()

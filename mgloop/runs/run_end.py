@@ -61,8 +61,10 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
     metrics (HParams)."""
     exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
     health.stop()  # no collective between workers from here on: a peer may now exit
-    traffic, messages = link_report.traffic_per_step(trainer, result.final_step)
-    report = link_report.report_of_run(trainer, config.links, result.final_step,
+    schedule = link_report.Schedule(trainer.aggregation.traffic, result.final_step)
+    mean = schedule.mean_traffic()  # per device, averaged over the run's steps
+    traffic, messages = mean.as_dict(), mean.messages_as_dict()
+    report = link_report.report_of_run(trainer, config.links, schedule,
                                        result.median_step_time, exchange_seconds)
     train_writer.scalars(result.final_step, {
         **summaries.aggregation_scalars(traffic, exchange_seconds),
