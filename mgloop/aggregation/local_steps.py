@@ -40,7 +40,7 @@ Traffic: a sync moves 2(T-1)/T of the parameters per copy through the ring (DiLo
 outer step is computed on every copy from the same bits, so it moves nothing more); it
 is recorded on the occasion "sync" (traffic.py: the steps s with s + 1 > W and
 (s + 1 - W) mod H = 0), the warmup's gradient ring on the occasion "warmup" (s < W), so
-a run's bytes per step average 1/H of a sync's after the warmup (observe/per_step.py).
+a run's bytes per step average 1/H of a sync's after the warmup (observe/link_report.py).
 The copies' checkpoint (`copies_differ`) holds this worker's replicas.
 """
 
@@ -101,11 +101,15 @@ class LocalSGD(Aggregation):
         if self.warmup == 0 or self.num_towers == 1:
             return own
 
-        def warmup_mean():
-            with self.traffic.on(self.warmup_occasion()):
-                return self.ring_mean(own, average)
-        return tf.cond(self.step_counter < self.warmup, warmup_mean, lambda: own)
+        warmup = self.warmup_occasion()
 
+        def warmup_mean():
+            with self.traffic.on(warmup):
+                return self.ring_mean(own, average)
+        return tf.cond(warmup.occurs(self.step_counter), warmup_mean, lambda: own)
+
+    # An occasion's rule is written once, for a Python int (what the report counts) and for
+    # the step counter's tensor (what the step's tf.cond asks) alike: `&`, not `and`.
     def warmup_occasion(self) -> Occasion:
         """The steps of the warmup, s < W, on which the gradients go through the ring."""
         warmup = self.warmup
@@ -114,8 +118,8 @@ class LocalSGD(Aggregation):
     def sync_occasion(self) -> Occasion:
         """The steps that close a period (`due`): s + 1 > W and (s + 1 - W) mod H = 0."""
         warmup, period = self.warmup, self.options.period
-        return Occasion("sync", lambda step: step + 1 > warmup
-                        and (step + 1 - warmup) % period == 0)
+        return Occasion("sync", lambda step: (step + 1 > warmup)
+                        & ((step + 1 - warmup) % period == 0))
 
     def syncs(self) -> list[Sync]:
         """One sync of every parameter (and the slots with slots=average)."""
@@ -127,10 +131,8 @@ class LocalSGD(Aggregation):
         return self.options.slots == "average"
 
     def due(self) -> tf.Tensor:
-        """Whether the step now running closes a period: s + 1 > W, (s + 1 - W) mod H = 0."""
-        done = self.step_counter + 1
-        return tf.logical_and(done > self.warmup,
-                              tf.equal((done - self.warmup) % self.options.period, 0))
+        """Whether the step now running closes a period (`sync_occasion`, on the counter)."""
+        return self.sync_occasion().occurs(self.step_counter)
 
     def average(self, per_copy: list[list]) -> list[list[tf.Tensor]]:
         """(1/T) sum_c per_copy[c][i] of variables, on every copy's device (`ring_mean`)."""

@@ -57,7 +57,7 @@ packed at b bits: a ring sums as it goes, and sums of T codes need more than b b
 Traffic: fragment p's ring (with quantisation the int codes' ring plus a ring of T
 float32 scales) is recorded on its own occasion "fragment p" (traffic.py: the steps with
 (s + 1) mod H = o_p mod H), so a step moves at most one fragment's share and a run's
-bytes per step average 1/H of `diloco`'s sync at outer_bits=0 (observe/per_step.py);
+bytes per step average 1/H of `diloco`'s sync at outer_bits=0 (observe/link_report.py);
 the peak is the largest fragment's share (about 1/P).
 
 Not modelled: the overlap of the paper (a fragment's synced values applied tau inner
@@ -170,8 +170,7 @@ class StreamingDiLoCo(DiLoCo):
 
     def build(self, variables):
         """`diloco`'s x and m per copy, and the fragments (variable indices) of `variables`
-        (`check_model` first: one line if there are more fragments than variables)."""
-        self.check_model(variables)
+        (which `check_model` has checked)."""
         super().build(variables)
         self.sizes = [v.shape.num_elements() for v in variables]
         self.fragments = partition(self.sizes, self.options.fragments)
@@ -191,9 +190,9 @@ class StreamingDiLoCo(DiLoCo):
                                                              self.fragments))]
 
     def fragment_due(self, p: int) -> tf.Tensor:
-        """Whether the step now running closes fragment p's period."""
-        period = self.options.period
-        return tf.equal((self.step_counter + 1) % period, self.offsets[p] % period)
+        """Whether the step now running closes fragment p's period (its occasion's rule, on
+        the step counter)."""
+        return self.fragment_occasions()[p].occurs(self.step_counter)
 
     def due(self) -> tf.Tensor:
         """Whether the step now running closes any fragment's period (LocalSGD's hook,
