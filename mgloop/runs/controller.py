@@ -151,15 +151,17 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
             result, timed, seconds, traced_seconds = _run_loop(trainer, iterator, num, sample,
                                                                first_loop)
             loop_seconds += seconds + traced_seconds
-            traced_step = traced_seconds if first_loop else traced_step
+            if first_loop:
+                traced_step = traced_seconds
+            timed_steps = timed.steps if timed is not None else 0
             if result.steps < num:
                 input_ended = True
                 logging.warning("the input ended after step %d of %d", step + result.steps,
                                 train_steps)
             if not result.steps:
                 break
-            if timed is not None and timed.steps and not input_ended:  # (a whole loop's)
-                per_step_times.append(seconds / timed.steps)
+            if timed_steps and not input_ended:  # (a whole loop's time)
+                per_step_times.append(seconds / timed_steps)
                 steady.add(timed, seconds)
             first_loop = False
             step += result.steps
@@ -172,9 +174,9 @@ def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_bat
                         f"from the last checkpoint ({latest})" if latest else
                         "no checkpoint was written yet: rerun with a lower --learning_rate"))
             for window in (summary_window, log_window):
-                window.add(result, seconds, timed.steps if timed is not None else 0)
+                window.add(result, seconds, timed_steps)
             last = new_window()
-            last.add(result, seconds, timed.steps if timed is not None else 0)
+            last.add(result, seconds, timed_steps)
             if summaries is not None and summary_every and (
                     step % summary_every == 0 or input_ended):
                 metrics = summary_window.means(global_batch)
