@@ -103,10 +103,7 @@ def _main():
     if not FLAGS.output_dir:
         _error("error: --output_dir is not set; give the folder for the runs, records and "
                "report", 2)
-    with quiet_start.loading():  # TensorFlow (which the cells' Configs load), quietly
-        import tensorflow as tf
-        tf.config.list_physical_devices("GPU")  # where a machine without CUDA logs its cuInit
-    quiet_start.after_loading()
+    quiet_start.load_tensorflow()  # which the cells' Configs load: quietly, first
     from mgloop.runs.sweep import grid
     from mgloop.runs.sweep import report
     from mgloop.runs.sweep import runner

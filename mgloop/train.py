@@ -21,10 +21,7 @@ import sys
 
 from mgloop.runs import quiet_start  # loads no TensorFlow
 
-with quiet_start.loading():  # TensorFlow's start-up lines off stderr, unless TF_CPP_MIN_LOG_LEVEL
-    import tensorflow as tf
-    tf.config.list_physical_devices("GPU")  # where a machine without CUDA logs its cuInit
-quiet_start.after_loading()
+tf = quiet_start.load_tensorflow()  # its start-up lines off stderr, unless TF_CPP_MIN_LOG_LEVEL
 
 from absl import app  # noqa: E402
 from absl import logging  # noqa: E402

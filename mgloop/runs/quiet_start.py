@@ -109,3 +109,14 @@ def after_loading(enabled: bool | None = None) -> None:
 
     tf.get_logger().setLevel("WARNING")
     logging.getLogger("absl").addFilter(_NoTensorFlowInfo(os.path.dirname(tf.__file__)))
+
+
+def load_tensorflow(enabled: bool | None = None):
+    """Imports TensorFlow and lists its GPUs (where a machine without CUDA logs its failed
+    cuInit) inside `loading`, then `after_loading`; returns the module. `enabled` as for
+    `loading`. What every entry point and a sweep's worker call first."""
+    with loading(enabled):
+        import tensorflow as tf
+        tf.config.list_physical_devices("GPU")
+    after_loading(enabled)
+    return tf

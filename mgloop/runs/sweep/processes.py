@@ -60,10 +60,7 @@ def _worker(plan: plan_lib.Plan, cells: list, towers: int, quiet: bool) -> None:
     os.setpgrp()  # signals come from the parent only (module docstring)
     _stop_with_parent()
     from mgloop.runs import quiet_start
-    with quiet_start.loading(quiet):
-        import tensorflow as tf
-        tf.config.list_physical_devices("GPU")  # where a machine without CUDA logs its cuInit
-    quiet_start.after_loading(quiet)
+    quiet_start.load_tensorflow(quiet)
     from mgloop.runs import preemption
     from mgloop.runs.sweep import runner
     with preemption.StopOnSignal(announce=False) as stop:
