@@ -5,7 +5,9 @@
     breakdown.py    where a step's time went (compute, aggregation, apply) from traces
     link_model.py   bytes counted by the methods turned into seconds on a modelled link
                     (tiers between devices, nodes and workers)
-    link_scalars.py the link model's report as TensorBoard scalars and HParams final metrics
+    link_report.py  a run's traffic per step averaged over its steps (the occasions each
+                    part is sent on), per sync, the gradient compression ratio, per link
+    link_scalars.py the link report as TensorBoard scalars and HParams final metrics
     stats.py, plots.py  mean ± sample sd over seeds; a study's plots (matplotlib, Agg)
 
 May import: ground modules, cluster/, spec/, data/, aggregation/ (for their byte counts).
