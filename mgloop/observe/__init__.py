@@ -8,6 +8,8 @@
     link_report.py  a run's traffic per step averaged over its steps (the occasions each
                     part is sent on), per sync, the gradient compression ratio, per link
     link_scalars.py the link report as TensorBoard scalars and HParams final metrics
+    hardware.py     --compute, --node_speeds: compute per step for accelerator profiles
+    flops.py        the FLOPs of a traced graph's matrix products and convolutions
     stats.py, plots.py  mean ± sample sd over seeds; a study's plots (matplotlib, Agg)
 
 May import: ground modules, cluster/, spec/, data/, aggregation/ (for their byte counts).

@@ -10,7 +10,8 @@ DiLoCo's schedule; a warmup). Step s moves the parts whose occasion occurs at s
     bytes per step (device d)   = (1/S) sum_s bytes_d(s) = sum_o (n_o / S) bytes_d(o)
     exchange seconds per step   = (1/S) sum_s X(s)         X: link_model.py's time of one
                                                            step's traffic on a link
-    step seconds, no overlap    = C + (1/S) sum_s X(s)     C: the measured compute per step
+    step seconds, no overlap    = C + (1/S) sum_s X(s)     C: the compute per step, measured
+                                                           or modelled (hardware.py, --compute)
     step seconds, overlap       = (1/S) sum_s max(C, X(s))
 
 n_o the steps on which occasion o occurs. The busiest device is taken on the averages
@@ -38,6 +39,7 @@ import collections
 from typing import Callable
 
 from mgloop.aggregation.traffic import Traffic
+from mgloop.observe import hardware
 from mgloop.observe import link_model
 
 
@@ -167,14 +169,18 @@ def exchange_of(link, within) -> Callable[[Traffic], float]:
 
 
 def report(schedule: Schedule, links, compute: float | None,
-           gradient_bytes: int | None = None, num_towers: int = 1, num_nodes: int = 1) -> dict:
-    """summary.json's "link_model" (the module's top) over the schedule's steps."""
+           gradient_bytes: int | None = None, num_towers: int = 1, num_nodes: int = 1,
+           compute_of: hardware.Compute | None = None) -> dict:
+    """summary.json's "link_model" (the module's top) over the schedule's steps; C is
+    `compute`, from `compute_of` (hardware.Compute: its source and inputs) when given,
+    else measured."""
     mean = schedule.mean_traffic()
     tier = method_tier(num_nodes)
     dense = dense_bytes(gradient_bytes, num_towers, num_nodes)
     gradient = busiest_bytes(mean, tier, "gradient")
     num_bytes, messages = mean.busiest()
-    out = {"steps": schedule.steps, "compute_seconds": compute,
+    compute_of = compute_of or hardware.Compute(compute, hardware.MEASURED, compute)
+    out = {"steps": schedule.steps, "compute_seconds": compute, **compute_of.as_dict(),
            "where": "between nodes" if tier == "between" else "within one node",
            "gradient_bytes_per_step": gradient,
            "state_bytes_per_step": busiest_bytes(mean, tier, "state"),
@@ -207,16 +213,15 @@ def gradient_bytes_of(trainer) -> int:
     return sum(4 * v.shape.num_elements() for v in trainer.copies[0].trainable)
 
 
-def report_of_run(trainer, links, schedule: Schedule, median_step_time: float | None,
-                  exchange_alone: float | None) -> dict:
+def report_of_run(trainer, links, schedule: Schedule, compute: hardware.Compute) -> dict:
     """`report` of a trained Trainer over `schedule` (its aggregation's traffic over its
-    steps): the --link values `links`, compute from the run's median step less the exchange
-    timed alone (link_model.compute_seconds)."""
+    steps): the --link values `links`, the compute per step of --compute (measured: the
+    run's median step less the exchange timed alone, link_model.compute_seconds; or
+    modelled, hardware.py)."""
     aggregation = trainer.aggregation
-    return report(schedule, [link_model.parse(text) for text in links],
-                  link_model.compute_seconds(median_step_time, exchange_alone),
+    return report(schedule, [link_model.parse(text) for text in links], compute.seconds,
                   gradient_bytes=gradient_bytes_of(trainer), num_towers=aggregation.num_towers,
-                  num_nodes=num_nodes(aggregation))
+                  num_nodes=num_nodes(aggregation), compute_of=compute)
 
 
 def num_nodes(aggregation) -> int:

@@ -3,7 +3,8 @@
 
 The tags are listed in summaries.py and docs/tensorboard.md; the values are those of
 `link_report.report` (per step, averaged over the run's steps), None where nothing was
-measured.
+measured. Which compute per step the modelled times use (--compute: measured, a profile,
+given) is the text `link/compute_source` of the root run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ LINK_FIGURES = ("exchange_seconds", "exchange_seconds_slowest_step", "step_secon
 
 
 def scalars(link_report: dict) -> dict[str, float]:
-    """TensorBoard scalars of a `link_report.report`: link/compute_seconds,
+    """TensorBoard scalars of a `link_report.report`: link/compute_seconds (C of --compute:
+    measured or modelled, observe/hardware.py), link/measured_compute_seconds,
+    link/flops_per_example (a profile's, counted from the traced step),
     link/bytes_per_device, link/gradient_bytes_per_step, link/state_bytes_per_step,
     link/compression_ratio (of the gradients), per tier and kind the bytes and messages
     per step, and `link/<TAG>/{exchange_seconds, exchange_seconds_slowest_step,
@@ -36,6 +39,9 @@ def scalars(link_report: dict) -> dict[str, float]:
         values["link/compression_ratio"] = link_report["compression_ratio"]
     if link_report["compute_seconds"] is not None:
         values["link/compute_seconds"] = link_report["compute_seconds"]
+    for key in ("measured_compute_seconds", "flops_per_example"):
+        if link_report.get(key) is not None:
+            values[f"link/{key}"] = float(link_report[key])
     for tag, figures in link_report["links"].items():
         for key in LINK_FIGURES:
             if figures[key] is not None:
@@ -69,3 +75,12 @@ def final_metrics(link_report: dict) -> dict[str, float | None]:
         for key in LINK_FIGURES:
             values[f"final/link/{tag}/{key}"] = figures[key]
     return values
+
+
+def write_compute_source(logdir: str, step: int, link_report: dict) -> None:
+    """The text `link/compute_source` of the root run: where C comes from (hardware.py)."""
+    import tensorflow as tf  # noqa: PLC0415 -- the tags above are read without TensorFlow
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default(step=step):
+        tf.summary.text("link/compute_source", link_report.get("compute_source", "measured"))
+    writer.close()

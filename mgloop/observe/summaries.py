@@ -9,7 +9,9 @@ Layout of a logdir (tags are stable; docs/tensorboard.md lists them):
                       and exchange_seconds, and the link report's (link_scalars.py):
                       link/bytes_per_device, link/gradient_bytes_per_step,
                       link/state_bytes_per_step, link/compression_ratio (gradients),
-                      link/compute_seconds, link/<LINK>/exchange_seconds,
+                      link/compute_seconds (of --compute: observe/hardware.py),
+                      link/measured_compute_seconds, link/flops_per_example (a
+                      profile's), link/<LINK>/exchange_seconds,
                       .../exchange_seconds_slowest_step, .../step_seconds_no_overlap,
                       .../step_seconds_overlap per --link (e.g. LINK 10gbit_10us)
     <logdir>/eval/    events: loss, accuracy (held-out split, every --eval_every steps, end)
@@ -17,7 +19,7 @@ Layout of a logdir (tags are stable; docs/tensorboard.md lists them):
                       final/train_loss, final/eval_accuracy, final/examples_per_sec,
                       final/bytes_per_device, final/gradient_bytes_per_step,
                       final/compression_ratio, final/compute_seconds,
-                      final/link/<LINK>/...
+                      final/link/<LINK>/..., the text link/compute_source
     <logdir>/summary.json
 
 Diagnostic tags (tower_i/..., grad/..., replica/divergence, loss_scale, memory/...,

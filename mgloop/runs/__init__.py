@@ -5,6 +5,7 @@ run folders, and sweeps of runs.
     config_checks.py         the gate a Config passes: each module's checks, the combinations
     experiment.py            `mgloop.run`: build, train, evaluate, export
     run_end.py               a run's end: final measures, summary.json, stopped or finished runs
+    step_flops.py            the compute per step of --compute (the step traced for its FLOPs)
     assemble.py, trainer.py  the step and its hooks put together from a Config
     loop.py, controller.py, monitor.py, callbacks.py   the outer loop and what it reports
     checkpoint.py, node_checkpoint.py   tf.train checkpoints, never half-written

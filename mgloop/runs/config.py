@@ -234,6 +234,18 @@ class Config:
         "link/... scalars); bandwidth in bit, kbit, mbit, gbit, tbit per second, latency in "
         "ns, us, ms, s", flag="link",
         neutral="a model computed after training from the traffic counts")
+    compute: str = setting(
+        "measured", "the compute per step the link model sets beside the exchange: measured "
+        "(this machine's median step less the exchange timed alone) | PROFILE[:efficiency=E] "
+        "(FLOPs of one tower's step, counted from the traced training step, over the peak "
+        "dense 16-bit FLOP/s of a100, h100, v100, t4 or cpu times E, the model FLOPs "
+        "utilisation, 0 < E <= 1, default 0.4) | seconds=X (one tower's step, given); "
+        "observe/hardware.py", neutral="a model computed after training; the step is traced "
+        "for its FLOPs, never run")
+    node_speeds: str | None = setting(
+        None, "S1,S2,...: one speed factor per node (--nodes, or the workers), e.g. 1,1,0.5,1; "
+        "every step waits for the slowest node, so the modelled compute per step is "
+        "C / min(speed)", neutral="a model computed after training")
     # Repeatability.
     seed: int = setting(0, "seed of data, initialisation and shuffling", hparam=True)
     deterministic: bool = setting(False, "TensorFlow op determinism: bit-repeatable runs",

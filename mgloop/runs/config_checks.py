@@ -22,6 +22,7 @@ from mgloop.cluster import devices
 from mgloop.cluster import workers as cluster
 from mgloop.data import staging
 from mgloop.errors import ConfigError
+from mgloop.observe import hardware
 from mgloop.observe import link_model
 from mgloop.runs import checkpoint
 from mgloop.runs import controller
@@ -76,6 +77,7 @@ def validated(config: Config, on_disk: bool = True) -> Config:
         f"{config.devices} on each of {num_workers} workers")
     global_batch, data_dir = data.check_settings(config, towers, devices_flag)
     data.check_partition(config, num_workers)
+    hardware.check_settings(config, num_workers if num_workers > 1 else config.nodes)
     _check_cluster(config, workers)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
               else run_dir.check_creatable(config.logdir, config.export_dir))

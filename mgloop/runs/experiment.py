@@ -209,7 +209,8 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                                 checkpointer if chief else None, save_rescue, chief),
                 trainer, history)
         measured = run_end.measure(config, trainer, result, start_step, health, monitor,
-                                   train_writer, eval_writer, chief)
+                                   train_writer, eval_writer, chief,
+                                   (train.features_spec, train.labels_spec))
     if measured.eval_metrics:
         logging.info("eval at step %d: loss %.4f%s", result.final_step,
                      measured.eval_metrics["loss"],

@@ -25,6 +25,7 @@ from mgloop.runs import callbacks as callbacks_lib
 from mgloop.runs import checkpoint, controller, export
 from mgloop.runs import monitor as monitor_lib
 from mgloop.runs import preemption
+from mgloop.runs import step_flops
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
 from mgloop.spec import metrics as metrics_lib
@@ -54,18 +55,21 @@ def rescue_saver(trainer: Trainer) -> Callable[[str], str]:
 
 def measure(config: Config, trainer: Trainer, result: controller.FitResult, start_step: int,
             health, monitor: monitor_lib.Monitor, train_writer, eval_writer,
-            chief: bool) -> Measured:
+            chief: bool, example_spec=(None, None)) -> Measured:
     """After training: the exchange timed alone (if any step was trained), then the peers'
-    health checks stop (no collective between workers from here on), the link model, the
-    final scalars and the final eval; closes both writers; the chief writes the final
-    metrics (HParams)."""
+    health checks stop (no collective between workers from here on), the compute per step
+    of --compute (step_flops.py: traces the step for its FLOPs with a profile, from the
+    input's `example_spec`, its (features, labels) specs of one example), the link model,
+    the final scalars and the final eval; closes both writers; the chief writes the final
+    metrics (HParams) and the compute's source (TensorBoard text)."""
     exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
     health.stop()  # no collective between workers from here on: a peer may now exit
     schedule = link_report.Schedule(trainer.aggregation.traffic, result.final_step)
     mean = schedule.mean_traffic()  # per device, averaged over the run's steps
     traffic, messages = mean.as_dict(), mean.messages_as_dict()
-    report = link_report.report_of_run(trainer, config.links, schedule,
-                                       result.median_step_time, exchange_seconds)
+    compute = step_flops.of_run(config, trainer, result.median_step_time, exchange_seconds,
+                                example_spec)
+    report = link_report.report_of_run(trainer, config.links, schedule, compute)
     train_writer.scalars(result.final_step, {
         **summaries.aggregation_scalars(traffic, exchange_seconds),
         **link_scalars.scalars(report)})
@@ -78,6 +82,7 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
             "final/eval_accuracy": eval_metrics.get("accuracy"),
             "final/examples_per_sec": result.examples_per_sec,
             **link_scalars.final_metrics(report)})
+        link_scalars.write_compute_source(config.logdir, result.final_step, report)
     return Measured(eval_metrics, traffic, messages, report, exchange_seconds)
 
 

@@ -8,9 +8,11 @@ its method sends on):
                         method's tier (between nodes; with one node, per device)
     state_bytes(s)    = the same of the state (metrics, batch-norm statistics)
     seconds[link](s)  = s * C + sum_{s' < s} X[link](s')
-                        C: the measured compute per step (link_model.py: the median step
-                        less the exchange timed alone), X: the modelled exchange of step s'
-                        on the link, no overlap
+                        C: the run's compute per step, summary.json's
+                        link_model.compute_seconds (--compute: measured, the median step
+                        less the exchange timed alone, or modelled for a profile or given,
+                        observe/hardware.py; `compute_source` says which), X: the modelled
+                        exchange of step s' on the link, no overlap
 
 and the eval metrics there, so gradient_bytes(S) / S at the last step S is summary.json's
 link_model.gradient_bytes_per_step. Time to target: the first eval point where the target
@@ -87,6 +89,7 @@ def record_of(cell, result, target) -> dict:
             "eval": summary["eval_metrics"],
             "traffic": traffic_of(summary),
             "compute_seconds": summary["link_model"]["compute_seconds"],
+            "compute_source": summary["link_model"].get("compute_source", "measured"),
             "compression_ratio": summary["link_model"]["compression_ratio"],
             "curve": curve, "target": None if target is None else str(target),
             "time_to_target": time_to_target(curve, target)}
@@ -102,7 +105,8 @@ def diverged_record(cell, history, reason: str, target) -> dict:
     return {"cell": cell.name, "variant": cell.variant.name, "varied": cell.variant.varied,
             "axes": [list(pair) for pair in cell.variant.axes], "seed": cell.seed,
             "final_step": None, "stopped_by": None, "eval": None, "traffic": None,
-            "compute_seconds": None, "compression_ratio": None, "curve": curve,
+            "compute_seconds": None, "compute_source": None, "compression_ratio": None,
+            "curve": curve,
             "target": None if target is None else str(target),
             "time_to_target": time_to_target(curve, target), "diverged": reason}
 

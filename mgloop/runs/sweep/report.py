@@ -14,6 +14,10 @@ Per variant, over its seeds (stats.py: mean ± sample sd):
                            link_model.gradient_bytes_per_step (observe/link_report.py)
     ratio                  the first variant's mean bytes per step over this one's
 
+The compute per step in every modelled second (record.py's C) is said under the table:
+each distinct `compute_source` of the cells (--compute: measured on this machine, a
+profile's F b / (P E), or given; observe/hardware.py) with the variants that used it.
+
 Plots, one PNG per x axis: the eval metric against steps, against the gradient bytes
 sent (between nodes), and against the modelled seconds on each --link; one line per
 variant (the mean over seeds at each eval step) and a band of ± one sd where there are
@@ -151,6 +155,21 @@ def pivot(groups: dict[str, list[dict]], metric: str) -> str | None:
     return "\n".join(lines)
 
 
+def compute_sources(groups: dict[str, list[dict]]) -> str:
+    """One line per compute source of the cells: which C their modelled seconds use."""
+    sources: dict[str, list[str]] = {}
+    for name, recs in groups.items():
+        for source in dict.fromkeys(r.get("compute_source") or "measured" for r in recs
+                                    if not r.get("diverged")):
+            sources.setdefault(source, []).append(f"`{name}`")
+    if not sources:
+        return ""
+    if len(sources) == 1:
+        return f"Compute per step in the modelled seconds: {next(iter(sources))}."
+    return "Compute per step in the modelled seconds:\n\n" + "\n".join(
+        f"- {source}: {', '.join(names)}" for source, names in sources.items())
+
+
 def split_by_last_axis(groups: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
     """{"": groups} with one axis; else {value of the last axis: its variants' groups}."""
     axes = next((r.get("axes") for recs in groups.values() for r in recs), None)
@@ -173,6 +192,9 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
     metric = metric_of(records, target)
     links = sorted({tag for r in records for p in r["curve"][:1] for tag in p["seconds"]})
     where = next((r["traffic"]["where"] for r in records if r.get("traffic")), "between nodes")
+    kinds = {(r.get("compute_source") or "measured").split(" ")[0] for r in records
+             if not r.get("diverged")}
+    compute_note = f" {kinds.pop()}" if len(kinds) == 1 else ""
     plots = os.path.join(output_dir, "plots")
     made = []
     for part, members in split_by_last_axis(groups).items():
@@ -186,7 +208,7 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
                          log_x=True))
         for tag in links:
             made.append(plot(members, metric, lambda p, tag=tag: p["seconds"].get(tag),
-                             f"modelled seconds at {tag} (compute + exchange)",
+                             f"modelled seconds at {tag} (compute{compute_note} + exchange)",
                              os.path.join(plots, f"metric_vs_seconds_{tag}{suffix}.png"),
                              heading))
     lines = [f"# {title}", ""]
@@ -196,7 +218,7 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
     lines += [f"{len(records)} cells: {len(groups)} variants x seeds {seeds}; "
               f"target: {target or 'none'}; bytes {where}; mean ± sample sd over seeds, "
               "time to target over the seeds that reached it.", "",
-              table(groups, metric, links), ""]
+              table(groups, metric, links), "", compute_sources(groups), ""]
     crossed = pivot(groups, metric)
     if crossed:
         lines += [crossed, ""]
