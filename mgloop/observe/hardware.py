@@ -81,7 +81,9 @@ def parse(text: str) -> ComputeSetting:
     line) otherwise."""
     flag = f"compute={text}"
     name, _, options = text.strip().lower().partition(":")
-    if name == MEASURED and not options:
+    if name == MEASURED:
+        if options:
+            raise ConfigError(f"--{flag}: measured takes no options ({_EXAMPLE})")
         return ComputeSetting(MEASURED)
     if name.startswith("seconds="):
         seconds = _number(name.removeprefix("seconds="), "seconds", flag)

@@ -54,10 +54,11 @@ Limits (what the model leaves out; docs/methods/link-model.md):
     the collective between workers being 2(W-1) messages of 2(W-1)/W of its buffer
     on the worker's copy 0 device (cross_worker.py), on top of the local stage's.
 
-The compute time beside it is measured: the median step time of the run (every step
+The compute time beside it is measured by default: the median step time of the run (every step
 but the run's first, which traces the loop: runs/controller.py), less the exchange timed alone in this process
 (exchange_timing.py: the in-memory exchange, its additions included), never less
-than 0. The modelled step time is compute + exchange without overlap, and
+than 0; `--compute` models it instead for an accelerator profile or gives it
+(hardware.py, `--node_speeds` for slow nodes). The modelled step time is compute + exchange without overlap, and
 max(compute, exchange) with perfect overlap of the exchange with the compute:
 the two bounds between which a real run falls. The run's report, averaged over its
 steps (a method that syncs every H steps moves its bytes on those steps only), is
