@@ -192,3 +192,22 @@ def test_a_sweep_record_and_report_use_the_modelled_compute_and_say_which(tmp_pa
     record.write(str(tmp_path / "results" / "ring" / "seed=0.json"), rec)
     text = open(report.write(str(tmp_path), None, "compute")).read()
     assert f"Compute per step in the modelled seconds: {compute.source}." in text
+
+
+def test_a_transformer_lm_run_counts_the_flops_of_its_own_settings(logdir):
+    """--dataset=python_text --model=transformer_lm with a profile: the summary's F is the
+    count above for the run's resolved lm_layers, lm_width, sequence_length and the byte
+    vocabulary (256), and C = F b / (P E) with b the per-tower batch times the
+    accumulation steps."""
+    summary = mgloop.run(helpers.small_config(
+        logdir, dataset="python_text", model="transformer_lm", lm_layers=1, lm_width=16,
+        lm_heads=2, sequence_length=8, global_batch_size=4, devices="cpu:2", train_steps=2,
+        steps_per_loop=2, accumulation_steps=2, compute="t4:efficiency=0.3"))
+    config = summary["config"]
+    layers, width, length = config["lm_layers"], config["lm_width"], config["sequence_length"]
+    per_token = 6 * (12 * layers * width ** 2 + width * 256) + 12 * layers * length * width
+    report = summary["link_model"]
+    assert report["flops_per_example"] == length * per_token
+    assert report["compute_seconds"] == pytest.approx(
+        length * per_token * (2 * 2) / (65e12 * 0.3), rel=1e-12)
+    assert report["compute_source"].startswith("profile t4 at 0.3 of 65e12 FLOP/s")

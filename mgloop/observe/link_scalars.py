@@ -77,10 +77,7 @@ def final_metrics(link_report: dict) -> dict[str, float | None]:
     return values
 
 
-def write_compute_source(logdir: str, step: int, link_report: dict) -> None:
-    """The text `link/compute_source` of the root run: where C comes from (hardware.py)."""
-    import tensorflow as tf  # noqa: PLC0415 -- the tags above are read without TensorFlow
-    writer = tf.summary.create_file_writer(logdir)
-    with writer.as_default(step=step):
-        tf.summary.text("link/compute_source", link_report.get("compute_source", "measured"))
-    writer.close()
+def final_texts(link_report: dict) -> dict[str, str]:
+    """The root run's text `link/compute_source`: which C the modelled times use
+    (hardware.py)."""
+    return {"link/compute_source": link_report.get("compute_source", "measured")}

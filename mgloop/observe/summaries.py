@@ -170,14 +170,17 @@ def write_run_record(logdir: str, config, num_towers: int,
     writer.close()
 
 
-def write_final_metrics(logdir: str, step: int, values: dict[str, float | None]) -> None:
+def write_final_metrics(logdir: str, step: int, values: dict[str, float | None],
+                        texts: dict[str, str] | None = None) -> None:
     """The HParams table's metrics (`final_metric_tags`), as scalars of the root run; a
-    None value is not written."""
+    None value is not written; `texts`, text summaries of the root run beside them."""
     writer = tf.summary.create_file_writer(logdir)
     with writer.as_default(step=step):
         for tag in values:
             if values[tag] is not None:
                 tf.summary.scalar(tag, values[tag])
+        for tag, text in (texts or {}).items():
+            tf.summary.text(tag, text)
     writer.close()
 
 

@@ -81,8 +81,7 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
             "final/train_loss": result.train.get("loss"),
             "final/eval_accuracy": eval_metrics.get("accuracy"),
             "final/examples_per_sec": result.examples_per_sec,
-            **link_scalars.final_metrics(report)})
-        link_scalars.write_compute_source(config.logdir, result.final_step, report)
+            **link_scalars.final_metrics(report)}, link_scalars.final_texts(report))
     return Measured(eval_metrics, traffic, messages, report, exchange_seconds)
 
 
