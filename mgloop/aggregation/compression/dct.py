@@ -28,6 +28,7 @@ both dimensions is within (1 + eps(r))(1 + eps(c)) - 1 relative, to first order 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -38,8 +39,10 @@ from mgloop.aggregation.hierarchical import divisors
 U = 2.0 ** -24  # float32 unit roundoff
 
 
+@functools.lru_cache(maxsize=None)
 def split(n: int, target: int) -> int:
-    """The largest divisor of n that is <= target (n, target >= 1)."""
+    """The largest divisor of n that is <= target (n, target >= 1); cached (a step's trace
+    asks it for every variable on every tower)."""
     return max(d for d in divisors(n) if d <= target)
 
 

@@ -38,14 +38,15 @@ shape[-1]] (the reference takes rank <= 2); top-k ties go to the lower index
 from the values as rounded for the wire, so the momentum keeps what the cast lost;
 indices travel bit-packed, not as int64; sign=false and mean=nodes are mgloop's.
 
-Bound (contract `error_bound`): sign=true, none (inf: sign(Q) has norm sqrt(n) whatever
+Bound (contract `error_bound`): sign=true, none (inf: sign(Q) has norm up to sqrt(n) whatever
 the gradients' scale). sign=false, G the largest tower gradient norm: top-k keeps at
 least k/E >= r = min(1, topk/chunk^2) of each chunk's energy, so with the wire cast
 (relative 2^-8 at most) ||m_new|| <= q ||beta m + g||, q = sqrt(1 - r (1 - 2^-16)),
 hence ||m|| <= M = q G / (1 - q beta); with mean=nodes Q - mean_t g_t =
 (1/T) sum_t (beta m_t(old) - m_t(new)), so rho = (1 + beta) q / (1 - q beta); with
 mean=senders (and r < 1) each Z_j differs from the nodes' mean by at most
-(1 - 1/T) max_t |Y_t,j|, adding (1 - 1/T) sqrt(T) (beta M + G) / G; the float32
+(1 - 1/T) max_t |Y_t,j| (the sent value, cast: 1 + 2^-8 of it), adding
+(1 - 1/T) sqrt(T) (1 + 2^-8) (beta M + G) / G; the float32
 transforms (dct.py, eps per dimension) enter to first order as (1 + 8 eps) rho + 8 eps.
 """
 
@@ -115,7 +116,8 @@ class Demo(Compressed):
         momentum = q / (1.0 - q * beta)  # M / G
         rho = (1.0 + beta) * momentum
         if options.mean == "senders" and ratio < 1:
-            rho += (1.0 - 1.0 / num_towers) * math.sqrt(num_towers) * (beta * momentum + 1.0)
+            rho += ((1.0 - 1.0 / num_towers) * math.sqrt(num_towers) * (1.0 + 2.0 ** -8)
+                    * (beta * momentum + 1.0))
         eps = dct.transform_bound(options.chunk)
         return (1.0 + 8 * eps) * rho + 8 * eps
 
