@@ -41,10 +41,14 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # stopped after 2 steps and resumed (SPEC@2): each keeps state per node that the resume
 # must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q), and
 # the resumed job must still equal the uninterrupted simulated nodes bit for bit.
+# DeMo (the top 32 DCT coefficients of each chunk of up to 64 x 64, 12-bit indices) keeps
+# its momentum per node: resumed too. A method that applies momentum itself trains with
+# plain SGD (the worker's config_for).
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
-               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1"]
+               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
+               "demo@2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]

@@ -96,6 +96,7 @@ from mgloop.aggregation.compression import qsgd  # noqa: E402,F401
 from mgloop.aggregation.compression import onebit  # noqa: E402,F401
 from mgloop.aggregation.compression import signs  # noqa: E402,F401
 from mgloop.aggregation.compression import powersgd  # noqa: E402,F401
+from mgloop.aggregation.compression import demo  # noqa: E402,F401
 from mgloop.aggregation import validation  # noqa: E402
 from mgloop.aggregation.validation import check_settings  # noqa: E402
 

@@ -21,6 +21,9 @@ w = 1 this is np.packbits(bits, bitorder="little"). The fields, per payload:
     indices         the narrowest integer type that holds 0..n-1 (`index_dtype`): uint8 up
                     to n = 2^8, uint16 up to 2^16, int32 up to 2^31, int64 beyond; no bit
                     fields (whole bytes per index)
+    bit fields      w = bits (1..31) per non-negative integer below 2^w (`pack_bit_fields`;
+                    DeMo's indices within a chunk of E coefficients at index_bits(E) =
+                    ceil(log2 E) bits: 12 for 64 x 64)
 
 Values out of a field's range are not checked: only their low w bits are kept. Everything is
 TensorFlow ops (tf.bitwise shifts and masks, and a weighted sum of disjoint bits), works
@@ -138,6 +141,25 @@ def unpack_signed_levels(packed: tf.Tensor, n: int, bits: int,
     magnitude = tf.bitwise.bitwise_and(fields, (1 << bits) - 1)
     negative = tf.bitwise.right_shift(fields, bits)
     return tf.cast(magnitude * (1 - 2 * negative), dtype)
+
+
+def index_bits(n: int) -> int:
+    """The fewest bits ceil(log2 n) that hold the indices 0..n-1 (0 for n = 1: nothing to
+    send)."""
+    return (int(n) - 1).bit_length()
+
+
+def pack_bit_fields(values: tf.Tensor, bits: int) -> tf.Tensor:
+    """`bits` bits per element (1..31) for non-negative integers below 2^bits, e.g. indices
+    into 2^bits entries: ceil(n bits / 8) bytes."""
+    _check_bits(bits, 1, 31)
+    return _pack_fields(tf.reshape(values, [-1]), bits)
+
+
+def unpack_bit_fields(packed: tf.Tensor, n: int, bits: int) -> tf.Tensor:
+    """[n] int32: the inverse of `pack_bit_fields`."""
+    _check_bits(bits, 1, 31)
+    return _unpack_fields(packed, n, bits)
 
 
 def index_dtype(n: int) -> tf.DType:

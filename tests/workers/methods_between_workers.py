@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from mgloop import Config, ConfigError  # noqa: E402
+from mgloop import Config, ConfigError, aggregation  # noqa: E402
 from mgloop.runs import experiment  # noqa: E402
 
 SETTINGS = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
@@ -28,6 +28,9 @@ def config_for(spec: str, root: str, index: int, devices: str, **overrides) -> C
                     logdir=os.path.join(root, str(index)),
                     export_dir=os.path.join(root, str(index), "export"))
     settings.update(overrides)
+    method, options = aggregation.parse(spec)
+    if method.applies_momentum(options):  # momentum inside the method: plain SGD outside
+        settings["optimizer"] = "sgd"
     return Config(**settings)
 
 
