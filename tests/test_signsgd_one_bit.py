@@ -75,8 +75,8 @@ def numpy_vote(xs, coins_t, towers, scaled, one_bit):
     """signs s_t (1 bit: coins where x = 0; 2 bits: 0 there), vote = sign(sum_t s_t) (the
     integer sum), out = (vote (float32) * sum_t ||x_t||_1 / n) * fl(1/T); unscaled:
     (vote * T) * fl(1/T)."""
-    signs = [np.where(x > 0, 1, np.where(x < 0, -1, c.reshape(x.shape) if one_bit else 0)).astype(np.int32)
-             for x, c in zip(xs, coins_t)]
+    signs = [np.where(x > 0, 1, np.where(x < 0, -1, c.reshape(x.shape) if one_bit else 0))
+             .astype(np.int32) for x, c in zip(xs, coins_t)]
     vote = np.sign(np.sum(signs, axis=0)).astype(F32)
     if scaled:
         total = F32(0)

@@ -6,9 +6,10 @@ byte each (int8; int16 past 127 towers), and one float32 scale s_t = ||x_t||_1 /
 (memory=residual: e_t <- x_t - c_t), is c_t = s_t sign(x_t) (Karimireddy et al.'s C(x)).
 
 `signsgd:scaled=true,memory=none` — signSGD with majority vote (Bernstein et al. 2018,
-"signSGD: compressed optimisation for non-convex problems", Alg. 3): the server returns the
-sign of the sum of the workers' signs. Transport: summable. The signs and the scales each
-ride the ring all-reduce (ring.py; the integer sum is exact), and every tower forms
+"signSGD: compressed optimisation for non-convex problems", arXiv 1802.04434, Alg. 3): the
+server returns the sign of the sum of the workers' signs. Transport: summable. The signs
+and the scales each ride the ring all-reduce (ring.py; the integer sum is exact), and every
+tower forms
 
     out = (1/T) (sum_t s_t) sign(sum_t sign(x_t))      (scaled=true)
     out = sign(sum_t sign(x_t))                        (scaled=false: the paper's update;
@@ -23,8 +24,13 @@ variable: 2 (T-1)/T (n + 4) on the ring, or, when fewer, the 2-bit signs gathere
 sign of a sum over all towers is not a sum of the workers' local votes (cross_worker.py adds
 dense local results); between workers at the nodes it runs (one tower per worker).
 
-`signsgd:bits=1` — one bit per sign, the paper's own wire format (Bernstein et al. 2018
-send sign(x) in {-1, +1}): sign_1(x_i) = +1 if x_i > 0, -1 if x_i < 0, and for x_i = 0
+Bound (scaled, memory=none): s_t sqrt(n) <= ||x_t||_2, so ||out|| <= mean_t ||x_t|| <= G
+and ||out - mean|| <= 2 G. With memory=residual ||out|| <= G + E, E = q G / (1 - q) below:
+2 + q / (1 - q). Unscaled: no bound relative to G (inf); refused with memory=residual (the
+residual x - sign(x) would mix the gradient's units with the sign's).
+
+`signsgd:bits=1` — one bit per sign (the one bit per coordinate signSGD's communication
+is counted at): sign_1(x_i) = +1 if x_i > 0, -1 if x_i < 0, and for x_i = 0
 (and -0.0, NaN) a fair coin r_i in {-1, +1} drawn from the tower's own stream
 (stateless_uniform over {0, 1} at `site.tower_seed`: --seed, the exchange count, the
 variable and the tower's global index, compression/base.py; so each tower, each step and
@@ -38,10 +44,6 @@ Bytes per tower and variable: (T-1) (ceil(n/8) + 4) ((T-1) ceil(n/8) with scaled
 scaled vote has ||out|| <= mean_t s_t sqrt(n) <= G, and with memory=residual
 c_t = s_t sign_1(x_t) has sum_i x_i sign_1(x_i) = ||x_t||_1 and ||sign_1(x_t)||^2 = n, so
 ||x - c||^2 = ||x||^2 - ||x||_1^2 / n: the same q = sqrt(1 - 1/n).
-Bound (scaled, memory=none): s_t sqrt(n) <= ||x_t||_2, so ||out|| <= mean_t ||x_t|| <= G
-and ||out - mean|| <= 2 G. With memory=residual ||out|| <= G + E, E = q G / (1 - q) below:
-2 + q / (1 - q). Unscaled: no bound relative to G (inf); refused with memory=residual (the
-residual x - sign(x) would mix the gradient's units with the sign's).
 
 `efsignsgd:memory=residual` — EF-signSGD (Karimireddy et al. 2019, "Error feedback fixes
 SignSGD and other gradient compression schemes", Alg. 1): c_t = (||x_t||_1 / n) sign(x_t)
