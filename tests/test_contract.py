@@ -55,7 +55,9 @@ SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          # restore, with quantised outer gradients
          "streaming_diloco": "streaming_diloco:period=4,fragments=2,outer_bits=4",
          # Q itself, whose bound is finite (sign(Q)'s is inf: it has norm sqrt(n))
-         "demo": "demo:sign=false,decay=0.9"}
+         "demo": "demo:sign=false,decay=0.9",
+         # outer steps after steps 2 and 5 (the step after the restore)
+         "sparta_diloco": "sparta_diloco:fraction=0.1,period=3"}
 
 
 @dataclasses.dataclass

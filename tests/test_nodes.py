@@ -34,8 +34,8 @@ METHODS = [
     ("reduce_broadcast", 2), ("ring", 2), ("collective", 2), ("ps_cpu", 2),
     ("topk:ratio=0.3", 2), ("randomk:ratio=0.3", 2), ("threshold:value=1", 2),
     ("dgc:ratio=0.3,momentum=0.5", 2), ("qsgd:levels=4", 2), ("terngrad", 2), ("onebit", 2),
-    ("signsgd", 2), ("efsignsgd", 2), ("powersgd:rank=1", 2), ("localsgd:period=2", 2),
-    ("diloco:period=2", 2), ("delay:d=1", 2), ("drop:k=1", 2), ("adasum", 2),
+    ("signsgd", 2), ("signsgd:bits=1", 2), ("efsignsgd", 2), ("powersgd:rank=1", 2), ("localsgd:period=2", 2),
+    ("diloco:period=2", 2), ("sparta", 2), ("sparta_diloco", 2), ("delay:d=1", 2), ("drop:k=1", 2), ("adasum", 2),
     ("median", 2), ("trimmed_mean:trim=0", 2), ("geomedian", 2), ("independent", 2),
     ("centered_clipping", 2), ("krum:f=0", 4), ("multikrum:f=0,m=2", 4), ("bulyan:f=0", 4),
     ("krum:f=0,nnm=1", 4)]

@@ -46,9 +46,13 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # plain SGD (the worker's config_for).
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
+# SPARTA averages the elements drawn from (--seed, step, variable) on every worker alike,
+# resumed after 2 steps (the draw from the restored step, the copies from the nodes'
+# state); 1-bit signSGD gathers its packed signs, each worker's coins for sign(0) from
+# its own tower's stream (the same global tower index as the simulated node's).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
-               "demo@2"]
+               "demo@2", "sparta:fraction=0.05@2", "signsgd:bits=1"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]

@@ -182,6 +182,12 @@ class Compressed(Aggregation):
         `site.agreed`. Default: None for every tower, nothing exchanged."""
         return [None] * len(xs)
 
+    def gathers_packed(self, encoded: "Encoded") -> bool:
+        """SUMMABLE: whether a variable's packed wires are gathered (and summed after
+        unpacking) instead of its payloads summed on the ring. Default: when that moves
+        fewer bytes (transport.gather_is_cheaper); signSGD's 1-bit votes always are."""
+        return transport.gather_is_cheaper(self, encoded.payloads[0], encoded.wires[0])
+
     def exchange_started(self, average: bool) -> None:
         """Called once per traced exchange before any variable (e.g. to read `average`)."""
         return None  # (a body of only a docstring is one AutoGraph cannot convert)
@@ -276,7 +282,7 @@ class Compressed(Aggregation):
         encoded = [self.encode(tower_values, i) for i in range(len(variables))]
         gathered = gather_in_buckets(self, encoded, [
             i for i, e in enumerate(encoded) if self.transport == GATHER
-            or transport.gather_is_cheaper(self, e.payloads[0], e.wires[0])])
+            or self.gathers_packed(e)])
         per_var = []
         for i, e in enumerate(encoded):
             if self.transport == GATHER:
