@@ -14,6 +14,8 @@ w = 1 this is np.packbits(bits, bitorder="little"). The fields, per payload:
     ternary         w = 2       t_i in {-1, 0, +1} as 2-bit two's complement: 0 -> 00,
                                 +1 -> 01, -1 -> 11 (10 is never written)
     levels          w = bits    an integer in [0, 2^bits), bits in 1..8
+    unsigned        w = bits    an integer in [0, 2^bits), bits in 1..31 (e.g. an index within
+                                a chunk of at most 2^bits entries: 12 bits for 4096)
     signed levels   w = bits+1  |q_i| < 2^bits in the low `bits` bits, the sign (1 if q_i < 0)
                                 in the top bit; QSGD with s levels (|l_i| <= s) needs
                                 bits = level_bits(s) = ceil(log2(s + 1)), so it sends
@@ -138,6 +140,18 @@ def unpack_signed_levels(packed: tf.Tensor, n: int, bits: int,
     magnitude = tf.bitwise.bitwise_and(fields, (1 << bits) - 1)
     negative = tf.bitwise.right_shift(fields, bits)
     return tf.cast(magnitude * (1 - 2 * negative), dtype)
+
+
+def pack_unsigned(q: tf.Tensor, bits: int) -> tf.Tensor:
+    """`bits` bits per element (1..31) for non-negative integers in [0, 2^bits)."""
+    _check_bits(bits, 1, 31)
+    return _pack_fields(tf.reshape(q, [-1]), bits)
+
+
+def unpack_unsigned(packed: tf.Tensor, n: int, bits: int) -> tf.Tensor:
+    """[n] int32 in [0, 2^bits): the inverse of `pack_unsigned`."""
+    _check_bits(bits, 1, 31)
+    return _unpack_fields(packed, n, bits)
 
 
 def index_dtype(n: int) -> tf.DType:
