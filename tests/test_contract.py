@@ -53,7 +53,9 @@ SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          "threshold": "threshold:value=0.5",  # drops enough of the stand-ins to be lossy
          # outer steps of both fragments within the 5 steps, and one in the step after the
          # restore, with quantised outer gradients
-         "streaming_diloco": "streaming_diloco:period=4,fragments=2,outer_bits=4"}
+         "streaming_diloco": "streaming_diloco:period=4,fragments=2,outer_bits=4",
+         # outer steps after steps 2 and 5 (the step after the restore), 2-bit payloads
+         "sparseloco": "sparseloco:period=3,density=0.1"}
 
 
 @dataclasses.dataclass
