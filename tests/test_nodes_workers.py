@@ -40,11 +40,14 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # int8 codes are summed between the workers by a gather (peers.py). The first three are
 # stopped after 2 steps and resumed (SPEC@2): each keeps state per node that the resume
 # must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q), and
-# the resumed job must still equal the uninterrupted simulated nodes bit for bit.
+# the resumed job must still equal the uninterrupted simulated nodes bit for bit; so is
+# SparseLoCo's, its packed payloads gathered: resumed mid-period (each node's copy), and
+# resumed after a sync (each node's own error feedback e, not the chief's, then read).
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
-               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1"]
+               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
+               "sparseloco:period=4,density=0.1@2", "sparseloco:period=2,density=0.1@2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]
