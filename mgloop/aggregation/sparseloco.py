@@ -30,8 +30,9 @@ as one message per ring step and split back; floats travel as float32 (`exact`).
 sends and receives (T - 1) P bytes per sync, P = sum over variables of
 `ChunkedTopK.wire_bytes` (between workers peers.py pads the buffer to whole int32s); DiLoCo's
 ring sends 2 (T-1)/T 4 n bytes for n parameters. At 2% density, 2-bit values and 12-bit
-indices, P ~ n (0.02 x 14 bits + the books), so a sync moves about 2/T x 114 times less:
-docs/methods/sparseloco.md. The traffic is recorded on the occasion "sync" (every H steps).
+indices, P ~ n (0.02 x 14 bits) / 8 + 20 B per variable: a 128 x 128 kernel's P is 594 B,
+so a sync moves (2/T) x 65536 / 594 = (2/T) x 110.3 times less than DiLoCo's
+(docs/methods/sparseloco.md). The traffic is recorded on the occasion "sync".
 
 State per copy (checkpointed; between workers every node's own, node_checkpoint.py): x
 (`sparseloco_start_c`) and e (`sparseloco_error_c`, float32), each shaped as its variable.
