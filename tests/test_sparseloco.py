@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import aggregation, data, models
+from mgloop.aggregation import bitpacking
 from mgloop.aggregation.chunked_topk import Geometry, kept, largest_divisor
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
@@ -38,6 +39,18 @@ def test_chunks_by_hand():
     chunks = Geometry.of((4, 6), 2).chunk(tf.constant(x)).numpy()
     assert chunks.tolist()[:4] == [[0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10, 11], [12, 13, 18, 19]]
     np.testing.assert_array_equal(Geometry.of((4, 6), 2).unchunk(chunks).numpy(), x)
+
+
+def test_indices_travel_at_twelve_bits():
+    """82 indices into a chunk of 4096 (`pack_unsigned`, 12 bits): ceil(82 x 12 / 8) = 123
+    bytes, index i's bit b at stream bit 12 i + b, little-endian in each byte (the bits laid
+    out by hand with numpy); unpacked back exactly."""
+    index = np.random.default_rng(4).choice(4096, 82, replace=False).astype(np.int32)
+    packed = bitpacking.pack_unsigned(tf.constant(index), 12).numpy()
+    bits = ((index[:, None] >> np.arange(12)) & 1).astype(np.uint8).reshape(-1)
+    np.testing.assert_array_equal(packed, np.packbits(bits, bitorder="little"))
+    assert packed.dtype == np.uint8 and packed.size == 123
+    np.testing.assert_array_equal(bitpacking.unpack_unsigned(packed, 82, 12).numpy(), index)
 
 
 def test_bad_options_are_refused_in_one_line():

@@ -121,7 +121,7 @@ class SparseLoCo(DiLoCo):
     def synchronise(self, copies) -> None:
         """The outer step (module docstring) on every copy."""
         compressor, decay = self.compressor, F32(self.options.decay)
-        accumulated, buffers, likes = [], [], None
+        accumulated, buffers, likes = [], [], []
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
                 per_variable, parts = [], []
@@ -132,9 +132,8 @@ class SparseLoCo(DiLoCo):
                     per_variable.append(chunks)
                     parts.append(compressor.encode(chunks, geometry))
                 accumulated.append(per_variable)
-                flat = [p for wire in parts for p in wire]
-                likes = flat
-                buffers.append((bitpacking.to_bytes(flat),))
+                likes = [p for wire in parts for p in wire]  # the same shapes on every copy
+                buffers.append((bitpacking.to_bytes(likes),))
         have = ring_all_gather(self, buffers, [copy.device for copy in copies], exact=True)
         first = self.tower_offset  # this process's copy 0 among all T
         for c, copy in enumerate(copies):
