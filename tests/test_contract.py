@@ -57,7 +57,9 @@ SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          # Q itself, whose bound is finite (sign(Q)'s is inf: it has norm sqrt(n))
          "demo": "demo:sign=false,decay=0.9",
          # outer steps after steps 2 and 5 (the step after the restore)
-         "sparta_diloco": "sparta_diloco:fraction=0.1,period=3"}
+         "sparta_diloco": "sparta_diloco:fraction=0.1,period=3",
+         # outer steps after steps 2 and 5 (the step after the restore), 2-bit payloads
+         "sparseloco": "sparseloco:period=3,density=0.1"}
 
 
 @dataclasses.dataclass

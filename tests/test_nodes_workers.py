@@ -44,6 +44,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # DeMo (the top 32 DCT coefficients of each chunk of up to 64 x 64, 12-bit indices) keeps
 # its momentum per node: resumed too. A method that applies momentum itself trains with
 # plain SGD (the worker's config_for).
+# SparseLoCo gathers its packed payloads: resumed mid-period (each node's copy), and
+# resumed after a sync (each node's own error feedback e, not the chief's, then read).
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
 # SPARTA averages the elements drawn from (--seed, step, variable) on every worker alike,
@@ -52,7 +54,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # its own tower's stream (the same global tower index as the simulated node's).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
-               "demo@2", "sparta:fraction=0.05@2", "signsgd:bits=1"]
+               "demo@2", "sparta:fraction=0.05@2", "signsgd:bits=1",
+               "sparseloco:period=4,density=0.1@2", "sparseloco:period=2,density=0.1@2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]

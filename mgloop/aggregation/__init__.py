@@ -80,6 +80,7 @@ from mgloop.aggregation import independent  # noqa: E402,F401
 from mgloop.aggregation import local_steps  # noqa: E402,F401
 from mgloop.aggregation import streaming_diloco  # noqa: E402,F401
 from mgloop.aggregation import sparta  # noqa: E402,F401
+from mgloop.aggregation import sparseloco  # noqa: E402,F401
 from mgloop.aggregation import stale  # noqa: E402,F401
 from mgloop.aggregation import colocate  # noqa: E402,F401
 from mgloop.aggregation import adasum  # noqa: E402,F401

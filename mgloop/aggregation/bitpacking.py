@@ -14,6 +14,8 @@ w = 1 this is np.packbits(bits, bitorder="little"). The fields, per payload:
     ternary         w = 2       t_i in {-1, 0, +1} as 2-bit two's complement: 0 -> 00,
                                 +1 -> 01, -1 -> 11 (10 is never written)
     levels          w = bits    an integer in [0, 2^bits), bits in 1..8
+    unsigned        w = bits    an integer in [0, 2^bits), bits in 1..31 (e.g. an index within
+                                a chunk of at most 2^bits entries: 12 bits for 4096)
     signed levels   w = bits+1  |q_i| < 2^bits in the low `bits` bits, the sign (1 if q_i < 0)
                                 in the top bit; QSGD with s levels (|l_i| <= s) needs
                                 bits = level_bits(s) = ceil(log2(s + 1)), so it sends
