@@ -78,12 +78,17 @@ def merge(copies, starts, fragment: list[int], alpha: float) -> None:
 
 def eager_gradients(devices, deltas, means, pending, fragment: list[int], num: int):
     """g_c per copy (top) from the fresh `deltas` and the variables `pending` (r_c, updated
-    to this send's)."""
+    to this send's). g_c = r_c + own is formed in the variable (assign_add) and read back,
+    so that Grappler cannot merge it with the outer step's m + g into one AddN of three
+    terms (which adds them in another order)."""
     out = []
     for c, device in enumerate(devices):
         with tf.device(device):
-            own = [d * (1.0 / num) for d in deltas[c]]
-            out.append([o + pending[c][i] for o, i in zip(own, fragment)])
-            for o, mean, i in zip(own, means[c], fragment):
-                pending[c][i].assign(mean - o)
+            gradients = []
+            for d, mean, i in zip(deltas[c], means[c], fragment):
+                own = d * (1.0 / num)
+                pending[c][i].assign_add(own)
+                gradients.append(pending[c][i].read_value())
+                pending[c][i].assign(mean - own)
+            out.append(gradients)
     return out
