@@ -267,6 +267,7 @@ def test_one_fragment_unquantised_is_diloco_bit_for_bit(towers, tmp_path):
     for a, b in zip(got, want):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+    assert len(streaming.aggregation.state_variables) == len(diloco.aggregation.state_variables)
     for a, b in zip(streaming.aggregation.state_variables, diloco.aggregation.state_variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     for sc, dc in zip(streaming.copies, diloco.copies):
@@ -323,6 +324,18 @@ def test_between_nodes_one_copy_per_node(tmp_path):
      r"^--aggregation=streaming_diloco:outer_bits=1: streaming_diloco option outer_bits=1 is "
      r"out of range: must be one of 0\|2\|3\|4\|5\|6\|7\|8$"),
     ("streaming_diloco:fragments=0", r"option fragments=0 is out of range: must be >= 1$"),
+    ("streaming_diloco:period=4,fragments=2,tau=4",
+     r"^--aggregation=streaming_diloco:period=4,tau=4: tau must be < period \(a fragment's "
+     r"outer step is merged before the fragment is sent again\)$"),
+    ("streaming_diloco:tau=1,eager=true",
+     r"^--aggregation=streaming_diloco:eager=true,tau=1: eager updates overlap a whole "
+     r"period themselves; use tau=0 with eager=true$"),
+    ("streaming_diloco:outer_format=e3m0,outer_bits=4",
+     r"^--aggregation=streaming_diloco:outer_format=e3m0,outer_bits=4: outer_bits sets the "
+     r"int format only \(e3m0 has 4 bits\); use outer_bits=0 with outer_format=e3m0$"),
+    ("streaming_diloco:outer_format=fp4", r"option outer_format='?fp4'? is out of range: must "
+                                          r"be one of int\|e3m0$"),
+    ("streaming_diloco:tau=1,alpha=1.5", r"option alpha=1.5 is out of range"),
 ])
 def test_bad_options_refused_in_one_line(spec, message, tmp_path):
     """Refused by Config.validated(), before any device or variable exists."""
