@@ -41,10 +41,15 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # stopped after 2 steps and resumed (SPEC@2): each keeps state per node that the resume
 # must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q), and
 # the resumed job must still equal the uninterrupted simulated nodes bit for bit.
+# Streaming DiLoCo with tau=1 and E3M0 codes (packed nibbles gathered, peers.py) is stopped
+# with fragment 0's outer step in flight (sent after step 1, merged after step 2), and the
+# eager one with each fragment's delayed share r in its nodes' state.
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
-               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1"]
+               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
+               "streaming_diloco:period=4,fragments=2,tau=1,outer_format=e3m0@2",
+               "streaming_diloco:period=2,fragments=2,eager=true@2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]
