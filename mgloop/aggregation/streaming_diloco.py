@@ -296,5 +296,6 @@ class StreamingDiLoCo(DiLoCo):
         out = []
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
-                out.append([tf.cast(g, self._start[c][i].dtype) for g, i in zip(means[c], fragment)])
+                out.append([tf.cast(g, self._start[c][i].dtype)
+                            for g, i in zip(means[c], fragment)])
         return out
