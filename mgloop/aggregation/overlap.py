@@ -8,7 +8,7 @@ tau = 0 (the default): the outer step is applied in the same step, every copy ta
 new x[F] (v_c[F] <- x[F]): Streaming DiLoCo without overlap, bit for bit as before.
 
 tau in 1..H-1 (overlap; Douillard et al. 2025, "Streaming DiLoCo with overlapping
-communication", arXiv 2501.18512, section 2.3): the exchange runs while the copies take
+communication", arXiv 2501.18512): the exchange runs while the copies take
 tau more inner steps, and after step s + tau (`apply_occasion`) every copy MERGES:
 
     v_c[F] <- alpha v_c[F] + (1 - alpha) x[F]        (alpha = `alpha`, the paper's 0.5)
@@ -44,8 +44,10 @@ that has not arrived, and the previous send's mean, now arrived, for the others'
 so g_c = (1/T) (delta_c(t) + sum_{c' != c} delta_c'(t-1)) in exact arithmetic (without
 quantisation), and the outer SGD step is applied with g_c on x_c, m_c at once (tau = 0;
 eager with tau > 0 is refused). x_c and m_c now differ per copy (each copy's own term),
-and r_c is method state per copy (checkpointed per node). eager's result for the own
-share does not pass through the format (a worker holds its own delta in float32).
+and r_c is method state per copy (checkpointed per node). The own share is the copy's
+float32 delta_c, not its code (a worker holds its own outer gradient exactly); mean_t
+holds Q(delta_c), so with a quantised format r_c also carries (Q(delta_c) - delta_c)/T,
+applied one period late.
 
 Traffic: the send is recorded on F's occasion at the send step, whose `overlap_steps`
 (traffic.py) say how many steps of compute it may hide behind: tau, or H when eager.
