@@ -39,32 +39,58 @@ def test_offsets_by_hand():
     assert offsets(1, 1) == [1]
 
 
-class NumpyStreamingDiLoCo:
-    """The method in numpy float32, op for op: T copies v[c][i], x[i] and m[i] (the same on
-    every copy), the fragments and schedule given by hand."""
+E3M0_MIDPOINTS = [F32(2.0 ** -7)] + [F32(3 * 2.0 ** e) for e in range(-7, -1)]
 
-    def __init__(self, init, towers, fragments, schedule, period, lr, mu, nesterov, bits):
+
+def e3m0_integers(d, peak):
+    """The E3M0 codes of d against the scale `peak` as z = sign 2^(k-1) (int64): k counts
+    the midpoints A c_j that |d| exceeds (ties to the smaller magnitude)."""
+    k = sum((np.abs(d) > F32(peak) * c).astype(np.int64) for c in E3M0_MIDPOINTS)
+    return np.where(k > 0, 2 ** np.maximum(k - 1, 0), 0) * np.where(d < 0, -1, 1)
+
+
+class NumpyStreamingDiLoCo:
+    """The method in numpy float32, op for op: T copies v[c][i], each with its x[c][i],
+    m[c][i] (equal on every copy but with eager) and eager's r[c][i], the fragments and
+    schedule given by hand."""
+
+    def __init__(self, init, towers, fragments, schedule, period, lr, mu, nesterov, bits,
+                 tau=0, alpha=0.5, fmt="int", eager=False):
         self.v = [[w.copy() for w in init] for _ in range(towers)]
-        self.x = [w.copy() for w in init]
-        self.m = [np.zeros_like(w) for w in init]
+        self.x = [[w.copy() for w in init] for _ in range(towers)]
+        self.m = [[np.zeros_like(w) for w in init] for _ in range(towers)]
+        self.r = [[np.zeros_like(w) for w in init] for _ in range(towers)]
         self.towers, self.fragments = towers, fragments
         self.schedule, self.period = schedule, period
         self.lr, self.mu, self.nesterov, self.bits = F32(lr), F32(mu), nesterov, bits
+        self.tau, self.alpha, self.fmt, self.eager = tau, F32(alpha), fmt, eager
 
     def after_step(self, s):
         for fragment, offset in zip(self.fragments, self.schedule):
             if (s + 1) % self.period == offset % self.period:
                 self.outer(fragment)
+            late = s + 1 - self.tau
+            if self.tau and late >= offset and late % self.period == offset % self.period:
+                for c in range(self.towers):  # the merge, tau steps after the send
+                    for i in fragment:
+                        self.v[c][i] = (self.alpha * self.v[c][i]
+                                        + F32(1.0 - self.alpha) * self.x[c][i])
 
     def mean_delta(self, fragment):
-        if self.bits == 0:  # two copies: the ring's sum is v0 + v1 either way, times 1/2
+        """(1/T) sum_c Q(delta_c) per copy (the same on every copy)."""
+        deltas = [[self.x[c][i] - self.v[c][i] for i in fragment] for c in range(self.towers)]
+        if self.fmt == "int" and self.bits == 0:  # the ring's mean, of two copies
             assert self.towers == 2
-            return [self.x[i] - (self.v[0][i] + self.v[1][i]) * F32(0.5) for i in fragment]
-        levels = 2 ** (self.bits - 1) - 1
-        deltas = [[self.x[i] - self.v[c][i] for i in fragment] for c in range(self.towers)]
-        peak = max(np.abs(d).max() for per_copy in deltas for d in per_copy)
-        scale = F32(peak) * F32(1.0 / levels)
+            return [(a + b) * F32(0.5) for a, b in zip(*deltas)]
+        peak = F32(max(np.abs(d).max() for per_copy in deltas for d in per_copy))
         out = []
+        if self.fmt == "e3m0":
+            for k in range(len(fragment)):
+                total = sum(e3m0_integers(deltas[c][k], peak) for c in range(self.towers))
+                out.append(total.astype(F32) * (peak * F32(2.0 ** -6) * F32(1.0 / self.towers)))
+            return out
+        levels = 2 ** (self.bits - 1) - 1
+        scale = peak * F32(1.0 / levels)
         for k in range(len(fragment)):
             total = np.zeros(deltas[0][k].shape, np.int64)
             for c in range(self.towers):
@@ -75,33 +101,77 @@ class NumpyStreamingDiLoCo:
         return out
 
     def outer(self, fragment):
-        for i, delta in zip(fragment, self.mean_delta(fragment)):
-            self.m[i] = self.mu * self.m[i] + delta
-            step = delta + self.mu * self.m[i] if self.nesterov else self.m[i]
-            self.x[i] = self.x[i] - self.lr * step
+        if self.fmt == "int" and self.bits == 0 and not self.eager:  # x - mean(v): diloco's
+            mean = [(self.v[0][i] + self.v[1][i]) * F32(0.5) for i in fragment]
+            per_copy = [[self.x[c][i] - a for i, a in zip(fragment, mean)]
+                        for c in range(self.towers)]
+        else:
+            means = self.mean_delta(fragment)
+            per_copy = [means] * self.towers
+        if self.eager:
+            share = F32(1.0 / self.towers)
+            fresh = [[(self.x[c][i] - self.v[c][i]) * share for i in fragment]
+                     for c in range(self.towers)]
+            gradients = [[o + self.r[c][i] for o, i in zip(fresh[c], fragment)]
+                         for c in range(self.towers)]
             for c in range(self.towers):
-                self.v[c][i] = self.x[i].copy()
+                for o, mean, i in zip(fresh[c], per_copy[c], fragment):
+                    self.r[c][i] = mean - o
+            per_copy = gradients
+        for c in range(self.towers):
+            for i, delta in zip(fragment, per_copy[c]):
+                self.m[c][i] = self.mu * self.m[c][i] + delta
+                step = delta + self.mu * self.m[c][i] if self.nesterov else self.m[c][i]
+                self.x[c][i] = self.x[c][i] - self.lr * step
+                if not self.tau:
+                    self.v[c][i] = self.x[c][i].copy()
 
 
 SHAPES = [(3, 4), (4,), (2, 3), (5,), (6,)]  # 12, 4, 6, 5, 6 elements
 FRAGMENTS = [[0], [1, 2], [3, 4]]  # by hand: C* = 12
 
 
-@pytest.mark.parametrize("towers, period, bits, nesterov", [
-    (2, 5, 0, True),  # offsets 1, 3, 5: H not divisible by P
-    (2, 6, 0, False),
-    (3, 6, 4, True),  # quantised: integer code sums, exact in any ring order
-    (4, 5, 2, True),  # ternary codes
+def fragment_bytes(towers, fragment, fmt, bits):
+    """What one fragment's exchange sends, summed over the T copies, by hand: the float32
+    ring 2(T-1)/T 4 n per copy; quantised, the scales' ring (2(T-1) chunks of 4 bytes per
+    copy) and the int8 codes' ring 2(T-1)/T n, or the E3M0 codes gathered, (T-1)
+    ceil(n/2) per copy."""
+    n = sum(int(np.prod(SHAPES[i])) for i in fragment)
+    if fmt == "int" and bits == 0:
+        return 2 * (towers - 1) * 4 * n
+    scales = towers * 2 * (towers - 1) * 4
+    if fmt == "e3m0":
+        return scales + towers * (towers - 1) * ((n + 1) // 2)
+    return scales + 2 * (towers - 1) * n
+
+
+@pytest.mark.parametrize("towers, period, options", [
+    (2, 5, dict(bits=0, nesterov=True)),  # offsets 1, 3, 5: H not divisible by P
+    (2, 6, dict(bits=0, nesterov=False)),
+    (3, 6, dict(bits=4, nesterov=True)),  # quantised: integer code sums, exact in any order
+    (4, 5, dict(bits=2, nesterov=True)),  # ternary codes
+    (3, 6, dict(bits=0, nesterov=True, fmt="e3m0")),  # 4-bit floats, gathered
+    (2, 5, dict(bits=0, nesterov=True, tau=2, alpha=0.25)),  # overlap: merged 2 steps on
+    (4, 6, dict(bits=0, nesterov=True, tau=5, fmt="e3m0")),  # flights of fragments overlap
+    (3, 5, dict(bits=4, nesterov=False, tau=1)),
+    (2, 6, dict(bits=0, nesterov=True, eager=True)),  # eager: the float ring of the deltas
+    (3, 5, dict(bits=0, nesterov=True, eager=True, fmt="e3m0")),
+    (4, 6, dict(bits=3, nesterov=False, eager=True)),
 ])
-def test_equals_numpy_model(towers, period, bits, nesterov):
+def test_equals_numpy_model(towers, period, options):
     """Hand-made inner progress (each copy's parameters moved by its own seeded noise each
     step, the same float32 values given to both), 13 steps, 3 fragments: after every step
-    every copy's parameters, x and m equal the numpy model's bit for bit (the same float32
-    element-wise ops; the float means are of 2 copies, the quantised ones integer sums).
-    The traced traffic is every fragment's ring once: 2(T-1) n_p elements sent in all,
-    float32 parameters, or int8 codes plus T float32 scales."""
+    every copy's parameters, x, m (and eager's r) equal the numpy model's bit for bit (the
+    same float32 element-wise ops; the float means are of 2 copies, the quantised ones
+    integer sums). The traced traffic is every fragment's exchange once, against the hand
+    count (`fragment_bytes`), each on its occasion, which says how many steps of compute
+    it may overlap: tau, or the period with eager."""
+    bits, nesterov = options["bits"], options["nesterov"]
+    tau, alpha = options.get("tau", 0), options.get("alpha", 0.5)
+    fmt, eager = options.get("fmt", "int"), options.get("eager", False)
     spec = (f"streaming_diloco:period={period},fragments=3,outer_lr=0.7,outer_momentum=0.9,"
-            f"nesterov={nesterov},outer_bits={bits}")
+            f"nesterov={nesterov},outer_bits={bits},outer_format={fmt},tau={tau},"
+            f"alpha={alpha},eager={eager}")
     device_set = devices.setup(devices.parse(f"cpu:{towers}"))
     method = aggregation.make(spec, device_set)
     rng = np.random.default_rng(5)
@@ -116,14 +186,15 @@ def test_equals_numpy_model(towers, period, bits, nesterov):
     schedule = [period // 3, 2 * period // 3, period]
     assert method.offsets == schedule
     model = NumpyStreamingDiLoCo(init, towers, FRAGMENTS, schedule, period, 0.7, 0.9,
-                                 nesterov, bits)
+                                 nesterov, bits, tau, alpha, fmt, eager)
     with method.step():
         after_update = tf.function(lambda: method.after_update(copies)).get_concrete_function()
-    element_bytes = 1 if bits else 4  # int8 codes (T L <= 127) or float32 parameters
-    want = sum(2 * (towers - 1) * (sum(int(np.prod(SHAPES[i])) for i in fragment)
-                                   * element_bytes + (towers * 4 if bits else 0))
-               for fragment in FRAGMENTS)
-    assert sum(method.traffic.sent.values()) == want
+    for p, fragment in enumerate(FRAGMENTS):
+        occasion, traffic = method.traffic.by_occasion[f"fragment {p}"]
+        assert sum(traffic.sent.values()) == fragment_bytes(towers, fragment, fmt, bits)
+        assert occasion.overlap_steps == (period if eager else tau)
+    assert sum(method.traffic.sent.values()) == sum(
+        fragment_bytes(towers, fragment, fmt, bits) for fragment in FRAGMENTS)
     synced = 0
     for s in range(13):
         for c, copy in enumerate(copies):  # the inner steps, by hand
@@ -133,20 +204,24 @@ def test_equals_numpy_model(towers, period, bits, nesterov):
                 variable.assign(model.v[c][i])
         method.step_counter.assign(s)
         after_update()
-        before = [w.copy() for w in model.x]
+        before = [w.copy() for w in model.x[0]]
         model.after_step(s)
-        synced += any(not np.array_equal(a, b) for a, b in zip(before, model.x))
+        synced += any(not np.array_equal(a, b) for a, b in zip(before, model.x[0]))
         for c, copy in enumerate(copies):
             for i, variable in enumerate(copy.trainable):
                 np.testing.assert_array_equal(variable.numpy(), model.v[c][i],
                                               err_msg=f"step {s} copy {c} variable {i}")
             for i in range(len(SHAPES)):
-                np.testing.assert_array_equal(method._start[c][i].numpy(), model.x[i])
-                np.testing.assert_array_equal(method._momentum[c][i].numpy(), model.m[i])
+                np.testing.assert_array_equal(method._start[c][i].numpy(), model.x[c][i])
+                np.testing.assert_array_equal(method._momentum[c][i].numpy(), model.m[c][i])
+                if eager:
+                    np.testing.assert_array_equal(method._pending[c][i].numpy(), model.r[c][i])
     assert synced == sum(1 for s in range(13) for o in schedule if (s + 1) % period == o % period)
     assert synced >= 6  # every fragment at least twice: the momentum takes part
     copies_apart = [np.abs(model.v[0][i] - model.v[1][i]).max() for i in range(len(SHAPES))]
     assert max(copies_apart) > 0.01  # the copies differ between syncs
+    if eager:  # each copy's own fresh share: the outer parameters differ per copy
+        assert any(not np.array_equal(model.x[0][i], model.x[1][i]) for i in range(5))
 
 
 def test_quantised_mean_is_within_half_a_step_of_the_exact_mean():
@@ -164,7 +239,7 @@ def test_quantised_mean_is_within_half_a_step_of_the_exact_mean():
             copies.append(VariableCopy(device, [tf.Variable(w) for w in values], []))
     method.step_counter = tf.Variable(0, dtype=tf.int64)
     method.build([tf.Variable(w) for w in init])
-    got = [d.numpy() for d in method.quantised_mean_delta(copies, [0, 1, 2, 3, 4])[0]]
+    got = [d.numpy() for d in method.outer_gradients(copies, [0, 1, 2, 3, 4])[0]]
     exact = [np.mean([init[i].astype(np.float64) - m[i] for m in moved], axis=0)
              for i in range(len(SHAPES))]
     peak = max(np.abs(init[i] - m[i]).max() for m in moved for i in range(len(SHAPES)))
@@ -192,6 +267,7 @@ def test_one_fragment_unquantised_is_diloco_bit_for_bit(towers, tmp_path):
     for a, b in zip(got, want):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+    assert len(streaming.aggregation.state_variables) == len(diloco.aggregation.state_variables)
     for a, b in zip(streaming.aggregation.state_variables, diloco.aggregation.state_variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     for sc, dc in zip(streaming.copies, diloco.copies):
@@ -248,6 +324,18 @@ def test_between_nodes_one_copy_per_node(tmp_path):
      r"^--aggregation=streaming_diloco:outer_bits=1: streaming_diloco option outer_bits=1 is "
      r"out of range: must be one of 0\|2\|3\|4\|5\|6\|7\|8$"),
     ("streaming_diloco:fragments=0", r"option fragments=0 is out of range: must be >= 1$"),
+    ("streaming_diloco:period=4,fragments=2,tau=4",
+     r"^--aggregation=streaming_diloco:period=4,tau=4: tau must be < period \(a fragment's "
+     r"outer step is merged before the fragment is sent again\)$"),
+    ("streaming_diloco:tau=1,eager=true",
+     r"^--aggregation=streaming_diloco:eager=true,tau=1: eager updates overlap a whole "
+     r"period themselves; use tau=0 with eager=true$"),
+    ("streaming_diloco:outer_format=e3m0,outer_bits=4",
+     r"^--aggregation=streaming_diloco:outer_format=e3m0,outer_bits=4: outer_bits sets the "
+     r"int format only \(e3m0 has 4 bits\); use outer_bits=0 with outer_format=e3m0$"),
+    ("streaming_diloco:outer_format=fp4", r"option outer_format='?fp4'? is out of range: must "
+                                          r"be one of int\|e3m0$"),
+    ("streaming_diloco:tau=1,alpha=1.5", r"option alpha=1.5 is out of range"),
 ])
 def test_bad_options_refused_in_one_line(spec, message, tmp_path):
     """Refused by Config.validated(), before any device or variable exists."""

@@ -24,55 +24,45 @@ required), so at most one fragment syncs per step, and when P divides H they are
 apart. A fragment's first outer gradient covers its first o_p steps.
 
 Outer step of fragment F (only its variables; the other variables of every copy are
-left alone), on every copy c with the same bits of a, x and m:
+left alone), on every copy c, after the step that closes F's period (its SEND):
 
-    outer_bits = 0   a = (1/T) sum_c v_c[F]   (`self.average`: one ring all-reduce,
-                     ring.py, the fragment's values flattened), delta = x[F] - a
-                     (bit for bit `diloco`'s, with fragments=1)
-    outer_bits = b   delta_c = x[F] - v_c[F] per copy, quantised (below) and averaged:
-                     delta = (1/T) sum_c Q(delta_c)
+    float32 (outer_format=int, outer_bits=0)  a = (1/T) sum_c v_c[F] (`self.average`:
+                     one ring all-reduce, ring.py, the fragment's values flattened),
+                     delta = x[F] - a (bit for bit `diloco`'s, with fragments=1)
+    quantised (outer_format=int with outer_bits = b in 2..8, or outer_format=e3m0)
+                     delta_c = x[F] - v_c[F] per copy, quantised against the copies'
+                     shared absmax and averaged: delta = (1/T) sum_c Q(delta_c)
+                     (outer_formats.py: the formats, their error bounds, their bytes)
     m[F] <- mu m[F] + delta;   x[F] <- x[F] - lr (delta + mu m[F])  (Nesterov)
                                           or x[F] - lr m[F];   v_c[F] <- x[F].
 
-Quantisation (`outer_bits` = b in 2..8; 0: off, float32). NOT the paper's format: the
-paper sends each outer gradient as a 4-bit float (E3M0: sign and 3 exponent bits, no
-mantissa) and accumulates in float32. Here: per-fragment absmax, uniform, symmetric,
-round to nearest (half to even), with L = 2^(b-1) - 1 levels each side (b = 4: the
-integers -7..7) and one scale shared by the copies:
+The paper sends E3M0 4-bit floats and accumulates in float32 (outer_format=e3m0 here;
+outer_bits is the integer format's alone). `tau` > 0 (overlap) applies the result tau
+steps after its send, merged with the local progress made meanwhile by `alpha`;
+`eager` (Kale et al. 2025, arXiv 2502.12996) applies at once an outer gradient whose own
+share is the copy's fresh one and whose others' share arrives one period late: the
+rules, where they differ from torchft and the paper, and their state in overlap.py.
 
-    A = max_c max_{i in F} |delta_c,i|    (each copy's absmax put in its slot of a
-                                          length-T vector, summed by the ring: every
-                                          copy gets all T exactly and takes the max)
-    s = A * fl(1/L);  q_c = clip(round(delta_c / s), -L, L) (0 where s = 0), an integer
-    delta = float32(sum_c q_c) * (s * fl(1/T))   (the integer codes summed by the ring,
-                                                  exact and independent of the order)
-
-so |delta - (1/T) sum_c delta_c| <= s/2 = A / (2L) per element, up to float32's own
-roundings (fl(1/L), fl(1/T): float32 constants, multiplied by rather than divided by,
-as TensorFlow's graph optimiser would rewrite a division by a constant). The codes
-travel as the ring's partial sums in the narrowest signed integer type holding T L
-(compression/scales.py's `sum_dtype`: int8 up to T L = 127), not
-packed at b bits: a ring sums as it goes, and sums of T codes need more than b bits.
-
-Traffic: fragment p's ring (with quantisation the int codes' ring plus a ring of T
-float32 scales) is recorded on its own occasion "fragment p" (traffic.py: the steps with
+Traffic: fragment p's exchange (the float ring, or the scales' ring and the codes' ring
+or gather) is recorded on its own occasion "fragment p" (traffic.py: the steps with
 (s + 1) mod H = o_p mod H), so a step moves at most one fragment's share and a run's
 bytes per step average 1/H of `diloco`'s sync at outer_bits=0 (observe/link_report.py);
-the peak is the largest fragment's share (about 1/P).
+the peak is the largest fragment's share (about 1/P). With tau > 0 or eager the
+occasion says the exchange may overlap tau (or H) steps of compute (`overlap_steps`).
 
-Not modelled: the overlap of the paper (a fragment's synced values applied tau inner
-steps after its exchange starts, merged with the local progress meanwhile): here a
-fragment is exchanged and applied in the step that closes its period (tau = 0). The
-averaging goes through LocalSGD's ring helpers (`average`, `ring_mean`). One process,
+The averaging goes through LocalSGD's ring helpers (`average`, `ring_mean`). One process,
 as `diloco`. With one tower nothing is synced (as `diloco`). Between nodes (--nodes) the
-method runs on the node leaders and `due` (any fragment's sync) tells nodes.py when to
-hand each leader's copy to its node's other towers.
+method runs on the node leaders and `syncs()` (each fragment's step that changes its
+variables: the send, or the merge tau steps later) tells nodes.py when to hand each
+leader's copy of the fragment to its node's other towers.
 
 State: x and m of every variable, one pair per copy on its device (`diloco`'s
-`build`, its variable names too; checkpointed); the fragments are a function of the
-variables' shapes and the options, so nothing about them is saved.
+`build`, its variable names too; checkpointed), and with eager the others' delayed share
+r per copy; the fragments are a function of the variables' shapes and the options, so
+nothing about them is saved.
 
-Identity: `period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0` is
+Identity: `period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0` (tau=0,
+eager=false, the defaults) is
 `diloco:period=1,outer_lr=1,outer_momentum=0`, i.e. synchronous training in exact
 arithmetic with a linear inner optimizer.
 """
@@ -83,9 +73,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import register
+from mgloop.aggregation import outer_formats, overlap, register
 from mgloop.aggregation.base import option
-from mgloop.aggregation.compression.scales import sum_dtype
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
 from mgloop.aggregation.traffic import Occasion, Sync
 from mgloop.errors import ConfigError
@@ -98,9 +87,20 @@ BITS = (0, 2, 3, 4, 5, 6, 7, 8)
 class StreamingDiLoCoOptions(DiLoCoOptions):
     fragments: int = option(4, "P: contiguous groups of variables (balanced by element "
                                "count), each synced every H steps, staggered by H/P", low=1)
-    outer_bits: int = option(0, "outer gradients quantised to b bits (per-fragment absmax, "
-                                "uniform, round to nearest) before averaging; 0: float32",
-                             choices=BITS)
+    outer_format: str = option("int", "how outer gradients travel: int (float32 with "
+                                      "outer_bits=0, else uniform integers of outer_bits) or "
+                                      "e3m0 (4-bit floats: sign and 3 exponent bits, "
+                                      "gathered)", choices=outer_formats.FORMATS)
+    outer_bits: int = option(0, "outer_format=int: outer gradients quantised to b bits "
+                                "(per-fragment absmax, uniform, round to nearest) before "
+                                "averaging; 0: float32", choices=BITS)
+    tau: int = option(0, "overlap: a fragment's outer step is merged tau inner steps after "
+                         "its send (0: in the step that sends it); tau < period", low=0)
+    alpha: float = option(0.5, "with tau > 0, the merge: alpha x local + (1 - alpha) x "
+                               "the new outer parameters", low=0.0, high=1.0)
+    eager: bool = option(False, "eager updates: the outer step at a send uses the copy's "
+                                "own fresh outer gradient and the others' of the previous "
+                                "send (one-period overlap)")
 
 
 def offsets(period: int, fragments: int) -> list[int]:
@@ -146,16 +146,26 @@ class StreamingDiLoCo(DiLoCo):
 
     @classmethod
     def check(cls, request, options):
+        spec = f"--aggregation={cls.name}:period={options.period}"
         if options.fragments > options.period:
             raise ConfigError(
-                f"--aggregation={cls.name}:period={options.period},fragments="
-                f"{options.fragments}: fragments must be <= period (each fragment syncs at its "
-                f"own step of the period, offsets floor((p+1)H/P))")
+                f"{spec},fragments={options.fragments}: fragments must be <= period (each "
+                f"fragment syncs at its own step of the period, offsets floor((p+1)H/P))")
+        if options.tau >= options.period:
+            raise ConfigError(f"{spec},tau={options.tau}: tau must be < period (a fragment's "
+                              f"outer step is merged before the fragment is sent again)")
+        if options.eager and options.tau:
+            raise ConfigError(f"--aggregation={cls.name}:eager=true,tau={options.tau}: eager "
+                              f"updates overlap a whole period themselves; use tau=0 with "
+                              f"eager=true")
+        if options.outer_format == "e3m0" and options.outer_bits:
+            raise ConfigError(f"--aggregation={cls.name}:outer_format=e3m0,outer_bits="
+                              f"{options.outer_bits}: outer_bits sets the int format only "
+                              f"(e3m0 has 4 bits); use outer_bits=0 with outer_format=e3m0")
 
     @property
-    def levels(self) -> int:
-        """L = 2^(b-1) - 1: the codes are the integers -L..L."""
-        return 2 ** (self.options.outer_bits - 1) - 1
+    def quantised(self) -> bool:
+        return self.options.outer_format == "e3m0" or self.options.outer_bits > 0
 
     def check_model(self, variables):
         """Refuses more fragments than trainable variables (a fragment is a set of whole
@@ -169,53 +179,79 @@ class StreamingDiLoCo(DiLoCo):
                 f"{count}: use fragments <= {count}")
 
     def build(self, variables):
-        """`diloco`'s x and m per copy, and the fragments (variable indices) of `variables`
-        (which `check_model` has checked)."""
+        """`diloco`'s x and m per copy (and with eager r per copy, float32 zeros), and the
+        fragments (variable indices) of `variables` (which `check_model` has checked)."""
         super().build(variables)
         self.sizes = [v.shape.num_elements() for v in variables]
         self.fragments = partition(self.sizes, self.options.fragments)
         self.offsets = offsets(self.options.period, self.options.fragments)
+        self._pending = []
+        if self.options.eager:
+            for c, device in enumerate(self.parameter_devices()):
+                with tf.device(device):
+                    self._pending.append([tf.Variable(
+                        tf.zeros(v.shape, tf.float32), trainable=False,
+                        name=f"streaming_diloco_pending_{c}/{v.name.split(':')[0]}")
+                        for v in variables])
+
+    @property
+    def state_variables(self):
+        return super().state_variables + [v for vs in self._pending for v in vs]
 
     def fragment_occasions(self) -> list[Occasion]:
         """One occasion per fragment p ("fragment p"): the steps s with
-        (s + 1) mod H = o_p mod H (`fragment_due`)."""
+        (s + 1) mod H = o_p mod H (`fragment_due`), its exchange overlapping tau (eager:
+        H) steps of compute."""
         period = self.options.period
-        return [Occasion(f"fragment {p}", lambda step, o=offset: (step + 1) % period == o % period)
+        hidden = period if self.options.eager else self.options.tau
+        return [Occasion(f"fragment {p}", lambda step, o=offset: (step + 1) % period == o % period,
+                         hidden) for p, offset in enumerate(self.offsets)]
+
+    def change_occasions(self) -> list[Occasion]:
+        """Per fragment, the steps that change its variables: its sends, or with tau > 0
+        its merges (overlap.py)."""
+        if not self.options.tau:
+            return self.fragment_occasions()
+        return [overlap.apply_occasion(p, self.options.period, offset, self.options.tau)
                 for p, offset in enumerate(self.offsets)]
 
     def syncs(self) -> list[Sync]:
-        """One sync per fragment, of its variables only."""
-        return [Sync(occasion, lambda p=p: self.fragment_due(p), tuple(fragment))
-                for p, (occasion, fragment) in enumerate(zip(self.fragment_occasions(),
-                                                             self.fragments))]
+        """One sync per fragment, of its variables only, on the steps that change them."""
+        return [Sync(occasion, lambda o=occasion: o.occurs(self.step_counter), tuple(fragment))
+                for occasion, fragment in zip(self.change_occasions(), self.fragments)]
 
     def fragment_due(self, p: int) -> tf.Tensor:
         """Whether the step now running closes fragment p's period (its occasion's rule, on
-        the step counter)."""
+        the step counter): its send."""
         return self.fragment_occasions()[p].occurs(self.step_counter)
 
     def due(self) -> tf.Tensor:
-        """Whether the step now running closes any fragment's period (LocalSGD's hook,
-        read by nodes.py to hand a node leader's parameters to its other towers)."""
-        return tf.reduce_any(tf.stack([self.fragment_due(p) for p in range(len(self.fragments))]))
+        """Whether the step now running changes any fragment's variables (LocalSGD's hook)."""
+        return tf.reduce_any(tf.stack([sync.due() for sync in self.syncs()]))
 
     def after_update(self, copies):
         if self.num_towers == 1:
             return []
         ops = []
-        occasions = self.fragment_occasions()
-        for p, fragment in enumerate(self.fragments):
-            def sync(fragment=fragment, occasion=occasions[p]):
+        for p, (fragment, occasion) in enumerate(zip(self.fragments, self.fragment_occasions())):
+            def send(fragment=fragment, occasion=occasion):
                 with self.traffic.on(occasion):
                     self.synchronise_fragment(copies, fragment)
                 return tf.constant(True)
-            ops.append(tf.cond(self.fragment_due(p), sync, lambda: tf.constant(False)))
+            ops.append(tf.cond(self.fragment_due(p), send, lambda: tf.constant(False)))
+        if self.options.tau:
+            for fragment, sync in zip(self.fragments, self.syncs()):
+                def merge(fragment=fragment):
+                    overlap.merge(copies, self._start, fragment, self.options.alpha)
+                    return tf.constant(True)
+                ops.append(tf.cond(sync.due(), merge, lambda: tf.constant(False)))
         return ops
 
     def synchronise_fragment(self, copies, fragment: list[int]) -> None:
-        """The outer step of the variables `fragment` (indices) on every copy (top)."""
-        if self.options.outer_bits:
-            deltas = self.quantised_mean_delta(copies, fragment)
+        """The outer step of the variables `fragment` (indices) on every copy (top); every
+        copy takes the new x at once unless tau > 0 (then at the merge, overlap.py)."""
+        if self.quantised or self.options.eager:
+            deltas = self.outer_gradients(copies, fragment)
         else:
             means = self.average([[c.trainable[i] for i in fragment] for c in copies])
             deltas = None
@@ -228,36 +264,38 @@ class StreamingDiLoCo(DiLoCo):
                     m.assign(mu * m + delta)
                     step = delta + mu * m if self.options.nesterov else m.read_value()
                     x.assign(x - lr * step)
-                    target.assign(x.read_value())
+                    if not self.options.tau:
+                        target.assign(x.read_value())
 
-    def quantised_mean_delta(self, copies, fragment: list[int]) -> list[list[tf.Tensor]]:
-        """(1/T) sum_c Q(x - v_c) of the fragment's variables, on every copy (top)."""
-        num, levels = self.num_towers, self.levels
-        first = getattr(self, "tower_offset", 0)  # this process's copy 0 among all T
-        deltas, peaks = [], []
-        for c, copy in enumerate(copies):
-            with tf.device(copy.device):
-                mine = [tf.cast(self._start[c][i] - backing(copy.trainable[i]).read_value(),
-                                tf.float32) for i in fragment]
-                deltas.append(mine)
-                peak = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(d)) for d in mine]))
-                peaks.append([tf.tensor_scatter_nd_update(tf.zeros([num]), [[first + c]],
-                                                            [peak])])
-        gathered = self.ring_mean(peaks, average=False)  # every copy's absmax, exactly
-        codes_dtype = sum_dtype(num, levels)
-        codes, scales = [], []
-        for c, copy in enumerate(copies):
-            with tf.device(copy.device):
-                scale = tf.reduce_max(gathered[c][0]) * (1.0 / levels)
-                scales.append(scale)
-                codes.append([tf.cast(tf.clip_by_value(
-                    tf.round(tf.math.divide_no_nan(d, scale)), -levels, levels), codes_dtype)
-                    for d in deltas[c]])
-        totals = self.ring_mean(codes, average=False)  # integer sums: exact, any order
+    def local_deltas(self, copies, fragment: list[int]) -> list[list[tf.Tensor]]:
+        """delta_c = x_c - v_c of the fragment's variables, float32, on every copy."""
         out = []
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
-                out.append([tf.cast(tf.cast(total, tf.float32) * (scales[c] * (1.0 / num)),
-                                    self._start[c][i].dtype)
-                            for total, i in zip(totals[c], fragment)])
+                out.append([tf.cast(self._start[c][i] - backing(copy.trainable[i]).read_value(),
+                                    tf.float32) for i in fragment])
+        return out
+
+    def mean_delta(self, deltas: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
+        """(1/T) sum_c Q(delta_c) in the run's format (outer_formats.py; float32: the
+        ring's mean), float32, on every copy."""
+        if self.options.outer_format == "e3m0":
+            return outer_formats.e3m0_mean(self, deltas)
+        if self.options.outer_bits:
+            return outer_formats.int_mean(self, deltas, self.options.outer_bits)
+        return self.ring_mean(deltas, True)
+
+    def outer_gradients(self, copies, fragment: list[int]) -> list[list[tf.Tensor]]:
+        """The outer gradient each copy applies: the format's mean, or eager's g_c
+        (overlap.py), cast to the variables' dtype."""
+        deltas = self.local_deltas(copies, fragment)
+        means = self.mean_delta(deltas)
+        if self.options.eager:
+            means = overlap.eager_gradients(list(self.devices.towers), deltas, means,
+                                            self._pending, fragment, self.num_towers)
+        out = []
+        for c, copy in enumerate(copies):
+            with tf.device(copy.device):
+                out.append([tf.cast(g, self._start[c][i].dtype)
+                            for g, i in zip(means[c], fragment)])
         return out

@@ -16,7 +16,10 @@ Occasions. A traced step holds every branch of the step, so what it counts is wh
 moves when everything in it runs. A method whose sends run only on some steps (a sync
 every H steps, a fragment's outer step, a warmup) records them inside
 `on(Occasion(name, occurs))`, `occurs(s)` saying whether the 0-based global step s runs
-them; everything else is `EVERY_STEP`. Each occasion's counts are also kept apart
+them; everything else is `EVERY_STEP`. An occasion's `overlap_steps` k > 0 says its
+exchange may run behind the compute of the k steps that follow (Streaming DiLoCo's
+overlap tau, or a whole period with eager updates: aggregation/overlap.py), which the
+link report charges as such. Each occasion's counts are also kept apart
 (`by_occasion`), so what step s moves is the sum of the occasions that occur at s
 (`at_step`), and a run's bytes per step are averaged over its steps from that
 (observe/link_report.py).
@@ -35,10 +38,13 @@ KINDS = ("gradient", "state")
 @dataclasses.dataclass(frozen=True)
 class Occasion:
     """The steps on which a part of the step sends: `occurs(s)` for the 0-based global
-    step s. `name` says which part (e.g. "sync", "fragment 2"); one name, one rule."""
+    step s. `name` says which part (e.g. "sync", "fragment 2"); one name, one rule.
+    `overlap_steps` k: the exchange recorded on it may overlap the compute of the k steps
+    after s (its result is used k steps later); 0: the step waits for it."""
 
     name: str
     occurs: Callable[[int], bool]
+    overlap_steps: int = 0
 
 
 EVERY_STEP = Occasion("every step", lambda step: True)

@@ -12,9 +12,15 @@ DiLoCo's schedule; a warmup). Step s moves the parts whose occasion occurs at s
                                                            step's traffic on a link
     step seconds, no overlap    = C + (1/S) sum_s X(s)     C: the compute per step, measured
                                                            or modelled (hardware.py, --compute)
-    step seconds, overlap       = (1/S) sum_s max(C, X(s))
+    step seconds, overlap       = (1/S) sum_s [max(C, X_0(s)) + sum_o max(0, X_o - k_o C)]
 
-n_o the steps on which occasion o occurs. The busiest device is taken on the averages
+n_o the steps on which occasion o occurs. In the overlap figure X_0(s) is the time of step
+s's traffic but that of its occasions o with `overlap_steps` k_o > 0 (traffic.py: an
+exchange whose result is used k_o steps later, Streaming DiLoCo's tau or eager updates),
+and X_o the time of o's traffic alone: such an exchange may run behind the compute of
+the k_o steps that follow, so it costs only what exceeds k_o C (0 when it fits), and
+each one apart (the steps it overlaps may have exchanges of their own: not modelled).
+With no such occasion it is (1/S) sum_s max(C, X(s)). The busiest device is taken on the averages
 (max_d of the mean, as the bandwidth term of a long run sees it). A method that sends on
 every step has S-independent figures, those of its traced step exactly.
 
@@ -75,6 +81,26 @@ class Schedule:
             return 0.0
         return sum(count * figure(self.traffic_of(key))
                    for key, count in self.counts.items()) / self.steps
+
+    def overlap_steps(self, name: str) -> int:
+        """The occasion `name`'s overlap_steps (traffic.py)."""
+        return self.traffic.by_occasion[name][0].overlap_steps
+
+    def mean_overlapped(self, exchange: Callable[[Traffic], float], compute: float) -> float:
+        """(1/S) sum_s of the step with overlap (the module's top): max(C, X_0(s)) plus
+        max(0, X_o - k_o C) for each overlapped occasion o of step s; 0 with no step."""
+        if not self.steps:
+            return 0.0
+        total = 0.0
+        for key, count in self.counts.items():
+            hidden = [name for name in key if self.overlap_steps(name) > 0]
+            plain = tuple(name for name in key if name not in hidden)
+            seconds = max(compute, exchange(self.traffic_of(plain)))
+            for name in hidden:
+                seconds += max(0.0, exchange(self.traffic_of((name,)))
+                               - self.overlap_steps(name) * compute)
+            total += count * seconds
+        return total / self.steps
 
     def slowest(self, figure: Callable[[Traffic], float]) -> float:
         """max_s figure(traffic of step s); 0 with no step."""
@@ -204,7 +230,7 @@ def report(schedule: Schedule, links, compute: float | None,
             "step_seconds_no_overlap": (None if compute is None
                                         else compute + schedule.mean(exchange)),
             "step_seconds_overlap": (None if compute is None else
-                                     schedule.mean(lambda t, x=exchange: max(compute, x(t))))}
+                                     schedule.mean_overlapped(exchange, compute))}
     return out
 
 
