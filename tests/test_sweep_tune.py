@@ -6,6 +6,8 @@ import dataclasses
 import math
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ from mgloop.runs.sweep import report
 from mgloop.runs.sweep import runner
 from mgloop.runs.sweep import tune
 from mgloop.runs.sweep import tuning_report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _variant(spec, **settings):
@@ -178,6 +182,20 @@ def test_a_tuning_sweep_of_a_language_model_to_a_perplexity_target(tmp_path):
     assert again["curve"] == tuned[1][1]["curve"]
     assert {p: os.stat(p).st_mtime_ns for p in stamps if p != lost} == {
         p: s for p, s in stamps.items() if p != lost}
+
+    command = [sys.executable, "-m", "mgloop.sweep", f"--output_dir={plan.output_dir}",
+               "--seeds=1", "--evals=1", "--target=perplexity<=1e6", "--tune_seeds=1",
+               *[f"--vary={v}" for v in plan.vary], *[f"--set={v}" for v in plan.set],
+               *[f"--tune={v}" for v in plan.tune], "--report_only"]
+    done = subprocess.run(command + ["--panels=optimizer"], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = open(os.path.join(plan.output_dir, "report.md")).read()
+    assert "--tune=learning_rate=0.001,0.01" in text and text.count("**chosen**") == 2
+    bad = subprocess.run(command + ["--panels=seed"], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "mgloop.sweep: error: --panels=seed: not a --vary axis; one of: optimizer")
 
 
 def _records(names_axes, steps=(2, 4)):

@@ -222,7 +222,7 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     finals = plan.cells(firsts)  # each variant at its first point: checked with the rest
     everything = tuning + finals  # what the stop message counts
     configs = [plan.config(cell) for cell in everything]  # every cell checked before any runs
-    _check_resumable(plan, tuning, configs)
+    _check_resumable(plan, tuning, configs[:len(tuning)])
     todo = pending(plan, everything)
     logging.info("sweep: %d cells (%d tuning), %d done before, %d to run on %d process(es)",
                  len(everything), len(tuning), len(everything) - len(todo), len(todo),
