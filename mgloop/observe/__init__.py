@@ -8,7 +8,8 @@
     link_report.py  a run's traffic per step averaged over its steps (the occasions each
                     part is sent on), per sync, the gradient compression ratio, per link
     link_scalars.py the link report as TensorBoard scalars and HParams final metrics
-    stats.py, plots.py  mean ± sample sd over seeds; a study's plots (matplotlib, Agg)
+    stats.py, plots.py  mean ± sample sd over seeds; a study's plots as small multiples,
+                    mean and min-max band over seeds (matplotlib, Agg)
 
 May import: ground modules, cluster/, spec/, data/, aggregation/ (for their byte counts).
 Never step/ or runs/: the step and the run hand their results here.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 
 from mgloop.observe import stats
 
@@ -51,8 +52,9 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
     count = max(1, len(panels))
     columns = min(COLUMNS, count)
     rows = math.ceil(count / columns)
-    fig, grid = plt.subplots(rows, columns, figsize=(4.6 * columns + 0.6, 3.6 * rows + 0.6),
-                             dpi=110, sharey=True, squeeze=False)
+    width = max(7.0, 4.6 * columns + 0.6)
+    fig, grid = plt.subplots(rows, columns, figsize=(width, 3.6 * rows + 0.9), dpi=110,
+                             sharey=True, squeeze=False)
     cells = [axes for row in grid for axes in row]
     for axes in cells[count:]:
         fig.delaxes(axes)
@@ -79,7 +81,8 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
             axes.legend(fontsize=6.5, loc="best")
     for row in grid:
         row[0].set_ylabel(metric.removeprefix("eval/") + " (eval)")
-    fig.suptitle(f"{title}\nmean over seeds; band: min to max over seeds", fontsize=10)
+    heading = textwrap.fill(title, width=int(width * 14))  # ~14 characters an inch at 10 pt
+    fig.suptitle(f"{heading}\nmean over seeds; band: min to max over seeds", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -7,6 +7,9 @@ A re-run of the same sweep skips every cell whose record exists (saying nothing 
 cell) and resumes a cell that was stopped from its checkpoint: its evals before the stop
 are kept in its logdir (kept_evals.py), so its record equals that of a cell never
 stopped. A cell with no checkpoint yet starts again from step 0 in a fresh logdir.
+With --tune (tune.py) every variant's tuning cells run first, then the final cells at
+each variant's chosen point, chosen from the tuning records: a re-run skips the finished
+tuning cells and chooses the same.
 
 Stopping. SIGINT or SIGTERM stops the cell running at its next loop boundary, with a
 checkpoint of that step (preemption.py, as `mgloop.train`), and no further cell starts;
