@@ -50,7 +50,8 @@ def test_tune_axes_points_and_settings_and_their_refusals():
             (["speed=1,2"], "--tune speed: neither a Config field nor aggregation.OPTION"),
             (["learning_rate="], "--tune 'learning_rate=': give KEY=V1,V2"),
             (["learning_rate=0.1,0.1"], "--tune learning_rate: '0.1,0.1': give distinct"),
-            (["momentum=0.9", "momentum=0.5"], "--tune momentum: given twice")):
+            (["momentum=0.9", "momentum=0.5"], "--tune momentum: given twice"),
+            (["seed=1,2"], "--tune seed: the sweep sets it")):
         with pytest.raises(grid.SpecError, match="^" + re.escape(says)):
             tune.parse(items, kinds)
     with pytest.raises(grid.SpecError, match="sets outer_lr in its spec"):

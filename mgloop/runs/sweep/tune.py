@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import re
 
 from mgloop.runs.sweep import grid
@@ -72,6 +73,9 @@ def parse(items, kinds: dict) -> list[Axis]:
         if key not in kinds and not _OPTION.match(key):
             raise grid.SpecError(f"--tune {key}: neither a Config field nor aggregation.OPTION "
                                  "(an option of the variant's --aggregation spec)")
+        if key in ("seed", "logdir"):
+            raise grid.SpecError(f"--tune {key}: the sweep sets it (--seeds, --tune_seeds, "
+                                 "--output_dir)")
         if any(axis.key == key for axis in axes):
             raise grid.SpecError(f"--tune {key}: given twice; give each key once")
         values = grid.split_values(key, text)
@@ -202,7 +206,6 @@ def summarise(tried: list[tuple[tuple, list[dict]]], target_text: str | None,
 def summary_for(plan, variant) -> dict | None:
     """The variant's tuning summary from its tuning records on disk (None: no tuning)."""
     from mgloop.runs.sweep import record as record_lib
-    import os
     grid_points = plan.tune_points(variant)
     if grid_points == [()]:
         return None

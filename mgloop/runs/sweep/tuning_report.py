@@ -55,8 +55,8 @@ def section(output_dir: str, order: list[str]) -> list[str]:
     best = "lowest" if first["lower_is_better"] else "highest"
     lines = ["## Tuning", "",
              f"Each variant's tuning grid ran first ({len(records)} tuning cells) on the "
-             f"tuning seeds {first['seeds']} (the final seeds are others); a point's score is the final eval {metric} averaged over "
-             f"them, {best} chosen (ties to the first; a point with a diverged seed is not "
+             f"tuning seeds {first['seeds']} (the final seeds are others); a point's score "
+             f"is the final eval {metric} averaged over them, {best} chosen (ties to the first; a point with a diverged seed is not "
              "chosen); each variant's final seeds ran at its chosen values.", "",
              "| variant | " + " | ".join(f"`{k}`" for k in keys)
              + f" | {metric} per tuning seed | score | |",
