@@ -8,7 +8,15 @@
                            --set=train_steps=S)
     --evals=K              evaluations over the budget (default 20)
     --target=METRIC>=V     time to target is recorded (steps, bytes, modelled seconds);
+                           METRIC<=V for a metric to bring down (loss<=2.0,
+                           perplexity<=30: a language model's eval metrics);
                            --stop_at_target ends a cell there
+    --tune=KEY=V1,V2,...   per variant, a tuning grid run first on --tune_seeds=N seeds
+                           (1000, 1001, ...), the final --seeds then at the best point
+                           (repeatable; KEY a Config field or aggregation.OPTION, an
+                           option of the variant's spec: runs/sweep/tune.py)
+    --panels=KEY           the plots' small multiples: one panel per value of this --vary
+                           axis (default: split when a panel would hold over 6 curves)
     --link=[between:]BANDWIDTH,LATENCY   links to model (repeatable; link_model.py)
     --output_dir=DIR       runs/ (TensorBoard: one HParams run per cell), results/ (one
                            JSON record per finished cell), report.md and plots/
@@ -48,6 +56,11 @@ flags.DEFINE_integer("seeds", 3, "seeds 0..N-1 per variant", lower_bound=1)
 flags.DEFINE_float("epochs", None, "budget: passes over the training data")
 flags.DEFINE_integer("evals", 20, "evaluations over the budget", lower_bound=1)
 flags.DEFINE_string("target", None, "METRIC>=VALUE or METRIC<=VALUE (an eval metric)")
+flags.DEFINE_multi_string("tune", [], "KEY=V1,V2,...: a tuning axis (KEY a Config field "
+                          "or aggregation.OPTION)")
+flags.DEFINE_integer("tune_seeds", 1, "tuning seeds per point (1000, 1001, ...)",
+                     lower_bound=1)
+flags.DEFINE_string("panels", None, "a --vary axis: one plot panel per value of it")
 flags.DEFINE_bool("stop_at_target", False, "end a cell at its first eval meeting --target")
 flags.DEFINE_multi_string("link", [], "[within:|between:]BANDWIDTH,LATENCY to model")
 flags.DEFINE_multi_string("plugin", [], "module of user methods/datasets (every cell)")
@@ -62,12 +75,14 @@ flags.DEFINE_string("title", None, "the report's title (default: the output fold
 
 def plan_from_flags():
     from mgloop.runs.sweep import plan as plan_lib
+    from mgloop.runs.sweep import tune
     return plan_lib.Plan(vary=tuple(FLAGS.vary), set=tuple(FLAGS.set),
                          seeds=tuple(range(FLAGS.seeds)), output_dir=FLAGS.output_dir,
                          epochs=FLAGS.epochs, evals=FLAGS.evals,
                          target=plan_lib.parse_target(FLAGS.target),
                          stop_at_target=FLAGS.stop_at_target, links=tuple(FLAGS.link),
-                         plugins=tuple(FLAGS.plugin))
+                         plugins=tuple(FLAGS.plugin), tune=tuple(FLAGS.tune),
+                         tune_seeds=tune.tuning_seeds(FLAGS.tune_seeds))
 
 
 class _Interrupted(Exception):
@@ -112,6 +127,10 @@ def _main():
         if FLAGS.stop_at_target and plan.target is None:
             raise ConfigError("--stop_at_target needs --target=METRIC>=VALUE")
         cells = plan.cells()
+        keys = [key for key, _ in cells[0].variant.axes]
+        if FLAGS.panels is not None and FLAGS.panels not in keys:
+            raise ConfigError(f"--panels={FLAGS.panels}: not a --vary axis; one of: "
+                              f"{', '.join(keys) or 'none (no --vary)'}")
         if not FLAGS.report_only:
             runner.run(plan, FLAGS.processes, FLAGS.cells_per_process,
                        last_words=lambda line: print(f"mgloop.sweep: {line}", file=sys.stderr,
@@ -124,7 +143,8 @@ def _main():
     title = FLAGS.title or plan.output_dir.rstrip("/").split("/")[-1]
     command = [arg for arg in sys.argv[1:] if arg not in ("--report_only", "--report_only=true")]
     path = report.write(plan.output_dir, order, title,
-                        "python -m mgloop.sweep " + " ".join(map(shlex.quote, command)))
+                        "python -m mgloop.sweep " + " ".join(map(shlex.quote, command)),
+                        panel_key=FLAGS.panels)
     logging.info("sweep: report in %s", path)
 
 

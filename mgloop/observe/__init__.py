@@ -10,7 +10,8 @@
     link_scalars.py the link report as TensorBoard scalars and HParams final metrics
     hardware.py     --compute, --node_speeds: compute per step for accelerator profiles
     flops.py        the FLOPs of a traced graph's matrix products and convolutions
-    stats.py, plots.py  mean ± sample sd over seeds; a study's plots (matplotlib, Agg)
+    stats.py, plots.py  mean ± sample sd over seeds; a study's plots as small multiples,
+                    mean and min-max band over seeds (matplotlib, Agg)
 
 May import: ground modules, cluster/, spec/, data/, aggregation/ (for their byte counts).
 Never step/ or runs/: the step and the run hand their results here.

@@ -6,9 +6,11 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
     runner.py   runs the cells one build at a time, resumable, stopped by SIGINT/SIGTERM
     kept_evals.py  a cell's evals kept in its logdir: a stopped cell resumes to its whole curve
     processes.py   the cells in worker processes; the parent forwards signals, waits for them
+    tune.py     --tune: per variant a tuning grid on its own seeds, the best point chosen
     record.py   one JSON record per finished cell: eval curve, bytes, modelled seconds
-    report.py   report.md (tables); the plots and the mean ± sd are observe/plots.py
-                and observe/stats.py
+    report.py   report.md (tables), the plots' panels; the plots and the mean ± sd are
+                observe/plots.py and observe/stats.py
+    tuning_report.py  the report's Tuning section
 
 May import: ground modules, observe/ (stats, plots) and runs/ (config, callbacks,
 preemption, quiet_start, checkpoint_files). No module here loads TensorFlow when imported

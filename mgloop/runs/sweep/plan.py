@@ -12,6 +12,10 @@
                perplexity, ...): the first eval at which it holds is the cell's time to
                target, in steps, bytes and modelled seconds (record.py); with
                --stop_at_target the cell stops there (its curve ends there too)
+    tuning     --tune=KEY=V1,V2,... and --tune_seeds=N (tune.py): each variant's tuning
+               grid on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
+               variant and point>, record results/tuning/<variant>/<point>/seed=<s>.json),
+               then the final seeds at the variant's chosen point (`cells(chosen)`)
 
 Every cell's Config is validated before the first one runs (one line naming the cell and
 what is wrong), so a bad grid is refused before anything is built or any folder made (the
@@ -28,9 +32,11 @@ import os
 import re
 
 from mgloop.runs.sweep import grid
+from mgloop.runs.sweep import tune as tune_lib
 
 _TARGET = re.compile(r"\s*([A-Za-z_][\w/]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 HIGHER = ">="
+TUNING = "tuning"  # results/tuning/...: the tuning cells' records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +80,31 @@ class Cell:
 
     variant: grid.Variant
     seed: int
+    point: tuple = ()  # ((key, value text), ...): the tuned settings (tune.py)
+    tuning: bool = False  # a cell of the variant's tuning grid (else a final seed)
 
     @property
     def name(self) -> str:
+        if self.tuning:
+            return f"{self.variant.name} tuning {tune_lib.text_of(self.point)} seed={self.seed}"
         return f"{self.variant.name} seed={self.seed}"
 
     @property
     def folder(self) -> str:
-        """<variant folder>/seed=<s>, relative to the sweep's runs/ and results/."""
+        """<variant folder>/seed=<s>, relative to the sweep's runs/ and results/ (a tuning
+        cell: tuning/<variant folder>/<point folder>/seed=<s>)."""
+        if self.tuning:
+            return os.path.join(TUNING, variant_folder(self.variant.name),
+                                variant_folder(tune_lib.text_of(self.point)), f"seed={self.seed}")
         return os.path.join(variant_folder(self.variant.name), f"seed={self.seed}")
+
+    @property
+    def trial(self) -> str:
+        """The TensorBoard trial (the logdir's last part): the variant, or the variant at
+        a tuning point."""
+        if self.tuning:
+            return variant_folder(f"{self.variant.name} {tune_lib.text_of(self.point)}")
+        return variant_folder(self.variant.name)
 
 
 def variant_folder(name: str) -> str:
@@ -104,9 +126,11 @@ class Plan:
     stop_at_target: bool = False
     links: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()
+    tune: tuple[str, ...] = ()  # --tune items (tune.py)
+    tune_seeds: tuple[int, ...] = tune_lib.tuning_seeds(1)
 
-    def cells(self) -> list[Cell]:
-        """Every variant with every seed: variants in grid order, seeds within each."""
+    def variants(self) -> list[grid.Variant]:
+        """The grid's variants, checked (and the --tune axes against them)."""
         if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
             raise grid.SpecError(f"--epochs={self.epochs}: give a finite number of epochs > 0")
         variants = grid.variants(list(self.vary), list(self.set))
@@ -114,14 +138,45 @@ class Plan:
             if "seed" in variant.settings or "logdir" in variant.settings:
                 raise grid.SpecError("--vary/--set seed or logdir: the sweep sets them "
                                      "(--seeds, --output_dir)")
-        return [Cell(variant, seed) for variant in variants for seed in self.seeds]
+        if self.tune:
+            if set(self.tune_seeds) & set(self.seeds):
+                raise grid.SpecError(f"--seeds: the final seeds reach the tuning seeds "
+                                     f"{self.tune_seeds[0]}..; give fewer than "
+                                     f"{tune_lib.TUNING_SEED_BASE}")
+            from mgloop import aggregation
+            aggregation.load_plugins(self.plugins)  # a plugin method's options
+            tune_lib.check(self._axes(), variants)
+        return variants
+
+    def _axes(self) -> list:
+        return tune_lib.parse(self.tune, grid.field_types())
+
+    def tune_points(self, variant: grid.Variant) -> list[tuple]:
+        """The variant's tuning grid (tune.points); [()] without --tune."""
+        return tune_lib.points(self._axes(), variant) if self.tune else [()]
+
+    def tuning_cells_of(self, variant: grid.Variant, point: tuple) -> list[Cell]:
+        return [Cell(variant, seed, point, tuning=True) for seed in self.tune_seeds]
+
+    def tuning_cells(self) -> list[Cell]:
+        """Every variant's tuning grid on the tuning seeds: variants in grid order, points
+        within each, seeds within each point; none for a variant that tunes nothing."""
+        return [cell for variant in self.variants()
+                for point in self.tune_points(variant) if point
+                for cell in self.tuning_cells_of(variant, point)]
+
+    def cells(self, chosen: dict | None = None) -> list[Cell]:
+        """Every variant with every final seed: variants in grid order, seeds within each;
+        each at its chosen point ({variant name: point}: tune.chosen_point), if given."""
+        chosen = chosen or {}
+        return [Cell(variant, seed, chosen.get(variant.name, ()))
+                for variant in self.variants() for seed in self.seeds]
 
     def logdir(self, cell: Cell) -> str:
         """runs/seed=<s>/<variant folder>: TensorBoard's HParams dashboard groups sessions
         by trial id, the logdir's last part (summaries.py), so a variant's seeds are one
         group (its metrics shown per seed and aggregated)."""
-        return os.path.join(self.output_dir, "runs", f"seed={cell.seed}",
-                            variant_folder(cell.variant.name))
+        return os.path.join(self.output_dir, "runs", f"seed={cell.seed}", cell.trial)
 
     def result_path(self, cell: Cell) -> str:
         return os.path.join(self.output_dir, "results", cell.folder + ".json")
@@ -130,14 +185,15 @@ class Plan:
         """The cell's Config, checked (`validated`; ConfigError naming the cell)."""
         from mgloop.runs.config import Config
         from mgloop.errors import ConfigError
-        settings = {"plugins": self.plugins, "links": self.links, **cell.variant.settings,
+        settings = {"plugins": self.plugins, "links": self.links,
+                    **tune_lib.settings_of(cell.variant, cell.point, grid.field_types()),
                     "seed": cell.seed, "logdir": self.logdir(cell)}
         try:
             config = Config(**settings).validated(on_disk=False)
             if self.epochs is not None:
                 steps = max(1, math.ceil(self.epochs * training_examples(config)
                                          / config.global_batch_size))
-            elif "train_steps" in cell.variant.settings:
+            elif "train_steps" in settings:
                 steps = config.train_steps
             else:
                 raise ConfigError("give the budget: --epochs=E or --set=train_steps=S")

@@ -18,6 +18,10 @@ and the eval metrics there, so gradient_bytes(S) / S at the last step S is summa
 link_model.gradient_bytes_per_step. Time to target: the first eval point where the target
 holds (its step, gradient bytes and seconds per link), None if none does. A cell whose
 loss became NaN or infinite has `diverged` (the reason) and the evals made before it.
+`tuned` holds the cell's tuned settings (tune.py; {} without --tune) and `phase` whether
+it is a tuning cell or a final seed; the runner adds a tuning cell's `tune_index` (its
+point's place in the grid) and a final cell's `tuning` (tune.summarise: what was tried,
+the scores, the choice).
 """
 
 from __future__ import annotations
@@ -79,12 +83,17 @@ def time_to_target(curve: list[dict], target) -> dict | None:
     return None
 
 
+def _tuned(cell) -> dict:
+    """{"tuned": {key: value text} of the cell's point, "phase": "tuning" or "final"}."""
+    return {"tuned": dict(cell.point), "phase": "tuning" if cell.tuning else "final"}
+
+
 def record_of(cell, result, target) -> dict:
     summary = result.summary
     curve = curve_of(result)
     return {"cell": cell.name, "variant": cell.variant.name, "varied": cell.variant.varied,
             "axes": [list(pair) for pair in cell.variant.axes],
-            "seed": cell.seed, "final_step": summary["final_step"],
+            "seed": cell.seed, **_tuned(cell), "final_step": summary["final_step"],
             "stopped_by": summary["stopped_by"],
             "eval": summary["eval_metrics"],
             "traffic": traffic_of(summary),
@@ -104,9 +113,9 @@ def diverged_record(cell, history, reason: str, target) -> dict:
              for rec in history.records if "eval/loss" in rec]
     return {"cell": cell.name, "variant": cell.variant.name, "varied": cell.variant.varied,
             "axes": [list(pair) for pair in cell.variant.axes], "seed": cell.seed,
-            "final_step": None, "stopped_by": None, "eval": None, "traffic": None,
-            "compute_seconds": None, "compute_source": None, "compression_ratio": None,
-            "curve": curve,
+            **_tuned(cell), "final_step": None, "stopped_by": None, "eval": None,
+            "traffic": None, "compute_seconds": None, "compute_source": None,
+            "compression_ratio": None, "curve": curve,
             "target": None if target is None else str(target),
             "time_to_target": time_to_target(curve, target), "diverged": reason}
 

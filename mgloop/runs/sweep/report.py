@@ -13,34 +13,48 @@ Per variant, over its seeds (stats.py: mean ± sample sd):
                            nodes, or per device with one node): summary.json's
                            link_model.gradient_bytes_per_step (observe/link_report.py)
     ratio                  the first variant's mean bytes per step over this one's
+    tuned to               with --tune: the values the variant's final seeds ran at; a
+                           "Tuning" section (tuning_report.py) lists what was tried
 
 The compute per step in every modelled second (record.py's C) is said under the table:
 each distinct `compute_source` of the cells (--compute: measured on this machine, a
 profile's F b / (P E), or given; observe/hardware.py) with the variants that used it.
 
-Plots, one PNG per x axis: the eval metric against steps, against the gradient bytes
-sent (between nodes), and against the modelled seconds on each --link; one line per
-variant (the mean over seeds at each eval step) and a band of ± one sd where there are
-two or more seeds. matplotlib's Agg backend: no display needed.
+Plots (observe/plots.py), one PNG per x axis: the eval metric against steps, against the
+gradient bytes sent (between nodes), and against the modelled seconds on each --link;
+one curve per variant (the mean over seeds at each eval step, a band from the least to
+the most seed), as small multiples (`panels`): one panel per value of --panels=KEY, or,
+when one panel would hold more than MAX_CURVES curves, per value of the last --vary axis
+(two or more axes) or per run of at most MAX_CURVES variants (one axis).
 """
 
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 from mgloop.observe import stats
 from mgloop.observe.plots import plot
 from mgloop.runs.sweep import record as record_lib
-from mgloop.runs.sweep.plan import variant_folder
+from mgloop.runs.sweep import tuning_report
+from mgloop.runs.sweep.plan import TUNING
 
 LOWER_IS_BETTER = ("loss", "perplexity")
+MAX_CURVES = 6  # curves a panel holds before the plots split into panels
 
 
 def load(output_dir: str) -> list[dict]:
+    """The final cells' records (the tuning cells' are tuning_report.load's)."""
+    tuning = os.path.join(output_dir, "results", TUNING) + os.sep
     return [record_lib.read(path) for path in
             sorted(glob.glob(os.path.join(output_dir, "results", "**", "*.json"),
-                             recursive=True))]
+                             recursive=True)) if not path.startswith(tuning)]
+
+
+def tuned_text(rec: dict) -> str:
+    """"learning_rate=0.01, aggregation.outer_lr=0.5": the values a cell was tuned to."""
+    return ", ".join(f"{k}={v}" for k, v in (rec.get("tuned") or {}).items())
 
 
 def by_variant(records: list[dict], order: list[str] | None = None) -> dict[str, list[dict]]:
@@ -95,7 +109,8 @@ def equal_bytes_budget(groups: dict[str, list[dict]]) -> float | None:
 def table(groups: dict[str, list[dict]], metric: str, links: list[str]) -> str:
     short = metric.removeprefix("eval/")
     budget = equal_bytes_budget(groups)
-    head = ["variant", "seeds", f"final {short}",
+    tuned = any(r.get("tuned") for recs in groups.values() for r in recs)
+    head = ["variant", "seeds"] + ["tuned to"] * tuned + [f"final {short}",
             f"{short} at {budget / 1e6:.3g} MB" if budget else "at equal bytes",
             "reached", "steps to target",
             "MB to target"] + [f"s to target @{tag}" for tag in links] + [
@@ -114,7 +129,8 @@ def table(groups: dict[str, list[dict]], metric: str, links: list[str]) -> str:
         if diverged:
             final = (f"diverged ({diverged}/{len(recs)})" if diverged == len(recs)
                      else f"{final} ({diverged} diverged)")
-        cells = [f"`{name}`", str(len(recs)), final,
+        chosen = sorted({tuned_text(r) for r in recs})
+        cells = [f"`{name}`", str(len(recs))] + [" / ".join(chosen) or "—"] * tuned + [final,
                  stats.text([at_bytes(r, metric, budget) for r in recs]) if budget else "—",
                  f"{len(reached)}/{len(recs)}" if target_set else "—",
                  stats.text([t["step"] for t in reached]),
@@ -170,21 +186,43 @@ def compute_sources(groups: dict[str, list[dict]]) -> str:
         f"- {source}: {', '.join(names)}" for source, names in sources.items())
 
 
-def split_by_last_axis(groups: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
-    """{"": groups} with one axis; else {value of the last axis: its variants' groups}."""
-    axes = next((r.get("axes") for recs in groups.values() for r in recs), None)
-    if not axes or len(axes) < 2:
-        return {"": groups}
+def axis_keys(groups: dict[str, list[dict]]) -> list[str]:
+    axes = next((r.get("axes") for recs in groups.values() for r in recs), None) or []
+    return [key for key, _ in axes]
+
+
+def panels(groups: dict[str, list[dict]], key: str | None = None
+           ) -> dict[str, dict[str, list[dict]]]:
+    """{panel title: {curve label: records}}: one panel per value of the --vary axis `key`
+    (labels: the other axes' values); without `key`, one panel if it holds at most
+    MAX_CURVES curves, else one per value of the last axis (two or more axes) or runs of
+    at most MAX_CURVES variants in grid order (one axis). A label ends with the values the
+    variant was tuned to."""
+    keys = axis_keys(groups)
+    if key is not None and key not in keys:
+        raise ValueError(f"--panels={key}: not a --vary axis; one of: {', '.join(keys)}")
+    if key is None and len(groups) > MAX_CURVES and len(keys) >= 2:
+        key = keys[-1]
     out: dict[str, dict[str, list[dict]]] = {}
-    for name, recs in groups.items():
-        pairs = recs[0]["axes"]
-        label = ", ".join(f"{k}={v}" for k, v in pairs[:-1])
-        out.setdefault(f"{pairs[-1][0]}={pairs[-1][1]}", {})[label] = recs
+    for index, (name, recs) in enumerate(groups.items()):
+        pairs = recs[0].get("axes") or []
+        tuned = sorted({tuned_text(r) for r in recs} - {""})
+        suffix = f" [{' / '.join(tuned)}]" if tuned else ""
+        if key is not None:
+            value = next(v for k, v in pairs if k == key)
+            label = ", ".join(f"{k}={v}" for k, v in pairs if k != key) or name
+            out.setdefault(f"{key}={value}", {})[label + suffix] = recs
+            continue
+        label = pairs[0][1] if len(pairs) == 1 else name
+        count = math.ceil(len(groups) / MAX_CURVES)
+        size = math.ceil(len(groups) / count)
+        part = f"{index // size + 1} of {count}" if count > 1 else ""
+        out.setdefault(part, {})[label + suffix] = recs
     return out
 
 
 def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
-          command: str | None = None) -> str:
+          command: str | None = None, panel_key: str | None = None) -> str:
     """Writes report.md and the plots from the records found; returns report.md's path."""
     records = load(output_dir)
     groups = by_variant(records, order)
@@ -196,21 +234,18 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
              if not r.get("diverged")}
     compute_note = f" {kinds.pop()}" if len(kinds) == 1 else ""
     plots = os.path.join(output_dir, "plots")
-    made = []
-    for part, members in split_by_last_axis(groups).items():
-        suffix = f"_{variant_folder(part)}" if part else ""
-        heading = f"{title}: {part}" if part else title
-        made.append(plot(members, metric, lambda p: p["step"], "steps",
-                         os.path.join(plots, f"metric_vs_steps{suffix}.png"), heading))
-        made.append(plot(members, metric, lambda p: p["gradient_bytes"],
-                         f"gradient bytes sent, busiest device ({where})",
-                         os.path.join(plots, f"metric_vs_bytes{suffix}.png"), heading,
-                         log_x=True))
-        for tag in links:
-            made.append(plot(members, metric, lambda p, tag=tag: p["seconds"].get(tag),
-                             f"modelled seconds at {tag} (compute{compute_note} + exchange)",
-                             os.path.join(plots, f"metric_vs_seconds_{tag}{suffix}.png"),
-                             heading))
+    split = panels(groups, panel_key)
+    keys = axis_keys(groups)
+    heading = f"{title}; curves by {keys[0]}" if len(keys) == 1 else title
+    made = [plot(split, metric, lambda p: p["step"], "steps",
+                 os.path.join(plots, "metric_vs_steps.png"), heading),
+            plot(split, metric, lambda p: p["gradient_bytes"],
+                 f"gradient bytes sent, busiest device ({where})",
+                 os.path.join(plots, "metric_vs_bytes.png"), heading, log_x=True)]
+    for tag in links:
+        made.append(plot(split, metric, lambda p, tag=tag: p["seconds"].get(tag),
+                         f"modelled seconds at {tag} (compute{compute_note} + exchange)",
+                         os.path.join(plots, f"metric_vs_seconds_{tag}.png"), heading))
     lines = [f"# {title}", ""]
     if command:
         lines += ["```", command, "```", ""]
@@ -222,6 +257,7 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
     crossed = pivot(groups, metric)
     if crossed:
         lines += [crossed, ""]
+    lines += tuning_report.section(output_dir, order or [])
     lines += [f"![{os.path.basename(p)}](plots/{os.path.basename(p)})" for p in made]
     path = os.path.join(output_dir, "report.md")
     with open(path, "w") as handle:

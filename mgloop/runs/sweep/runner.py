@@ -7,6 +7,9 @@ A re-run of the same sweep skips every cell whose record exists (saying nothing 
 cell) and resumes a cell that was stopped from its checkpoint: its evals before the stop
 are kept in its logdir (kept_evals.py), so its record equals that of a cell never
 stopped. A cell with no checkpoint yet starts again from step 0 in a fresh logdir.
+With --tune (tune.py) every variant's tuning cells run first, then the final cells at
+each variant's chosen point, chosen from the tuning records: a re-run skips the finished
+tuning cells and chooses the same.
 
 Stopping. SIGINT or SIGTERM stops the cell running at its next loop boundary, with a
 checkpoint of that step (preemption.py, as `mgloop.train`), and no further cell starts;
@@ -96,7 +99,7 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
     _prepare_logdir(logdir)
     config = plan.config(cell)
     callbacks = [kept_evals.Keeper(logdir)]
-    if plan.stop_at_target and plan.target:
+    if plan.stop_at_target and plan.target and not cell.tuning:  # tuning: the whole budget
         callbacks.append(_stop_at(plan.target))
     logging.info("sweep: cell %s (%d steps, eval every %d)", cell.name, config.train_steps,
                  config.eval_every)
@@ -112,11 +115,22 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
         whole = _Resumed(result.summary, kept_evals.history(logdir), result.trainer)
         record = record_lib.record_of(cell, whole, plan.target)
         del result, whole
+    _add_tuning(plan, cell, record)
     path = plan.result_path(cell)
     record_lib.write(path, record)
     keras.backend.clear_session()
     gc.collect()
     return path
+
+
+def _add_tuning(plan: plan_lib.Plan, cell, record: dict) -> None:
+    """A tuning cell's record: its point's place in the variant's grid; a final cell's:
+    its variant's tuning (tune.summary_for: what was tried, the scores, the choice)."""
+    from mgloop.runs.sweep import tune
+    if cell.tuning:
+        record["tune_index"] = plan.tune_points(cell.variant).index(cell.point)
+    elif plan.tune:
+        record["tuning"] = tune.summary_for(plan, cell.variant)
 
 
 def _stop_at(target):
@@ -179,40 +193,68 @@ def stopped_message(plan: plan_lib.Plan, cells, signum: int, at_once: bool) -> s
             + "; run the same command to resume")
 
 
-def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
-        last_words: Callable[[str], None] | None = None) -> list[str]:
-    """Validates every cell (a stopped one also against the settings of its checkpoints:
-    run_dir.check_resumable), then runs the pending ones; returns every cell's record path.
-    Raises Stopped if a signal stopped the sweep (module docstring). With the cells in this
-    process, a second signal ends it at once: `last_words(line)` says where first (default:
-    the line is logged as a warning)."""
-    from mgloop.runs import preemption
-    from mgloop.runs.sweep import processes as processes_lib
+def _check_resumable(plan: plan_lib.Plan, cells, configs) -> None:
+    """A stopped cell resumes only with the settings of its checkpoints (run_dir)."""
     from mgloop.errors import ConfigError
     from mgloop.runs import run_dir
-    cells = plan.cells()
-    configs = [plan.config(cell) for cell in cells]  # every cell checked before any runs
     todo = pending(plan, cells)
     for cell, config in zip(cells, configs):
-        if cell in todo:  # a stopped cell resumes only with the settings of its checkpoints
+        if cell in todo:
             try:
                 run_dir.check_resumable(config.validated(on_disk=False))
             except ConfigError as error:
                 raise ConfigError(f"cell {cell.name}: {error} (or remove that folder to run "
                                   "the cell from step 0)") from None
-    logging.info("sweep: %d cells, %d done before, %d to run on %d process(es)",
-                 len(cells), len(cells) - len(todo), len(todo), processes)
+
+
+def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
+        last_words: Callable[[str], None] | None = None) -> list[str]:
+    """Validates every cell (a stopped one also against the settings of its checkpoints:
+    run_dir.check_resumable), then runs the pending ones; returns every final cell's record
+    path. With --tune, in two phases: every variant's tuning cells, then the final cells
+    at each variant's chosen point (tune.py; the final cells' settings are checked again
+    once chosen). Raises Stopped if a signal stopped the sweep (module docstring). With the
+    cells in this process, a second signal ends it at once: `last_words(line)` says where
+    first (default: the line is logged as a warning)."""
+    from mgloop.runs import preemption
+    from mgloop.runs.sweep import processes as processes_lib
+    from mgloop.runs.sweep import tune
+    tuning = plan.tuning_cells()
+    variants = plan.variants()
+    firsts = {v.name: plan.tune_points(v)[0] for v in variants}
+    finals = plan.cells(firsts)  # each variant at its first point: checked with the rest
+    everything = tuning + finals  # what the stop message counts
+    configs = [plan.config(cell) for cell in everything]  # every cell checked before any runs
+    _check_resumable(plan, tuning, configs[:len(tuning)])
+    todo = pending(plan, everything)
+    logging.info("sweep: %d cells (%d tuning), %d done before, %d to run on %d process(es)",
+                 len(everything), len(tuning), len(everything) - len(todo), len(todo),
+                 processes)
     towers = plan_lib.towers_needed(configs)
+
+    def final_cells():
+        chosen = {v.name: tune.chosen_point(plan, v) for v in variants}
+        cells = plan.cells(chosen)
+        _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
+        return cells
+
+    signum, at_once = None, False
     if processes <= 1 and not cells_per_process:
         say = last_words or (lambda line: logging.warning("%s", line))
         with preemption.StopOnSignal(announce=False, last_words=lambda signum: say(
-                stopped_message(plan, cells, signum, at_once=True))) as stop:
-            run_chunk(plan, todo, towers, stop)
-        signum, at_once = stop.signum, False
-    elif todo:
-        signum, at_once = processes_lib.run(plan, todo, towers, processes, cells_per_process)
+                stopped_message(plan, everything, signum, at_once=True))) as stop:
+            run_chunk(plan, pending(plan, tuning), towers, stop)
+            if not stop.requested:
+                run_chunk(plan, pending(plan, final_cells()), towers, stop)
+        signum = stop.signum
     else:
-        signum = None
+        for phase in (lambda: tuning, final_cells):
+            todo = pending(plan, phase())
+            if todo:
+                signum, at_once = processes_lib.run(plan, todo, towers, processes,
+                                                    cells_per_process)
+            if signum is not None:
+                break
     if signum is not None:
-        raise Stopped(stopped_message(plan, cells, signum, at_once), signum)
-    return [plan.result_path(cell) for cell in cells]
+        raise Stopped(stopped_message(plan, everything, signum, at_once), signum)
+    return [plan.result_path(cell) for cell in finals]

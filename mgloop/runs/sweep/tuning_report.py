@@ -1,0 +1,76 @@
+"""The report's "Tuning" section, from the tuning cells' records (results/tuning/...).
+
+Per variant, one row per point of its tuning grid (in grid order: the records'
+`tune_index`): the values tried ("—" for a key the variant does not tune), each tuning
+seed's final metric, the point's score (their mean, tune.summarise) and which point was
+chosen: the same function and records the runner chose with, so the section says what
+the final seeds ran at.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from mgloop.observe import stats
+from mgloop.runs.sweep import record as record_lib
+from mgloop.runs.sweep import tune
+from mgloop.runs.sweep.plan import TUNING
+
+
+def load(output_dir: str) -> list[dict]:
+    return [record_lib.read(path) for path in
+            sorted(glob.glob(os.path.join(output_dir, "results", TUNING, "**", "*.json"),
+                             recursive=True))]
+
+
+def summaries(records: list[dict], order: list[str]) -> dict[str, dict]:
+    """{variant: tune.summarise of its tuning records}, variants in `order` then by name."""
+    seeds = sorted({r["seed"] for r in records})
+    target = next((r["target"] for r in records if r.get("target")), None)
+    points: dict[str, dict[int, tuple]] = {}
+    for rec in records:
+        mine = points.setdefault(rec["variant"], {})
+        index = rec.get("tune_index", 0)
+        mine.setdefault(index, (tuple(rec["tuned"].items()), []))[1].append(rec)
+    rank = {name: i for i, name in enumerate(order)}
+    out = {}
+    for name in sorted(points, key=lambda n: (rank.get(n, len(rank)), n)):
+        tried = [points[name][i] for i in sorted(points[name])]
+        out[name] = tune.summarise([(p, sorted(rs, key=lambda r: r["seed"]))
+                                    for p, rs in tried], target, seeds)
+    return out
+
+
+def section(output_dir: str, order: list[str]) -> list[str]:
+    """The section's Markdown lines ([] without tuning records)."""
+    records = load(output_dir)
+    if not records:
+        return []
+    found = summaries(records, order)
+    keys = list(dict.fromkeys(k for s in found.values() for row in s["tried"]
+                              for k in row["values"]))
+    first = next(iter(found.values()))
+    metric = first["metric"].removeprefix("eval/")
+    best = "lowest" if first["lower_is_better"] else "highest"
+    lines = ["## Tuning", "",
+             f"Each variant's tuning grid ran first ({len(records)} tuning cells) on the "
+             f"tuning seeds {first['seeds']} (the final seeds are others); a point's score "
+             f"is the final eval {metric} averaged over them, {best} chosen (ties to the first; a point with a diverged seed is not "
+             "chosen); each variant's final seeds ran at its chosen values.", "",
+             "| variant | " + " | ".join(f"`{k}`" for k in keys)
+             + f" | {metric} per tuning seed | score | |",
+             "|" + "---|" * (len(keys) + 4)]
+    for name, summary in found.items():
+        for row in summary["tried"]:
+            values = [row["values"].get(k, "—") for k in keys]
+            per_seed = ", ".join("—" if v is None else f"{v:.4g}" for v in row["scores"])
+            score = "—" if row["score"] is None else stats.text([row["score"]])
+            mark = "**chosen**" if row["values"] == summary["chosen"] else ""
+            lines.append(f"| `{name}` | " + " | ".join(values)
+                         + f" | {per_seed or '—'} | {score} | {mark} |")
+    untuned = [name for name, s in found.items() if set(s["chosen"]) != set(keys)]
+    if untuned:
+        lines += ["", "A key marked — is not an option of that variant's method: it is not "
+                  "tuned there."]
+    return lines + [""]

@@ -1,0 +1,242 @@
+"""Tuning in a sweep (mgloop/runs/sweep/tune.py, `--tune`, `--tune_seeds`): the axes and
+their refusals, the score and the choice, a real tuning sweep of a tiny language model to
+a perplexity target (resumed), and the plots' small multiples."""
+
+import dataclasses
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mgloop.runs.sweep import grid
+from mgloop.runs.sweep import plan as plan_lib
+from mgloop.runs.sweep import record
+from mgloop.runs.sweep import report
+from mgloop.runs.sweep import runner
+from mgloop.runs.sweep import tune
+from mgloop.runs.sweep import tuning_report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _variant(spec, **settings):
+    return grid.Variant(f"aggregation={spec}", {"aggregation": spec},
+                        {"aggregation": spec, **settings}, (("aggregation", spec),))
+
+
+def test_tune_axes_points_and_settings_and_their_refusals():
+    kinds = grid.field_types()
+    axes = tune.parse(["learning_rate=0.01,0.1", "aggregation.outer_lr=0.5;0.7"], kinds)
+    assert [(a.key, a.values, a.option) for a in axes] == [
+        ("learning_rate", ("0.01", "0.1"), None), ("aggregation.outer_lr", ("0.5", "0.7"),
+                                                    "outer_lr")]
+    ring, diloco = _variant("ring"), _variant("diloco:period=2")
+    assert tune.points(axes, ring) == [(("learning_rate", "0.01"),), (("learning_rate", "0.1"),)]
+    assert tune.points(axes, diloco) == [
+        (("learning_rate", lr), ("aggregation.outer_lr", o))
+        for lr in ("0.01", "0.1") for o in ("0.5", "0.7")]  # the last axis fastest
+    assert tune.points(axes[1:], ring) == [()]  # nothing to tune
+    assert tune.settings_of(diloco, tune.points(axes, diloco)[1], kinds) == {
+        "aggregation": "diloco:period=2,outer_lr=0.7", "learning_rate": 0.01}
+    assert tune.settings_of(_variant("diloco"), (("aggregation.outer_lr", "0.5"),),
+                            kinds)["aggregation"] == "diloco:outer_lr=0.5"
+    assert tune.tuning_seeds(2) == (1000, 1001)
+    for items, says in (
+            (["learning_rate=fast"], "--tune learning_rate: 'fast' is not a float"),
+            (["speed=1,2"], "--tune speed: neither a Config field nor aggregation.OPTION"),
+            (["learning_rate="], "--tune 'learning_rate=': give KEY=V1,V2"),
+            (["learning_rate=0.1,0.1"], "--tune learning_rate: '0.1,0.1': give distinct"),
+            (["momentum=0.9", "momentum=0.5"], "--tune momentum: given twice"),
+            (["seed=1,2"], "--tune seed: the sweep sets it")):
+        with pytest.raises(grid.SpecError, match="^" + re.escape(says)):
+            tune.parse(items, kinds)
+    with pytest.raises(grid.SpecError, match="sets outer_lr in its spec"):
+        tune.points(axes, _variant("diloco:outer_lr=0.5"))
+    with pytest.raises(grid.SpecError, match="learning_rate: also given by --vary or --set"):
+        tune.points(axes, _variant("ring", learning_rate=0.1))
+    with pytest.raises(grid.SpecError, match=r"aggregation.outer_lr: no variant's method has "
+                                             r"the option 'outer_lr' \(methods: ring\)"):
+        tune.check(axes, [ring])
+
+
+def _rec(loss, accuracy=0.5, seed=1000, diverged=False):
+    rec = {"seed": seed, "curve": [{"step": 4, "eval/loss": loss, "eval/accuracy": accuracy}]}
+    return {**rec, "diverged": "nan"} if diverged else rec
+
+
+def test_the_score_is_the_mean_final_metric_and_the_best_point_is_chosen():
+    """Lowest mean eval loss by default, the target's metric and direction if given; ties to
+    the first; a point with a diverged or missing seed has no score and is not chosen."""
+    a, b, c = ((("learning_rate", v),) for v in ("0.01", "0.1", "1.0"))
+    seeds = (1000, 1001)
+    summary = tune.summarise([(a, [_rec(2.0), _rec(1.0, seed=1001)]),
+                              (b, [_rec(1.4), _rec(1.6, seed=1001)]),
+                              (c, [_rec(0.1), _rec(0.1, seed=1001, diverged=True)])],
+                             None, seeds)
+    assert [row["score"] for row in summary["tried"]] == [1.5, 1.5, None]
+    assert summary["chosen"] == {"learning_rate": "0.01"}  # the tie: the first
+    assert summary["metric"] == "eval/loss" and summary["lower_is_better"]
+    higher = tune.summarise([(a, [_rec(1.0, 0.6), _rec(1.0, 0.7, seed=1001)]),
+                             (b, [_rec(1.0, 0.8), _rec(1.0, 0.6, seed=1001)]),
+                             (c, [_rec(1.0, 0.9)])],  # a seed missing: no score
+                            "accuracy>=0.95", seeds)
+    assert [row["score"] for row in higher["tried"]] == [(0.6 + 0.7) / 2, (0.8 + 0.6) / 2, None]
+    assert higher["chosen"] == {"learning_rate": "0.1"}
+    nothing = tune.summarise([(a, [_rec(1.0, diverged=True)]), (b, [])], None, (1000,))
+    assert nothing["chosen"] == {"learning_rate": "0.01"}
+
+
+TEXT = "the quick brown fox jumps over the lazy dog; " * 40
+
+
+def _lm_plan(tmp_path, target):
+    (tmp_path / "text").mkdir(exist_ok=True)
+    (tmp_path / "text" / "a.txt").write_text(TEXT)
+    return plan_lib.Plan(
+        vary=("optimizer=adam,sgd",),
+        set=("model=transformer_lm", "dataset=text", f"data_dir={tmp_path / 'text'}",
+             "sequence_length=8", "lm_layers=1", "lm_width=8", "lm_heads=1", "devices=cpu:1",
+             "global_batch_size=8", "train_steps=2", "checkpoint_every=0"),
+        seeds=(0,), output_dir=str(tmp_path / "sweep"), evals=1,
+        target=plan_lib.parse_target(target), tune=("learning_rate=0.001,0.01",))
+
+
+def _diloco(plan):
+    return dataclasses.replace(plan, vary=("aggregation=ring,diloco:period=2",),
+                               set=tuple(s for s in plan.set if not s.startswith("devices="))
+                               + ("devices=cpu:2",),
+                               tune=("aggregation.outer_lr=0.5,1.0",))
+
+
+def test_a_tuning_sweep_of_a_language_model_to_a_perplexity_target(tmp_path):
+    """2 optimizers x 2 learning rates on tuning seed 1000, then seed 0 at each variant's
+    best perplexity (its own tuning records): the records and report say what was tried
+    and chosen; the LM's eval metrics are eval/loss and eval/perplexity, and targets on
+    both are met or not; a re-run runs nothing, one with a tuning record lost runs just
+    that cell. (An aggregation option's tuning cell's Config is checked without a run.)"""
+    plan = _lm_plan(tmp_path, "perplexity<=1e6")
+    tuning = plan.tuning_cells()
+    assert [(c.variant.name, c.point, c.seed) for c in tuning] == [
+        (v, (("learning_rate", lr),), 1000) for v in ("optimizer=adam", "optimizer=sgd")
+        for lr in ("0.001", "0.01")]
+    option = _diloco(plan)
+    assert [c.variant.name for c in option.tuning_cells()] == [
+        "aggregation=diloco:period=2"] * 2  # ring has no outer_lr: it tunes nothing
+    config = option.config(option.tuning_cells()[1])
+    assert (config.aggregation, config.seed) == ("diloco:period=2,outer_lr=1.0", 1000)
+    with pytest.raises(grid.SpecError, match="final seeds reach the tuning seeds"):
+        dataclasses.replace(plan, seeds=tuple(range(1001))).cells()
+
+    paths = runner.run(plan)
+    tuned = [(c, record.read(plan.result_path(c))) for c in tuning]
+    finals = [record.read(p) for p in paths]
+    assert len(report.load(plan.output_dir)) == 2  # tuning records kept apart
+    for cell, rec in tuned:
+        assert rec["phase"] == "tuning" and rec["seed"] == 1000
+        assert rec["tuned"] == {"learning_rate": cell.point[0][1]}
+        last = rec["curve"][-1]
+        assert last["step"] == 2 and last["eval/perplexity"] > 1 and "eval/loss" in last
+    for final in finals:
+        mine = [(c, r) for c, r in tuned if c.variant.name == final["variant"]]
+        scores = [r["curve"][-1]["eval/perplexity"] for _, r in mine]
+        best = mine[int(np.argmin(scores))][0].point  # argmin: ties to the first
+        assert final["phase"] == "final" and final["seed"] == 0
+        assert final["tuned"] == dict(best)
+        assert [row["score"] for row in final["tuning"]["tried"]] == scores
+        assert final["tuning"]["chosen"] == dict(best)
+        cell = next(c for c in plan.cells() if c.variant.name == final["variant"])
+        summary = record.read(os.path.join(plan.logdir(cell), "summary.json"))
+        assert summary["config"]["learning_rate"] == float(best[0][1])
+        assert summary["config"]["seed"] == 0
+
+        curve = final["curve"]  # the LM's metrics, and targets on them met or not
+        assert final["time_to_target"]["step"] == 2
+        for name in ("perplexity", "loss"):
+            value = curve[-1][f"eval/{name}"]
+            met = plan_lib.parse_target(f"{name}<={value!r}")
+            missed = plan_lib.parse_target(f"{name}<={float(np.nextafter(value, 0))!r}")
+            assert (met.metric, met.comparison) == (name, "<=")
+            assert record.time_to_target(curve, met)["step"] == 2
+            assert record.time_to_target(curve, missed) is None
+
+    text = open(report.write(plan.output_dir, ["optimizer=adam", "optimizer=sgd"], "t")).read()
+    assert "## Tuning" in text and text.count("**chosen**") == 2
+    rows = [line for line in text.splitlines() if line.startswith("| `optimizer=")]
+    assert len(rows) == 2 + 4  # the table's rows, then one per point tried
+    for row, final in zip(rows, finals):
+        assert f"| learning_rate={final['tuned']['learning_rate']} |" in row
+    assert tuning_report.summaries(tuning_report.load(plan.output_dir), [])[
+        finals[0]["variant"]]["chosen"] == finals[0]["tuned"]
+
+    stamps = {p: os.stat(p).st_mtime_ns for p in paths + [plan.result_path(c) for c in tuning]}
+    runner.run(plan)  # nothing left to run
+    assert {p: os.stat(p).st_mtime_ns for p in stamps} == stamps
+    lost = plan.result_path(tuning[1])
+    os.remove(lost)
+    assert runner.pending(plan, plan.tuning_cells()) == [tuning[1]]
+    runner.run(plan)  # that tuning cell from its checkpoint at its last step; no other
+    again = record.read(lost)
+    assert again["curve"] == tuned[1][1]["curve"]
+    assert {p: os.stat(p).st_mtime_ns for p in stamps if p != lost} == {
+        p: s for p, s in stamps.items() if p != lost}
+
+    command = [sys.executable, "-m", "mgloop.sweep", f"--output_dir={plan.output_dir}",
+               "--seeds=1", "--evals=1", "--target=perplexity<=1e6", "--tune_seeds=1",
+               *[f"--vary={v}" for v in plan.vary], *[f"--set={v}" for v in plan.set],
+               *[f"--tune={v}" for v in plan.tune], "--report_only"]
+    done = subprocess.run(command + ["--panels=optimizer"], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = open(os.path.join(plan.output_dir, "report.md")).read()
+    assert "--tune=learning_rate=0.001,0.01" in text and text.count("**chosen**") == 2
+    bad = subprocess.run(command + ["--panels=seed"], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "mgloop.sweep: error: --panels=seed: not a --vary axis; one of: optimizer")
+
+
+def _records(names_axes, steps=(2, 4)):
+    out = {}
+    for index, (name, axes) in enumerate(names_axes):
+        out[name] = [{"variant": name, "seed": seed, "axes": axes, "tuned": {},
+                      "curve": [{"step": s, "eval/loss": 1.0 + index - s / 4 + 0.1 * seed,
+                                 "gradient_bytes": 100 * s, "seconds": {}} for s in steps]}
+                     for seed in (0, 1, 2)]
+    return out
+
+
+def test_plots_split_into_panels(tmp_path, monkeypatch):
+    """The saved figures' Axes: one panel for at most 6 curves; runs of at most 6 for 8
+    variants of one axis; one per value of the last axis (2 x 4 variants) or of --panels;
+    a band from the least to the most seed."""
+    from matplotlib.figure import Figure
+    from mgloop.observe import plots
+    saved = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (saved.append(
+        [ax.get_title() for ax in self.axes]), real(self, *a, **k))[1])
+    one = _records([(f"lr={v}", [["lr", str(v)]]) for v in range(8)])
+    crossed = _records([(f"a={a},b={b}", [["a", a], ["b", b]])
+                        for a in "xyzw" for b in "pq"])
+    cases = [(dict(list(one.items())[:6]), None, 1, [""]),
+             (one, None, 2, ["1 of 2", "2 of 2"]),
+             (crossed, None, 2, ["b=p", "b=q"]),
+             (crossed, "a", 4, ["a=x", "a=y", "a=z", "a=w"])]
+    for groups, key, count, titles in cases:
+        split = report.panels(groups, key)
+        assert len(split) == count and all(len(c) <= 6 for c in split.values())
+        saved.clear()
+        plots.plot(split, "eval/loss", lambda p: p["step"], "steps",
+                   str(tmp_path / "p.png"), "t")
+        assert saved == [titles]  # one Axes per panel, none empty
+    assert list(report.panels(crossed, "a")["a=x"]) == ["b=p", "b=q"]
+    with pytest.raises(ValueError, match="--panels=c: not a --vary axis; one of: a, b"):
+        report.panels(crossed, "c")
+    xs, means, lows, highs = plots.series(one["lr=1"], "eval/loss", lambda p: p["step"])
+    assert xs == [2, 4] and lows == [1.5, 1.0] and highs == [1.7, 1.2]
+    assert means == pytest.approx([1.6, 1.1], rel=1e-15)
+    assert not math.isnan(sum(means))
