@@ -16,10 +16,9 @@ import tensorflow as tf
 from mgloop import aggregation, data, models
 from mgloop.aggregation import bitpacking
 from mgloop.aggregation.chunked_topk import Geometry, kept, largest_divisor
-from mgloop.cluster import devices
 from mgloop.errors import ConfigError
-from mgloop.spec.variables import VariableCopy
 from tests import helpers
+from tests.copies_by_hand import inner_steps_by_hand, method_on_copies
 
 F32 = np.float32
 U = 2.0 ** -24  # float32's unit roundoff
@@ -148,21 +147,6 @@ HAND_BYTES = {0: (6 + 4 * 12) + (1 + 4 * 2) + (3 + 4 * 6) + (1 + 4 * 5),
               3: (6 + 5 + 36) + (1 + 1 + 36) + (3 + 3 + 36) + (1 + 2 + 36)}
 
 
-def made(spec, towers, init):
-    """The method on cpu:`towers` with copies holding `init`, its state built."""
-    device_set = devices.setup(devices.parse(f"cpu:{towers}"))
-    method = aggregation.make(spec, device_set)
-    copies = []
-    for device in device_set.towers:
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in init], []))
-    method.step_counter = tf.Variable(0, dtype=tf.int64)
-    method.build(copies[0].trainable)
-    with method.step():
-        after_update = tf.function(lambda: method.after_update(copies)).get_concrete_function()
-    return method, copies, after_update
-
-
 @pytest.mark.parametrize("towers, bits, average", [
     (2, 2, "all"), (4, 2, "contributors"), (2, 0, "all"), (3, 3, "all")])
 def test_equals_numpy_model(towers, bits, average):
@@ -175,16 +159,12 @@ def test_equals_numpy_model(towers, bits, average):
             f"value_bits={bits},average={average}")
     rng = np.random.default_rng(5)
     init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
-    method, copies, after_update = made(spec, towers, init)
+    method, copies, after_update = method_on_copies(spec, towers, init)
     assert method.payload_bytes() == HAND_BYTES[bits]
     assert sum(method.traffic.sent.values()) == towers * (towers - 1) * HAND_BYTES[bits]
     model = NumpySparseLoCo(init, towers, 4, 0.25, bits, 0.9, 0.8, average)
     for s in range(10):
-        for c, copy in enumerate(copies):  # the inner steps, by hand
-            for i, variable in enumerate(copy.trainable):
-                model.v[c][i] = model.v[c][i] + F32(0.1) * rng.standard_normal(
-                    SHAPES[i]).astype(F32)
-                variable.assign(model.v[c][i])
+        inner_steps_by_hand(model.v, copies, rng, SHAPES)
         method.step_counter.assign(s)
         after_update()
         if (s + 1) % 3 == 0:
@@ -208,7 +188,7 @@ LOSSLESS = "period=1,density=1,value_bits=0,decay=0"
 
 def one_sync(spec, towers, init, moved):
     """x and every copy after one sync at step 0 from copies holding `moved`."""
-    method, copies, after_update = made(spec, towers, init)
+    method, copies, after_update = method_on_copies(spec, towers, init)
     for copy, values in zip(copies, moved):
         for variable, value in zip(copy.trainable, values):
             variable.assign(value)
@@ -264,8 +244,8 @@ def test_a_sync_at_two_percent_and_two_bits_against_diloco(towers):
     2 (T-1)/T x 65536 B per node, the gather (T - 1) x 594 B: the ratio is
     (2/T) x 65536 / 594 = (2/T) x 110.33 (110.33 = 32 / (82/4096 x 14 + 160/16384))."""
     init = [np.random.default_rng(0).standard_normal((128, 128)).astype(F32)]
-    sparse, _, _ = made("sparseloco:period=1,density=0.02,value_bits=2", towers, init)
-    dense, _, _ = made("diloco:period=1", towers, init)
+    sparse, _, _ = method_on_copies("sparseloco:period=1,density=0.02,value_bits=2", towers, init)
+    dense, _, _ = method_on_copies("diloco:period=1", towers, init)
     assert sparse.payload_bytes() == 594
     per_node = {device: sent for device, sent in sparse.traffic.sent.items()}
     assert set(per_node.values()) == {(towers - 1) * 594}

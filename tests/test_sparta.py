@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation
 from mgloop.aggregation.sparta import chosen, chosen_count
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
-from mgloop.spec.variables import VariableCopy
 from tests import helpers
+from tests.copies_by_hand import (assert_copies_equal, inner_steps_by_hand, method_on_copies,
+                                  trained_side_by_side)
 
 F32 = np.float32
 SHAPES = [(3, 4), (4,), (2, 3), (5,), (6,)]  # 12, 4, 6, 5, 6 elements
@@ -137,17 +137,10 @@ def test_equals_numpy_model(towers, spec, period):
     2, 2, 2 = 10 elements; 0.5: 6, 2, 3, 3, 3 = 17), float32, and no index; DiLoCo's ring of
     all 33 parameters on the occasion "sync"."""
     tf.random.set_seed(SEED)
-    device_set = devices.setup(devices.parse(f"cpu:{towers}"))
-    method = aggregation.make(spec, device_set)
-    assert method.seed == SEED
     rng = np.random.default_rng(5)
     init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
-    copies = []
-    for device in device_set.towers:
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in init], []))
-    method.step_counter = tf.Variable(0, dtype=tf.int64)
-    method.build(copies[0].trainable)
+    method, copies = method_on_copies(spec, towers, init, step_fn=False)
+    assert method.seed == SEED
     fraction = method.options.fraction
     want_counts = {0.25: [3, 1, 2, 2, 2], 0.5: [6, 2, 3, 3, 3]}[fraction]
     assert method.counts == want_counts
@@ -161,11 +154,7 @@ def test_equals_numpy_model(towers, spec, period):
     assert sum(sync.sent.values()) == (2 * (towers - 1) * 33 * 4 if period else 0)
     model = NumpySparta(init, towers, period)
     for s in range(7):
-        for c, copy in enumerate(copies):  # the inner steps, by hand
-            for i, variable in enumerate(copy.trainable):
-                model.v[c][i] = model.v[c][i] + F32(0.1) * rng.standard_normal(
-                    SHAPES[i]).astype(F32)
-                variable.assign(model.v[c][i])
+        inner_steps_by_hand(model.v, copies, rng, SHAPES)
         method.step_counter.assign(s)
         after_update()
         spots = [draw(SEED, s, i, int(np.prod(shape)), k)
@@ -188,20 +177,9 @@ def test_fraction_one_is_localsgd_period_one_bit_for_bit(towers, tmp_path):
     """fraction=1 chooses every element in order: the same vector through the same ring as
     `localsgd:period=1`, so after 3 steps every copy's weights and optimizer slots, and the
     bytes per step, are equal bit for bit."""
-    batches = helpers.batches(3)
-    results = []
-    for spec in ("localsgd:period=1", "sparta:fraction=1"):
-        config = helpers.small_config(str(tmp_path / spec.split(":")[0]),
-                                      devices=f"cpu:{towers}", aggregation=spec)
-        trainer = helpers.build_trainer(config)
-        start = helpers.copy_weights(trainer)[0]
-        helpers.run_batches(trainer, batches)
-        results.append((trainer, helpers.copy_weights(trainer)))
-    (local, want), (sparta, got) = results
-    assert np.abs(want[0][0] - start[0]).max() > 1e-4  # it trained
-    for a, b in zip(got, want):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
+    (local, want), (sparta, got) = trained_side_by_side(
+        tmp_path, ("localsgd:period=1", "sparta:fraction=1"), towers, 3)
+    assert_copies_equal(got, want)
     for sc, lc in zip(sparta.copies, local.copies):
         for a, b in zip(sc.optimizer.variables, lc.optimizer.variables):
             np.testing.assert_array_equal(a.numpy(), b.numpy())

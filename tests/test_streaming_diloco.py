@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation
-from mgloop.cluster import devices
 from mgloop.aggregation.streaming_diloco import offsets, partition
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model, link_report
 from mgloop.spec import variables
-from mgloop.spec.variables import VariableCopy
 from tests import helpers
+from tests.copies_by_hand import (assert_copies_equal, inner_steps_by_hand, method_on_copies,
+                                  trained_side_by_side)
 
 F32 = np.float32
 
@@ -172,16 +171,9 @@ def test_equals_numpy_model(towers, period, options):
     spec = (f"streaming_diloco:period={period},fragments=3,outer_lr=0.7,outer_momentum=0.9,"
             f"nesterov={nesterov},outer_bits={bits},outer_format={fmt},tau={tau},"
             f"alpha={alpha},eager={eager}")
-    device_set = devices.setup(devices.parse(f"cpu:{towers}"))
-    method = aggregation.make(spec, device_set)
     rng = np.random.default_rng(5)
     init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
-    copies = []
-    for device in device_set.towers:
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in init], []))
-    method.step_counter = tf.Variable(0, dtype=tf.int64)
-    method.build(copies[0].trainable)
+    method, copies = method_on_copies(spec, towers, init, step_fn=False)
     assert method.fragments == FRAGMENTS
     schedule = [period // 3, 2 * period // 3, period]
     assert method.offsets == schedule
@@ -197,11 +189,7 @@ def test_equals_numpy_model(towers, period, options):
         fragment_bytes(towers, fragment, fmt, bits) for fragment in FRAGMENTS)
     synced = 0
     for s in range(13):
-        for c, copy in enumerate(copies):  # the inner steps, by hand
-            for i, variable in enumerate(copy.trainable):
-                model.v[c][i] = model.v[c][i] + F32(0.1) * rng.standard_normal(
-                    SHAPES[i]).astype(F32)
-                variable.assign(model.v[c][i])
+        inner_steps_by_hand(model.v, copies, rng, SHAPES)
         method.step_counter.assign(s)
         after_update()
         before = [w.copy() for w in model.x[0]]
@@ -228,17 +216,11 @@ def test_quantised_mean_is_within_half_a_step_of_the_exact_mean():
     """outer_bits=4 on 3 copies, one sync: the averaged outer gradient lies within
     s/2 = A/(2L) (L = 7) of the exact mean of the copies' deltas, up to float32's
     roundings (a few u of A), and is not the exact mean (the codes are coarse)."""
-    device_set = devices.setup(devices.parse("cpu:3"))
-    method = aggregation.make("streaming_diloco:period=1,fragments=1,outer_bits=4", device_set)
     rng = np.random.default_rng(1)
     init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
     moved = [[w + rng.standard_normal(w.shape).astype(F32) for w in init] for _ in range(3)]
-    copies = []
-    for device, values in zip(device_set.towers, moved):
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in values], []))
-    method.step_counter = tf.Variable(0, dtype=tf.int64)
-    method.build([tf.Variable(w) for w in init])
+    method, copies = method_on_copies("streaming_diloco:period=1,fragments=1,outer_bits=4", 3,
+                                      init, moved, step_fn=False)
     got = [d.numpy() for d in method.outer_gradients(copies, [0, 1, 2, 3, 4])[0]]
     exact = [np.mean([init[i].astype(np.float64) - m[i] for m in moved], axis=0)
              for i in range(len(SHAPES))]
@@ -253,20 +235,10 @@ def test_one_fragment_unquantised_is_diloco_bit_for_bit(towers, tmp_path):
     """fragments=1, outer_bits=0 does `diloco`'s ops in its order (one ring of every
     variable, the same outer step): 4 steps of period 2 (2 outer steps) give every copy,
     its optimizer, x and m bit for bit."""
-    batches = helpers.batches(4)
-    results = []
-    for spec in ("diloco:period=2", "streaming_diloco:period=2,fragments=1,outer_bits=0"):
-        config = helpers.small_config(str(tmp_path / spec.split(":")[0]),
-                                      devices=f"cpu:{towers}", aggregation=spec)
-        trainer = helpers.build_trainer(config)
-        start = helpers.copy_weights(trainer)[0]
-        helpers.run_batches(trainer, batches)
-        results.append((trainer, helpers.copy_weights(trainer)))
-    (diloco, want), (streaming, got) = results
-    assert np.abs(want[0][0] - start[0]).max() > 1e-4  # it trained
-    for a, b in zip(got, want):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
+    (diloco, want), (streaming, got) = trained_side_by_side(
+        tmp_path, ("diloco:period=2", "streaming_diloco:period=2,fragments=1,outer_bits=0"),
+        towers, 4)
+    assert_copies_equal(got, want)
     assert len(streaming.aggregation.state_variables) == len(diloco.aggregation.state_variables)
     for a, b in zip(streaming.aggregation.state_variables, diloco.aggregation.state_variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -12,13 +12,11 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import aggregation
 from mgloop.aggregation import bitpacking, outer_formats
 from mgloop.aggregation.traffic import Occasion, Traffic
-from mgloop.cluster import devices
 from mgloop.observe import link_model, link_report
-from mgloop.spec.variables import VariableCopy
 from tests import helpers
+from tests.copies_by_hand import method_on_copies
 
 F32 = np.float32
 U = 2.0 ** -24  # float32 unit roundoff
@@ -48,19 +46,12 @@ def test_e3m0_mean_is_within_its_bound_of_the_exact_mean():
     """outer_format=e3m0 on 3 copies, one sync of one fragment: every element of the mean
     lies within (1/T) sum_c max(|d_c|/3, A/128) of the exact mean (outer_formats.py), up
     to float32's roundings (a few u of A), and is not the exact mean."""
-    device_set = devices.setup(devices.parse("cpu:3"))
-    method = aggregation.make("streaming_diloco:period=1,fragments=1,outer_format=e3m0",
-                              device_set)
     rng = np.random.default_rng(1)
     shapes = [(3, 4), (4,), (7,)]
     init = [rng.standard_normal(shape).astype(F32) for shape in shapes]
     moved = [[w + rng.standard_normal(w.shape).astype(F32) for w in init] for _ in range(3)]
-    copies = []
-    for device, values in zip(device_set.towers, moved):
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in values], []))
-    method.step_counter = tf.Variable(0, dtype=tf.int64)
-    method.build([tf.Variable(w) for w in init])
+    method, copies = method_on_copies(
+        "streaming_diloco:period=1,fragments=1,outer_format=e3m0", 3, init, moved, step_fn=False)
     got = method.outer_gradients(copies, [0, 1, 2])
     deltas = [[(init[i] - m[i]).astype(np.float64) for i in range(3)] for m in moved]
     peak = max(np.abs(d).max() for per_copy in deltas for d in per_copy)
