@@ -33,6 +33,7 @@ from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from mgloop.runs.config import Config
 from tests import helpers
+from tests.test_compression import exchange
 
 SHAPES = [(8, 12), (10,), (2, 3, 4), ()]
 # The model's selections and signs are kept this far (relative to S) from a tie or from
@@ -119,15 +120,6 @@ def make(spec, towers, shapes):
     return method, variables
 
 
-def exchange(method, variables, values, compiled=True):
-    placed = []
-    for device, per_tower in zip(method.devices.towers, values):
-        with tf.device(device):
-            placed.append([tf.constant(g) for g in per_tower])
-    run = tf.function(method.reduce) if compiled else method.reduce
-    return [[v.numpy() for v in copy] for copy in run(placed, variables)]
-
-
 def gradients(towers, shapes, seed):
     rng = np.random.default_rng(seed)
     return [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(towers)]
@@ -183,7 +175,7 @@ def test_demo_matches_its_numpy_model(sign, mean, seed):
     model = DemoModel(SHAPES, towers, decay, topk, chunk, sign, mean)
     for step in range(steps):
         values = gradients(towers, SHAPES, seed * 10 + step)
-        out = exchange(method, variables, values)
+        out = exchange(method, variables, values, compiled=True)
         expected = model.step(values)
         for copy in out[1:]:  # replicas bit-identical
             for a, b in zip(copy, out[0]):
@@ -213,7 +205,7 @@ def test_lossless_setting_is_the_exact_mean(towers, mean):
                              MLP_SHAPES)
     for step in range(2):  # decay=0: nothing carried into the second step
         values = gradients(towers, MLP_SHAPES, 20 + step)
-        out = exchange(method, variables, values)
+        out = exchange(method, variables, values, compiled=True)
         for i, shape in enumerate(MLP_SHAPES):
             exact = np.mean([values[t][i] for t in range(towers)], axis=0, dtype=np.float64)
             largest = max(np.linalg.norm(values[t][i]) for t in range(towers))
