@@ -53,11 +53,13 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
 # SPARTA averages the elements drawn from (--seed, step, variable) on every worker alike,
 # resumed after 2 steps (the draw from the restored step, the copies from the nodes'
-# state); 1-bit signSGD gathers its packed signs, each worker's coins for sign(0) from
-# its own tower's stream (the same global tower index as the simulated node's).
+# state), and with DiLoCo's outer step every 2 steps; 1-bit signSGD gathers its packed
+# signs, each worker's coins for sign(0) from its own tower's stream (the same global
+# tower index as the simulated node's).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
-               "demo@2", "sparta:fraction=0.05@2", "signsgd:bits=1",
+               "demo@2", "sparta:fraction=0.05@2", "sparta_diloco:fraction=0.05,period=2",
+               "signsgd:bits=1",
                "sparseloco:period=4,density=0.1@2", "sparseloco:period=2,density=0.1@2",
                "streaming_diloco:period=4,fragments=2,tau=1,outer_format=e3m0@2",
                "streaming_diloco:period=2,fragments=2,eager=true@2"]
