@@ -38,6 +38,12 @@ def test_mean_and_sample_sd_over_seeds():
     assert stats.text([1.0, 2.0, 3.0, 4.0]) == "2.5 ± 1.3"
     assert stats.text([0.9123, 0.9170, 0.9076]) == "0.9123 ± 0.0047"
     assert stats.text([40, 40]) == "40 ± 0"
+    # values equal up to float rounding (the mean of three 0.1s is not 0.1; a value one ulp
+    # apart): a spread of 0, not ~1e-17 printed to 18 decimals
+    assert math.fsum([0.1] * 3) / 3 != 0.1
+    for equal in ([0.1] * 3, [0.39743568, math.nextafter(0.39743568, 1), 0.39743568]):
+        assert stats.mean_sd(equal)[1] == 0.0 and stats.text(equal) in ("0.1 ± 0",
+                                                                         "0.3974 ± 0")
     assert stats.text([]) == "—"
     assert stats.text([2e6, 4e6], scale=1e6) == "3.0 ± 1.4"
 

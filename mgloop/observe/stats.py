@@ -14,6 +14,7 @@ where every seed gave the same value).
 from __future__ import annotations
 
 import math
+import sys
 
 
 def finite(values) -> list[float]:
@@ -29,7 +30,10 @@ def mean_sd(values) -> tuple[float | None, float | None, int]:
     mean = math.fsum(xs) / n
     if n < 2:
         return mean, None, n
-    return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)), n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
+    # values equal up to float64 rounding (a few ulps apart, or the mean's own rounding):
+    # a spread of 0, not 1e-17 printed to 18 decimals
+    return mean, (0.0 if sd <= 8 * sys.float_info.epsilon * abs(mean) else sd), n
 
 
 def decimals_for(sd: float | None, mean: float) -> int:
