@@ -44,8 +44,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # DeMo (the top 32 DCT coefficients of each chunk of up to 64 x 64, 12-bit indices) keeps
 # its momentum per node: resumed too. A method that applies momentum itself trains with
 # plain SGD (the worker's config_for).
-# SparseLoCo gathers its packed payloads: resumed mid-period (each node's copy), and
-# resumed after a sync (each node's own error feedback e, not the chief's, then read).
+# SparseLoCo gathers its packed payloads: resumed after a sync (each node's own copy and
+# error feedback e, not the chief's, then read).
 # Streaming DiLoCo with tau=1 and E3M0 codes (packed nibbles gathered, peers.py) is stopped
 # with fragment 0's outer step in flight (sent after step 1, merged after step 2), and the
 # eager one with each fragment's delayed share r in its nodes' state.
@@ -60,7 +60,7 @@ TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "m
                "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
                "demo@2", "sparta:fraction=0.05@2", "sparta_diloco:fraction=0.05,period=2",
                "signsgd:bits=1",
-               "sparseloco:period=4,density=0.1@2", "sparseloco:period=2,density=0.1@2",
+               "sparseloco:period=2,density=0.1@2",
                "streaming_diloco:period=4,fragments=2,tau=1,outer_format=e3m0@2",
                "streaming_diloco:period=2,fragments=2,eager=true@2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
