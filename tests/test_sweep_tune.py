@@ -236,6 +236,10 @@ def test_plots_split_into_panels(tmp_path, monkeypatch):
     assert list(report.panels(crossed, "a")["a=x"]) == ["b=p", "b=q"]
     with pytest.raises(ValueError, match="--panels=c: not a --vary axis; one of: a, b"):
         report.panels(crossed, "c")
+    older = dict(one)  # records written before records held their axes: labelled alike
+    older["lr=0"] = [{k: v for k, v in r.items() if k != "axes"} for r in one["lr=0"]]
+    assert list(report.panels(older)["1 of 2"]) == list(report.panels(one)["1 of 2"])
+    assert list(report.panels(older)["1 of 2"])[:2] == ["0", "1"]
     xs, means, lows, highs = plots.series(one["lr=1"], "eval/loss", lambda p: p["step"])
     assert xs == [2, 4] and lows == [1.5, 1.0] and highs == [1.7, 1.2]
     assert means == pytest.approx([1.6, 1.1], rel=1e-15)

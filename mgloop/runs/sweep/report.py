@@ -187,7 +187,7 @@ def compute_sources(groups: dict[str, list[dict]]) -> str:
 
 
 def axis_keys(groups: dict[str, list[dict]]) -> list[str]:
-    axes = next((r.get("axes") for recs in groups.values() for r in recs), None) or []
+    axes = next((r["axes"] for recs in groups.values() for r in recs if r.get("axes")), [])
     return [key for key, _ in axes]
 
 
@@ -214,6 +214,8 @@ def panels(groups: dict[str, list[dict]], key: str | None = None
             out.setdefault(f"{key}={value}", {})[label + suffix] = recs
             continue
         label = pairs[0][1] if len(pairs) == 1 else name
+        if not pairs and len(keys) == 1:  # a record written before records held their axes
+            label = name.removeprefix(f"{keys[0]}=")
         count = math.ceil(len(groups) / MAX_CURVES)
         size = math.ceil(len(groups) / count)
         part = f"{index // size + 1} of {count}" if count > 1 else ""
