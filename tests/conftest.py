@@ -25,10 +25,10 @@ def gpus(monkeypatch):
     return pretend
 
 
-# In pytest's (alphabetical) order the sweep module's two long tests (about 50 s and 20 s,
-# in one process) came last: one test process ran them alone while the other had nothing
-# left. Handed out first, they overlap the other process's work; what comes last is short.
-FIRST = ("tests/test_sweep.py", "tests/test_sweep_stop.py")  # the latter ~40 s in one test
+# In pytest's (alphabetical) order the sweep modules' long tests (20 to 60 s each) came
+# last: one test process ran them alone while the other had nothing left. Handed out
+# first, they overlap the other process's work; what comes last is short.
+FIRST = ("tests/test_sweep.py", "tests/test_sweep_stop.py", "tests/test_sweep_tune.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -194,13 +194,15 @@ def test_a_sweep_record_and_report_use_the_modelled_compute_and_say_which(tmp_pa
     assert f"Compute per step in the modelled seconds: {compute.source}." in text
 
 
-def test_a_transformer_lm_run_counts_the_flops_of_its_own_settings(logdir):
-    """--dataset=python_text --model=transformer_lm with a profile: the summary's F is the
+def test_a_transformer_lm_run_counts_the_flops_of_its_own_settings(logdir, tmp_path):
+    """--dataset=text --model=transformer_lm with a profile: the summary's F is the
     count above for the run's resolved lm_layers, lm_width, sequence_length and the byte
     vocabulary (256), and C = F b / (P E) with b the per-tower batch times the
     accumulation steps."""
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
     summary = mgloop.run(helpers.small_config(
-        logdir, dataset="python_text", model="transformer_lm", lm_layers=1, lm_width=16,
+        logdir, dataset="text", data_dir=str(tmp_path / "text"), model="transformer_lm", lm_layers=1, lm_width=16,
         lm_heads=2, sequence_length=8, global_batch_size=4, devices="cpu:2", train_steps=2,
         steps_per_loop=2, accumulation_steps=2, compute="t4:efficiency=0.3"))
     config = summary["config"]

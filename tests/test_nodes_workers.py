@@ -36,8 +36,7 @@ from tests.workers.methods_between_workers import config_for
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")
 # Error feedback, the two all-reduces of P and Q, seeded levels, outer Nesterov steps
 # every 4 steps (one sync in the 4 steps: bytes per step a quarter of a sync's), a robust
-# aggregator, and 4-bit Streaming DiLoCo, whose
-# int8 codes are summed between the workers by a gather (peers.py). The first three are
+# and a robust aggregator. The first three are
 # stopped after 2 steps and resumed (SPEC@2): each keeps state per node that the resume
 # must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q), and
 # the resumed job must still equal the uninterrupted simulated nodes bit for bit.
@@ -46,23 +45,23 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # plain SGD (the worker's config_for).
 # SparseLoCo gathers its packed payloads: resumed after a sync (each node's own copy and
 # error feedback e, not the chief's, then read).
-# Streaming DiLoCo with tau=1 and E3M0 codes (packed nibbles gathered, peers.py) is stopped
-# with fragment 0's outer step in flight (sent after step 1, merged after step 2), and the
-# eager one with each fragment's delayed share r in its nodes' state.
+# Streaming DiLoCo with tau=1 (its 4-bit integers summed by a gather) is stopped with
+# fragment 0's outer step in flight (sent after step 1, merged after step 2); the eager one,
+# its E3M0 codes gathered as packed nibbles (peers.py), with each fragment's delayed share r
+# in its nodes' state.
 # Centered clipping's centre (its state, the same on every node) is checkpointed by the
 # same per-node machinery; its resume is tested in one process (test_clipping_nnm.py).
-# SPARTA averages the elements drawn from (--seed, step, variable) on every worker alike,
-# resumed after 2 steps (the draw from the restored step, the copies from the nodes'
-# state), and with DiLoCo's outer step every 2 steps; 1-bit signSGD gathers its packed
-# signs, each worker's coins for sign(0) from its own tower's stream (the same global
-# tower index as the simulated node's).
+# SPARTA with DiLoCo's outer step every 4 steps averages the elements drawn from (--seed,
+# step, variable) on every worker alike, resumed mid-period after 2 steps (the draw from
+# the restored step, the copies and outer state from the nodes' state); SPARTA alone is
+# the same exchange without the outer step (test_sparta.py). 1-bit signSGD gathers its
+# packed signs, each worker's coins for sign(0) from its own tower's stream (the same
+# global tower index as the simulated node's).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
-               "streaming_diloco:period=2,fragments=2,outer_bits=4", "centered_clipping:tau=1",
-               "demo@2", "sparta:fraction=0.05@2", "sparta_diloco:fraction=0.05,period=2",
-               "signsgd:bits=1",
-               "sparseloco:period=2,density=0.1@2",
-               "streaming_diloco:period=4,fragments=2,tau=1,outer_format=e3m0@2",
-               "streaming_diloco:period=2,fragments=2,eager=true@2"]
+               "centered_clipping:tau=1", "demo@2", "sparta_diloco:fraction=0.05,period=4@2",
+               "signsgd:bits=1", "sparseloco:period=2,density=0.1@2",
+               "streaming_diloco:period=4,fragments=2,tau=1,outer_bits=4@2",
+               "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]

@@ -81,7 +81,7 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
             axes.legend(fontsize=6.5, loc="best")
     for row in grid:
         row[0].set_ylabel(metric.removeprefix("eval/") + " (eval)")
-    heading = textwrap.fill(title, width=int(width * 14))  # ~14 characters an inch at 10 pt
+    heading = textwrap.fill(title, width=int(width * 11))  # ~11 characters an inch at 10 pt
     fig.suptitle(f"{heading}\nmean over seeds; band: min to max over seeds", fontsize=10)
     fig.tight_layout()
     return fig
