@@ -47,9 +47,22 @@ MAX_CURVES = 6  # curves a panel holds before the plots split into panels
 def load(output_dir: str) -> list[dict]:
     """The final cells' records (the tuning cells' are tuning_report.load's)."""
     tuning = os.path.join(output_dir, "results", TUNING) + os.sep
-    return [record_lib.read(path) for path in
-            sorted(glob.glob(os.path.join(output_dir, "results", "**", "*.json"),
-                             recursive=True)) if not path.startswith(tuning)]
+    return with_axes([record_lib.read(path) for path in
+                      sorted(glob.glob(os.path.join(output_dir, "results", "**", "*.json"),
+                                       recursive=True)) if not path.startswith(tuning)])
+
+
+def with_axes(records: list[dict]) -> list[dict]:
+    """The records, those written before records held their axes given them where the
+    others vary one axis KEY: a variant "KEY=VALUE" has the axes [[KEY, VALUE]]."""
+    keys = {tuple(k for k, _ in r["axes"]) for r in records if r.get("axes")}
+    if len(keys) != 1 or len(next(iter(keys))) != 1:
+        return records
+    key = next(iter(keys))[0]
+    for rec in records:
+        if not rec.get("axes") and rec["variant"].startswith(f"{key}="):
+            rec["axes"] = [[key, rec["variant"].removeprefix(f"{key}=")]]
+    return records
 
 
 def tuned_text(rec: dict) -> str:
@@ -214,8 +227,6 @@ def panels(groups: dict[str, list[dict]], key: str | None = None
             out.setdefault(f"{key}={value}", {})[label + suffix] = recs
             continue
         label = pairs[0][1] if len(pairs) == 1 else name
-        if not pairs and len(keys) == 1:  # a record written before records held their axes
-            label = name.removeprefix(f"{keys[0]}=")
         count = math.ceil(len(groups) / MAX_CURVES)
         size = math.ceil(len(groups) / count)
         part = f"{index // size + 1} of {count}" if count > 1 else ""
