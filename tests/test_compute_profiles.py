@@ -202,8 +202,8 @@ def test_a_transformer_lm_run_counts_the_flops_of_its_own_settings(logdir, tmp_p
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
     summary = mgloop.run(helpers.small_config(
-        logdir, dataset="text", data_dir=str(tmp_path / "text"), model="transformer_lm", lm_layers=1, lm_width=16,
-        lm_heads=2, sequence_length=8, global_batch_size=4, devices="cpu:2", train_steps=2,
+        logdir, dataset="text", data_dir=str(tmp_path / "text"), model="transformer_lm",
+        lm_layers=1, lm_width=16, lm_heads=2, sequence_length=8, global_batch_size=4, devices="cpu:2", train_steps=2,
         steps_per_loop=2, accumulation_steps=2, compute="t4:efficiency=0.3"))
     config = summary["config"]
     layers, width, length = config["lm_layers"], config["lm_width"], config["sequence_length"]

@@ -35,11 +35,11 @@ from tests.workers.methods_between_workers import config_for
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")
 # Error feedback, the two all-reduces of P and Q, seeded levels, outer Nesterov steps
-# every 4 steps (one sync in the 4 steps: bytes per step a quarter of a sync's), a robust
-# and a robust aggregator. The first three are
-# stopped after 2 steps and resumed (SPEC@2): each keeps state per node that the resume
-# must read back (residuals, DiLoCo's copies and outer step mid-period, PowerSGD's Q), and
-# the resumed job must still equal the uninterrupted simulated nodes bit for bit.
+# every 4 steps (one sync in the 4 steps: bytes per step a quarter of a sync's), and a
+# robust aggregator. The first three are stopped after 2 steps and resumed (SPEC@2): each
+# keeps state per node that the resume must read back (residuals, DiLoCo's copies and
+# outer step mid-period, PowerSGD's Q), and the resumed job must still equal the
+# uninterrupted simulated nodes bit for bit.
 # DeMo (the top 32 DCT coefficients of each chunk of up to 64 x 64, 12-bit indices) keeps
 # its momentum per node: resumed too. A method that applies momentum itself trains with
 # plain SGD (the worker's config_for).
