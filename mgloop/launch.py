@@ -18,17 +18,18 @@ SIGTERM, SIGINT or SIGHUP to the launcher is forwarded to every worker (SIGHUP a
 SIGTERM), which may then save a checkpoint and exit; workers still running after
 --stop_seconds, or at a second signal, are killed with their process groups. The
 launcher then exits with 128 + the signal's number (143 for SIGTERM, 130 for
-SIGINT), as a shell reports a process ended by it. For a real cluster, set
+SIGINT), as a shell reports a process ended by it.
+
+`--elastic --min_workers=M --max_restarts=R --rejoin_seconds=S`: a failed worker does not
+end the job; the others continue from the last complete checkpoint and the failed slot
+rejoins later (mgloop/cluster/elastic.py). For a real cluster, set
 TF_CONFIG on each host and run `python -m mgloop.train` there (docs/multi-worker.md).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +38,10 @@ from absl import app
 from absl import flags
 
 from mgloop import errors  # imports no TensorFlow
-from mgloop.cluster import peer_health  # imports no TensorFlow
+from mgloop.cluster import elastic as elastic_lib  # imports no TensorFlow
+from mgloop.cluster import worker_processes  # imports no TensorFlow
+from mgloop.cluster.worker_processes import FORWARDED, free_ports, how_it_ended, is_stopped
+from mgloop.cluster.worker_processes import tf_config
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")
@@ -49,188 +53,73 @@ flags.DEFINE_float("grace_seconds", 60.0,
 flags.DEFINE_float("stop_seconds", 60.0,
                    "after SIGTERM/SIGINT/SIGHUP (forwarded to every worker), how long the "
                    "workers get to save and exit before they are killed")
+flags.DEFINE_bool("elastic", False,
+                  "restart from failures: when a worker fails, continue with the others from "
+                  "the last complete checkpoint in --logdir, and take a replacement back "
+                  "later (mgloop/cluster/elastic.py)")
+flags.DEFINE_integer("min_workers", 1, "--elastic: fewer live workers wait for a replacement")
+flags.DEFINE_integer("max_restarts", 3, "--elastic: restarts after failures before the job "
+                     "stops (restarts that take a replacement back are not counted)")
+flags.DEFINE_float("rejoin_seconds", 60.0,
+                   "--elastic: a failed worker's replacement joins once the workers left "
+                   "have run this long and saved a newer checkpoint")
 
-FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
-             signal.SIGHUP: signal.SIGTERM}
 _POLL_SECONDS = 0.2
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def tf_config(addresses: list[str], index: int) -> str:
-    return json.dumps({"cluster": {"worker": addresses},
-                       "task": {"type": "worker", "index": index}})
-
-
-def how_it_ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger): /proc state T or t."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
-
-
-def _has_ended(pid: int) -> bool:
-    """Whether child `pid` has ended, without reaping it (its pid stays reserved)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    """Sends `signum` to the process group of `process` (started as its leader; call only
-    while `process` is not reaped, so that the group's number is still its own)."""
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class _Workers:
-    """The worker processes, their output streams and what their last error line said."""
-
-    def __init__(self, commands: list[list[str]], envs: list[dict], addresses: list[str], out):
-        self.out = out
-        self.lock = threading.Lock()
-        self.errors: dict[int, str] = {}  # worker index -> its last "error:" line
-        self.processes, self._streams = [], []
-        for index, (command, env) in enumerate(zip(commands, envs)):
-            process = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                bufsize=1, start_new_session=True)  # own group: signals only from here
-            self.say(f"worker {index} at {addresses[index]} started (pid {process.pid})")
-            thread = threading.Thread(target=self._stream, args=(index, process.stdout),
-                                      daemon=True)
-            thread.start()
-            self.processes.append(process)
-            self._streams.append(thread)
-
-    def say(self, text: str) -> None:
-        with self.lock:
-            self.out.write(f"[launch] {text}\n")
-            self.out.flush()
-
-    def _stream(self, index: int, pipe) -> None:
-        for line in iter(pipe.readline, ""):
-            if "error:" in line:
-                self.errors[index] = line
-            with self.lock:
-                self.out.write(f"[worker {index}] {line}")
-                self.out.flush()
-
-    def running(self) -> list[int]:
-        """The workers still running, after reaping those that ended: what is left of an
-        ended worker's group is killed first, while its unreaped process keeps the group's
-        number from being reused by another process."""
-        for process in self.processes:
-            if process.returncode is None and _has_ended(process.pid):
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
-        return [i for i, p in enumerate(self.processes) if p.returncode is None]
-
-    def first_failure(self) -> tuple[int, int] | None:
-        self.running()
-        return next(((i, p.returncode) for i, p in enumerate(self.processes)
-                     if p.returncode not in (None, 0)), None)
-
-    def forward(self, signum: int) -> None:
-        """Sends `signum` to every worker not yet reaped (safe in a signal handler)."""
-        for process in self.processes:
-            if process.returncode is None:
-                try:
-                    os.kill(process.pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    def kill(self, indices) -> None:
-        for index in indices:
-            _signal_group(self.processes[index], signal.SIGKILL)
-
-    def finish(self) -> None:
-        """Kills whatever is left of every worker's process group; waits for the streams."""
-        for process in self.processes:
-            if process.returncode is None:  # not reaped: its group's number is still its own
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
-        for thread in self._streams:
-            thread.join(timeout=5)
-
-    def blame(self, index: int, code: int) -> str:
-        """Which worker failed and how, for the first failure: worker `index` ended with
-        `code`; a survivor's lost-peer line names the worker at fault instead."""
-        culprit = None
-        if code == peer_health.LOST_PEERS_EXIT_CODE:
-            self._streams[index].join(timeout=5)  # its last line may still be in the pipe
-            lost = peer_health.find_lost_peer(self.errors.get(index, ""))
-            culprit = lost[0] if lost else None
-        if culprit is None or culprit == index or culprit >= len(self.processes):
-            return f"worker {index} {how_it_ended(code)}"
-        process = self.processes[culprit]
-        state = ("process stopped, by SIGSTOP?" if is_stopped(process.pid)
-                 else "process still running" if culprit in self.running()
-                 else how_it_ended(process.returncode).replace("was ", "", 1))
-        return (f"worker {culprit} stopped answering ({state}); worker {index} "
-                f"{how_it_ended(code)} after its health checks of worker {culprit} failed")
+__all__ = ["free_ports", "how_it_ended", "launch", "tf_config"]
 
 
 def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
-           stop_seconds: float = 60.0, out=sys.stdout, command: list[str] | None = None) -> int:
+           stop_seconds: float = 60.0, out=sys.stdout, command: list[str] | None = None,
+           elastic: elastic_lib.ElasticOptions | None = None) -> int:
     """Runs the workers to the end; returns 0, the first failure's exit code, or 128 + the
     number of the signal that stopped the launcher. `command` replaces
-    `python -m mgloop.train` (tests)."""
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(num_workers)]
+    `python -m mgloop.train` (tests). `elastic`: rounds that restart from failures
+    (cluster/elastic.py)."""
     command = command or [sys.executable, "-m", "mgloop.train"]
     received: list[int] = []
-    workers = None
+    current: list = [None]  # the running round's Workers
 
     def on_signal(signum, frame):
         received.append(signum)
-        if workers is None:
+        if current[0] is None:
             return
         if len(received) == 1:
-            workers.forward(FORWARDED[signum])
+            current[0].forward(FORWARDED[signum])
         else:
-            workers.kill(range(len(workers.processes)))
+            current[0].kill(range(len(current[0].processes)))
+
+    def start(count: int) -> worker_processes.Workers:
+        addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+        workers = current[0] = worker_processes.Workers(
+            [[*command, f"--devices={devices}", *train_flags]] * count,
+            [dict(os.environ, TF_CONFIG=tf_config(addresses, i)) for i in range(count)],
+            addresses, out)
+        if received:  # a signal came while the workers were starting
+            workers.forward(FORWARDED[received[0]])
+        return workers
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
     try:
-        workers = _Workers(
-            [[*command, f"--devices={devices}", *train_flags]] * num_workers,
-            [dict(os.environ, TF_CONFIG=tf_config(addresses, i)) for i in range(num_workers)],
-            addresses, out)
-        if received:  # a signal came while the workers were starting
-            workers.forward(FORWARDED[received[0]])
-        return _supervise(workers, received, grace, stop_seconds)
+        if elastic is not None:
+            return elastic_lib.run(
+                start, num_workers, elastic, received, stop_seconds,
+                lambda text: current[0].say(text) if current[0] else _say(out, text), current)
+        return _supervise(start(num_workers), received, grace, stop_seconds)
     finally:
-        if workers is not None:
-            workers.finish()
+        if current[0] is not None:
+            current[0].finish()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _supervise(workers: _Workers, received: list[int], grace: float,
+def _say(out, text: str) -> None:
+    out.write(f"[launch] {text}\n")
+    out.flush()
+
+
+def _supervise(workers: worker_processes.Workers, received: list[int], grace: float,
                stop_seconds: float) -> int:
     """Watches the workers until every one has ended (see the module docstring)."""
     phase, deadline, failed = "running", None, None
@@ -256,7 +145,7 @@ def _supervise(workers: _Workers, received: list[int], grace: float,
             if phase == "failed":
                 workers.say(f"worker(s) {left} still running after {grace:.0f}s: terminated")
                 for index in workers.running():
-                    _signal_group(workers.processes[index], signal.SIGTERM)
+                    worker_processes.signal_group(workers.processes[index], signal.SIGTERM)
                 phase, deadline = "terminating", now + 10.0
             else:
                 workers.say(f"worker(s) {left} still running: killed")
@@ -285,15 +174,33 @@ def refusal(num_workers: int, grace: float, stop_seconds: float,
     return None
 
 
+def towers_per_worker(devices: str, train_flags: list[str]) -> int | None:
+    """The towers of one worker from --devices_per_worker (cpu:N, gpu:I,J) and
+    --towers_per_device, or None where the spec does not say (auto, gpu)."""
+    kind, _, listed = devices.partition(":")
+    if not listed:
+        return None
+    count = int(listed) if kind == "cpu" and listed.isdigit() else len(listed.split(","))
+    per_device = elastic_lib.flag_value(train_flags, "towers_per_device")
+    return count * (int(per_device) if per_device and per_device.isdigit() else 1)
+
+
 def main(argv):
     train_flags = argv[1:]
     problem = refusal(_FLAGS.num_workers, _FLAGS.grace_seconds, _FLAGS.stop_seconds,
                       train_flags)
+    options = None
+    if _FLAGS.elastic and problem is None:
+        options = elastic_lib.ElasticOptions(
+            _FLAGS.min_workers, _FLAGS.max_restarts, _FLAGS.rejoin_seconds,
+            elastic_lib.flag_value(train_flags, "logdir") or "")
+        problem = elastic_lib.refusal(options, _FLAGS.num_workers, train_flags,
+                                      towers_per_worker(_FLAGS.devices_per_worker, train_flags))
     if problem:  # one line and exit code 2, as mgloop.train's refusals (no usage text)
         print(f"mgloop.launch: error: {problem}", file=sys.stderr)
         sys.exit(2)
     sys.exit(launch(_FLAGS.num_workers, _FLAGS.devices_per_worker, train_flags,
-                    _FLAGS.grace_seconds, _FLAGS.stop_seconds))
+                    _FLAGS.grace_seconds, _FLAGS.stop_seconds, elastic=options))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,9 @@ class Aggregation(abc.ABC):
     # True: the variable copies differ between the method's synchronisations (local SGD,
     # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
     copies_differ: ClassVar[bool] = False
+    # Why a run holding this method's state per node cannot resume with another number of
+    # nodes (workers), or None: it can, by the rule of `rejoined` (runs/node_checkpoint.py).
+    resize_refusal: ClassVar[str | None] = None
     # True: every value it moves between its towers goes through the transports that reach
     # other processes with `peers` (ring.py, transport.py, gather_at_root.py, the parameter
     # servers' sums; peers.py), so it runs between workers at the nodes. False (e.g. a method
@@ -199,6 +202,15 @@ class Aggregation(abc.ABC):
         """The method's state (made by `build`): checkpointed, restored, broadcast from the
         chief; changed by the training step alone. Default: none."""
         return []
+
+    def rejoined(self, copies) -> None:
+        """Called on a node that joins a resumed run with more nodes than its checkpoint was
+        written by: it starts with node 0's state (node 0's node checkpoint: copies,
+        optimizers, method state), as a recovering torchft replica takes a healthy peer's
+        state (Manager's checkpoint transport; github.com/pytorch/torchft). Resets what was
+        node 0's own, so that it is not counted twice (error-feedback memory); state that is
+        the same on every node (counters, an outer optimizer) stays. Default: nothing is a
+        node's own."""
 
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:

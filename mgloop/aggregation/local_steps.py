@@ -218,6 +218,16 @@ class DiLoCo(LocalSGD):
     def state_variables(self):
         return [v for pair in zip(self._start, self._momentum) for vs in pair for v in vs]
 
+    def rejoined(self, copies) -> None:
+        """A joining node's copies take x, the parameters of the last outer step (the same
+        on every node), not node 0's inner progress since then, which node 0 brings to the
+        next outer step itself; its inner optimizer state and the outer momentum stay node
+        0's, as a recovering torchft DiLoCo replica loads a healthy peer's state dict."""
+        for copy, starts in zip(copies, self._start):
+            with tf.device(copy.device):
+                for target, x in zip(copy.trainable, starts):
+                    target.assign(tf.cast(x, target.dtype))
+
     def synchronise(self, copies) -> None:
         """The outer step on the mean a of the copies (every copy has the same bits of a, x
         and m), on every copy's device; every copy takes the new x."""

@@ -114,6 +114,13 @@ class SparseLoCo(DiLoCo):
     def state_variables(self):
         return [v for pair in zip(self._start, self._error) for vs in pair for v in vs]
 
+    def rejoined(self, copies) -> None:
+        """DiLoCo's rule (copies take x), and the joining node's error feedback e at 0."""
+        super().rejoined(copies)
+        for errors in self._error:
+            for e in errors:
+                e.assign(tf.zeros_like(e))
+
     def payload_bytes(self) -> int:
         """P: the bytes of one node's buffer (module docstring)."""
         return sum(self.compressor.wire_bytes(g) for g in self.geometries)

@@ -198,6 +198,11 @@ class StreamingDiLoCo(DiLoCo):
     def state_variables(self):
         return super().state_variables + [v for vs in self._pending for v in vs]
 
+    @property
+    def resize_refusal(self) -> str | None:
+        return ("eager's delayed shares r are each node's own part of a round in flight, "
+                "with no rule to re-deal them" if self.options.eager else None)
+
     def fragment_occasions(self) -> list[Occasion]:
         """One occasion per fragment p ("fragment p"): the steps s with
         (s + 1) mod H = o_p mod H (`fragment_due`), its exchange overlapping tau (eager:

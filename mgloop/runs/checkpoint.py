@@ -123,12 +123,14 @@ class Checkpointer:
     def latest(self) -> str | None:
         return self._manager.latest_checkpoint
 
-    def restore_latest(self, tidy: bool = True) -> str | None:
+    def restore_latest(self, tidy: bool = True, incomplete=None) -> str | None:
         """Restores the newest intact checkpoint, if any; returns its path.
 
         `tidy` (the chief only, as it alone writes): removes leftovers of an
         interrupted save, renames damaged checkpoints aside and rewrites the
-        state file when it is unreadable or names anything else.
+        state file when it is unreadable or names anything else. `incomplete(step)`:
+        why checkpoint `step` lacks a node's part (node_checkpoint.py), or None; such a
+        checkpoint is skipped (renamed `*.incomplete` when tidying) for an older one.
         """
         if tidy:
             checkpoint_files.remove_leftovers(self._directory)
@@ -136,6 +138,13 @@ class Checkpointer:
         damaged = []
         for step in checkpoint_files.checkpoint_steps(self._directory):
             prefix = os.path.join(self._directory, f"ckpt-{step}")
+            missing = incomplete(step) if incomplete is not None else None
+            if missing is not None:
+                logging.warning("skipped checkpoint %s: %s (a worker ended before its "
+                                "save)", prefix, missing)
+                if tidy:
+                    checkpoint_files.set_aside(prefix, checkpoint_files.INCOMPLETE_SUFFIX)
+                continue
             problem = checkpoint_files.damage(prefix)
             if problem is None:
                 break

@@ -24,6 +24,7 @@ from mgloop.errors import one_line
 
 STATE_FILENAME = "checkpoint"  # TensorFlow's state file: which checkpoints exist, the latest
 DAMAGED_SUFFIX = ".damaged"
+INCOMPLETE_SUFFIX = ".incomplete"  # a checkpoint without every node's part (node_checkpoint.py)
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
 _LEFTOVER = re.compile(r"ckpt-\d+_temp|checkpoint\.tmp[0-9a-f]+")  # of an interrupted save
 _DATA = re.compile(r"(ckpt-\d+)\.data-\d+-of-\d+")
@@ -61,12 +62,12 @@ def damage(prefix: str) -> str | None:
     return None
 
 
-def set_aside(prefix: str) -> None:
-    """Renames the files of the damaged checkpoint at `prefix` to `*.damaged` (kept for
-    inspection, no longer a checkpoint of the folder)."""
+def set_aside(prefix: str, suffix: str = DAMAGED_SUFFIX) -> None:
+    """Renames the files of the damaged (or incomplete) checkpoint at `prefix` to
+    `*<suffix>` (kept for inspection, no longer a checkpoint of the folder)."""
     for name in glob.glob(glob.escape(prefix) + ".*"):
-        if not name.endswith(DAMAGED_SUFFIX):
-            os.replace(name, name + DAMAGED_SUFFIX)
+        if not name.endswith((DAMAGED_SUFFIX, INCOMPLETE_SUFFIX)):
+            os.replace(name, name + suffix)
 
 
 def read_state(directory: str):

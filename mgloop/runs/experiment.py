@@ -254,19 +254,23 @@ def _restore(config: Config, trainer: Trainer, workers, chief: bool) -> tuple:
     None, the restored checkpoint or None): restores the newest intact checkpoint and this
     node's own state of its step (node_checkpoint.py), then every worker starts from
     worker 0's values but for its node's own state."""
-    checkpointer = checkpoint.Checkpointer.of_trainer(
-        os.path.join(config.logdir, "checkpoints"), trainer, keep=config.keep_checkpoints)
-    restored = checkpointer.restore_latest(tidy=chief)
+    folder = os.path.join(config.logdir, "checkpoints")
+    checkpointer = checkpoint.Checkpointer.of_trainer(folder, trainer,
+                                                      keep=config.keep_checkpoints)
     own = node_checkpoint.node_variables(trainer.aggregation, trainer.copies)
+    restored = checkpointer.restore_latest(
+        tidy=chief, incomplete=functools.partial(node_checkpoint.incomplete, folder))
     saver = (node_checkpoint.NodeCheckpoints(
-        os.path.join(config.logdir, "checkpoints"), workers.index, own,
-        config.keep_checkpoints, checkpointer if chief else None) if own
-        else checkpointer if chief else None)
+        folder, workers.index, own, config.keep_checkpoints, checkpointer if chief else None,
+        count=workers.num_workers) if own else checkpointer if chief else None)
     if restored:
         if not checkpointer.restored_every_copy:  # else every copy was saved and restored
             trainer.sync_replicas()
         if own:  # this node's own state, of the same step (node_checkpoint.py)
-            saver.restore(int(trainer.global_step.numpy()), config.logdir)
+            change = saver.restore(int(trainer.global_step.numpy()), config.logdir,
+                                   trainer.aggregation.local, trainer.copies)
+            if change:
+                logging.info("%s", change)
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))
     # several processes: every worker starts from worker 0's, but for its node's own state
     trainer.broadcast_from_chief(keep=own if restored else ())

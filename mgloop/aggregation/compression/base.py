@@ -122,6 +122,9 @@ class Compressed(Aggregation):
     # GATHER payloads that are (values, int32 indices), each index once: every tower adds
     # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
     sparse_payload: ClassVar[bool] = False
+    # Keys of `extra_state` that hold a node's own memory (a momentum accumulated from its
+    # own gradients), zeroed with the residuals on a node that joins (`rejoined`).
+    own_state_keys: ClassVar[tuple[str, ...]] = ()
     buckets_payloads = True  # gathered wires travel in buckets of `bucket_bytes`
     runs_between_processes = True  # its transports reach other processes (peers.py)
     # --pack_bytes (set by nodes.make): the bytes of a bucket of gathered wires; 0: one
@@ -236,6 +239,17 @@ class Compressed(Aggregation):
             out += [self.extra[t][i][key] for i in range(len(self.extra[t]))
                     for key in sorted(self.extra[t][i])]
         return out
+
+    def rejoined(self, copies) -> None:
+        """A joining node's error-feedback memory (residuals, own momenta) starts at 0: node
+        0's, copied with its state, is node 0's debt and would be paid twice. The exchange
+        counters and shared state (PowerSGD's Q) stay node 0's, the same on every node."""
+        for t in range(len(self.steps)):
+            for residual in self.residuals[t]:
+                residual.assign(tf.zeros_like(residual))
+            for state in self.extra[t]:
+                for key in self.own_state_keys:
+                    state[key].assign(tf.zeros_like(state[key]))
 
     def site(self, tower: int, index: int, value: tf.Tensor) -> Site:
         """Made on the tower's device (the seeds are computed there)."""

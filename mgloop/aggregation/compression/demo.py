@@ -134,6 +134,8 @@ class Demo(Compressed):
             return 0
         return bitpacking.index_bits(chunking.elements)
 
+    own_state_keys = ("momentum",)  # accumulated from this node's gradients
+
     def extra_state(self, variable, index, tower):
         return {"momentum": tf.zeros(tuple(variable.shape), variable.dtype)}
 

@@ -76,6 +76,8 @@ class DeepGradientCompression(Compressed):
     def applies_momentum(cls, options):
         return options.momentum > 0
 
+    own_state_keys = ("momentum",)  # accumulated from this node's gradients
+
     def extra_state(self, variable, index, tower):
         return {"momentum": tf.zeros(tuple(variable.shape), variable.dtype)}
 

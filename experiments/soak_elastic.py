@@ -1,0 +1,158 @@
+"""Failure soak: an elastic job whose workers are killed with SIGKILL every few minutes.
+
+    python experiments/soak_elastic.py --minutes=30 --kill_every_minutes=3 [--json_out=F]
+
+Runs `python -m mgloop.launch --elastic --num_workers=3 --min_workers=2 ...` on DiLoCo
+(H = 8) over the digits mlp at the default summary, log and checkpoint cadence, with
+--train_steps set so that the job takes about --minutes: a plain 3-worker run of the same
+flags is timed first for --calibrate_seconds (its step rate from its checkpoints), and the
+restarts' start-up is budgeted at --restart_seconds each. Every --kill_every_minutes a
+live worker, drawn with --seed (the chief too), is killed with SIGKILL; the launcher goes
+on with the others and takes the slot back (--rejoin_seconds).
+
+It reports:
+- whether the job ended by itself at its step count (exit code 0, summary.json's
+  final_step);
+- for every round, the step it resumed from against the newest checkpoint on disk when
+  its workers started (a checkpoint is lost if a round resumes from an older one);
+- the launcher's RSS and threads over the whole soak (it lives throughout) and every
+  worker process's first and last samples after --warmup_seconds (each lives one round),
+  with the least-squares slopes of experiments/soak.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import soak  # noqa: E402  (experiments/soak.py: /proc readers and slopes)
+
+_FLAGS = flags.FLAGS  # --minutes (set to 30 below), --interval, --json_out: soak.py's
+flags.DEFINE_float("kill_every_minutes", 3.0, "minutes between two SIGKILLs")
+flags.DEFINE_float("calibrate_seconds", 60.0, "the plain run timed to set --train_steps")
+flags.DEFINE_float("restart_seconds", 40.0, "start-up time budgeted per restart")
+flags.DEFINE_float("rejoin_seconds", 60.0, "the launcher's --rejoin_seconds")
+flags.DEFINE_float("warmup_seconds", 60.0, "a worker's samples before this are left out")
+flags.DEFINE_integer("seed", 0, "which worker each kill hits")
+
+TRAIN = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",
+         "--global_batch_size=96", "--steps_per_loop=20"]
+LAUNCH = [sys.executable, "-m", "mgloop.launch", "--num_workers=3",
+          "--devices_per_worker=cpu:1"]
+
+
+def newest_step(logdir: str) -> int:
+    names = os.listdir(os.path.join(logdir, "checkpoints")) if os.path.isdir(
+        os.path.join(logdir, "checkpoints")) else []
+    return max((int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index").fullmatch,
+                                            names) if m), default=0)
+
+
+def set_aside(logdir: str, step: int) -> bool:
+    """Whether checkpoint `step` was skipped as incomplete (a node's part missing)."""
+    return os.path.exists(os.path.join(logdir, "checkpoints", f"ckpt-{step}.index.incomplete"))
+
+
+def calibrate(seconds: float) -> float:
+    """Steps per second of a plain 3-worker run of TRAIN, after its first checkpoint."""
+    logdir = tempfile.mkdtemp(prefix="mgloop-calibrate-")
+    process = subprocess.Popen([*LAUNCH, "--", f"--logdir={logdir}", "--train_steps=100000000",
+                                "--checkpoint_every=200", *TRAIN],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    while newest_step(logdir) == 0 and process.poll() is None:
+        time.sleep(0.5)
+    first, began = newest_step(logdir), time.monotonic()
+    time.sleep(seconds)
+    rate = (newest_step(logdir) - first) / (time.monotonic() - began)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return rate
+
+
+def main(argv):
+    rate = calibrate(_FLAGS.calibrate_seconds)
+    kills = int(_FLAGS.minutes // _FLAGS.kill_every_minutes)
+    budget = 60 * _FLAGS.minutes - kills * 2 * _FLAGS.restart_seconds  # leave and rejoin
+    steps = max(1000, int(rate * budget) // 200 * 200)
+    logdir = tempfile.mkdtemp(prefix="mgloop-elastic-soak-")
+    command = [*LAUNCH, "--elastic", "--min_workers=2", f"--max_restarts={kills + 1}",
+               f"--rejoin_seconds={_FLAGS.rejoin_seconds}", "--", f"--logdir={logdir}",
+               f"--train_steps={steps}", *TRAIN]
+    print(f"soak: {rate:.0f} steps/s calibrated; {' '.join(command)}", flush=True)
+    log_path = os.path.join(tempfile.gettempdir(), f"mgloop-elastic-soak-{os.getpid()}.log")
+    log = open(log_path, "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    draw, began = random.Random(_FLAGS.seed), time.monotonic()
+    samples: dict[int, list] = {process.pid: []}
+    killed, next_kill = [], 60 * _FLAGS.kill_every_minutes
+    while process.poll() is None:
+        now = time.monotonic() - began
+        workers = soak.children(process.pid)
+        for pid in [process.pid, *workers]:
+            value = soak.status(pid)
+            if value is not None:
+                samples.setdefault(pid, []).append((now, *value))
+        if now >= next_kill and len(workers) == 3 and len(killed) < kills:
+            victim = draw.randrange(3)
+            os.kill(workers[victim], signal.SIGKILL)
+            killed.append({"minute": now / 60, "worker": victim, "step": newest_step(logdir)})
+            print(f"soak: minute {now / 60:.1f}: killed worker {victim} (pid "
+                  f"{workers[victim]})", flush=True)
+            next_kill = now + 60 * _FLAGS.kill_every_minutes
+        time.sleep(_FLAGS.interval)
+    log.close()
+    minutes = (time.monotonic() - began) / 60
+    text = open(log_path).read()
+    rounds = [dict(workers=int(m.group(1)), newest=int(m.group(2))) for m in re.finditer(
+        r"\[launch\] round of (\d) worker\(s\) from the checkpoint of step (\d+)", text)]
+    resumed = [int(m.group(1)) for m in re.finditer(
+        r"\[worker 0\] .*resumed from .* at step (\d+)", text)]
+    for row, step in zip(rounds[1:], resumed):
+        row["resumed"] = step
+    with open(os.path.join(logdir, "summary.json")) as handle:
+        final = json.load(handle).get("final_step")
+    launcher = soak.slopes(samples.pop(process.pid), 10.0)  # after Python's start-up
+    workers = [dict(pid=pid, start_minute=rows[0][0] / 60, last_rss_mb=rows[-1][1] / 1024,
+                    last_threads=rows[-1][2],
+                    **soak.slopes(rows, rows[0][0] + _FLAGS.warmup_seconds))
+               for pid, rows in samples.items() if rows]
+    results = dict(command=command, minutes=minutes, train_steps=steps, final_step=final,
+                   exit_code=process.returncode, kills=killed, rounds=rounds,
+                   lost_checkpoints=sum(r.get("resumed", r["newest"]) < r["newest"]
+                                        and not set_aside(logdir, r["newest"])
+                                        for r in rounds),
+                   launcher=launcher, workers=workers, log=log_path)
+    print(f"ended with exit code {process.returncode} after {minutes:.1f} min at step "
+          f"{final} of {steps}; {len(killed)} kills, {len(rounds)} rounds, "
+          f"{results['lost_checkpoints']} checkpoint(s) lost")
+    print(f"launcher: RSS {launcher['rss_mb_first_last'][0]:.1f} -> "
+          f"{launcher['rss_mb_first_last'][1]:.1f} MB ({launcher['rss_mb_per_min']:+.3f} "
+          f"MB/min), threads {launcher['threads_first_last']}")
+    print("worker processes in start order (each lives one round): start minute, last "
+          "RSS MB, last threads, and after the warm-up the slope of RSS (MB/min)")
+    for w in workers:
+        slope = (f"{w['rss_mb_per_min']:+.3f} over {w['samples']} samples"
+                 if "rss_mb_per_min" in w else "too short a round for a slope")
+        print(f"  pid {w['pid']:>7} {w['start_minute']:6.1f} {w['last_rss_mb']:8.1f} "
+              f"{w['last_threads']:5d}  {slope}")
+    if _FLAGS.json_out:
+        with open(_FLAGS.json_out, "w") as handle:
+            json.dump(results, handle, indent=2)
+
+
+if __name__ == "__main__":
+    flags.FLAGS.set_default("minutes", 30.0)
+    app.run(main)

@@ -1,0 +1,178 @@
+"""Elastic jobs: a worker killed mid-run, the others continue, the slot rejoins.
+
+`python -m mgloop.launch --elastic` (mgloop/cluster/elastic.py) restarts a job in rounds
+from its last complete checkpoint; runs/node_checkpoint.py re-deals the nodes' own state
+when a round has another worker count. The rules are checked on hand-made variables in
+one process; one real 3-worker DiLoCo job is killed with SIGKILL and must finish.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mgloop
+from mgloop.aggregation.compression.base import Compressed
+from mgloop.aggregation.local_steps import DiLoCo
+from mgloop.cluster import elastic
+from mgloop.errors import ConfigError
+from mgloop.runs import node_checkpoint
+from mgloop import launch
+
+OPTIONS = elastic.ElasticOptions(min_workers=2, max_restarts=1, rejoin_seconds=0.0,
+                                 logdir="/tmp/run")
+
+
+@pytest.mark.parametrize("options,flags,expected", [
+    (dict(min_workers=4), [], "--min_workers=4 is out of range: must be 1..3"),
+    (dict(min_workers=0), [], "--min_workers=0 is out of range"),
+    (dict(max_restarts=-1), [], "--max_restarts=-1 is out of range: must be >= 0"),
+    (dict(rejoin_seconds=float("nan")), [], "--rejoin_seconds=nan is out of range"),
+    (dict(logdir=""), [], "--elastic needs --logdir=DIR after --"),
+    (dict(), ["--global_batch_size=64"], "--global_batch_size=64 does not split over 3 workers"),
+    (dict(), [], "--global_batch_size=128 does not split over 3 workers"),  # the default
+])
+def test_elastic_settings_are_refused_in_one_line(options, flags, expected):
+    problem = elastic.refusal(OPTIONS.__class__(**{**OPTIONS.__dict__, **options}), 3, flags,
+                              towers_per_worker=2)
+    assert problem is not None and expected in problem and "\n" not in problem
+
+
+def test_a_batch_that_splits_at_every_count_or_scales_is_accepted():
+    assert elastic.refusal(OPTIONS, 3, ["--global_batch_size=12"], 2) is None  # 2x2, 3x2
+    assert elastic.refusal(OPTIONS, 3, ["--batch_size_per_tower=5"], 2) is None
+    assert launch.towers_per_worker("cpu:2", ["--towers_per_device=3"]) == 6
+    assert launch.towers_per_worker("gpu:0,1", []) == 2
+    assert launch.towers_per_worker("auto", []) is None
+
+
+class _Joining:
+    """A method stand-in: what `rejoined` was given, and an optional refusal."""
+    name = "stand_in"
+
+    def __init__(self, refusal=None):
+        self.resize_refusal, self.joined = refusal, []
+
+    def rejoined(self, copies):
+        self.joined.append(copies)
+
+
+def _nodes(tmp_path, count, step=10):
+    """`count` node checkpoints of step `step`, node w holding the value w + 1."""
+    for w in range(count):
+        variable = tf.Variable(np.full([3], w + 1.0, np.float32))
+        node_checkpoint.NodeCheckpoints(str(tmp_path), w, [variable], keep=2,
+                                        count=count).save(step)
+
+
+def _restore(tmp_path, index, count, method=None, step=10):
+    variable = tf.Variable(np.zeros([3], np.float32))
+    saver = node_checkpoint.NodeCheckpoints(str(tmp_path), index, [variable], keep=2,
+                                            count=count)
+    said = saver.restore(step, "LOGDIR", method, copies=("copies",))
+    return variable.numpy()[0], said
+
+
+def test_a_resize_keeps_the_survivors_state_and_a_joiner_takes_node_0s(tmp_path):
+    _nodes(tmp_path, 3)
+    assert node_checkpoint.incomplete(str(tmp_path), 10) is None
+    assert _restore(tmp_path, 1, 3) == (2.0, "")  # same count: its own, nothing to say
+    value, said = _restore(tmp_path, 1, 2)  # 3 -> 2: node 1 keeps its own; node 2 dropped
+    assert value == 2.0 and "node 1 keeps its state of step 10 (3 workers wrote it" in said
+    method = _Joining()
+    value, said = _restore(tmp_path, 3, 4, method)  # 3 -> 4: node 3 joins with node 0's
+    assert value == 1.0 and method.joined == [("copies",)] and "node 3 joins" in said
+    with pytest.raises(ConfigError, match=r"step 10 was written by 3 workers .* this run has "
+                                          r"2, and --aggregation=stand_in cannot re-deal .*: "
+                                          r"no rule; resume with 3 workers"):
+        _restore(tmp_path, 0, 2, _Joining("no rule"))
+    assert _restore(tmp_path, 0, 3, _Joining("no rule"))[0] == 1.0  # same count: allowed
+
+
+def test_a_step_missing_a_nodes_part_is_incomplete(tmp_path):
+    _nodes(tmp_path, 3, step=20)
+    _nodes(tmp_path, 2, step=30)  # node 2 of 3 never wrote step 30: written as 2 would be
+    os.remove(tmp_path / "node-1" / "ckpt-30.index")
+    assert "node(s) node-1 of the 2 that wrote step 30 have no ckpt-30" in (
+        node_checkpoint.incomplete(str(tmp_path), 30))
+    os.remove(tmp_path / "node-0" / "ckpt-20.index")
+    assert node_checkpoint.incomplete(str(tmp_path), 20) == "node-0 has no ckpt-20"
+    assert node_checkpoint.incomplete(str(tmp_path), 40) is None  # no node state at all
+
+
+def test_a_joining_diloco_node_starts_from_x_and_a_compressor_from_no_memory():
+    copy = types.SimpleNamespace(device="/cpu:0", trainable=[tf.Variable([5.0, 6.0])])
+    stand_in = types.SimpleNamespace(_start=[[tf.Variable([1.0, 2.0])]])
+    DiLoCo.rejoined(stand_in, [copy])
+    np.testing.assert_array_equal(copy.trainable[0].numpy(), [1.0, 2.0])
+    momentum, q = tf.Variable([3.0]), tf.Variable([4.0])
+    residual = tf.Variable([7.0, 8.0])
+    compressor = types.SimpleNamespace(steps=[tf.Variable(9)], residuals=[[residual]],
+                                       extra=[[{"momentum": momentum, "q": q}]],
+                                       own_state_keys=("momentum",))
+    Compressed.rejoined(compressor, [copy])
+    assert residual.numpy().tolist() == [0, 0] and momentum.numpy().tolist() == [0]
+    assert q.numpy().tolist() == [4.0] and int(compressor.steps[0].numpy()) == 9  # shared
+
+
+DILOCO = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",
+          "--global_batch_size=96", "--train_steps=300", "--steps_per_loop=4",
+          "--summary_every=0", "--eval_every=0", "--log_every=0", "--learning_rate=0.1"]
+
+
+def _accuracy_of_simulated_nodes(seed, logdir):
+    """The eval accuracy of the same run on 3 simulated nodes in one process."""
+    flags = dict(f[2:].split("=", 1) for f in DILOCO)
+    config = mgloop.Config(**{k: (int(v) if v.isdigit() else float(v) if k == "learning_rate"
+                                  else v) for k, v in flags.items()},
+                           devices="cpu:3", nodes=3, seed=seed, checkpoint_every=0,
+                           logdir=str(logdir), diagnostics=False)
+    return mgloop.run(config).summary["eval_accuracy"]
+
+
+def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
+    """3 workers of DiLoCo (H = 8, a checkpoint every 20 steps: mid-period); worker 2 is
+    killed with SIGKILL once step 40 is saved. The launcher continues with 2 workers from
+    the last complete checkpoint, takes the third back once they have saved a newer one,
+    and the job ends at its step count with an eval accuracy within the spread of the
+    unfailed run's seeds (3 simulated nodes in one process, seeds 1..3: mean +- 3 sd)."""
+    logdir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mgloop.launch", "--num_workers=3", "--devices_per_worker=cpu:1",
+         "--elastic", "--min_workers=2", "--max_restarts=1", "--rejoin_seconds=0", "--",
+         f"--logdir={logdir}", "--checkpoint_every=20", *DILOCO],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    saved = logdir / "checkpoints" / "ckpt-40.index"
+    while not saved.exists() and process.poll() is None:
+        threading.Event().wait(0.05)
+    pid = next(int(m.group(1)) for m in (re.match(r"\[launch\] worker 2 .*\(pid (\d+)\)", line)
+                                         for line in list(lines)) if m)
+    os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=600)  # a hang guard only
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert process.returncode == 0, output[-4000:]
+    rounds = [(int(m.group(1)), int(m.group(2))) for m in re.finditer(
+        r"\[launch\] round of (\d) worker\(s\) from the checkpoint of step (\d+)", output)]
+    assert [count for count, _ in rounds] == [3, 2, 3], output[-4000:]
+    assert 40 <= rounds[1][1] < rounds[2][1] < 300, rounds  # the 2 workers advanced
+    assert "[launch] worker 2 was killed by signal SIGKILL" in output
+    assert re.search(r"\[worker 2\] .*node 2 joins: node 0's state of step "
+                     f"{rounds[2][1]}", output), output[-4000:]
+    final = [float(m.group(1)) for m in re.finditer(
+        r"\[worker 0\] .*final: .* eval accuracy ([0-9.]+)", output)]
+    assert len(final) == 1, output[-4000:]
+    unfailed = [_accuracy_of_simulated_nodes(seed, tmp_path / str(seed)) for seed in (1, 2, 3)]
+    mean, sd = np.mean(unfailed), np.std(unfailed, ddof=1)
+    assert mean > 0.5  # far from chance (0.1): the spread says something
+    assert abs(final[0] - mean) <= 3 * sd, (final, unfailed)
