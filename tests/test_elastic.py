@@ -8,6 +8,7 @@ one process; one real 3-worker DiLoCo job is killed with SIGKILL and must finish
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +177,21 @@ def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
     mean, sd = np.mean(unfailed), np.std(unfailed, ddof=1)
     assert mean > 0.5  # far from chance (0.1): the spread says something
     assert abs(final[0] - mean) <= 3 * sd, (final, unfailed)
+
+
+def test_each_node_rescues_its_part_and_a_lost_logdir_is_not_recreated(tmp_path):
+    """Every worker saves its node's part of a rescue into the folder they agree on
+    (run_end.rescue_saver); a node save into a deleted logdir refuses instead of letting
+    TensorFlow recreate it (which would hide the loss from the chief's guard)."""
+    logdir = tmp_path / "run"
+    for w in range(2):
+        variable = tf.Variable(np.full([3], w + 1.0, np.float32))
+        saver = node_checkpoint.NodeCheckpoints(str(logdir / "checkpoints"), w, [variable],
+                                                keep=1, count=2)
+        saver.save_into(str(tmp_path / "rescued" / "checkpoints"), 7)
+    assert node_checkpoint.incomplete(str(tmp_path / "rescued" / "checkpoints"), 7) is None
+    assert _restore(tmp_path / "rescued" / "checkpoints", 1, 2, step=7)[0] == 2.0
+    shutil.rmtree(logdir, ignore_errors=True)
+    with pytest.raises(FileNotFoundError, match="is gone"):
+        saver.save(8)
+    assert not logdir.exists()

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import os
 from typing import Callable
+import zlib
 
 from absl import logging
 import keras
@@ -184,9 +185,10 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     learning_rate = _learning_rate(config, trainer)
     history = callbacks_lib.History(config.summary_every or config.log_every)
     monitor = _monitor(config, trainer, train_writer, eval_writer, evaluation, chief)
-    save_rescue = run_end.rescue_saver(trainer)
-    guard = (monitor_lib.logdir_guard(config.logdir, save_rescue) if chief
-             else contextlib.nullcontext())
+    node_saver = saver if isinstance(saver, node_checkpoint.NodeCheckpoints) else None
+    save_rescue = run_end.rescue_saver(trainer, node_saver, chief)
+    guard = (monitor_lib.logdir_guard(config.logdir, save_rescue, _rescue_stamp(workers))
+             if chief or node_saver else contextlib.nullcontext())
     with guard, health:
         try:
             result = controller.fit(
@@ -275,6 +277,14 @@ def _restore(config: Config, trainer: Trainer, workers, chief: bool) -> tuple:
     # several processes: every worker starts from worker 0's, but for its node's own state
     trainer.broadcast_from_chief(keep=own if restored else ())
     return checkpointer, saver, restored
+
+
+def _rescue_stamp(workers) -> str | None:
+    """The name of a rescue folder the workers agree on without a message (the job's
+    addresses, the same in every worker's TF_CONFIG); None in one process: the time."""
+    if workers is None or workers.num_workers == 1:
+        return None
+    return f"{zlib.crc32(','.join(workers.workers).encode()):08x}"
 
 
 def _learning_rate(config: Config, trainer: Trainer):

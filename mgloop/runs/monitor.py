@@ -151,16 +151,17 @@ def _name(variable) -> str:
 
 
 @contextlib.contextmanager
-def logdir_guard(logdir: str, save_rescue: Callable[[str], str]):
+def logdir_guard(logdir: str, save_rescue: Callable[[str], str], stamp: str | None = None):
     """Any error while `logdir` is gone becomes LogdirLost, after `save_rescue(folder)`
-    has saved the checkpoint into `<logdir>.rescued-<time>` (beside the lost logdir, or
-    under the temp dir if its parent is gone too)."""
+    has saved the checkpoint into `<logdir>.rescued-<stamp>` (beside the lost logdir, or
+    under the temp dir if its parent is gone too). `stamp`: the same on every worker of a
+    job, so that each saves its node's part into one folder (default: the time)."""
     try:
         yield
     except Exception as error:
         if os.path.isdir(logdir):
             raise
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        stamp = stamp or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         parent = os.path.dirname(os.path.normpath(logdir))
         name = f"{os.path.basename(os.path.normpath(logdir))}.rescued-{stamp}"
         rescue = os.path.join(parent if os.path.isdir(parent) else tempfile.gettempdir(), name)

@@ -107,13 +107,19 @@ class NodeCheckpoints:
         return self.main.latest if self.main is not None else self._manager.latest_checkpoint
 
     def save(self, step: int) -> str:
+        """Refuses (FileNotFoundError) if the logdir is gone: TensorFlow would recreate it,
+        and the chief would then not see that it was lost (monitor.logdir_guard)."""
+        logdir = os.path.dirname(os.path.normpath(self.root))
+        if not os.path.isdir(logdir):
+            raise FileNotFoundError(f"{logdir} is gone")
         self._manager.save(checkpoint_number=step)
         return self.main.save(step) if self.main is not None else self.latest
 
     def save_into(self, directory: str, step: int) -> str:
         """This node's checkpoint of `step` into another `<folder>/checkpoints` (a rescue)."""
-        return self._checkpoint.write(os.path.join(directory, f"node-{self.index}",
-                                                   f"ckpt-{step}"))
+        return tf.train.CheckpointManager(
+            self._checkpoint, os.path.join(directory, f"node-{self.index}"), max_to_keep=1
+        ).save(checkpoint_number=step)
 
     def restore(self, step: int, logdir: str, method=None, copies=()) -> str:
         """This node's state of `step` (the step the chief's checkpoint restored), by the

@@ -42,14 +42,19 @@ class Measured:
     exchange_seconds: float | None  # the exchange timed alone; None: no step was trained
 
 
-def rescue_saver(trainer: Trainer) -> Callable[[str], str]:
+def rescue_saver(trainer: Trainer, node_saver=None, chief: bool = True) -> Callable[[str], str]:
     """save(folder): the trainer's checkpoint of its current step, saved into
-    `<folder>/checkpoints` (keeping one); returns its path."""
+    `<folder>/checkpoints` (keeping one), the chief's; and this worker's node state
+    beside it (`node_saver`, node_checkpoint.NodeCheckpoints: every worker saves its
+    own node's part); returns the path of the chief's checkpoint, or of the node's."""
 
     def save_rescue(folder):
-        return checkpoint.Checkpointer.of_trainer(
-            os.path.join(folder, "checkpoints"), trainer, keep=1
-        ).save(int(trainer.global_step.numpy()))
+        step = int(trainer.global_step.numpy())
+        directory = os.path.join(folder, "checkpoints")
+        path = node_saver.save_into(directory, step) if node_saver is not None else None
+        if chief:
+            path = checkpoint.Checkpointer.of_trainer(directory, trainer, keep=1).save(step)
+        return path
     return save_rescue
 
 
