@@ -96,8 +96,7 @@ class Aggregation(abc.ABC):
     # it is given, so a compressed transport could not keep the sums in float32.
     compressed_transport: ClassVar[bool] = True
     device_kinds: ClassVar[tuple[str, ...]] = ("cpu", "gpu")  # tower kinds it runs on
-    # True: `reduce` sums each variable's tower values on `home_of(variable)` and scales
-    # them there, so a caller may form that sum itself (ordered_sum.py).
+    # True: `reduce` sums and scales each variable's tower values on `home_of(variable)`.
     sums_at_home: ClassVar[bool] = False
     # False: copy t keeps tower t's non-trainable state (independent.py); otherwise the
     # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
@@ -105,8 +104,7 @@ class Aggregation(abc.ABC):
     # True: the variable copies differ between the method's synchronisations (local SGD,
     # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
     copies_differ: ClassVar[bool] = False
-    # Why a run holding this method's state per node cannot resume with another number of
-    # nodes (workers), or None: it can, by the rule of `rejoined` (runs/node_checkpoint.py).
+    # Why its per-node state cannot resume with another worker count (None: `rejoined`'s rule)
     resize_refusal: ClassVar[str | None] = None
     # True: every value it moves between its towers goes through the transports that reach
     # other processes with `peers` (ring.py, transport.py, gather_at_root.py, the parameter
@@ -116,10 +114,9 @@ class Aggregation(abc.ABC):
     # True: the per-tensor payloads it gathers are fused into buckets of --pack_bytes for
     # the transport (compression/base.py's `gather_in_buckets`), though it is not summable.
     buckets_payloads: ClassVar[bool] = False
-    # True: with several towers on one device (--towers_per_device=K, DeviceSet.copy_devices)
-    # its replicated layout keeps one copy per device and `reduce` returns one output per
-    # device, sending each once (gather_at_root.py); False: one per tower, kept per device
-    # by device_groups.py.
+    # True: with K towers on one device (--towers_per_device, DeviceSet.copy_devices) one copy
+    # per device, and `reduce` returns one output per device, sent once (gather_at_root.py);
+    # False: one per tower, kept per device by device_groups.py.
     copies_per_device: ClassVar[bool] = False
     # Options (a spec's `key=value,...` part) under which a method whose updates are by
     # design not the synchronous one (stale reads, local steps) trains exactly as
@@ -128,9 +125,8 @@ class Aggregation(abc.ABC):
     identity: ClassVar[str | None] = None
     # The workers whose towers the method also combines (cross_worker.py); None: one process.
     cluster = None
-    # The other workers' copies of this method (peers.py): set when the method runs between
-    # worker processes at the nodes, one tower (the node leader) per worker; its transport
-    # (ring.py, transport.py, gather_at_root.py) then uses collectives between processes.
+    # The other workers' copies of this method (peers.py), at the nodes between processes (one
+    # tower per worker): its transports then use collectives between processes.
     peers = None
     # The global step (int64, the number of steps done before the one running; checkpointed),
     # set by replicas.py before `build`: a method that acts every H steps reads it, never
@@ -204,13 +200,8 @@ class Aggregation(abc.ABC):
         return []
 
     def rejoined(self, copies) -> None:
-        """Called on a node that joins a resumed run with more nodes than its checkpoint was
-        written by: it starts with node 0's state (node 0's node checkpoint: copies,
-        optimizers, method state), as a recovering torchft replica takes a healthy peer's
-        state (Manager's checkpoint transport; github.com/pytorch/torchft). Resets what was
-        node 0's own, so that it is not counted twice (error-feedback memory); state that is
-        the same on every node (counters, an outer optimizer) stays. Default: nothing is a
-        node's own."""
+        """On a node joining a resumed run with node 0's state (runs/node_checkpoint.py):
+        resets node 0's own memory (error feedback), not to count it twice. Default: none."""
 
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:
