@@ -45,9 +45,11 @@ flags.DEFINE_float("restart_seconds", 40.0, "start-up time budgeted per restart"
 flags.DEFINE_float("rejoin_seconds", 60.0, "the launcher's --rejoin_seconds")
 flags.DEFINE_float("warmup_seconds", 60.0, "a worker's samples before this are left out")
 flags.DEFINE_integer("seed", 0, "which worker each kill hits")
+flags.DEFINE_integer("train_steps", 0, "the job's step count (0: from the calibration; on a "
+                     "loaded machine the restarts' start-up dominates: give it instead)")
 
 TRAIN = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",
-         "--global_batch_size=96", "--steps_per_loop=20"]
+         "--global_batch_size=96", "--steps_per_loop=20", "--learning_rate=0.02"]
 LAUNCH = [sys.executable, "-m", "mgloop.launch", "--num_workers=3",
           "--devices_per_worker=cpu:1"]
 
@@ -82,15 +84,17 @@ def calibrate(seconds: float) -> float:
 
 
 def main(argv):
-    rate = calibrate(_FLAGS.calibrate_seconds)
     kills = int(_FLAGS.minutes // _FLAGS.kill_every_minutes)
-    budget = 60 * _FLAGS.minutes - kills * 2 * _FLAGS.restart_seconds  # leave and rejoin
-    steps = max(1000, int(rate * budget) // 200 * 200)
+    rate, steps = None, _FLAGS.train_steps
+    if not steps:
+        rate = calibrate(_FLAGS.calibrate_seconds)
+        budget = 60 * _FLAGS.minutes - kills * 2 * _FLAGS.restart_seconds  # leave and rejoin
+        steps = max(1000, int(rate * budget) // 200 * 200)
     logdir = tempfile.mkdtemp(prefix="mgloop-elastic-soak-")
     command = [*LAUNCH, "--elastic", "--min_workers=2", f"--max_restarts={kills + 1}",
                f"--rejoin_seconds={_FLAGS.rejoin_seconds}", "--", f"--logdir={logdir}",
                f"--train_steps={steps}", *TRAIN]
-    print(f"soak: {rate:.0f} steps/s calibrated; {' '.join(command)}", flush=True)
+    print(f"soak: {rate or 0:.0f} steps/s calibrated; {' '.join(command)}", flush=True)
     log_path = os.path.join(tempfile.gettempdir(), f"mgloop-elastic-soak-{os.getpid()}.log")
     log = open(log_path, "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
