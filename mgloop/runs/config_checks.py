@@ -104,6 +104,3 @@ def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     if config.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")
-    if config.mixed_precision == "mixed_float16":
-        raise ConfigError(f"--mixed_precision=mixed_float16 {where}: the overflow check is "
-                          "not yet agreed between workers; use mixed_bfloat16 or none")
