@@ -14,6 +14,8 @@ import pytest
 import tensorflow as tf
 
 from mgloop import data
+from mgloop import launch
+from mgloop.cluster import workers as cluster
 from mgloop.data import batch_split
 from mgloop.runs import experiment
 from mgloop.runs.config import Config
@@ -232,10 +234,12 @@ def indexed_dataset(labels, num_eval=4):
 
 
 def partitioned_input(tmp_path, **settings):
+    """Validated (under TF_CONFIG, if set: then this worker's input)."""
     config = Config(**{**dict(devices="cpu:4", global_batch_size=8, seed=5,
                               partition="dirichlet:alpha=0.5", drop_remainder=False,
                               logdir=str(tmp_path / "run")), **settings}).validated()
-    return inputs.InMemoryInput(indexed_dataset(LABELS), config, None), config
+    made = inputs.InMemoryInput(indexed_dataset(LABELS), config, cluster.from_environment())
+    return made, config
 
 
 def take(made, start, steps):
@@ -280,6 +284,35 @@ def test_partitioned_batch_s_is_the_same_when_started_at_step_s(tmp_path, drop_r
     again, _ = partitioned_input(tmp_path, drop_remainder=drop_remainder, devices="cpu:2",
                                  partition="dirichlet:alpha=10")
     assert all((a[0] == b[0]).all() for a, b in zip(take(again, 0, 30), whole))
+
+
+@pytest.mark.parametrize("settings,clients", [
+    (dict(), 2),                                      # each worker a node: node w's shard
+    (dict(method_at="towers"), 4),                    # every tower a client
+    (dict(accumulation_steps=2, drop_remainder=True), 2)])
+def test_worker_ws_towers_read_what_node_ws_towers_read_in_one_process(
+        tmp_path, monkeypatch, settings, clients):
+    """2 workers of 2 towers against --nodes=2 of 4 towers in one process: the same parts,
+    and global tower 2w + t of worker w gets, step by step, the examples tower 2w + t gets
+    in one process (with accumulation, of every micro-batch); only the chief writes
+    partition.json."""
+    one, config = partitioned_input(tmp_path, nodes=2, **settings)
+    assert len(one.parts) == clients
+    whole = take(one, 0, 12)
+    micro = config.accumulation_steps
+    for w in range(2):
+        monkeypatch.setenv("TF_CONFIG", launch.tf_config(["127.0.0.1:1", "127.0.0.1:2"], w))
+        logdir = tmp_path / f"worker{w}"
+        made, _ = partitioned_input(tmp_path, devices="cpu:2", logdir=str(logdir), **settings)
+        assert [p.tolist() for p in made.parts] == [p.tolist() for p in one.parts]
+        assert os.path.exists(logdir / partition.FILENAME) == (w == 0)
+        for (x, y), (x1, y1) in zip(take(made, 0, 12), whole):
+            np.testing.assert_array_equal(y, LABELS[x])
+            mine = batch_split.tower_split(tf.constant(x), 2, micro)
+            theirs = batch_split.tower_split(tf.constant(x1), 4, micro)
+            for t in range(2):
+                np.testing.assert_array_equal(mine[t], theirs[2 * w + t])
+    monkeypatch.delenv("TF_CONFIG")
 
 
 def test_iid_is_the_unpartitioned_stream_bit_for_bit(tmp_path):
@@ -330,9 +363,6 @@ def test_partition_refusals(tmp_path, text_folder):
         Config(partition="dirichlet:alpha=1", dataset="partition_test_stream",
                data_dir=str(tmp_path), **base_settings).validated()
     config = Config(partition="dirichlet:alpha=1", **base_settings).validated()
-    with pytest.raises(ConfigError, match=r"across 2 workers \(TF_CONFIG\): the clients' "
-                                          r"shards are only made and checked in one process"):
-        partition.check_settings(config, None, 2)
     stream = tf.data.Dataset.from_tensor_slices((np.zeros((8, 1), np.float32),
                                                  np.zeros(8, np.int32)))
     with pytest.raises(ConfigError, match=r"^--partition=dirichlet:alpha=1 with train_data "

@@ -79,7 +79,6 @@ def test_launcher_says_how_a_worker_ended():
     (dict(aggregation="colocate"), r"^--aggregation=colocate across 2 workers"),
     (dict(aggregation="independent"), r"^--aggregation=independent across 2 workers"),
     (dict(batch_norm="sync"), r"^--batch_norm=sync across 2 workers"),
-    (dict(mixed_precision="mixed_float16"), r"^--mixed_precision=mixed_float16 across 2 workers"),
     (dict(collective_timeout=0), r"^--collective_timeout=0 is out of range"),
     (dict(collective_timeout=2.0), r"^--collective_timeout=2.0 is out of range: must be >= 5.0"),
 ])

@@ -129,13 +129,17 @@ def loss_scales(trainer):
     return [float(s.scale.numpy()) for s in trainer.loss_scales]
 
 
-@pytest.mark.parametrize("mode,towers", [("ring", 2), ("ps_cpu", 4), ("independent", 4)])
-def test_overflow_on_one_tower_skips_the_update_on_every_copy(mode, towers, logdir):
+@pytest.mark.parametrize("mode,towers,nodes", [("ring", 2, 1), ("ps_cpu", 4, 1),
+                                               ("independent", 4, 1), ("colocate", 2, 1),
+                                               ("topk:ratio=0.25", 4, 2)])
+def test_overflow_on_one_tower_skips_the_update_on_every_copy(mode, towers, nodes, logdir):
     """Tower 1's inputs x30: the forward pass stays finite in float16, the backward at scale
     2**15 overflows. `independent` shares no gradient: only the agreed flag stops the
-    other replicas, whose own gradients are finite."""
+    other replicas, whose own gradients are finite. `colocate`: its one loss on the host.
+    With 2 simulated nodes the overflow is in node 0 only, and node 1 skips too (between
+    real workers: tests/test_nodes_workers.py, an overflow on worker 1 only)."""
     config = helpers.small_config(logdir, devices=f"cpu:{towers}", aggregation=mode,
-                                  mixed_precision="mixed_float16")
+                                  nodes=nodes, mixed_precision="mixed_float16")
     trainer = helpers.build_trainer(config)
     (x, y), = helpers.batches(1)
     before = helpers.copy_weights(trainer)

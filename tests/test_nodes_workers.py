@@ -22,6 +22,7 @@ experiments/check_methods_between_workers.py runs every method so (RESULTS.md).
 import io
 import json
 import os
+import re
 import sys
 
 import keras
@@ -31,7 +32,7 @@ import pytest
 import mgloop
 from mgloop.runs import export
 from mgloop import launch
-from tests.workers.methods_between_workers import config_for
+from tests.workers.methods_between_workers import config_for, digest, hooks_for
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")
 # Error feedback, the two all-reduces of P and Q, seeded levels, outer Nesterov steps
@@ -57,11 +58,21 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # the same exchange without the outer step (test_sparta.py). 1-bit signSGD gathers its
 # packed signs, each worker's coins for sign(0) from its own tower's stream (the same
 # global tower index as the simulated node's).
+# mixed_float16 with top-k: worker 1's first tower (global tower 2) overflows at step 1
+# (the worker's OverflowAt hook), so both workers must skip that step (weights, optimizer
+# and error feedback unchanged) and halve the scale, agreed through the count that rides
+# with the metrics (precision.py). Non-IID clients: the median of the two workers'
+# label-Dirichlet shards of digits (partition.py), the same dealing as --nodes=2.
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "centered_clipping:tau=1", "demo@2", "sparta_diloco:fraction=0.05,period=4@2",
                "signsgd:bits=1", "sparseloco:period=2,density=0.1@2",
                "streaming_diloco:period=4,fragments=2,tau=1,outer_bits=4@2",
-               "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2"]
+               "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2",
+               "topk:ratio=0.1 --mixed_precision=mixed_float16 --overflow=2:1",
+               "median --dataset=digits --partition=dirichlet:alpha=0.5"]
+# synchronous entries: every worker ends with the same weights and loss scale (each
+# worker's own, printed by the worker), those of the simulated nodes
+EVERY_WORKER_ALIKE = TWO_WORKERS[-2:]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]
@@ -75,7 +86,17 @@ def run_job(root, num_workers: int, devices: str, specs: list[str], *settings) -
     text = out.getvalue()
     assert code == 0, text[-4000:]
     assert text.count("[methods] done") == num_workers * len(specs), text[-4000:]
+    with open(os.path.join(root, "launcher.txt"), "w") as handle:
+        handle.write(text)
     return text
+
+
+def workers_ends(root, index) -> dict:
+    """{worker: (its loss scale, digest of its weights)} of entry `index`, as each printed."""
+    with open(os.path.join(root, "launcher.txt")) as handle:
+        text = handle.read()
+    return {int(w): (scale, weights) for w, scale, weights in re.findall(
+        rf"\[methods\] done {index} .*\| worker=(\d+) loss_scale=(\S+) weights=(\w+)", text)}
 
 
 def weights(root, index):
@@ -95,8 +116,14 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
     per message."""
     for index, entry in enumerate(specs):
         spec = entry.partition("@")[0]  # a resumed job against the uninterrupted nodes
-        mgloop.run(config_for(spec, str(tmp_path / "single"), index, devices, nodes=nodes,
-                              **overrides))
+        result = mgloop.run(config_for(spec, str(tmp_path / "single"), index, devices,
+                                       nodes=nodes, **overrides),
+                            hooks=hooks_for(spec, devices))
+        if entry in EVERY_WORKER_ALIKE:
+            expected = (str(result.trainer.loss_scale()), digest(result))
+            assert workers_ends(root, index) == {w: expected for w in range(nodes)}, spec
+            if "--overflow" in spec:  # one skipped step: the scale halved once, on each
+                assert expected[0] == str(2.0 ** 14), spec
         real, simulated = weights(root, index), weights(tmp_path / "single", index)
         assert len(real) == len(simulated)
         for a, b in zip(real, simulated):

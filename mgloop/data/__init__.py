@@ -174,15 +174,15 @@ def check_settings(config, towers: int, devices_flag: str) -> tuple[int, str | N
     return global_batch, data_dir
 
 
-def check_partition(config, num_workers: int) -> None:
+def check_partition(config) -> None:
     """--partition (partition.py): dirichlet only for a built-in labelled in-memory dataset
-    (not a registered one, not a sequenced one) in one process."""
+    (not a registered one, not a sequenced one)."""
     source = _source(config.dataset)
     kind = ("a --plugin dataset is read as a tf.data stream, not held in memory"
             if source.train is not None else
             "it is a language-model dataset (sequences of tokens, no class label per example)"
             if source.sequenced else None)
-    partition.check_settings(config, kind, num_workers)
+    partition.check_settings(config, kind)
 
 
 def sequence_length_of(config) -> int | None:

@@ -80,7 +80,7 @@ class InMemoryInput(Input):
         if partition.parse(config.partition).name == partition.IID:
             epochs.check_fits(dataset, config.global_batch_size, config.drop_remainder)
         else:
-            self.parts = _partition(dataset, config)
+            self.parts = _partition(dataset, config, workers)
         if len(dataset.eval_y) == 0:
             raise ConfigError(f"--dataset={dataset.name} has no eval examples, but every run "
                               "evaluates after training (and every --eval_every steps); give "
@@ -102,20 +102,24 @@ class InMemoryInput(Input):
         return self.dataset.eval_batches(self.config.global_batch_size)
 
 
-def _partition(dataset: InMemoryDataset, config) -> list:
-    """The clients' parts of --partition=dirichlet (partition.py), checked and recorded."""
+def _partition(dataset: InMemoryDataset, config, workers) -> list:
+    """The clients' parts of --partition=dirichlet (partition.py), checked and recorded (by
+    the chief); every worker deals the same parts and keeps its slice of the global batch
+    (`train_batches`), its own clients' shards."""
     labels = np.asarray(dataset.train_y)
     where = f"--partition={config.partition} with --dataset={dataset.name or 'the given data'}"
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise ConfigError(f"{where}: its labels are {labels.dtype} {labels.shape[1:]} per "
                           "example, not one integer class; use --partition=iid")
-    clients, unit = partition.clients_of(config)
+    num_workers = workers.num_workers if workers is not None else 1
+    clients, unit = partition.clients_of(config, num_workers)
     spec = partition.parse(config.partition)
     parts = partition.dirichlet_parts(labels, dataset.num_classes, clients, spec.alpha,
                                       config.seed)
     partition.check_parts(parts, config.global_batch_size // clients, config.drop_remainder,
                           config.partition, config.seed, unit)
-    partition.record(config, labels, dataset.num_classes, parts, unit)
+    partition.record(config, labels, dataset.num_classes, parts, unit,
+                     write=workers is None or workers.is_chief)
     return parts
 
 

@@ -8,8 +8,20 @@
 
 Clients are the units the aggregation method sees: the n = --nodes nodes when the method
 is between nodes (--nodes > 1 and --method_at auto or nodes; each node's towers then
-split the node's shard contiguously), else the n = T towers. One process only (see
-`check_settings`).
+split the node's shard contiguously), else the n = T towers. With W workers (TF_CONFIG)
+each worker is a node, as --nodes=W simulates it in one process: the n = W workers
+(--method_at auto or nodes; with auto also for an exact method, whose one collective
+between the workers sums within and then between nodes, cross_worker.py), else the
+n = W T towers (--method_at=towers), worker w holding towers w T .. w T + T - 1.
+
+Between workers. Every worker deals the same parts (below: a pure function of the
+labels, n, A and --seed; the same numpy on every worker, which the launcher's workers on
+one machine share) and forms the same global batch, the clients' shards in client order;
+it keeps its contiguous B/W slice of it (inputs.py, batch_split.worker_part), which is
+its own clients' shards: worker w's is client w's shard (nodes), or the shards of its T
+towers' clients w T .. w T + T - 1 (towers). So worker w reads exactly what node w of
+--nodes=W reads in one process, and the weights come out bit-equal
+(tests/test_nodes_workers.py). Only the chief writes partition.json.
 
 The partition is made once, before training, with numpy's Generator
 `rng = np.random.default_rng(--seed)` (the per-class form of the Dirichlet scheme of
@@ -98,10 +110,10 @@ def parse(spec: str) -> Partition:
     return Partition(DIRICHLET, alpha)
 
 
-def check_settings(config, source_kind: str | None, num_workers: int) -> None:
-    """--partition parses; dirichlet only for a built-in in-memory labelled dataset in one
-    process. `source_kind`: None for such a dataset, else why it has no class labels to
-    deal (data/__init__.py)."""
+def check_settings(config, source_kind: str | None) -> None:
+    """--partition parses; dirichlet only for a built-in in-memory labelled dataset.
+    `source_kind`: None for such a dataset, else why it has no class labels to deal
+    (data/__init__.py)."""
     partition = parse(config.partition)
     if partition.name == IID:
         return
@@ -110,16 +122,17 @@ def check_settings(config, source_kind: str | None, num_workers: int) -> None:
                           f"{source_kind}, so its examples cannot be dealt by class; use "
                           "--partition=iid or a labelled in-memory dataset (e.g. digits, "
                           "mnist, cifar10, synthetic)")
+
+
+def clients_of(config, num_workers: int = 1) -> tuple[int, str]:
+    """(n, "nodes" or "towers") of a validated config: the units the method sees
+    (aggregation/nodes.py's method_at_nodes in one process; with several workers, each
+    worker a node unless --method_at=towers; `config.num_towers` counts every
+    worker's towers)."""
     if num_workers > 1:
-        raise ConfigError(f"--partition={config.partition} across {num_workers} workers "
-                          "(TF_CONFIG): the clients' shards are only made and checked in one "
-                          "process; simulate the clients with --nodes=N in one process, or "
-                          "use --partition=iid")
-
-
-def clients_of(config) -> tuple[int, str]:
-    """(n, "nodes" or "towers") of a validated one-process config: the units the method
-    sees (aggregation/nodes.py's method_at_nodes in one process)."""
+        if config.method_at == "towers":
+            return config.num_towers, "towers"
+        return num_workers, "nodes"
     if config.nodes > 1 and config.method_at in ("auto", "nodes"):
         return config.nodes, "nodes"
     return config.num_towers, "towers"
@@ -206,8 +219,9 @@ def train_indices(parts: list[np.ndarray], global_batch: int, seed: int, start_s
 
 
 def record(config, labels: np.ndarray, num_classes: int, parts: list[np.ndarray],
-           unit: str) -> dict:
-    """Logs client i's class counts and writes them to <logdir>/partition.json."""
+           unit: str, write: bool = True) -> dict:
+    """Logs client i's class counts and writes them to <logdir>/partition.json (`write`:
+    the chief of several workers, which share the logdir)."""
     counts = class_counts(labels, parts, num_classes)
     report = {"partition": config.partition, "seed": config.seed, "clients": len(parts),
               "unit": unit, "examples": [len(p) for p in parts],
@@ -216,7 +230,7 @@ def record(config, labels: np.ndarray, num_classes: int, parts: list[np.ndarray]
                  "columns: classes 0..%d):\n%s", config.partition, config.seed, len(parts), unit,
                  num_classes - 1, "\n".join(f"  {i}: {row.tolist()}" for i, row in
                                             enumerate(counts)))
-    if config.logdir:
+    if config.logdir and write:
         path = os.path.join(config.logdir, FILENAME)
         with open(path + ".tmp", "w") as handle:
             json.dump(report, handle)

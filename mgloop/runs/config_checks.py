@@ -76,7 +76,7 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     devices_flag = config.devices if workers is None else (
         f"{config.devices} on each of {num_workers} workers")
     global_batch, data_dir = data.check_settings(config, towers, devices_flag)
-    data.check_partition(config, num_workers)
+    data.check_partition(config)
     hardware.check_settings(config, num_workers if num_workers > 1 else config.nodes)
     _check_cluster(config, workers)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
@@ -104,6 +104,3 @@ def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     if config.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")
-    if config.mixed_precision == "mixed_float16":
-        raise ConfigError(f"--mixed_precision=mixed_float16 {where}: the overflow check is "
-                          "not yet agreed between workers; use mixed_bfloat16 or none")

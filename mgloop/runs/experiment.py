@@ -51,6 +51,7 @@ from mgloop.spec import losses
 from mgloop.spec import metrics as metrics_lib
 from mgloop.spec import optim
 from mgloop.spec import training_spec
+from mgloop.step.hooks import Hook
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -82,10 +83,11 @@ def check_data(dataset: data.InMemoryDataset, config: Config) -> None:
 def build_trainer(config: Config, device_set: devices.DeviceSet,
                   model_fn: Callable[[], keras.Model], loss_fn, input_shape,
                   workers: cluster.Cluster | None = None, metrics=None,
-                  optimizer=None) -> Trainer:
+                  optimizer=None, hooks=()) -> Trainer:
     """Seeds, then builds the template model, its copies, their optimizers, the step the
     config asks for (assemble.py) and the staging. `loss_fn`, `metrics`, `optimizer`:
-    None takes the compiled model's, else mgloop's defaults (training_spec.py).
+    None takes the compiled model's, else mgloop's defaults (training_spec.py). `hooks`:
+    the user's step hooks, after mgloop's (assemble.build).
 
     With --nodes=N > 1 the method runs between the nodes (aggregation/nodes.py); with
     several workers, the aggregation is wrapped in the cross-worker stage."""
@@ -102,13 +104,13 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                           functools.partial(optim.make_optimizer, config), input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,
                                        config.accumulation_steps),
-                          metrics=metrics, optimizer=optimizer)
+                          metrics=metrics, optimizer=optimizer, hooks=hooks)
 
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=None,
         train_data=None, eval_data=None, metrics=None, optimizer=None, callbacks=None, *,
         command_line: list[str] | None = None, loss_fn=None,
-        dataset=None) -> run_result.RunResult:
+        dataset=None, hooks=()) -> run_result.RunResult:
     """Trains per `config`; returns a RunResult (run_result.py: the trained template model,
     the history, and the summary, also written to `<logdir>/summary.json`, read by indexing).
 
@@ -124,7 +126,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     `final_train_accuracy` and `eval_accuracy` are None where no accuracy is defined;
     `train_metrics`/`eval_metrics` hold every metric. `loss_fn=` and `dataset=` are the
     old names of `loss=` and `train_data=` (deprecated: a warning, same behaviour).
-    `command_line` (e.g. sys.argv) is recorded as TensorBoard text.
+    `command_line` (e.g. sys.argv) is recorded as TensorBoard text. `hooks`: step hooks
+    of your own (`mgloop.step.hooks.Hook` subclasses), after mgloop's, in every step.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
     the logdir is refused). A refused run (any error) leaves no folder behind: the logdir
     folders its validation made are removed while still empty. SIGTERM or SIGINT ends the run after the current loop with a
@@ -137,6 +140,10 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
         loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
         dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
         training_spec.check_arguments(loss, metrics, optimizer, callbacks)
+        for hook in hooks:
+            if not isinstance(hook, Hook):
+                raise ConfigError(f"hooks: {hook!r} is not a mgloop.step.hooks.Hook; give "
+                                  "instances of Hook subclasses")
         callbacks_lib.check(callbacks, config.eval_every)
         if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
             check_data(dataset, config)
@@ -147,7 +154,8 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
         chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
         with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
               contextlib.ExitStack() as on_exit):
-            return _run(config, model_fn, training_spec.Given(loss, metrics, optimizer, callbacks),
+            return _run(config, model_fn,
+                        training_spec.Given(loss, metrics, optimizer, callbacks, tuple(hooks)),
                         (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
 
 
@@ -166,7 +174,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     callbacks_lib.check(given.callbacks, config.eval_every, evaluation is not None)
     trainer = build_trainer(config, device_set, _model_builder(config, model_fn, train),
                             given.loss, train.input_shape, workers, given.metrics,
-                            given.optimizer)
+                            given.optimizer, given.hooks)
     train.check_model(trainer.model)
     checkpointer, saver, restored = _restore(config, trainer, workers, chief)
     start_step = int(trainer.global_step.numpy())

@@ -225,6 +225,7 @@ class Given:
     metrics: object = None
     optimizer: object = None
     callbacks: object = None
+    hooks: tuple = ()  # the user's step hooks (mgloop.step.hooks.Hook), after mgloop's
 
 
 def renamed(old: str, old_value, new: str, new_value):

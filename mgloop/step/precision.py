@@ -23,14 +23,34 @@ every copy. Tower t reads S from the copy it computes with and, on its device,
                                         compressed transport carry normal-size values)
     finite_t = every element of every g[t][v] is finite
 
-The flags are agreed explicitly: all_finite = AND_t finite_t is formed on the host
-and sent to every copy, also for `independent`, where no gradient is shared. Then
-on every copy at once:
+The flags are agreed explicitly, over every tower of every worker: each worker counts
+its units whose gradient is not finite, on its host,
+
+    bad_w = sum_{t in w} (1 - finite_t)                       (float32, exact: <= 2**24)
+
+and the count travels with the step's metrics (mean loss, metric states) in the
+collective the exchange already makes between workers (cross_worker.py,
+`reduce_with_metrics`), so every worker receives the same bad = sum_w bad_w: 4 bytes
+more, counted as state, and no message more. In one process the metrics come back as
+given (bad = bad_0). all_finite = (bad == 0) is sent from the host to every copy, also
+for `independent`, where no gradient is shared. Then on every copy of every worker at
+once:
 
     all_finite      apply the update; count the finite step; after 2000 in a row S <- 2 S
     not all_finite  change nothing: weights, optimizer slots and iterations, and the
                     non-trainable state (moving statistics) stay as they were; S <- S / 2
                     and the count restarts
+
+Why a count and not the exchanged gradient's own finiteness (which would cost nothing
+when every worker receives the same reduced gradient): the reduced gradient is not
+finite exactly when some tower's is only for an exact sum. A robust rule (median,
+trimmed mean, clipping) can leave out the overflowing node, so its error feedback and
+state would take the inf while the step is applied; a compressor may turn inf into a
+finite code (a sign) or into NaN everywhere; local methods (DiLoCo, local SGD) exchange
+nothing on most steps, and each worker would decide from its own towers alone. The
+count gives every worker the decision one process makes over the same towers (AND over
+all of them), whatever the method, which is what makes N workers equal N simulated
+nodes (tests/test_nodes_workers.py).
 
 (Keras updates moving statistics in the forward pass even on a skipped step; mgloop
 keeps them, so an overflow in the forward pass cannot write inf into the model.)
@@ -114,10 +134,10 @@ class DynamicLossScale:
             tf.cond(finite, apply, skip)
 
 
-def agree_finite(unit_grads: list[list[tf.Tensor]], units: list[str], aggregation,
-                 copy_devices: list[str]) -> list[tf.Tensor]:
-    """AND over units of "all my gradients are finite", formed on the host, sent to
-    every copy's device: one unit's overflow skips the update on every copy."""
+def non_finite_units(unit_grads: list[list[tf.Tensor]], units: list[str],
+                     aggregation) -> tf.Tensor:
+    """bad_w: how many of this worker's units hold a non-finite gradient element, a float32
+    scalar on the host (each unit's flag formed on its device, sent to the host)."""
     host = aggregation.devices.host
     flags = []
     for grads, device in zip(unit_grads, units):
@@ -125,7 +145,15 @@ def agree_finite(unit_grads: list[list[tf.Tensor]], units: list[str], aggregatio
             flag = all_finite(grads)
         flags.append(aggregation.send(flag, device, host))
     with tf.device(host):
-        agreed = tf.reduce_all(tf.stack(flags))
+        return tf.reduce_sum(1.0 - tf.cast(tf.stack(flags), tf.float32))
+
+
+def agreed_finite(bad: tf.Tensor, aggregation, copy_devices: list[str]) -> list[tf.Tensor]:
+    """all_finite = (bad == 0), bad the count summed over every worker, formed on the host
+    and sent to every copy's device: one unit's overflow skips the update on every copy."""
+    host = aggregation.devices.host
+    with tf.device(host):
+        agreed = tf.equal(bad, 0.0)
     return [aggregation.send(agreed, host, device) for device in copy_devices]
 
 

@@ -45,6 +45,7 @@ class SingleLossStep:
                 out = self.passes(lambda xs, ys, s: self.single_pass(trainable, xs, ys, s),
                                   [x for x, _ in shards], [y for _, y in shards], states)
             may_apply = hooks.may_apply(out.grads)
+            hooks.from_all_workers(hooks.to_all_workers())  # one process: as given
             kept = hooks.after_exchange(out.grads)
             with tf.name_scope(AGGREGATION):
                 new_states = non_trainable.combine(aggregation, out.states, replicas.copies,

@@ -54,7 +54,9 @@ class TowerStep:
            g[t] = d loss_t / d v (towers.tower_pass; with K micro-batches, the mean of K),
            then the hooks' `alter_towers` of every g[t] (an omniscient attack);
         3. the exchange forms g = (1/T) sum_t g[t] over every worker's towers, placed per
-           copy (sums already formed at home are only scaled), with the step's metrics;
+           copy (sums already formed at home are only scaled), with the step's metrics
+           and the hooks' counts (`to_all_workers`: loss scaling's overflows), summed
+           over the workers;
         4. every copy applies g with its own optimizer and takes the towers' averaged
            non-trainable state (non_trainable.py), if the hooks' guard lets it; then the
            method's `after_update` (a no-op for synchronous methods; local SGD and DiLoCo
@@ -79,9 +81,12 @@ class TowerStep:
             with tf.device(aggregation.devices.host):  # this worker's share of the means
                 loss = tf.add_n(out.losses) / (replicas.num_towers * replicas.num_workers)
                 metric_state = tf.add_n(out.metric_states)
-            with tf.name_scope(AGGREGATION):  # 3. the exchange (metrics ride with the grads)
-                grads, (loss, metric_state) = self.exchange(sent, [loss, metric_state],
-                                                            out.sums)
+            with tf.name_scope(AGGREGATION):  # 3. the exchange (metrics ride with the grads,
+                # and the hooks' counts with them: summed over the workers, e.g. the overflows)
+                grads, summed = self.exchange(sent, [loss, metric_state,
+                                                     *hooks.to_all_workers()], out.sums)
+                loss, metric_state = summed[:2]
+                hooks.from_all_workers(summed[2:])
                 kept = hooks.after_exchange(grads)
                 states = non_trainable.combine(aggregation, out.states, replicas.copies,
                                                replicas.tower_devices)

@@ -8,27 +8,98 @@ and appends `--devices=...`. For each aggregation SPEC (its index i) it trains
 processes (one TensorFlow start-up and one gRPC server each) covers every method.
 SPEC@S trains S steps first, then runs again on the same logdir, which resumes from the
 checkpoint of step S (the chief's and every node's, read back from disk).
+A SPEC may carry settings after the method, `METHOD --key=value ...` (e.g.
+`--mixed_precision=mixed_float16`, `--partition=dirichlet:alpha=0.5`), and
+`--overflow=G:S`: global tower G's gradients are made non-finite at step S (`OverflowAt`).
+Each worker prints, with its `done`, its loss scale and a digest of its weights.
 """
 
+import contextlib
+import hashlib
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
 from mgloop import Config, ConfigError, aggregation  # noqa: E402
+from mgloop.cluster import devices as devices_lib  # noqa: E402
+from mgloop.cluster import workers as cluster  # noqa: E402
 from mgloop.runs import experiment  # noqa: E402
+from mgloop.step.hooks import Hook  # noqa: E402
 
 SETTINGS = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
                 train_steps=4, steps_per_loop=4, seed=3, deterministic=True, summary_every=0,
                 log_every=0, diagnostics=False, collective_timeout=60)
 
 
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """`METHOD --key=value ...` -> (METHOD, {key: value}), numbers read as numbers."""
+    method, *rest = spec.split()
+    settings = {}
+    for item in rest:
+        key, _, value = item[2:].partition("=")
+        for kind in (int, float):
+            with contextlib.suppress(ValueError):
+                value = kind(value)
+                break
+        settings[key] = value
+    return method, settings
+
+
+class OverflowAt(Hook):
+    """Global tower `tower`'s gradients times inf (so +-inf, or NaN where 0) at the run's
+    step `step` (counted from its start), as an overflow in its scaled backward pass would
+    make them; every other tower and step as computed. A test of the agreed skip."""
+
+    def __init__(self, tower: int, step: int, first_tower: int):
+        self.local, self.step = tower - first_tower, step  # the tower in this process, if any
+        self.count = None
+
+    def step_scope(self):
+        if self.count is None:  # made once, when the step is first traced
+            with tf.init_scope():
+                self.count = tf.Variable(0, dtype=tf.int64, trainable=False)
+        return contextlib.nullcontext()
+
+    def unscale(self, t, grads):
+        if t != self.local:
+            return grads
+        factor = tf.where(tf.equal(self.count, self.step), np.inf, 1.0)
+        return [None if g is None else g * tf.cast(factor, g.dtype) for g in grads]
+
+    def after_exchange(self, grads):
+        return [self.count.assign_add(1)]
+
+
+def hooks_for(spec: str, devices: str) -> list[Hook]:
+    """The spec's `--overflow=G:S` as a hook of this process (its towers `devices`)."""
+    overflow = parse_spec(spec)[1].get("overflow")
+    if overflow is None:
+        return []
+    tower, step = map(int, str(overflow).split(":"))
+    workers = cluster.from_environment()
+    towers = devices_lib.parse(devices, 1).num_towers
+    return [OverflowAt(tower, step, workers.index * towers if workers else 0)]
+
+
+def digest(result) -> str:
+    """sha256 of this process's trained weights (variable copy 0), bytes in order."""
+    return hashlib.sha256(b"".join(np.ascontiguousarray(w).tobytes()
+                                   for w in result.model.get_weights())).hexdigest()[:16]
+
+
 def config_for(spec: str, root: str, index: int, devices: str, **overrides) -> Config:
-    settings = dict(SETTINGS, aggregation=spec, devices=devices,
+    method, extra = parse_spec(spec)
+    extra.pop("overflow", None)  # a hook (hooks_for), not a setting
+    settings = dict(SETTINGS, aggregation=method, devices=devices,
                     logdir=os.path.join(root, str(index)),
                     export_dir=os.path.join(root, str(index), "export"))
+    settings.update(extra)
     settings.update(overrides)
-    method, options = aggregation.parse(spec)
+    method, options = aggregation.parse(method)
     if method.applies_momentum(options):  # momentum inside the method: plain SGD outside
         settings["optimizer"] = "sgd"
     return Config(**settings)
@@ -44,12 +115,16 @@ def main(argv):
         try:  # refused the same way on every worker, before anything is built
             if first:  # stop after `first` steps, then resume from the checkpoint on disk
                 experiment.run(config_for(spec, root, index, devices,
-                                          **dict(overrides, train_steps=int(first))))
-            experiment.run(config_for(spec, root, index, devices, **overrides))
+                                          **dict(overrides, train_steps=int(first))),
+                               hooks=hooks_for(spec, devices))
+            result = experiment.run(config_for(spec, root, index, devices, **overrides),
+                                    hooks=hooks_for(spec, devices))
         except ConfigError as error:
             print(f"[methods] refused {index} {entry}: {error}", flush=True)
             continue
-        print(f"[methods] done {index} {entry}", flush=True)
+        worker = cluster.from_environment().index
+        print(f"[methods] done {index} {entry} | worker={worker} "
+              f"loss_scale={result.trainer.loss_scale()} weights={digest(result)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,13 @@ The step (step/tower_step.py) calls, in data-path order, for every hook of its `
                              towers' gradients); not the home sums, formed before it
     observe(losses, grads)   every tower's mean loss and gradients, before the exchange
     may_apply(grads)         a guard `(copy index, update) -> None` that runs `update` or not
-                             (loss scaling: only if every tower's gradients are finite)
+                             (loss scaling: only if every tower's gradients are finite); the
+                             guard runs after `from_all_workers`
+    to_all_workers()         float32 scalars on the host that travel with the step's metrics
+                             in the exchange, summed over every worker (loss scaling: this
+                             worker's count of towers whose gradients are not finite)
+    from_all_workers(sums)   those scalars summed over every worker (one process: as given),
+                             once the exchange has run
     after_exchange(grads)    the exchanged gradients per copy; returns ops the step's end
                              waits for (the gradients histograms keep)
     report(done)             {name: tensor} the step returns besides loss and metrics, once
@@ -114,6 +120,12 @@ class Hook:
     def may_apply(self, grads: list[list[tf.Tensor]]) -> Guard:
         return _always
 
+    def to_all_workers(self) -> list[tf.Tensor]:
+        return []
+
+    def from_all_workers(self, sums: list[tf.Tensor]) -> None:
+        pass
+
     def after_exchange(self, grads: list[list[tf.Tensor]]) -> list:
         return []
 
@@ -128,6 +140,7 @@ class Hooks:
     def __init__(self, hooks: Sequence[Hook] = (), gradients=tape_gradients):
         self.hooks = list(hooks)
         self.gradients = gradients
+        self._shared: list[list[tf.Tensor]] = []  # what each hook gave `to_all_workers`
 
     def find(self, kind: type) -> Hook | None:
         """The hook of class `kind`, or None (for reporting and tests, not for the step)."""
@@ -190,6 +203,17 @@ class Hooks:
                 update = (lambda g=g, inner=update: g(copy, inner))
             update()
         return guard
+
+    def to_all_workers(self) -> list[tf.Tensor]:
+        self._shared = [hook.to_all_workers() for hook in self.hooks]
+        return [x for values in self._shared for x in values]
+
+    def from_all_workers(self, sums: list[tf.Tensor]) -> None:
+        """Each hook gets back the sums of the values it gave `to_all_workers`."""
+        start = 0
+        for hook, values in zip(self.hooks, self._shared):
+            hook.from_all_workers(list(sums[start:start + len(values)]))
+            start += len(values)
 
     def after_exchange(self, grads) -> list:
         return [x for hook in self.hooks for x in hook.after_exchange(grads)]

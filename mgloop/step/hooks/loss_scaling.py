@@ -2,9 +2,13 @@
 
 Unit u (a tower; the host for the single-loss step) reads S from the copy it computes
 with, on its own device, once per step (`step_scope`); differentiates S * loss_u
-(`scale_loss`) and divides its gradients by S (`unscale`). `may_apply` agrees
-all_finite = AND_u finite_u on the host, sends it to every copy, and guards each copy's
-update with it (`DynamicLossScale.apply_if_finite`: skipped, the scale halved).
+(`scale_loss`) and divides its gradients by S (`unscale`). `may_apply` counts this
+worker's units whose gradients are not finite (on the host); the count rides with the
+step's metrics in the exchange (`to_all_workers`), which sums it over every worker;
+`from_all_workers` forms all_finite = (sum == 0), the same on every worker (precision.py
+says why a count and not the exchanged gradient), and sends it to every copy, whose
+update the guard runs only then (`DynamicLossScale.apply_if_finite`: skipped, the scale
+halved).
 
 A skipped step leaves the method's state as it was too: `may_apply` reads every
 state variable of the aggregation (error-feedback residuals, PowerSGD's Q, DGC's
@@ -35,8 +39,10 @@ class LossScaling(Hook):
         self.units, self.copy_of_unit = list(unit_devices), list(copy_of_unit)
         self.copy_devices = list(copy_devices)
         self._read: list[tf.Tensor] = []  # this step's S on each unit
-        # this step's all_finite on copy 0's device and the method's state before the exchange
-        self._finite: tf.Tensor | None = None
+        self._bad: tf.Tensor | None = None  # this step's count of this worker's bad units
+        # this step's all_finite on each copy's device and the method's state before the
+        # exchange
+        self._finite: list[tf.Tensor] | None = None
         self._state_before: list[tuple[tf.Variable, tf.Tensor]] = []
 
     @contextlib.contextmanager
@@ -53,16 +59,28 @@ class LossScaling(Hook):
         return [None if g is None else g / self._read[t] for g in grads]
 
     def may_apply(self, grads):
-        finite = precision.agree_finite(grads, self.units, self.aggregation, self.copy_devices)
-        self._finite = finite[0]
+        self._bad = precision.non_finite_units(grads, self.units, self.aggregation)
+        self._finite = None
         self._state_before = []
         for v in self.aggregation.state_variables:  # read before the exchange writes it
             with tf.device(v.device):
                 self._state_before.append((v, v.read_value()))
 
         def guard(copy: int, update) -> None:
-            self.scales[copy].apply_if_finite(finite[copy], update)
+            self.scales[copy].apply_if_finite(self._agreed()[copy], update)
         return guard
+
+    def to_all_workers(self) -> list[tf.Tensor]:
+        return [self._bad]
+
+    def from_all_workers(self, sums: list[tf.Tensor]) -> None:
+        self._finite = precision.agreed_finite(sums[0], self.aggregation, self.copy_devices)
+
+    def _agreed(self) -> list[tf.Tensor]:
+        if self._finite is None:  # a step that forgot to exchange the count
+            raise RuntimeError("loss scaling: the step applied its update before the count "
+                               "of non-finite units came back (Hooks.from_all_workers)")
+        return self._finite
 
     def after_exchange(self, grads) -> list:
         """On a skipped step, every state variable of the method takes back its value
@@ -76,7 +94,7 @@ class LossScaling(Hook):
                 with tf.device(v.device):
                     v.assign(value)
             return tf.constant(True)
-        return [tf.cond(self._finite, lambda: tf.constant(False), restore)]
+        return [tf.cond(self._agreed()[0], lambda: tf.constant(False), restore)]
 
     def current(self) -> float:
         """The scale now (the same on every copy)."""
