@@ -75,7 +75,8 @@ def padded_buffer(method, encoded, tower: int, most: tf.Tensor) -> tf.Tensor:
 def _gather_buffers(method, buffers: list, towers: list) -> list[list]:
     """have[t][s]: sender s's buffer on tower t (one tower per process with peers)."""
     if method.peers is not None:
-        return [method.peers.all_gather_bytes(method.traffic, buffers[0], method.measured)]
+        return [method.peers.all_gather_bytes(method.traffic, buffers[0], method.measured,
+                                              method.steps[0].read_value())]
     num = len(towers)
     have = [[None] * num for _ in range(num)]
     for t in range(num):
