@@ -107,7 +107,8 @@ class Site:
 
 class Compressed(Aggregation):
     """Subclass, set `name`, `options_type` (with a `memory` field: memory_option),
-    `transport` (SUMMABLE or GATHER), implement `compress`, `decompress`, `error_bound`;
+    `transport` (SUMMABLE or GATHER; or its own `exchange_encoded`: threshold's sizes first,
+    sizes_first.py), implement `compress`, `decompress`, `error_bound`;
     optionally `prepare`/`update_state` (e.g. DGC's momentum) and `extra_state`."""
 
     layout = REPLICATED
