@@ -128,15 +128,15 @@ def test_bfloat16_values_travel_at_two_bytes():
 
 
 def test_value_zero_is_the_dense_mean():
-    """Every entry passes: out = ((0 + g_0) + g_1 + ...) / T in float32, within the
-    recursive summation bound gamma_{T} sum_t |g_t| / T (gamma_n = n u / (1 - n u),
-    u = 2^-24; T-1 additions and the product by 1/T) of the exact mean; nothing is kept."""
+    """Every entry passes: out = ((0 + g_0) + g_1 + ...) * fl(1/T) in float32, within
+    gamma_{T+1} sum_t |g_t| / T (gamma_n = n u / (1 - n u), u = 2^-24: T-1 roundings of
+    the additions, one of 1/T, one of the product) of the exact mean; nothing is kept."""
     method, variables, step_fn = made("threshold:value=0")
     rng = np.random.default_rng(5)
     values = [[rng.normal(size=s).astype(np.float32) for s in SHAPES] for _ in range(TOWERS)]
     out = run(method, variables, step_fn, values)
     u = 2.0 ** -24
-    gamma = TOWERS * u / (1 - TOWERS * u)
+    gamma = (TOWERS + 1) * u / (1 - (TOWERS + 1) * u)
     for i in range(len(SHAPES)):
         stacked = np.stack([values[t][i].astype(np.float64) for t in range(TOWERS)])
         bound = gamma * np.abs(stacked).sum(axis=0) / TOWERS

@@ -89,15 +89,16 @@ def _gather_buffers(method, buffers: list, towers: list) -> list[list]:
     return have
 
 
-def _decode(raw: tf.Tensor, most: tf.Tensor, counts: tf.Tensor, dtypes, like) -> list:
+def _decode(raw: tf.Tensor, most: tf.Tensor, counts: tf.Tensor, dtypes, sites) -> list:
     """Per variable (values, indices) of one sender's buffer: its first counts[i] of the
-    most[i] it padded to, values as `like[i]`'s dtype, indices int32."""
+    most[i] it padded to, values as sites[i]'s dtype, indices as scatters take them."""
     pieces = tf.split(raw, tf.reshape(_piece_sizes(most, dtypes), [-1]), num=2 * len(dtypes))
     out = []
     for i, (value_dtype, index_dtype) in enumerate(dtypes):
         values = _from_piece(pieces[2 * i], value_dtype)[:counts[i]]
         index = _from_piece(pieces[2 * i + 1], index_dtype)[:counts[i]]
-        out.append((tf.cast(values, like[i]), tf.cast(index, tf.int32)))
+        out.append((tf.cast(values, sites[i].dtype),
+                    bitpacking.unpack_indices(index, sites[i].size)))
     return out
 
 
@@ -126,7 +127,6 @@ def combine(method, encoded) -> list[list[tf.Tensor]]:
             counts.append((counts_of(encoded, t),))
     have_counts = ring_all_gather(method, counts, towers, exact=True)
     dtypes = _wire_dtypes(method, encoded)
-    likes = [e.sites[0].dtype for e in encoded]
     mosts, buffers = [], []
     for t, device in enumerate(towers):
         with tf.device(device):
@@ -139,7 +139,8 @@ def combine(method, encoded) -> list[list[tf.Tensor]]:
             sums = [tf.zeros([e.sites[t].size], e.sites[t].dtype) for e in encoded]
             for (sender_counts,), raw in zip(have_counts[t], have[t]):
                 for i, (values, index) in enumerate(
-                        _decode(raw, mosts[t], sender_counts, dtypes, likes)):
+                        _decode(raw, mosts[t], sender_counts, dtypes,
+                                [e.sites[t] for e in encoded])):
                     sums[i] = tf.tensor_scatter_nd_add(sums[i], index[:, None], values)
             for i, total in enumerate(sums):
                 totals[i][t] = total

@@ -34,7 +34,8 @@ move sum_{s' != s} k_{s',i} instead, which is not built.
 Bound: without memory ||c_t - g_t|| <= ||g_t||, rho = 1. With memory the error is
 absolute (|e| < v entry-wise: out is within 2 v sqrt(n) of the mean), not relative to
 G, so `error_bound` is infinite. value=0: every entry passes and out is the sum in sender
-order ((0 + c_0) + c_1) + ..., times 1/T, within gamma_T sum_t |g_t| / T of the mean.
+order ((0 + c_0) + c_1) + ..., times fl(1/T), within gamma_{T+1} sum_t |g_t| / T of the
+mean (gamma_n = n u / (1 - n u), u = 2^-24: T-1 additions, 1/T and the product rounded).
 """
 
 from __future__ import annotations
