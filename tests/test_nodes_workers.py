@@ -63,16 +63,20 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # and error feedback unchanged) and halve the scale, agreed through the count that rides
 # with the metrics (precision.py). Non-IID clients: the median of the two workers'
 # label-Dirichlet shards of digits (partition.py), the same dealing as --nodes=2.
+# threshold sends the entries that pass, sizes first: the counts gathered, then values and
+# indices padded to the largest count in one CollectiveGatherV2 (bytes counted when run,
+# resumed: the run-time totals are the nodes' state too).
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "centered_clipping:tau=1", "demo@2", "sparta_diloco:fraction=0.05,period=4@2",
                "signsgd:bits=1", "sparseloco:period=2,density=0.1@2",
                "streaming_diloco:period=4,fragments=2,tau=1,outer_bits=4@2",
                "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2",
+               "threshold:value=0.05@2",
                "topk:ratio=0.1 --mixed_precision=mixed_float16 --overflow=2:1",
                "median --dataset=digits --partition=dirichlet:alpha=0.5"]
 # synchronous entries: every worker ends with the same weights and loss scale (each
 # worker's own, printed by the worker), those of the simulated nodes
-EVERY_WORKER_ALIKE = TWO_WORKERS[-2:]
+EVERY_WORKER_ALIKE = [entry for entry in TWO_WORKERS if " --" in entry]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]

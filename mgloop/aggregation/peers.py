@@ -15,6 +15,16 @@ processes with TensorFlow's collective ops over gRPC instead of between devices:
                         travel as one message (a bucket), and the bytes counted are the
                         bytes sent, padding included. A ring all-gather: each worker
                         sends and receives (W-1) buffers in W-1 messages each way.
+    all_gather_bytes(raw)   the same for one uint8 buffer whose length the step decides
+                        (equal on every worker: the caller's promise, e.g. a payload
+                        padded to the largest size every worker gathered first): padded
+                        to whole int32s (at least one), one CollectiveGatherV2, its
+                        (W-1) padded buffers each way counted when the step runs
+                        (measured.py). The runtime caches a collective's shape per
+                        instance key within one call of a function (a compiled loop of
+                        steps is one call), so its instance key is a run-time one:
+                        a base per traced call site plus the exchange's index
+                        (mod 2^16), the same on every worker.
     all_sum(value)      sum_w value_w on every worker: one CollectiveReduceV2 (merge
                         Add), a ring all-reduce: 2(W-1)/W of the bytes each way in
                         2(W-1) messages. Its order of additions is the runtime's: for
@@ -35,6 +45,7 @@ an ordering token, so its collectives run in program order.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import tensorflow as tf
 
@@ -42,6 +53,9 @@ from mgloop.aggregation import bitpacking
 from mgloop.aggregation.base import canonical
 
 _NARROW = (tf.int8, tf.int16, tf.uint8, tf.uint16)  # no collective sum kernels: gathered
+# all_gather_bytes's call sites: 2^16 run-time instance keys each, from 2^30 (apart from
+# cross_worker's counters, which count up from 10^6), advanced alike on every worker
+_RUN_TIME_KEYS = itertools.count(1 << 30, 1 << 16)
 
 
 @dataclasses.dataclass
@@ -86,6 +100,29 @@ class Peers:
             return [bitpacking.from_bytes(
                 tf.reshape(tf.bitcast(gathered[w], tf.uint8), [-1]), parts)
                 for w in range(self.num_workers)]
+
+    def all_gather_bytes(self, traffic, raw: tf.Tensor, measured,
+                         exchange: tf.Tensor) -> list[tf.Tensor]:
+        """have[w]: worker w's 1-D uint8 `raw`, of a run-time length equal on every worker,
+        on this worker's device; bytes counted by `measured`; `exchange`: an integer scalar
+        that differs between the exchanges of one call and is the same on every worker (the
+        method's exchange count) (module docstring)."""
+        key = next(_RUN_TIME_KEYS)
+        with tf.device(self.device):
+            instance = key + tf.cast(tf.math.floormod(exchange, 1 << 16), tf.int32)
+            length = tf.size(raw)
+            padded = tf.maximum((length + 3) // 4, 1) * 4  # a gather of no element: one word
+            raw = tf.concat([raw, tf.zeros([padded - length], tf.uint8)], 0)
+            words = tf.bitcast(tf.reshape(raw, [-1, 4]), tf.int32)
+            measured.collective(traffic, self.device,
+                                tf.cast(padded, tf.int64) * (self.num_workers - 1),
+                                self.num_workers - 1)
+            gathered = tf.raw_ops.CollectiveGatherV2(
+                input=words[None], group_size=self.num_workers, group_key=self.group_key,
+                instance_key=instance, ordering_token=[self.token.handle],
+                communication_hint="auto")
+            return [tf.reshape(tf.bitcast(gathered[w], tf.uint8), [-1])[:length]
+                    for w in range(self.num_workers)]
 
     def all_sum(self, traffic, value: tf.Tensor) -> tf.Tensor:
         """sum over workers of `value` (module docstring), on this worker's device."""

@@ -23,6 +23,13 @@ link report charges as such. Each occasion's counts are also kept apart
 (`by_occasion`), so what step s moves is the sum of the occasions that occur at s
 (`at_step`), and a run's bytes per step are averaged over its steps from that
 (observe/link_report.py).
+
+Measured. A send whose length the data decides (threshold's entries that pass) has no
+static shape: its message is recorded when traced, its bytes when the step runs, into
+int64 totals (aggregation/measured.py) that `measure` registers under the send's
+(device, tier, kind, occasion); `with_measured` adds each total divided by the steps its
+occasion occurred on (the run's mean per step) to a copy of the counts, as the link report
+reads them.
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ class Traffic:
     parts: dict = dataclasses.field(default_factory=dict)  # (tier, kind) -> Traffic
     occasion: Occasion = EVERY_STEP  # the occasion recorded now (`on` switches it)
     by_occasion: dict = dataclasses.field(default_factory=dict)  # name -> (Occasion, Traffic)
+    # (device, tier, kind, occasion name) -> (Occasion, [sent totals], [received totals])
+    measured: dict = dataclasses.field(default_factory=dict)
 
     def record(self, src: str, dst: str, num_bytes: int) -> None:
         """One message of `num_bytes` from `src` to `dst`."""
@@ -145,6 +154,33 @@ class Traffic:
         finally:
             self.occasion = outer
 
+    def measure(self, device: str, tier: str, sent=None, received=None) -> None:
+        """Registers run-time totals (aggregation/measured.py: int64 tf.Variables of the bytes
+        `device` sent or received over the run's steps) under the kind and occasion recorded
+        now; each total once."""
+        key = (device, tier, self.kind, self.occasion.name)
+        _, sents, receives = self.measured.setdefault(key, (self.occasion, [], []))
+        for total, into in ((sent, sents), (received, receives)):
+            if total is not None and not any(known is total for known in into):
+                into.append(total)
+
+    def with_measured(self, occurrences: Callable[[str], int]) -> "Traffic":
+        """A copy whose counts add, for each measured total, total / occurrences(its
+        occasion's name) (its mean per step on which the occasion occurred); self when
+        nothing is measured."""
+        if not self.measured:
+            return self
+        out = self.snapshot()
+        out.measured = {}
+        for (device, tier, kind, name), (occasion, sents, receives) in self.measured.items():
+            times = occurrences(name)
+            if times:
+                out.occasion, out.kind = occasion, kind
+                out.add(device, sent=sum(int(t.numpy()) for t in sents) / times,
+                        received=sum(int(t.numpy()) for t in receives) / times, tier=tier)
+        out.occasion, out.kind = self.occasion, self.kind
+        return out
+
     def occasions(self) -> list[Occasion]:
         """The occasions recorded, in the order first seen."""
         return [occasion for occasion, _ in self.by_occasion.values()]
@@ -203,13 +239,15 @@ class Traffic:
             counts.clear()
         self.parts.clear()
         self.by_occasion.clear()
+        self.measured.clear()
 
     def snapshot(self) -> "Traffic":
         return Traffic(*(dict(counts) for counts in self._counts()), node_of=self.node_of,
                        kind=self.kind, parts={k: p.snapshot() for k, p in self.parts.items()},
                        occasion=self.occasion,
                        by_occasion={name: (occasion, traffic.snapshot())
-                                    for name, (occasion, traffic) in self.by_occasion.items()})
+                                    for name, (occasion, traffic) in self.by_occasion.items()},
+                       measured=_copied(self.measured))
 
     def restore(self, snapshot: "Traffic") -> None:
         """Sets the counts back to `snapshot`'s, in place (the object may be shared)."""
@@ -221,6 +259,8 @@ class Traffic:
         self.by_occasion.clear()
         self.by_occasion.update({name: (occasion, traffic.snapshot()) for name, (
             occasion, traffic) in snapshot.by_occasion.items()})
+        self.measured.clear()
+        self.measured.update(_copied(snapshot.measured))
 
     def repeat_since(self, before: "Traffic", times: int) -> None:
         """Counts what was recorded since the snapshot `before` `times` times in all (a part
@@ -268,3 +308,9 @@ class Traffic:
                                    "messages_per_device": messages,
                                    "bytes_sent": sum(part.sent.values())}
         return out
+
+
+def _copied(measured: dict) -> dict:
+    """`Traffic.measured` with its lists copied (the totals themselves shared)."""
+    return {key: (occasion, list(sents), list(receives))
+            for key, (occasion, sents, receives) in measured.items()}

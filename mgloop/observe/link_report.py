@@ -34,6 +34,11 @@ within tier's (one node: every device's). The compression ratio is of the gradie
                                         G: the busiest device's gradient bytes per step at
                                         the method's tier
 
+Bytes a step counts only when it runs (a payload whose length the data decides:
+aggregation/measured.py) enter as their run's mean per step, total / n_o: `steps` must be
+the steps the run trained (its final step), and a per-step figure (the slowest step, the
+bytes through step p) takes that mean for each of its steps.
+
 State (batch-norm statistics, the step's metrics) is reported apart, never in G. Per sync
 ("syncs": one entry per occasion that is not every step): the bytes and messages of one
 occurrence, how many times it occurred, and the ratio dense / its gradient bytes.
@@ -55,11 +60,14 @@ class Schedule:
     occasions)."""
 
     def __init__(self, traffic: Traffic, steps: int):
-        self.traffic, self.steps = traffic, max(int(steps), 0)
+        self.steps = max(int(steps), 0)
         shared: dict[tuple, tuple] = {}  # one tuple per distinct set: a pointer per step
         self.keys = [shared.setdefault(key, key)
                      for key in map(traffic.occurring, range(self.steps))]
         self.counts = collections.Counter(self.keys)
+        # bytes counted when the steps ran (aggregation/measured.py): their mean per step
+        self.traffic = traffic.with_measured(lambda name: sum(
+            count for key, count in self.counts.items() if name in key))
         self._of_key: dict[tuple, Traffic] = {}
 
     def traffic_of(self, key: tuple[str, ...]) -> Traffic:

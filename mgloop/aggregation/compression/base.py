@@ -107,7 +107,8 @@ class Site:
 
 class Compressed(Aggregation):
     """Subclass, set `name`, `options_type` (with a `memory` field: memory_option),
-    `transport` (SUMMABLE or GATHER), implement `compress`, `decompress`, `error_bound`;
+    `transport` (SUMMABLE or GATHER; or its own `exchange_encoded`: threshold's sizes first,
+    sizes_first.py), implement `compress`, `decompress`, `error_bound`;
     optionally `prepare`/`update_state` (e.g. DGC's momentum) and `extra_state`."""
 
     layout = REPLICATED
@@ -290,21 +291,28 @@ class Compressed(Aggregation):
             out.sent.append(c)
         return out
 
+    def exchange_encoded(self, encoded: list) -> list[list[tf.Tensor]]:
+        """totals[i][t]: the flat sum over every tower of variable i's c, on tower t, from
+        the payloads `encoded` (per variable): by the method's transport (module docstring)."""
+        gathered = gather_in_buckets(self, encoded, [
+            i for i, e in enumerate(encoded) if self.transport == GATHER
+            or self.gathers_packed(e)])
+        out = []
+        for i, e in enumerate(encoded):
+            if self.transport == GATHER:
+                out.append(transport.gathered_sums(self, gathered[i], e.sent, e.sites))
+            elif i in gathered:
+                out.append(transport.gathered_payload_sums(self, gathered[i], e.sites))
+            else:
+                out.append(transport.summed(self, e.payloads, e.sites))
+        return out
+
     def reduce(self, tower_values, variables, average=True):
         towers = list(self.devices.towers)
         self.exchange_started(average)
         encoded = [self.encode(tower_values, i) for i in range(len(variables))]
-        gathered = gather_in_buckets(self, encoded, [
-            i for i, e in enumerate(encoded) if self.transport == GATHER
-            or self.gathers_packed(e)])
         per_var = []
-        for i, e in enumerate(encoded):
-            if self.transport == GATHER:
-                totals = transport.gathered_sums(self, gathered[i], e.sent, e.sites)
-            elif i in gathered:
-                totals = transport.gathered_payload_sums(self, gathered[i], e.sites)
-            else:
-                totals = transport.summed(self, e.payloads, e.sites)
+        for e, totals in zip(encoded, self.exchange_encoded(encoded)):
             outs = []
             for device, total, site in zip(towers, totals, e.sites):
                 with tf.device(device):
