@@ -87,6 +87,7 @@ class LocalSGD(Aggregation):
     compressed_transport = False  # parameters are averaged at their own dtype
     copies_differ = True
     runs_between_processes = True  # its transports reach other processes (peers.py)
+    live = None  # node_failures.Schedule (set by nodes.py): copy c is node c; syncs skip the down
 
     def parameter_devices(self):
         return list(self.devices.towers)
@@ -149,9 +150,12 @@ class LocalSGD(Aggregation):
             indices = [i for i, x in enumerate(per_copy[0]) if x.dtype.name == dtype]
             shapes = [per_copy[0][i].shape for i in indices]
             flats = []
-            for device, values in zip(devices, per_copy):
+            for c, (device, values) in enumerate(zip(devices, per_copy)):
                 with tf.device(device):
-                    flats.append(tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0))
+                    flat = tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0)
+                    if average and self.live is not None:  # w_c: the mean of the live copies
+                        flat = flat * self.live.weights(self.step_counter, flat.dtype)[c]
+                    flats.append(flat)
             means = sharded_ring_all_reduce(self, flats, devices, 1, average)
             for c, (device, mean) in enumerate(zip(devices, means)):
                 with tf.device(device):
@@ -165,10 +169,20 @@ class LocalSGD(Aggregation):
         groups = [list(c.trainable) for c in copies]
         if self.averages_slots:
             groups = [g + slot_variables(c.optimizer) for g, c in zip(groups, copies)]
-        for variables, means in zip(groups, self.average(groups)):
+        for c, (variables, means) in enumerate(zip(groups, self.average(groups))):
             for variable, mean in zip(map(backing, variables), means):
                 with tf.device(variable.device):
-                    variable.assign(mean)
+                    variable.assign(self.if_live(c, mean, variable))
+
+    def if_live(self, c: int, new, variable):
+        """`new`, or the variable's own value while copy c's node is down (node failures)."""
+        if self.live is None:
+            return new
+        return tf.where(self.live.alive(c, self.step_counter), new, tf.convert_to_tensor(variable))
+
+    def copy_state(self, c: int) -> list:
+        """The method's state of copy c alone (what a returning node takes: none here)."""
+        return []
 
     def after_update(self, copies):
         if self.num_towers == 1:
@@ -223,14 +237,18 @@ class DiLoCo(LocalSGD):
         and m), on every copy's device; every copy takes the new x."""
         means = self.average([list(c.trainable) for c in copies])
         lr, mu = self.options.outer_lr, self.options.outer_momentum
-        for copy, starts, momenta, averages in zip(copies, self._start, self._momentum, means):
+        for c, (copy, starts, momenta, averages) in enumerate(
+                zip(copies, self._start, self._momentum, means)):
             with tf.device(copy.device):
                 for target, x, m, a in zip(copy.trainable, starts, momenta, averages):
                     delta = x - a
-                    m.assign(mu * m + delta)
+                    m.assign(self.if_live(c, mu * m + delta, m))
                     step = delta + mu * m if self.options.nesterov else m.read_value()
-                    x.assign(x - lr * step)
-                    target.assign(x.read_value())
+                    x.assign(self.if_live(c, x - lr * step, x))
+                    target.assign(self.if_live(c, x.read_value(), target))
+
+    def copy_state(self, c: int) -> list:
+        return self._start[c] + self._momentum[c]
 
     def reduce(self, tower_values, variables, average=True):
         return [list(values) for values in tower_values]

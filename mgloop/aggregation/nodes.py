@@ -40,6 +40,7 @@ import tensorflow as tf
 from mgloop import aggregation as registry
 from mgloop.aggregation import device_groups
 from mgloop.aggregation import local_steps
+from mgloop.aggregation import node_failures
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
 from mgloop.aggregation.peers import Peers
@@ -59,9 +60,12 @@ class NodeLevel(Wrapper):
     or DIRECT) inside each node."""
 
     def __init__(self, method: Aggregation, devices: DeviceSet, nodes: Nodes,
-                 within: str = DIRECT, make=None):
+                 within: str = DIRECT, make=None, failures=None):
         super().__init__(method, devices)
         self.nodes, self.within_name = nodes, within
+        self.failures = failures  # node_failures.Schedule: nodes down on some steps, or None
+        if failures is not None and node_failures.rule(method) == "local":
+            method.live = failures  # its syncs average the live copies only
         self.sums_at_home = False  # stage 1 always runs first
         self.traffic.node_of.update(nodes.device_map())  # one set of counts, split by tier
         self.within = []
@@ -120,7 +124,10 @@ class NodeLevel(Wrapper):
         return means
 
     def reduce(self, tower_values, variables, average=True):
-        out = self.inner.reduce(self.node_means(tower_values, variables), variables, True)
+        means = self.node_means(tower_values, variables)
+        if self.failures is not None and node_failures.rule(self.inner) == "exact":
+            means = node_failures.weighted(self, means)  # the mean over the live nodes
+        out = self.inner.reduce(means, variables, True)
         if not average:  # the sum over every tower
             out = [[self._times(value, copy) for value in values]
                    for values, copy in zip(out, self.inner.parameter_devices())]
@@ -139,6 +146,12 @@ class NodeLevel(Wrapper):
         return [self.send(value, leader, self.devices.towers[tower]) for value in out[node]]
 
     def after_update(self, copies):
+        ops = self._after_update(copies)
+        if self.failures is None or self.layout == SHARED:
+            return ops
+        return ops + node_failures.recoveries(self, copies, ops)  # returning nodes heal
+
+    def _after_update(self, copies):
         if self.layout == SHARED:
             return self.inner.after_update(copies)
         leaders = [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
@@ -241,7 +254,8 @@ def make(config, devices: DeviceSet, make_method, workers=None) -> Aggregation:
     leaders = DeviceSet(tuple(devices.towers[nodes.leader(n)] for n in range(nodes.count)),
                         devices.host, devices.simulated)
     method = make_method(config.aggregation, leaders, config.transport_dtype)
-    return NodeLevel(method, devices, nodes, settings_of(config)[2], make_method)
+    return NodeLevel(method, devices, nodes, settings_of(config)[2], make_method,
+                     node_failures.check_settings(config))
 
 
 def check_settings(config, request, workers=None):
