@@ -153,13 +153,15 @@ class Schedule:
                 for o in self.outages]
 
     def logging_loop(self, train_loop, global_step):
-        """`train_loop` that logs one line per leave or return in the steps it ran."""
+        """`train_loop` that logs one line per leave (step a ran) or return (step b - 1 ran,
+        its end healed the node) in the steps it ran."""
         def run(*args, **kwargs):
             first = int(global_step.numpy())
             result = train_loop(*args, **kwargs)
             last = int(global_step.numpy())
             for step, node, what in self.events():
-                if first <= step < last or (what == "returns" and first < step <= last):
+                healed = what == "returns"  # at the end of step b - 1
+                if first <= step - healed < last:
                     live = sum(self.live(n, step) for n in range(self.nodes))
                     logging.info("node %d %s at step %d (%d of %d nodes live)", node, what,
                                  step, live, self.nodes)
