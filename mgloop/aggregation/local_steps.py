@@ -50,7 +50,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import register
+from mgloop.aggregation import live_exchange, register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 from mgloop.aggregation.traffic import Occasion, Sync
@@ -150,13 +150,13 @@ class LocalSGD(Aggregation):
             indices = [i for i, x in enumerate(per_copy[0]) if x.dtype.name == dtype]
             shapes = [per_copy[0][i].shape for i in indices]
             flats = []
-            for c, (device, values) in enumerate(zip(devices, per_copy)):
+            for device, values in zip(devices, per_copy):
                 with tf.device(device):
-                    flat = tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0)
-                    if average and self.live is not None:  # w_c: the mean of the live copies
-                        flat = flat * self.live.weights(self.step_counter, flat.dtype)[c]
-                    flats.append(flat)
-            means = sharded_ring_all_reduce(self, flats, devices, 1, average)
+                    flats.append(tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0))
+            if self.live is not None:  # nodes fail: the ring among the live copies only
+                means = live_exchange.ring_mean(self, flats, devices, average)
+            else:
+                means = sharded_ring_all_reduce(self, flats, devices, 1, average)
             for c, (device, mean) in enumerate(zip(devices, means)):
                 with tf.device(device):
                     parts = tf.split(mean, [shape.num_elements() for shape in shapes])

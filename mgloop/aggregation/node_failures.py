@@ -7,50 +7,61 @@ which nodes are down on which steps: a comma-separated list of
     n@a      node n leaves at step a and does not return
 
 e.g. `2@30-60,1@80`. L_s, the nodes live at step s, is a function of the step alone,
-computed inside the compiled step from the step counter (`alive`, `weights`: one traced
-graph for every step). What a step does with it, after torchft's Manager (PyTorch,
-github.com/pytorch/torchft: `Manager.allreduce` zeroes a non-participating replica's
-tensor and divides the sum by `num_participants()`; a replica that heals loads a healthy
-peer's state dict before it takes part again):
+read inside the compiled step from the step counter (`alive`, `set_index`: one traced
+graph serves every step). What a step does with it follows torchft's Manager (PyTorch,
+github.com/pytorch/torchft, manager.py: the quorum re-forms the process group over the
+live replicas, `allreduce` divides the sum by `num_participants()`, and a replica that
+heals loads a healthy peer's state dict before it takes part again):
 
-- A down node computes nothing useful: its towers still run in the simulation, but what
-  it sends is weighted 0 and its copies take no update (the step's guard,
-  step/hooks/node_failures.py): their parameters, optimizer slots and the method's state
-  stay frozen while it is down.
-- Exact methods (`exact`: ring, collective, ps_*, ...): the method between nodes is
-  handed w_n m_n, with w_n = [n in L_s] N / |L_s|, so its mean over N nodes is
-      (1/N) sum_n w_n m_n = (1/|L_s|) sum_{n in L_s} m_n ,
-  the mean over the live nodes (within float32 rounding: one product more per element).
+- A down node computes nothing useful: its towers still run in the simulation, but it
+  sends nothing and its copies take no update (the step's guard,
+  step/hooks/node_failures.py): their parameters, optimizer slots and step count, the
+  method's state of the node stay frozen while it is down.
+- Exact methods (`exact`, `exchanges`: ring, collective, reduce_broadcast, ps_*, ...):
+  the exchange runs among the live nodes only, the method made on their leaders
+  (live_exchange.py), so every live copy gets
+      g_s = (1/|L_s|) sum_{n in L_s} m_n ,
+  the mean over the live nodes of their node means m_n (nodes.py, stage 1).
 - localsgd and DiLoCo (local_steps.py; Douillard et al. 2023, "DiLoCo: Distributed
   Low-Communication Training of Language Models", arXiv 2311.08105): a down node takes
-  no inner step; a sync averages the live copies only, a = (1/|L_s|) sum_{n in L_s} v_n
-  (the ring over w_n v_n), so DiLoCo's outer gradient is the mean of the live nodes'
-  pseudo-gradients, x - a = (1/|L_s|) sum_{n in L_s} (x - v_n); a down node's copy,
-  x and outer momentum do not change.
+  no inner step; a sync's ring runs among the live copies only,
+      a = (1/|L_s|) sum_{n in L_s} v_n ,
+  so DiLoCo's outer gradient is the mean of the live nodes' pseudo-gradients,
+  x - a = (1/|L_s|) sum_{n in L_s} (x - v_n); a down node's copy, its x and outer
+  momentum do not change (localsgd's warmup averages the live gradients so).
 - A return at step b (recovery): at the end of step b - 1 every copy of the returning
   node takes, from the leader of the lowest-numbered node live at step b - 1, its
   trainable and non-trainable variables, every optimizer variable (slots and step count:
-  torchft's DiLoCo example recovers the inner optimizer's state dict, not a fresh one)
-  and the method's own state of that node (DiLoCo: x and the outer momentum). It takes
-  part from step b on, as torchft's synchronous quorum (a healing replica takes part in
-  the step it heals for); torchft's DiLoCo asks for a quorum once per period, so there a
-  replica rejoins at a period's end: mgloop heals at the step given instead.
+  torchft's train_diloco.py recovers the inner optimizer's state dict with the model and
+  the outer optimizer, not a fresh one) and the method's own state of that node (DiLoCo:
+  x and the outer momentum). It takes part from step b on, as with torchft's synchronous
+  quorum (a healing replica takes part in the step it healed for). Where mgloop
+  differs: torchft's DiLoCo asks for a quorum once per period, so there a replica
+  rejoins only at a period's end; mgloop heals it at the step given, mid-period too (its
+  pseudo-gradient then repeats the source's inner steps up to b, as torchft's comment
+  "batches can be overrepresented" says of its own healing).
 
 Node 0 never fails here: its copy is the template model that is saved, exported and
 evaluated, and a checkpoint of an exact method holds it alone. So at least one node is
 live on every step (torchft's quorum needs one replica). Compressors with error feedback,
-robust aggregators and the streaming/sparse variants of local steps are refused
-(`supported`): a zeroed input is not an excluded one for them.
+robust aggregators, stale methods and the streaming/sparse variants of local steps are
+refused (`rule`): their state is per node of all N, and a method on the live nodes only
+would start it afresh.
 
-Bytes. The simulated exchange still runs over all N nodes, a down node's part carrying
-zeros, so the traffic counts (traffic.py) are those of the N-node exchange on every step:
-on the steps with a node down, an upper bound on what travels (torchft re-forms the
-group over the live replicas). The recovery is counted exactly, as what travels: each
-return's state transfer on its own occasion, "node n returns" (the step b - 1).
+Bytes: what travels. Each distinct live set has its own branch of the exchange, its
+sends recorded on its own occasion ("nodes 0,1,3 live"; inside a sync "sync, nodes 0,1,3
+live"), so the traffic of step s (traffic.py `at_step`) is the exchange among L_s: a
+down node sends and receives nothing. A return's state transfer is counted on the
+occasion "node n returns" (step b - 1), as the bytes it moves. Still counted as if every
+node ran: the copy of a sync's result from a down node's leader to its other towers
+(within the node), and the batch-norm statistics averaged over every tower
+(non_trainable.py), which a down node's copies do not take. The step's logged loss and
+metrics are every tower's, a down node's included.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 
@@ -58,7 +69,7 @@ import tensorflow as tf
 from absl import logging
 
 from mgloop.aggregation.local_steps import DiLoCo, LocalSGD
-from mgloop.aggregation.traffic import Occasion
+from mgloop.aggregation.traffic import EVERY_STEP, Occasion
 from mgloop.errors import ConfigError
 from mgloop.spec.variables import backing
 
@@ -88,6 +99,7 @@ class Schedule:
 
     nodes: int
     outages: tuple[Outage, ...]
+    steps: int  # --train_steps
 
     @staticmethod
     def parse(spec: str, nodes: int, train_steps: int) -> "Schedule":
@@ -112,7 +124,7 @@ class Schedule:
             if earlier.node == later.node and (earlier.end is None or later.start < earlier.end):
                 _refuse(spec, f"{earlier} and {later} overlap: a node's ranges must be "
                               "disjoint")
-        return Schedule(nodes, tuple(outages))
+        return Schedule(nodes, tuple(outages), train_steps)
 
     def live(self, node: int, step: int) -> bool:
         """Whether `node` takes part in step `step` (a Python int)."""
@@ -130,11 +142,40 @@ class Schedule:
                 down = tf.logical_or(down, covers)
         return tf.logical_not(down)
 
-    def weights(self, step: tf.Tensor, dtype) -> list[tf.Tensor]:
-        """w_n = [n live] N / |L_s| for every node n (on the current device)."""
-        live = [tf.cast(self.alive(n, step), dtype) for n in range(self.nodes)]
-        scale = tf.cast(self.nodes, dtype) / tf.add_n(live)
-        return [alive * scale for alive in live]
+    def sets(self) -> list[tuple[int, ...]]:
+        """The distinct sets of live nodes over the run's steps, in order of first use."""
+        out = []
+        for start in self._bounds():
+            live = tuple(n for n in range(self.nodes) if self.live(n, start))
+            if live not in out:
+                out.append(live)
+        return out
+
+    def set_index(self, step):
+        """The index in `sets()` of L_s: a Python int for an int, a tensor for a tensor."""
+        bounds, sets = self._bounds(), self.sets()
+        table = [sets.index(tuple(n for n in range(self.nodes) if self.live(n, b)))
+                 for b in bounds]
+        if isinstance(step, int):
+            return table[bisect.bisect_right(bounds, step) - 1]
+        segment = tf.searchsorted(tf.constant(bounds, tf.int64),
+                                  tf.reshape(tf.cast(step, tf.int64), [1]), side="right")[0]
+        return tf.gather(tf.constant(table, tf.int32), tf.cast(segment, tf.int32) - 1)
+
+    def _bounds(self) -> list[int]:
+        """0 and every step where some node leaves or returns (before the run's end)."""
+        edges = {0} | {o.start for o in self.outages} | {o.end for o in self.outages
+                                                           if o.end is not None}
+        return sorted(b for b in edges if b < self.steps)
+
+    def occasion(self, k: int, outer: Occasion | None = None) -> Occasion:
+        """The steps with the k-th set live (and, inside `outer`, `outer`'s steps too)."""
+        name = "nodes " + ",".join(map(str, self.sets()[k])) + " live"
+        if outer is None or outer.name == EVERY_STEP.name:
+            return Occasion(name, lambda s: self.set_index(s) == k)
+        return Occasion(f"{outer.name}, {name}",
+                        lambda s: outer.occurs(s) & (self.set_index(s) == k),
+                        outer.overlap_steps)
 
     def returns(self) -> list[tuple[int, int, int]]:
         """(node, step b it returns at, the node it recovers from: the lowest live at b-1)."""
@@ -188,8 +229,9 @@ def supported(names, get) -> str:
     return ", ".join(n for n in names() if rule(get(n)) is not None)
 
 
-def check_settings(config, workers=None) -> Schedule | None:
-    """The schedule of --node_failures, refused in one line where it does not apply."""
+def check_settings(config, workers=None, request=None) -> Schedule | None:
+    """The schedule of --node_failures, refused in one line where it does not apply;
+    with the DeviceRequest of the towers, the method is checked on every live set too."""
     spec = getattr(config, "node_failures", None)
     if not spec:
         return None
@@ -210,20 +252,22 @@ def check_settings(config, workers=None) -> Schedule | None:
     if config.grad_reduce != "mean":
         raise ConfigError(f"--node_failures={spec} with --grad_reduce={config.grad_reduce}: "
                           "the sum over a changing set of towers; use --grad_reduce=mean")
-    return Schedule.parse(spec, config.nodes, config.train_steps)
+    schedule = Schedule.parse(spec, config.nodes, config.train_steps)
+    if request is not None and rule(method) == "exact":  # the method on each live set
+        per_node = request.num_towers // config.nodes
+        for live in schedule.sets():
+            leaders = tuple(request.indices[n * per_node // request.towers_per_device]
+                            for n in live)
+            try:
+                method.check(dataclasses.replace(request, indices=leaders, towers_per_device=1),
+                             registry.parse(config.aggregation)[1])
+            except ConfigError as error:
+                raise ConfigError(f"--node_failures={spec}: with nodes {live} live, "
+                                  f"{error}") from None
+    return schedule
 
 
 # ---- inside the step: what NodeLevel (nodes.py) calls ----
-def weighted(level, means: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
-    """Exact rule: w_n m_n on leader n (the method's mean over N is the live mean)."""
-    out = []
-    for n, values in enumerate(means):
-        with tf.device(level.devices.towers[level.nodes.leader(n)]):
-            w = level.failures.weights(level.step_counter, values[0].dtype)[n]
-            out.append([tf.convert_to_tensor(v) * tf.cast(w, v.dtype) for v in values])
-    return out
-
-
 def recoveries(level, copies, after: list) -> list[tf.Tensor]:
     """A cond per return: at the end of step b - 1, the returning node's copies take the
     source node's state (parameters, optimizer, the method's per-node state)."""
