@@ -42,6 +42,10 @@ is recorded on the occasion "sync" (traffic.py: the steps s with s + 1 > W and
 (s + 1 - W) mod H = 0), the warmup's gradient ring on the occasion "warmup" (s < W), so
 a run's bytes per step average 1/H of a sync's after the warmup (observe/link_report.py).
 The copies' checkpoint (`copies_differ`) holds this worker's replicas.
+
+Node failures (`live`, set by nodes.py with `--node_failures`: copy c is node c): the ring
+runs among the live copies only, a = (1/|L_s|) sum_{c in L_s} v_c (live_exchange.py), and
+a down copy takes nothing from a sync (`if_live`): node_failures.py states the rule.
 """
 
 from __future__ import annotations

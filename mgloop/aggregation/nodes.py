@@ -29,6 +29,11 @@ leader's parameters and optimizer slots (3. again, counted the same way).
 cross a node boundary. Either way every send is counted within or between nodes
 (traffic.py), the host CPU counting as node 0's.
 
+With `--node_failures` some nodes are down on some steps (node_failures.py: torchft's
+quorum): the exchange runs among the live nodes only (live_exchange.py), a down node's
+copies are frozen (the step's guard) and a returning node takes a live node's state at
+the end of the step before it returns (`after_update`).
+
 The topology itself (`Nodes`: which towers a node holds, its leader) is cluster/nodes.py.
 """
 
