@@ -54,7 +54,8 @@ live"), so the traffic of step s (traffic.py `at_step`) is the exchange among L_
 down node sends and receives nothing. A return's state transfer is counted on the
 occasion "node n returns" (step b - 1), as the bytes it moves. Still counted as if every
 node ran: the copy of a sync's result from a down node's leader to its other towers
-(within the node), and the batch-norm statistics averaged over every tower
+(within the node), a shared layout's (ps_*) parameter reads by a down node's towers,
+and the batch-norm statistics averaged over every tower
 (non_trainable.py), which a down node's copies do not take. The step's logged loss and
 metrics are every tower's, a down node's included.
 """
@@ -124,7 +125,11 @@ class Schedule:
             if earlier.node == later.node and (earlier.end is None or later.start < earlier.end):
                 _refuse(spec, f"{earlier} and {later} overlap: a node's ranges must be "
                               "disjoint")
-        return Schedule(nodes, tuple(outages), train_steps)
+        schedule = Schedule(nodes, tuple(outages), train_steps)
+        for start in schedule._bounds():  # the quorum needs one live node (kept by node 0)
+            if not any(schedule.live(n, start) for n in range(nodes)):
+                _refuse(spec, f"every node is down at step {start}: keep one live")
+        return schedule
 
     def live(self, node: int, step: int) -> bool:
         """Whether `node` takes part in step `step` (a Python int)."""
