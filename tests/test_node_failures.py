@@ -20,6 +20,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop.aggregation import node_failures
 from mgloop.aggregation import nodes as nodes_lib
+from mgloop.aggregation.local_steps import slot_variables
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from mgloop.spec import optim
@@ -176,7 +177,6 @@ def test_diloco_with_a_node_down_mid_period_follows_the_rule_op_for_op():
 
 
 def optim_slots(copy):
-    from mgloop.aggregation.local_steps import slot_variables
     return [v.numpy() for v in slot_variables(copy.optimizer)]
 
 
