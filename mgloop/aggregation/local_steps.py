@@ -42,6 +42,10 @@ is recorded on the occasion "sync" (traffic.py: the steps s with s + 1 > W and
 (s + 1 - W) mod H = 0), the warmup's gradient ring on the occasion "warmup" (s < W), so
 a run's bytes per step average 1/H of a sync's after the warmup (observe/link_report.py).
 The copies' checkpoint (`copies_differ`) holds this worker's replicas.
+
+Node failures (`live`, set by nodes.py with `--node_failures`: copy c is node c): the ring
+runs among the live copies only, a = (1/|L_s|) sum_{c in L_s} v_c (live_exchange.py), and
+a down copy takes nothing from a sync (`if_live`): node_failures.py states the rule.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import register
+from mgloop.aggregation import live_exchange, register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 from mgloop.aggregation.traffic import Occasion, Sync
@@ -87,6 +91,7 @@ class LocalSGD(Aggregation):
     compressed_transport = False  # parameters are averaged at their own dtype
     copies_differ = True
     runs_between_processes = True  # its transports reach other processes (peers.py)
+    live = None  # node_failures.Schedule (set by nodes.py): copy c is node c; syncs skip the down
 
     def parameter_devices(self):
         return list(self.devices.towers)
@@ -152,7 +157,10 @@ class LocalSGD(Aggregation):
             for device, values in zip(devices, per_copy):
                 with tf.device(device):
                     flats.append(tf.concat([tf.reshape(values[i], [-1]) for i in indices], 0))
-            means = sharded_ring_all_reduce(self, flats, devices, 1, average)
+            if self.live is not None:  # nodes fail: the ring among the live copies only
+                means = live_exchange.ring_mean(self, flats, devices, average)
+            else:
+                means = sharded_ring_all_reduce(self, flats, devices, 1, average)
             for c, (device, mean) in enumerate(zip(devices, means)):
                 with tf.device(device):
                     parts = tf.split(mean, [shape.num_elements() for shape in shapes])
@@ -165,10 +173,20 @@ class LocalSGD(Aggregation):
         groups = [list(c.trainable) for c in copies]
         if self.averages_slots:
             groups = [g + slot_variables(c.optimizer) for g, c in zip(groups, copies)]
-        for variables, means in zip(groups, self.average(groups)):
+        for c, (variables, means) in enumerate(zip(groups, self.average(groups))):
             for variable, mean in zip(map(backing, variables), means):
                 with tf.device(variable.device):
-                    variable.assign(mean)
+                    variable.assign(self.if_live(c, mean, variable))
+
+    def if_live(self, c: int, new, variable):
+        """`new`, or the variable's own value while copy c's node is down (node failures)."""
+        if self.live is None:
+            return new
+        return tf.where(self.live.alive(c, self.step_counter), new, tf.convert_to_tensor(variable))
+
+    def copy_state(self, c: int) -> list:
+        """The method's state of copy c alone (what a returning node takes: none here)."""
+        return []
 
     def after_update(self, copies):
         if self.num_towers == 1:
@@ -233,14 +251,18 @@ class DiLoCo(LocalSGD):
         and m), on every copy's device; every copy takes the new x."""
         means = self.average([list(c.trainable) for c in copies])
         lr, mu = self.options.outer_lr, self.options.outer_momentum
-        for copy, starts, momenta, averages in zip(copies, self._start, self._momentum, means):
+        for c, (copy, starts, momenta, averages) in enumerate(
+                zip(copies, self._start, self._momentum, means)):
             with tf.device(copy.device):
                 for target, x, m, a in zip(copy.trainable, starts, momenta, averages):
                     delta = x - a
-                    m.assign(mu * m + delta)
+                    m.assign(self.if_live(c, mu * m + delta, m))
                     step = delta + mu * m if self.options.nesterov else m.read_value()
-                    x.assign(x - lr * step)
-                    target.assign(x.read_value())
+                    x.assign(self.if_live(c, x - lr * step, x))
+                    target.assign(self.if_live(c, x.read_value(), target))
+
+    def copy_state(self, c: int) -> list:
+        return self._start[c] + self._momentum[c]
 
     def reduce(self, tower_values, variables, average=True):
         return [list(values) for values in tower_values]

@@ -29,6 +29,11 @@ leader's parameters and optimizer slots (3. again, counted the same way).
 cross a node boundary. Either way every send is counted within or between nodes
 (traffic.py), the host CPU counting as node 0's.
 
+With `--node_failures` some nodes are down on some steps (node_failures.py: torchft's
+quorum): the exchange runs among the live nodes only (live_exchange.py), a down node's
+copies are frozen (the step's guard) and a returning node takes a live node's state at
+the end of the step before it returns (`after_update`).
+
 The topology itself (`Nodes`: which towers a node holds, its leader) is cluster/nodes.py.
 """
 
@@ -39,7 +44,8 @@ import tensorflow as tf
 
 from mgloop import aggregation as registry
 from mgloop.aggregation import device_groups
-from mgloop.aggregation import local_steps
+from mgloop.aggregation import live_exchange, local_steps
+from mgloop.aggregation import node_failures
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, canonical
 from mgloop.aggregation.hierarchical import divisors
 from mgloop.aggregation.peers import Peers
@@ -59,9 +65,15 @@ class NodeLevel(Wrapper):
     or DIRECT) inside each node."""
 
     def __init__(self, method: Aggregation, devices: DeviceSet, nodes: Nodes,
-                 within: str = DIRECT, make=None):
+                 within: str = DIRECT, make=None, failures=None, live_methods=None):
         super().__init__(method, devices)
         self.nodes, self.within_name = nodes, within
+        self.failures = failures  # node_failures.Schedule: nodes down on some steps, or None
+        self.live_methods = live_methods or {}  # {live nodes: the method on their leaders}
+        for live_method in self.live_methods.values():
+            live_method.traffic = self.traffic
+        if failures is not None and node_failures.rule(method) == "local":
+            method.live = failures  # its syncs average the live copies only
         self.sums_at_home = False  # stage 1 always runs first
         self.traffic.node_of.update(nodes.device_map())  # one set of counts, split by tier
         self.within = []
@@ -98,10 +110,16 @@ class NodeLevel(Wrapper):
                                        values)
 
     # ---- the three stages ----
-    def node_means(self, tower_values, variables) -> list[list[tf.Tensor]]:
-        """Stage 1: m_n on leader n, per node."""
+    def build(self, variables):
+        super().build(variables)
+        for method in self.live_methods.values():  # node failures: an exact method's copies
+            method.step_counter = self.step_counter
+            method.build(variables)
+
+    def node_means(self, tower_values, variables, nodes=None) -> list[list[tf.Tensor]]:
+        """Stage 1: m_n on leader n, per node (of `nodes`; None: every node)."""
         towers, means = self.devices.towers, []
-        for n in range(self.nodes.count):
+        for n in range(self.nodes.count) if nodes is None else nodes:
             members = self.nodes.members(n)
             leader = towers[self.nodes.leader(n)]
             if self.within_name == DIRECT:
@@ -120,6 +138,8 @@ class NodeLevel(Wrapper):
         return means
 
     def reduce(self, tower_values, variables, average=True):
+        if self.failures is not None and node_failures.rule(self.inner) == "exact":
+            return live_exchange.exact_reduce(self, tower_values, variables)  # among the live
         out = self.inner.reduce(self.node_means(tower_values, variables), variables, True)
         if not average:  # the sum over every tower
             out = [[self._times(value, copy) for value in values]
@@ -139,6 +159,12 @@ class NodeLevel(Wrapper):
         return [self.send(value, leader, self.devices.towers[tower]) for value in out[node]]
 
     def after_update(self, copies):
+        ops = self._after_update(copies)
+        if self.failures is None or self.layout == SHARED:
+            return ops
+        return ops + node_failures.recoveries(self, copies, ops)  # returning nodes heal
+
+    def _after_update(self, copies):
         if self.layout == SHARED:
             return self.inner.after_update(copies)
         leaders = [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
@@ -241,7 +267,11 @@ def make(config, devices: DeviceSet, make_method, workers=None) -> Aggregation:
     leaders = DeviceSet(tuple(devices.towers[nodes.leader(n)] for n in range(nodes.count)),
                         devices.host, devices.simulated)
     method = make_method(config.aggregation, leaders, config.transport_dtype)
-    return NodeLevel(method, devices, nodes, settings_of(config)[2], make_method)
+    failures = node_failures.check_settings(config)
+    live = (live_exchange.make_live_methods(failures, make_method, config, leaders.towers,
+                                            leaders)
+            if failures is not None and node_failures.rule(method) == "exact" else None)
+    return NodeLevel(method, devices, nodes, settings_of(config)[2], make_method, failures, live)
 
 
 def check_settings(config, request, workers=None):

@@ -41,6 +41,7 @@ from mgloop.step.hooks.byzantine import ByzantineTowers
 from mgloop.step.hooks.histograms import KeepLastGradients
 from mgloop.step.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
 from mgloop.step.hooks.loss_scaling import LossScaling
+from mgloop.step.hooks.node_failures import hook_for as node_failures_hook
 from mgloop.step.hooks.sampled_stats import GradientStats
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
 from mgloop.step.replicas import Replicas
@@ -161,6 +162,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
         sync_batch_norm.install(model)
     if config.histogram_every > 0:
         common.append(KeepLastGradients(replicas.copies[0]))
+    failures = aggregation.failures if isinstance(aggregation, NodeLevel) else None
+    common += [node_failures_hook(failures, replicas)] if failures else []  # down: frozen
     common += list(hooks)
     if replicas.towers_per_device > 1:
         vectorized_towers.check_hooks(common)
@@ -202,6 +205,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
                                                                            metrics), streams)
     trainer.spec = spec
+    if failures:  # one log line per leave and return
+        trainer.train_loop = failures.logging_loop(trainer.train_loop, replicas.global_step)
     return trainer
 
 

@@ -83,6 +83,12 @@ class Config:
         node_level.DIRECT, "how a node sums its towers before the method between "
         "nodes: reduce (every tower sends to the node's first, which adds in tower order) or "
         "an exact replicated method's name (e.g. ring, collective)", hparam=True)
+    node_failures: str | None = setting(
+        None, "simulated nodes that fail (--nodes=N, the method at the nodes): n@a-b (node n "
+        "down for steps a <= s < b, back at b with a live node's state) or n@a (gone from "
+        "step a), comma-separated, e.g. 2@30-60,1@80; a down node's part is left out of the "
+        "mean, its copies frozen (torchft's quorum; aggregation/node_failures.py)",
+        hparam=True)
     ordered_sum_bytes: int = setting(
         ordered_sum.DEFAULT_MIN_BYTES, "shared layout (ps_*) on logical CPU towers: the "
         "gradients of each variable of at least this many bytes are summed tower by tower, "

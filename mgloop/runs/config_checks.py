@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
+from mgloop.aggregation import node_failures
 from mgloop.aggregation import nodes as node_level
 from mgloop.cluster import devices
 from mgloop.cluster import workers as cluster
@@ -61,6 +62,7 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     towers = request.num_towers * num_workers
     # --plugin modules loaded, then the method, its options and what combines with it
     aggregation.check_settings(config, request, workers)
+    node_failures.check_settings(config, workers, request)  # --node_failures: the nodes' schedule
     vectorized_towers.check_settings(config, request, workers)
     compiled_towers.check_settings(config)
     if node_level.method_at_nodes(config, num_workers):  # each worker is a node, if several

@@ -134,6 +134,8 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "input_wait_fraction": result.input_wait_fraction,
         "input_ended": result.input_ended,
         "export_path": export_path,
+        "node_failures": (trainer.aggregation.failures.as_records()  # None: no failures
+                          if getattr(trainer.aggregation, "failures", None) else None),
     }
 
 
