@@ -31,7 +31,7 @@ import pytest
 import mgloop
 from mgloop.runs import export
 from mgloop import launch
-from tests.workers.methods_between_workers import config_for
+from tests.workers.methods_between_workers import config_for, parse_entry
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")
 # Error feedback, the two all-reduces of P and Q, seeded levels, outer Nesterov steps
@@ -94,9 +94,9 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
     node's, but for the < 4 bytes by which peers.py pads each gathered buffer to int32s
     per message."""
     for index, entry in enumerate(specs):
-        spec = entry.partition("@")[0]  # a resumed job against the uninterrupted nodes
+        spec, _, own = parse_entry(entry)  # a resumed job against the uninterrupted nodes
         mgloop.run(config_for(spec, str(tmp_path / "single"), index, devices, nodes=nodes,
-                              **overrides))
+                              **dict(overrides, **own)))
         real, simulated = weights(root, index), weights(tmp_path / "single", index)
         assert len(real) == len(simulated)
         for a, b in zip(real, simulated):

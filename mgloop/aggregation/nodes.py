@@ -105,8 +105,8 @@ class NodeLevel(Wrapper):
             members = self.nodes.members(n)
             leader = towers[self.nodes.leader(n)]
             if self.within_name == DIRECT:
-                sums = [self.sum_on(leader, [tower_values[t][i] for t in members],
-                                    [towers[t] for t in members])
+                sums = [self._sum_on(leader, [tower_values[t][i] for t in members],
+                                     [towers[t] for t in members])
                         for i in range(len(variables))]
             else:
                 sums = self.within[n].reduce([tower_values[t] for t in members], variables,
@@ -118,6 +118,13 @@ class NodeLevel(Wrapper):
                 means.append([tf.convert_to_tensor(s) * (1.0 / self.nodes.per_node)
                               for s in sums])
         return means
+
+    def _sum_on(self, leader, values, sources):
+        """A node's towers' sum on its leader: added in tower order; with K towers per
+        device, per device first, in an order Grappler keeps (device_groups.node_sum)."""
+        if self.devices.towers_per_device == 1:
+            return self.sum_on(leader, values, sources)
+        return device_groups.node_sum(self, leader, values, sources)
 
     def reduce(self, tower_values, variables, average=True):
         out = self.inner.reduce(self.node_means(tower_values, variables), variables, True)
