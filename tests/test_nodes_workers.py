@@ -57,11 +57,20 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # the same exchange without the outer step (test_sparta.py). 1-bit signSGD gathers its
 # packed signs, each worker's coins for sign(0) from its own tower's stream (the same
 # global tower index as the simulated node's).
+# With --towers_per_device=2 (an entry's own settings after its spec) each worker computes
+# its 2 devices x 2 towers as one vectorized pass per device, against --nodes=2 over 4
+# devices x 2 towers in one process. The ring stays at the towers (an exact method's
+# default): each worker sums its devices' means (device_groups.py) and the workers add
+# their sums (cross_worker.py), where the simulated nodes sum each node and ring the two
+# means; every sum has two terms (a + b = b + a) and the rest are scalings by powers of 2,
+# exact, so the bits agree. DiLoCo is at the nodes: each node's sum adds each device's
+# rows there first (device_groups.node_sum), in the same order in both.
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "centered_clipping:tau=1", "demo@2", "sparta_diloco:fraction=0.05,period=4@2",
                "signsgd:bits=1", "sparseloco:period=2,density=0.1@2",
                "streaming_diloco:period=4,fragments=2,tau=1,outer_bits=4@2",
-               "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2"]
+               "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2",
+               "ring --towers_per_device=2", "diloco:period=4 --towers_per_device=2"]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]
