@@ -8,8 +8,10 @@ exchange has three stages:
     1. within node n, onto its leader (tower n T_n):
            s_n[v] = sum_{t in n} g[t][v]          by `--within_node`: `reduce` sends every
                                                  tower's gradient to the leader, which adds
-                                                 them in tower order; an exact method's name
-                                                 runs that method on the node's towers
+                                                 them in tower order (K towers per device:
+                                                 each device adds its own first, sending one
+                                                 sum: device_groups.node_sum); an exact
+                                                 method's name runs it on the node's towers
            m_n[v] = s_n[v] / T_n                  the node's exact mean
     2. between the nodes: the method under study, made on the N leaders as its towers,
            out_n = method.reduce([m_0 .. m_{N-1}])   on leader n (or its shared copy)
