@@ -76,6 +76,13 @@ def test_launcher_says_how_a_worker_ended():
 @pytest.mark.parametrize("overrides,pattern", [
     (dict(global_batch_size=12), r"^--global_batch_size=12 does not split into 8 equal tower "
                                  r"shards \(--devices=cpu:4 on each of 2 workers\)"),
+    # 2 workers x 2 devices x K = 3 towers each: 12 towers, before anything is built
+    (dict(devices="cpu:2", towers_per_device=3, global_batch_size=16),
+     r"^--global_batch_size=16 does not split into 12 equal tower shards \(--devices=cpu:2 x "
+     r"--towers_per_device=3 on each of 2 workers\); use a multiple of 12$"),
+    # each worker vectorizes its towers; a method inside the node would run on shared devices
+    (dict(devices="cpu:2", towers_per_device=2, aggregation="topk:ratio=0.1",
+          within_node="ring"), r"^--towers_per_device=2: --within_node=ring runs a method"),
     (dict(aggregation="colocate"), r"^--aggregation=colocate across 2 workers"),
     (dict(aggregation="independent"), r"^--aggregation=independent across 2 workers"),
     (dict(batch_norm="sync"), r"^--batch_norm=sync across 2 workers"),

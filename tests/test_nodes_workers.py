@@ -66,6 +66,14 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # threshold sends the entries that pass, sizes first: the counts gathered, then values and
 # indices padded to the largest count in one CollectiveGatherV2 (bytes counted when run,
 # resumed: the run-time totals are the nodes' state too).
+# With --towers_per_device=2 (an entry's own settings after its spec) each worker computes
+# its 2 devices x 2 towers as one vectorized pass per device, against --nodes=2 over 4
+# devices x 2 towers in one process. The ring stays at the towers (an exact method's
+# default): each worker sums its devices' means (device_groups.py) and the workers add
+# their sums (cross_worker.py), where the simulated nodes sum each node and ring the two
+# means; every sum has two terms (a + b = b + a) and the rest are scalings by powers of 2,
+# exact, so the bits agree. DiLoCo is at the nodes: each node's sum adds each device's
+# rows there first (device_groups.node_sum), in the same order in both.
 TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
                "centered_clipping:tau=1", "demo@2", "sparta_diloco:fraction=0.05,period=4@2",
                "signsgd:bits=1", "sparseloco:period=2,density=0.1@2",
@@ -73,10 +81,12 @@ TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "m
                "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0@2",
                "threshold:value=0.05@2",
                "topk:ratio=0.1 --mixed_precision=mixed_float16 --overflow=2:1",
-               "median --dataset=digits --partition=dirichlet:alpha=0.5"]
+               "median --dataset=digits --partition=dirichlet:alpha=0.5",
+               "ring --towers_per_device=2", "diloco:period=4 --towers_per_device=2"]
 # synchronous entries: every worker ends with the same weights and loss scale (each
 # worker's own, printed by the worker), those of the simulated nodes
-EVERY_WORKER_ALIKE = [entry for entry in TWO_WORKERS if " --" in entry]
+EVERY_WORKER_ALIKE = [entry for entry in TWO_WORKERS
+                      if "--mixed_precision" in entry or "--partition" in entry]
 RESUMED = [entry for entry in TWO_WORKERS if "@" in entry]
 # need 3 nodes; run with one attacking node; the second mixes first (nnm.py) between workers
 THREE_WORKERS = ["trimmed_mean:trim=1", "trimmed_mean:trim=1,nnm=1"]
@@ -119,7 +129,8 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
     node's, but for the < 4 bytes by which peers.py pads each gathered buffer to int32s
     per message."""
     for index, entry in enumerate(specs):
-        spec = entry.partition("@")[0]  # a resumed job against the uninterrupted nodes
+        head, *own = entry.split()  # a resumed job against the uninterrupted nodes
+        spec = " ".join([head.partition("@")[0], *own])
         result = mgloop.run(config_for(spec, str(tmp_path / "single"), index, devices,
                                        nodes=nodes, **overrides),
                             hooks=hooks_for(spec, devices))

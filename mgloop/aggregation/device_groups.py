@@ -23,7 +23,16 @@ does with the T towers' gradients depends on what it is:
     receiving tower, not per device).
 
 Nodes compose with it from outside (nodes.py makes NodeLevel on the T towers; a node
-holds whole devices).
+holds whole devices). A node's sum (`node_sum`, its stage 1) is formed so too: each of
+its devices adds its K towers' gradients there, as one sum over the leading axis of their
+stacked rows (stacked_rows.py: the vectorized pass's own output, no copy),
+    p_d[v] = sum_{k} g[d K + k][v]                 (on device d, over k in order)
+and only p_d travels to the node's leader, which adds the devices' sums (two: a + b; more:
+one sum over their stack, in device order). The order is fixed by the graph's structure,
+not left to an AddN of many inputs: Grappler's arithmetic optimizer sorts an AddN's inputs
+by their op names, which differ between simulated nodes (one graph) and workers (one each),
+and a float sum of three or more terms depends on its order; so a worker's node mean has
+the bits of the same simulated node's (tests/test_nodes_workers.py).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mgloop import aggregation as registry
-from mgloop.aggregation import packing
+from mgloop.aggregation import packing, stacked_rows
 from mgloop.aggregation.base import Aggregation
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceSet
@@ -93,3 +102,27 @@ class DeviceGroups(Wrapper):
         shapes = [v.shape for v in variables]
         return [packing.unpack(values, buckets, shapes, device)
                 for values, device in zip(out, self.inner.parameter_devices())]
+
+
+def node_sum(method: Aggregation, leader: str, values: list, devices: list[str]):
+    """sum_t values[t] (values[t] on devices[t], a device's towers consecutive) on `leader`:
+    each device's towers' values summed there, then the devices' sums on the leader (module
+    docstring), each sent once (`method.send`, counted); rows (IndexedSlices) by `sum_on`."""
+    if any(isinstance(value, tf.IndexedSlices) for value in values):
+        return method.sum_on(leader, values, devices)
+    partials, homes = [], []
+    for first in range(len(values)):
+        if first and devices[first] == devices[first - 1]:
+            continue
+        last = first + 1
+        while last < len(values) and devices[last] == devices[first]:
+            last += 1
+        with tf.device(devices[first]):
+            partials.append(values[first] if last == first + 1 else
+                            tf.reduce_sum(stacked_rows.stack(values[first:last]), 0))
+        homes.append(devices[first])
+    received = [method.send(p, home, leader) for p, home in zip(partials, homes)]
+    with tf.device(leader):
+        if len(received) <= 2:  # a + b == b + a: no order to keep
+            return received[0] if len(received) == 1 else tf.add_n(received)
+        return tf.reduce_sum(tf.stack(received), 0)

@@ -8,8 +8,10 @@ exchange has three stages:
     1. within node n, onto its leader (tower n T_n):
            s_n[v] = sum_{t in n} g[t][v]          by `--within_node`: `reduce` sends every
                                                  tower's gradient to the leader, which adds
-                                                 them in tower order; an exact method's name
-                                                 runs that method on the node's towers
+                                                 them in tower order (K towers per device:
+                                                 each device adds its own first, sending one
+                                                 sum: device_groups.node_sum); an exact
+                                                 method's name runs it on the node's towers
            m_n[v] = s_n[v] / T_n                  the node's exact mean
     2. between the nodes: the method under study, made on the N leaders as its towers,
            out_n = method.reduce([m_0 .. m_{N-1}])   on leader n (or its shared copy)
@@ -123,8 +125,8 @@ class NodeLevel(Wrapper):
             members = self.nodes.members(n)
             leader = towers[self.nodes.leader(n)]
             if self.within_name == DIRECT:
-                sums = [self.sum_on(leader, [tower_values[t][i] for t in members],
-                                    [towers[t] for t in members])
+                sums = [self._sum_on(leader, [tower_values[t][i] for t in members],
+                                     [towers[t] for t in members])
                         for i in range(len(variables))]
             else:
                 sums = self.within[n].reduce([tower_values[t] for t in members], variables,
@@ -136,6 +138,13 @@ class NodeLevel(Wrapper):
                 means.append([tf.convert_to_tensor(s) * (1.0 / self.nodes.per_node)
                               for s in sums])
         return means
+
+    def _sum_on(self, leader, values, sources):
+        """A node's towers' sum on its leader: added in tower order; with K towers per
+        device, per device first, in an order Grappler keeps (device_groups.node_sum)."""
+        if self.devices.towers_per_device == 1:
+            return self.sum_on(leader, values, sources)
+        return device_groups.node_sum(self, leader, values, sources)
 
     def reduce(self, tower_values, variables, average=True):
         if self.failures is not None and node_failures.rule(self.inner) == "exact":

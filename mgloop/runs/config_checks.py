@@ -75,8 +75,10 @@ def validated(config: Config, on_disk: bool = True) -> Config:
                    link_model):
         module.check_settings(config)  # the settings the module uses
     _check_range("seed", config.seed, low=0, high=MAX_SEED)
-    devices_flag = config.devices if workers is None else (
-        f"{config.devices} on each of {num_workers} workers")
+    devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
+                                     if config.towers_per_device > 1 else "")
+    if workers is not None:  # towers = workers x devices x K, every shard B / towers
+        devices_flag += f" on each of {num_workers} workers"
     global_batch, data_dir = data.check_settings(config, towers, devices_flag)
     data.check_partition(config)
     hardware.check_settings(config, num_workers if num_workers > 1 else config.nodes)

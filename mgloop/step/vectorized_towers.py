@@ -35,8 +35,18 @@ What cannot run per tower inside one vectorized computation is refused before bu
 loss scaling, synchronised batch norm; `check_hooks` for a user's), methods whose towers
 read values of their own (stale reads), keep a copy each at the towers (local SGD and
 DiLoCo, the independent baseline), time the towers' arrival, or compute one loss over
-every tower (colocate), several worker processes, nodes that split a device, and
-compressors at the towers of several devices.
+every tower (colocate), nodes that split a device, and compressors at the towers of
+several devices.
+
+Several worker processes (TF_CONFIG): each worker vectorizes its own T = D K towers
+(global tower w T + t on worker w, its shard and random streams so numbered), and the
+rest is as with K = 1. At the nodes (each worker a node: aggregation/nodes.py) the
+worker's node mean m_w = (1/T) sum_t g[t] is formed on its leader (tower 0) exactly as a
+simulated node's, and the method moves it between the workers (peers.py), so W workers
+of D devices x K towers give the bits of `--nodes=W` over W D devices x K towers in one
+process wherever the same ops run (tests/test_nodes_workers.py). At the towers (an exact
+method, cross_worker.py) each worker's local stage is its devices' means
+(device_groups.py) summed, then added between the workers.
 """
 
 from __future__ import annotations
@@ -64,10 +74,7 @@ def check_settings(config, request, workers=None) -> None:
     if k == 1:
         return
     flag = f"--towers_per_device={k}"
-    if workers is not None and workers.num_workers > 1:
-        raise ConfigError(f"{flag} across {workers.num_workers} workers (TF_CONFIG): it runs "
-                          "in one process; use --towers_per_device=1, or --nodes=N to "
-                          "simulate the nodes in one process")
+    num_workers = workers.num_workers if workers is not None else 1
     if config.byzantine_towers and byzantine.parse_attack(config.attack).name == "labelflip":
         _refuse(flag, "--attack=labelflip flips a tower's labels inside its forward pass")
     if precision.uses_loss_scaling(config.mixed_precision):
@@ -83,7 +90,7 @@ def check_settings(config, request, workers=None) -> None:
     if method.single_loss:
         _refuse(flag, f"--aggregation={config.aggregation} computes one loss over every "
                 "tower, no per-tower pass to vectorize")
-    if node_level.method_at_nodes(config):
+    if node_level.method_at_nodes(config, num_workers):  # several workers: each a node
         per_node = request.num_towers // config.nodes
         if per_node % k:
             devices = request.num_devices

@@ -10,7 +10,8 @@ SPEC@S trains S steps first, then runs again on the same logdir, which resumes f
 checkpoint of step S (the chief's and every node's, read back from disk).
 A SPEC may carry settings after the method, `METHOD --key=value ...` (e.g.
 `--mixed_precision=mixed_float16`, `--partition=dirichlet:alpha=0.5`), and
-`--overflow=G:S`: global tower G's gradients are made non-finite at step S (`OverflowAt`).
+`--overflow=G:S`: global tower G's gradients are made non-finite at step S (`OverflowAt`);
+with a resume, the settings follow it: `METHOD@S --key=value`.
 Each worker prints, with its `done`, its loss scale and a digest of its weights.
 """
 
@@ -111,7 +112,9 @@ def main(argv):
     overrides = {key: int(value) for key, value in settings.items()}  # e.g. --train_steps=2
     root, *specs = [a for a in argv if not a.startswith("--")]
     for index, entry in enumerate(specs):
-        spec, _, first = entry.partition("@")
+        head, *own = entry.split()  # "SPEC[@S] [--KEY=VALUE ...]"
+        spec, _, first = head.partition("@")
+        spec = " ".join([spec, *own])
         try:  # refused the same way on every worker, before anything is built
             if first:  # stop after `first` steps, then resume from the checkpoint on disk
                 experiment.run(config_for(spec, root, index, devices,
