@@ -128,13 +128,13 @@ DILOCO = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",
           "--summary_every=0", "--eval_every=0", "--log_every=0", "--learning_rate=0.1"]
 
 
-def _accuracy_of_simulated_nodes(seed, logdir):
+def _accuracy_of_simulated_nodes(seed, logdir, **failures):
     """The eval accuracy of the same run on 3 simulated nodes in one process."""
     flags = dict(f[2:].split("=", 1) for f in DILOCO)
     config = mgloop.Config(**{k: (int(v) if v.isdigit() else float(v) if k == "learning_rate"
                                   else v) for k, v in flags.items()},
                            devices="cpu:3", nodes=3, seed=seed, checkpoint_every=0,
-                           logdir=str(logdir), diagnostics=False)
+                           logdir=str(logdir), diagnostics=False, **failures)
     return mgloop.run(config).summary["eval_accuracy"]
 
 
@@ -143,7 +143,9 @@ def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
     killed with SIGKILL once step 40 is saved. The launcher continues with 2 workers from
     the last complete checkpoint, takes the third back once they have saved a newer one,
     and the job ends at its step count with an eval accuracy within the spread of the
-    unfailed run's seeds (3 simulated nodes in one process, seeds 1..3: mean +- 3 sd)."""
+    unfailed run's seeds (3 simulated nodes in one process, seeds 1..3: mean +- 3 sd), as
+    does the same failure simulated in one process (--node_failures: node 2 down for the
+    steps the real job ran on 2 workers, back with a live node's state)."""
     logdir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "mgloop.launch", "--num_workers=3", "--devices_per_worker=cpu:1",
@@ -177,6 +179,9 @@ def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
     mean, sd = np.mean(unfailed), np.std(unfailed, ddof=1)
     assert mean > 0.5  # far from chance (0.1): the spread says something
     assert abs(final[0] - mean) <= 3 * sd, (final, unfailed)
+    down = f"2@{rounds[1][1]}-{rounds[2][1]}"
+    simulated = _accuracy_of_simulated_nodes(1, tmp_path / "failures", node_failures=down)
+    assert abs(simulated - mean) <= 3 * sd, (simulated, down, unfailed)
 
 
 def test_each_node_rescues_its_part_and_a_lost_logdir_is_not_recreated(tmp_path):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 
 from mgloop import aggregation as registry
+from mgloop.aggregation import node_settings
 from mgloop.aggregation import nodes
 from mgloop.aggregation.base import SHARED, Aggregation, Options
 from mgloop.aggregation.gather_at_root import TowerCountError
@@ -66,7 +67,7 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
     if getattr(config, "deterministic", False) and not method.reproducible(options):
         raise ConfigError(f"{mode} reads a clock, which --deterministic forbids; use "
                           "--nodeterministic or options that draw from a seed")
-    participants = nodes.check_settings(config, request, workers)  # one per node, or tower
+    participants = node_settings.check_settings(config, request, workers)  # one per node, or tower
     try:
         method.check(participants, options)
     except ConfigError as error:

@@ -123,13 +123,10 @@ class Compressed(Aggregation):
     # GATHER payloads that are (values, int32 indices), each index once: every tower adds
     # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
     sparse_payload: ClassVar[bool] = False
-    # Keys of `extra_state` that hold a node's own memory (a momentum accumulated from its
-    # own gradients), zeroed with the residuals on a node that joins (`rejoined`).
-    own_state_keys: ClassVar[tuple[str, ...]] = ()
+    own_state_keys: ClassVar[tuple[str, ...]] = ()  # extra_state of a node's own (rejoined)
     buckets_payloads = True  # gathered wires travel in buckets of `bucket_bytes`
     runs_between_processes = True  # its transports reach other processes (peers.py)
-    # --pack_bytes (set by nodes.make): the bytes of a bucket of gathered wires; 0: one
-    # send per payload part, per variable
+    # --pack_bytes (nodes.make): bytes of a bucket of gathered wires; 0: one send per part
     bucket_bytes: int = 0
 
     # ---- bit-packing (on the wire only; compress/decompress see the payload itself) ----
@@ -242,15 +239,11 @@ class Compressed(Aggregation):
         return out
 
     def rejoined(self, copies) -> None:
-        """A joining node's error-feedback memory (residuals, own momenta) starts at 0: node
-        0's, copied with its state, is node 0's debt and would be paid twice. The exchange
-        counters and shared state (PowerSGD's Q) stay node 0's, the same on every node."""
-        for t in range(len(self.steps)):
-            for residual in self.residuals[t]:
-                residual.assign(tf.zeros_like(residual))
-            for state in self.extra[t]:
-                for key in self.own_state_keys:
-                    state[key].assign(tf.zeros_like(state[key]))
+        """A joining node's memory (residuals, own momenta) at 0; shared state stays node 0's."""
+        for own in [*(r for rs in self.residuals for r in rs), *(
+                state[key] for states in self.extra for state in states
+                for key in self.own_state_keys)]:
+            own.assign(tf.zeros_like(own))
 
     def site(self, tower: int, index: int, value: tf.Tensor) -> Site:
         """Made on the tower's device (the seeds are computed there)."""
