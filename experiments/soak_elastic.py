@@ -78,8 +78,12 @@ def calibrate(seconds: float) -> float:
     first, began = newest_step(logdir), time.monotonic()
     time.sleep(seconds)
     rate = (newest_step(logdir) - first) / (time.monotonic() - began)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    process.send_signal(signal.SIGINT)  # the launcher stops its workers (own groups), then
+    try:  # itself; a SIGKILL to the launcher alone would leave the workers running
+        process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)  # a second signal: the workers are killed
+        process.wait()
     return rate
 
 
