@@ -125,7 +125,7 @@ def test_a_joining_diloco_node_starts_from_x_and_a_compressor_from_no_memory():
 
 DILOCO = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",
           "--global_batch_size=96", "--train_steps=300", "--steps_per_loop=4",
-          "--summary_every=0", "--eval_every=0", "--log_every=0", "--learning_rate=0.1"]
+          "--summary_every=0", "--eval_every=0", "--log_every=0", "--learning_rate=0.05"]
 
 
 def _accuracy_of_simulated_nodes(seed, logdir, **failures):
@@ -143,7 +143,7 @@ def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
     killed with SIGKILL once step 40 is saved. The launcher continues with 2 workers from
     the last complete checkpoint, takes the third back once they have saved a newer one,
     and the job ends at its step count with an eval accuracy within the spread of the
-    unfailed run's seeds (3 simulated nodes in one process, seeds 1..3: mean +- 3 sd), as
+    unfailed run's seeds (3 simulated nodes in one process, seeds 1..5: mean +- 3 sd), as
     does the same failure simulated in one process (--node_failures: node 2 down for the
     steps the real job ran on 2 workers, back with a live node's state)."""
     logdir = tmp_path / "run"
@@ -175,7 +175,7 @@ def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
     final = [float(m.group(1)) for m in re.finditer(
         r"\[worker 0\] .*final: .* eval accuracy ([0-9.]+)", output)]
     assert len(final) == 1, output[-4000:]
-    unfailed = [_accuracy_of_simulated_nodes(seed, tmp_path / str(seed)) for seed in (1, 2, 3)]
+    unfailed = [_accuracy_of_simulated_nodes(seed, tmp_path / str(seed)) for seed in range(1, 6)]
     mean, sd = np.mean(unfailed), np.std(unfailed, ddof=1)
     assert mean > 0.5  # far from chance (0.1): the spread says something
     assert abs(final[0] - mean) <= 3 * sd, (final, unfailed)
