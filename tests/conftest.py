@@ -28,7 +28,8 @@ def gpus(monkeypatch):
 # In pytest's (alphabetical) order the sweep modules' long tests (20 to 60 s each) came
 # last: one test process ran them alone while the other had nothing left. Handed out
 # first, they overlap the other process's work; what comes last is short.
-FIRST = ("tests/test_sweep.py", "tests/test_sweep_stop.py", "tests/test_sweep_tune.py")
+FIRST = ("tests/test_sweep.py", "tests/test_sweep_stop.py", "tests/test_sweep_tune.py",
+         "tests/test_elastic.py")
 
 
 def pytest_collection_modifyitems(items):

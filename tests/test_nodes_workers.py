@@ -74,7 +74,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_wor
 # means; every sum has two terms (a + b = b + a) and the rest are scalings by powers of 2,
 # exact, so the bits agree. DiLoCo is at the nodes: each node's sum adds each device's
 # rows there first (device_groups.node_sum), in the same order in both.
-TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd", "median",
+TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd",
                "centered_clipping:tau=1", "demo@2", "sparta_diloco:fraction=0.05,period=4@2",
                "signsgd:bits=1", "sparseloco:period=2,density=0.1@2",
                "streaming_diloco:period=4,fragments=2,tau=1,outer_bits=4@2",

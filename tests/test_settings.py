@@ -97,9 +97,10 @@ def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir)
     recorded = root_hparams(logdir)
     resolved = config.validated()
     # the method by name, each of its options apart (aggregation.describe); a setting of
-    # another model or dataset (None once resolved, e.g. --lm_layers) is not recorded
+    # another model or dataset (None once resolved, e.g. --lm_layers), or one left unset
+    # (--node_failures: none), is not recorded
     unused = {name for name in settings.hparam_names(Config) if getattr(resolved, name) is None}
-    assert unused == {"sequence_length", "lm_layers", "lm_width", "lm_heads"}
+    assert unused == {"sequence_length", "lm_layers", "lm_width", "lm_heads", "node_failures"}
     assert set(recorded) == set(settings.hparam_names(Config)) - unused | {
         "num_towers", "aggregation/shards"}
     assert recorded["num_towers"] == 2 and recorded["aggregation/shards"] == 2
