@@ -38,6 +38,8 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import soak  # noqa: E402  (experiments/soak.py: /proc readers and slopes)
 
+from mgloop.cluster import elastic  # noqa: E402  (imports no TensorFlow)
+
 _FLAGS = flags.FLAGS  # --minutes (set to 30 below), --interval, --json_out: soak.py's
 flags.DEFINE_float("kill_every_minutes", 3.0, "minutes between two SIGKILLs")
 flags.DEFINE_float("calibrate_seconds", 60.0, "the plain run timed to set --train_steps")
@@ -54,13 +56,6 @@ LAUNCH = [sys.executable, "-m", "mgloop.launch", "--num_workers=3",
           "--devices_per_worker=cpu:1"]
 
 
-def newest_step(logdir: str) -> int:
-    names = os.listdir(os.path.join(logdir, "checkpoints")) if os.path.isdir(
-        os.path.join(logdir, "checkpoints")) else []
-    return max((int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index").fullmatch,
-                                            names) if m), default=0)
-
-
 def set_aside(logdir: str, step: int) -> bool:
     """Whether checkpoint `step` was skipped as incomplete (a node's part missing)."""
     return os.path.exists(os.path.join(logdir, "checkpoints", f"ckpt-{step}.index.incomplete"))
@@ -73,11 +68,11 @@ def calibrate(seconds: float) -> float:
                                 "--checkpoint_every=200", *TRAIN],
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    while newest_step(logdir) == 0 and process.poll() is None:
+    while elastic.newest_checkpoint(logdir) <= 0 and process.poll() is None:
         time.sleep(0.5)
-    first, began = newest_step(logdir), time.monotonic()
+    first, began = elastic.newest_checkpoint(logdir), time.monotonic()
     time.sleep(seconds)
-    rate = (newest_step(logdir) - first) / (time.monotonic() - began)
+    rate = (elastic.newest_checkpoint(logdir) - first) / (time.monotonic() - began)
     process.send_signal(signal.SIGINT)  # the launcher stops its workers (own groups), then
     try:  # itself; a SIGKILL to the launcher alone would leave the workers running
         process.wait(timeout=120)
@@ -116,7 +111,8 @@ def main(argv):
         if now >= next_kill and len(workers) == 3 and len(killed) < kills:
             victim = draw.randrange(3)
             os.kill(workers[victim], signal.SIGKILL)
-            killed.append({"minute": now / 60, "worker": victim, "step": newest_step(logdir)})
+            killed.append({"minute": now / 60, "worker": victim,
+                           "step": elastic.newest_checkpoint(logdir)})
             print(f"soak: minute {now / 60:.1f}: killed worker {victim} (pid "
                   f"{workers[victim]})", flush=True)
             next_kill = now + 60 * _FLAGS.kill_every_minutes

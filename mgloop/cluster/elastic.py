@@ -105,7 +105,7 @@ def run(start: Callable[[int], Workers], num_workers: int, options: ElasticOptio
         since, round_start = newest_checkpoint(options.logdir), time.monotonic()
         say(f"round of {live} worker(s) from the checkpoint of step {max(since, 0)}"
             + (f" ({waiting} slot(s) to rejoin)" if waiting else ""))
-        workers = current[0] = start(live)
+        workers = start(live)  # also current[0], for the signal handler
         outcome, code = _watch(workers, received, stop_seconds, say, options, since,
                                round_start, waiting)
         workers.finish()
