@@ -70,6 +70,13 @@ def _nodes_of(prefix: str) -> int | None:
 _NODES_KEY = "nodes/.ATTRIBUTES/VARIABLE_VALUE"
 
 
+def _written_by(directory: str, step: int) -> int:
+    """How many workers wrote step `step` in `directory`: the count node-0 saved with it,
+    else (a checkpoint from before the count was saved) the node folders holding it."""
+    return _nodes_of(os.path.join(directory, "node-0", f"ckpt-{step}")) or len(
+        tf.io.gfile.glob(os.path.join(directory, "node-*", f"ckpt-{step}.index")))
+
+
 def incomplete(directory: str, step: int) -> str | None:
     """Why the checkpoint of `step` in `directory` (<logdir>/checkpoints) lacks a node's
     state, or None: complete (or written with no node state at all)."""
@@ -77,7 +84,7 @@ def incomplete(directory: str, step: int) -> str | None:
     if not tf.io.gfile.exists(first + ".index"):
         others = tf.io.gfile.glob(os.path.join(directory, "node-*", f"ckpt-{step}.index"))
         return f"node-0 has no ckpt-{step}" if others else None
-    count = _nodes_of(first) or 1
+    count = _written_by(directory, step)
     missing = [w for w in range(1, count)
                if not tf.io.gfile.exists(os.path.join(directory, f"node-{w}",
                                                       f"ckpt-{step}.index"))]
@@ -131,8 +138,7 @@ class NodeCheckpoints:
             raise ConfigError(
                 f"--logdir={logdir}: the checkpoint of step {step} has no {first} with the "
                 "nodes' own state (error feedback, local copies); use a fresh --logdir")
-        written = _nodes_of(first) or len(tf.io.gfile.glob(
-            os.path.join(self.root, "node-*", f"ckpt-{step}.index")))
+        written = _written_by(self.root, step)
         refusal = getattr(method, "resize_refusal", None)
         if written != self.count and refusal:
             raise ConfigError(
