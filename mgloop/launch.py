@@ -105,18 +105,13 @@ def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
         if elastic is not None:
             return elastic_lib.run(
                 start, num_workers, elastic, received, stop_seconds,
-                lambda text: current[0].say(text) if current[0] else _say(out, text), current)
+                lambda text: current[0].say(text) if current[0] else worker_processes.say(out, text), current)
         return _supervise(start(num_workers), received, grace, stop_seconds)
     finally:
         if current[0] is not None:
             current[0].finish()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def _say(out, text: str) -> None:
-    out.write(f"[launch] {text}\n")
-    out.flush()
 
 
 def _supervise(workers: worker_processes.Workers, received: list[int], grace: float,

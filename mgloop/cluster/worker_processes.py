@@ -74,6 +74,12 @@ def signal_group(process: subprocess.Popen, signum: int) -> None:
         pass
 
 
+def say(out, text: str) -> None:
+    """One line of the launcher's own: `[launch] text`."""
+    out.write(f"[launch] {text}\n")
+    out.flush()
+
+
 class Workers:
     """The worker processes, their output streams and what their last error line said."""
 
@@ -94,9 +100,8 @@ class Workers:
             self._streams.append(thread)
 
     def say(self, text: str) -> None:
-        with self.lock:
-            self.out.write(f"[launch] {text}\n")
-            self.out.flush()
+        with self.lock:  # not inside a worker's line
+            say(self.out, text)
 
     def _stream(self, index: int, pipe) -> None:
         for line in iter(pipe.readline, ""):
