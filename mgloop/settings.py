@@ -56,9 +56,9 @@ def flag_name(field: dataclasses.Field) -> str:
     return field.metadata.get("flag") or field.name
 
 
-def hparam_names(config_class) -> tuple[str, ...]:
-    """The fields that can change a result (`hparam=True`), in field order."""
-    return tuple(f.name for f in dataclasses.fields(config_class) if f.metadata.get("hparam"))
+def hparam_names(fields: Iterable[dataclasses.Field]) -> tuple[str, ...]:
+    """The settings among `fields` that can change a result (`hparam=True`), in order."""
+    return tuple(f.name for f in fields if f.metadata.get("hparam"))
 
 
 def choice(flag: str, value: str, choices: Iterable[str]) -> None:
@@ -82,10 +82,11 @@ def in_range(flag: str, value, low=None, high=None, low_open=False, high_open=Fa
         raise ConfigError(f"--{flag}={value} is out of range: must be {' and '.join(bounds)}")
 
 
-def check_finite(config) -> None:
-    """Refuses NaN and inf in every float field, in one pass (they pass every comparison)."""
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
+def check_finite(options) -> None:
+    """Refuses NaN and inf in every float field of a settings part (a frozen dataclass of
+    `setting`s): they pass every comparison."""
+    for field in dataclasses.fields(options):
+        value = getattr(options, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"--{flag_name(field)}={value} is not a finite number; give a "
                               "finite one")

@@ -9,6 +9,7 @@ import typing
 import pytest
 from absl import flags
 
+from mgloop.runs import config as config_lib
 from mgloop import aggregation
 from mgloop import data
 from mgloop.runs import flags as mgloop_flags
@@ -31,7 +32,7 @@ def parsed():
 
 def test_the_flags_are_the_config_fields_with_their_defaults_types_and_help():
     mgloop_flags.define_flags()
-    fields = dataclasses.fields(Config)
+    fields = config_lib.setting_fields()
     defined = {flag.name for flag in flags.FLAGS.flags_by_module_dict()["mgloop.runs.flags"]}
     assert defined == {settings.flag_name(field) for field in fields}
     hints = typing.get_type_hints(Config)
@@ -84,6 +85,6 @@ def test_helpfull_shows_every_settings_help():
     result = subprocess.run([sys.executable, "-m", "mgloop.train", "--helpfull"],
                             capture_output=True, text=True, timeout=300)
     text = re.sub(r"\s+", "", result.stdout)  # absl wraps the lines at word boundaries
-    for field in dataclasses.fields(Config):
+    for field in config_lib.setting_fields():
         assert re.sub(r"\s+", "", _builtin_help(field)) in text, field.name
         assert re.search(rf"--(\[no\])?{settings.flag_name(field)}:", result.stdout), field.name

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 import mgloop
+from mgloop.runs import config as config_lib
 from mgloop import data, models, settings
 from mgloop.data import staging
 from mgloop.runs import checkpoint, controller, monitor, run_dir
@@ -59,7 +60,7 @@ def test_data_resolves_the_batch_and_the_data_dir():
 
 def test_every_setting_says_whether_it_can_change_a_result():
     """A setting left out of HParams says why it cannot change a result."""
-    for field in dataclasses.fields(Config):
+    for field in config_lib.setting_fields():
         hparam, neutral = field.metadata["hparam"], field.metadata["neutral"]
         assert hparam is True or (hparam is False and neutral.strip()), field.name
         assert not (hparam and neutral), field.name
@@ -68,7 +69,7 @@ def test_every_setting_says_whether_it_can_change_a_result():
                             "accumulation_steps", "mixed_precision", "batch_norm", "model",
                             "dataset", "global_batch_size", "optimizer", "learning_rate",
                             "lr_schedule", "seed", "deterministic", "plugins"):
-        assert result_changing in settings.hparam_names(Config)
+        assert result_changing in settings.hparam_names(config_lib.setting_fields())
     with pytest.raises(TypeError, match="either hparam=True"):
         settings.setting(1, "a setting that says neither")
 
@@ -99,12 +100,12 @@ def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir)
     # the method by name, each of its options apart (aggregation.describe); a setting of
     # another model or dataset (None once resolved, e.g. --lm_layers), or one left unset
     # (--node_failures: none), is not recorded
-    unused = {name for name in settings.hparam_names(Config) if getattr(resolved, name) is None}
+    unused = {name for name in settings.hparam_names(config_lib.setting_fields()) if getattr(resolved, name) is None}
     assert unused == {"sequence_length", "lm_layers", "lm_width", "lm_heads", "node_failures"}
-    assert set(recorded) == set(settings.hparam_names(Config)) - unused | {
+    assert set(recorded) == set(settings.hparam_names(config_lib.setting_fields())) - unused | {
         "num_towers", "aggregation/shards"}
     assert recorded["num_towers"] == 2 and recorded["aggregation/shards"] == 2
-    for name in set(settings.hparam_names(Config)) - unused:
+    for name in set(settings.hparam_names(config_lib.setting_fields())) - unused:
         value = getattr(resolved, name)
         expected = ",".join(value) if isinstance(value, tuple) else value
         expected = "ring" if name == "aggregation" else expected

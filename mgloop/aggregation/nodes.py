@@ -56,8 +56,7 @@ from mgloop.cluster.devices import DeviceSet
 from mgloop.cluster.nodes import Nodes
 from mgloop.spec.variables import backing
 
-METHOD_AT = ("auto", "nodes", "towers")
-DIRECT = "reduce"  # --within_node's default: every tower sends to the leader
+from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT  # noqa: F401
 
 
 class NodeLevel(Wrapper):

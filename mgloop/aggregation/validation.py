@@ -38,8 +38,7 @@ from mgloop.aggregation.gather_at_root import TowerCountError
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
-GRAD_REDUCE = ("mean", "sum")
-TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
+from mgloop.aggregation.exchange_options import GRAD_REDUCE, TRANSPORT_DTYPES  # noqa: F401
 
 
 def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Options]:

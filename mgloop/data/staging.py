@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover
     def is_op_determinism_enabled() -> bool:
         return True
 
-MODES = ("none", "host", "device")
+from mgloop.data.options import STAGING_MODES as MODES  # noqa: F401
 
 
 def check_settings(config) -> None:

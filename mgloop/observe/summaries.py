@@ -140,8 +140,7 @@ def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
     result (the fields of the validated `config` marked `hparam=True`, settings.py) and
     the tower count. A tuple (--plugin) is recorded as one comma-separated string."""
     values = {}
-    for name in settings.hparam_names(type(config)):
-        value = getattr(config, name)
+    for name, value in config.hparams().items():
         if value is None:  # a setting of another model or dataset (e.g. --lm_layers): unused
             continue
         values[name] = ",".join(value) if isinstance(value, (tuple, list)) else value
@@ -163,7 +162,7 @@ def write_run_record(logdir: str, config, num_towers: int,
             hparams=[hparams_api.HParam(name) for name in hparams],
             metrics=[hparams_api.Metric(tag) for tag in final_metric_tags(config)])
         hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
-        tf.summary.text("config", "```\n" + json.dumps(dataclasses.asdict(config), indent=2,
+        tf.summary.text("config", "```\n" + json.dumps(config.flat(), indent=2,
                                                        sort_keys=True) + "\n```")
         if command_line is not None:
             tf.summary.text("command_line", "`" + " ".join(command_line) + "`")

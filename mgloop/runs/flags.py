@@ -1,6 +1,6 @@
 """absl flag definitions for every Config field; nothing else in mgloop defines flags.
 
-`define_flags()` registers one flag per Config field, made from the field alone: its
+`define_flags()` registers one flag per setting of Config's parts (config.py), made from the field alone: its
 name (or the `flag` of its metadata), default, help line (settings.py) and type, read
 from the resolved annotation (`typing.get_type_hints`):
 
@@ -14,14 +14,13 @@ checks every value, so the CLI and the Python API give the same errors.
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 
 from absl import flags
 
 from mgloop import settings
-from mgloop.runs.config import Config
+from mgloop.runs.config import Config, setting_fields, setting_types
 
 FLAGS = flags.FLAGS
 
@@ -46,8 +45,8 @@ def define_flags() -> None:
     """Defines one flag per Config field, once."""
     if "aggregation" in FLAGS:
         return
-    hints = typing.get_type_hints(Config)
-    for field in dataclasses.fields(Config):
+    hints = setting_types()
+    for field in setting_fields():
         define = define_function(hints[field.name])
         default = list(field.default) if isinstance(field.default, tuple) else field.default
         define(settings.flag_name(field), default, settings.help_of(field))
@@ -55,7 +54,7 @@ def define_flags() -> None:
 
 def config_from_flags() -> Config:
     values = {}
-    for field in dataclasses.fields(Config):
+    for field in setting_fields():
         value = FLAGS[settings.flag_name(field)].value
         values[field.name] = tuple(value or ()) if isinstance(field.default, tuple) else value
     return Config(**values)

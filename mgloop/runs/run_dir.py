@@ -126,7 +126,7 @@ def write_config(config) -> None:
     """Records the resolved settings in <logdir>/config.json (what `check_resumable` of a
     later run compares with)."""
     summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
-                                    dataclasses.asdict(config))
+                                    config.flat())
 
 
 def check_resumable(config) -> None:
@@ -141,7 +141,7 @@ def check_resumable(config) -> None:
             previous = json.load(handle)
     except (OSError, ValueError):
         return  # no record to compare: the restore itself checks the variables
-    current = dataclasses.asdict(config)
+    current = config.flat()
     current = json.loads(json.dumps(current))  # as config.json holds it (tuples as lists)
     for name in CHECKPOINT_SHAPING:
         if name in previous and previous[name] != current[name]:

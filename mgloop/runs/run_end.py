@@ -102,7 +102,7 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
     """The summary of a run trained to its end (summary.json, `RunResult.summary`)."""
     eval_metrics = measured.eval_metrics
     return {
-        "config": dataclasses.asdict(config),
+        "config": config.flat(),
         "num_towers": total_towers,
         "num_workers": workers.num_workers if workers else 1,
         "tower_devices": list(device_set.towers),
@@ -169,7 +169,7 @@ def stopped(config: Config, result: controller.FitResult, stop: preemption.StopO
     them); summary.json says where it stopped; one log line (at DEBUG when an outer
     StopOnSignal owns the signals and reports the stop itself: a sweep's)."""
     name = signal.Signals(stop.signum).name
-    summary = {"config": dataclasses.asdict(config), "start_step": result.start_step,
+    summary = {"config": config.flat(), "start_step": result.start_step,
                "final_step": result.final_step,
                "final_train_loss": result.train.get("loss"),
                "final_train_accuracy": result.train.get("accuracy"),

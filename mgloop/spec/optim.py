@@ -26,8 +26,7 @@ from mgloop.settings import choice, in_range
 from mgloop.spec.variables import VariableCopy, backing
 
 schedules = keras.optimizers.schedules
-OPTIMIZERS = ("sgd", "momentum", "adam")
-LR_SCHEDULES = ("constant", "poly", "cosine")
+from mgloop.spec.options import LR_SCHEDULES, OPTIMIZERS  # noqa: F401
 
 
 def check_settings(config) -> None:

@@ -46,7 +46,7 @@ import tensorflow as tf
 from mgloop.aggregation.base import SHARED, Aggregation
 from mgloop.settings import in_range
 
-DEFAULT_MIN_BYTES = 16 * 2 ** 20  # the Config default of --ordered_sum_bytes
+from mgloop.step.options import ORDERED_SUM_MIN_BYTES as DEFAULT_MIN_BYTES  # noqa: F401
 
 
 def applies(aggregation: Aggregation) -> bool:

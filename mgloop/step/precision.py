@@ -66,7 +66,7 @@ import tensorflow as tf
 
 from mgloop.settings import choice
 
-POLICIES = ("none", "mixed_float16", "mixed_bfloat16")
+from mgloop.step.options import POLICIES  # noqa: F401
 INITIAL_SCALE = 2.0 ** 15
 GROWTH_INTERVAL = 2000  # consecutive finite steps before the scale doubles
 GROWTH_FACTOR = 2.0

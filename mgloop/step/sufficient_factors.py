@@ -48,7 +48,7 @@ from mgloop.aggregation.base import Aggregation
 from mgloop.settings import in_range
 from mgloop.step.ordered_sum import num_bytes
 
-DEFAULT_MIN_BYTES = 16 * 2 ** 20  # the Config default of --sufficient_factor_bytes
+from mgloop.step.options import SUFFICIENT_FACTOR_MIN_BYTES as DEFAULT_MIN_BYTES  # noqa: F401
 
 Factors = dict[int, tuple[tf.Tensor, tf.Tensor]]  # variable index -> (x_t, dz_t)
 

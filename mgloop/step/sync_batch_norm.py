@@ -41,7 +41,7 @@ import tensorflow as tf
 from mgloop.aggregation import collective
 from mgloop.settings import choice
 
-MODES = ("per_tower", "sync")
+from mgloop.step.options import BATCH_NORM_MODES as MODES  # noqa: F401
 _current = threading.local()  # .tower: (CrossTowerMoments, tower index, [call counter])
 
 

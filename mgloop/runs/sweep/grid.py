@@ -46,11 +46,9 @@ class Variant:
 
 
 def field_types() -> dict[str, object]:
-    """{field: type} of mgloop.runs.config.Config (imported here: it loads TensorFlow, which
-    a sweep's worker loads quietly before its first cell, so the plan unpickles without)."""
-    from mgloop.runs.config import Config
-    hints = typing.get_type_hints(Config)
-    return {field.name: hints[field.name] for field in dataclasses.fields(Config)}
+    """{setting: type} of every setting of mgloop.runs.config.Config (plain Python)."""
+    from mgloop.runs.config import setting_types
+    return setting_types()
 
 
 def parse_value(key: str, text: str, kind) -> object:

@@ -77,7 +77,7 @@ from mgloop.errors import ConfigError
 from mgloop.settings import choice, in_range
 from mgloop.spec import losses
 
-CHOICES = ("fixed", "random")
+from mgloop.step.options import BYZANTINE_CHOICES as CHOICES  # noqa: F401
 # name -> {option: (default, low, low_open)}; every option is a float
 ATTACKS = {
     "signflip": {"factor": (1.0, 0.0, True)},

@@ -1,0 +1,29 @@
+"""Which model a run trains: the models part of the settings (`config.models`).
+
+Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
+and the flags are made from its fields (settings.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mgloop.settings import setting
+
+def _model_names():
+    from mgloop import models
+    return models.names()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """Which model a run trains: the models part of the settings (`config.models`)."""
+
+    model: str = setting("mlp", "one of: {choices}", choices=_model_names, hparam=True)
+    lm_layers: int | None = setting(
+        None, "--model=transformer_lm: decoder blocks (default 2)", hparam=True)
+    lm_width: int | None = setting(
+        None, "--model=transformer_lm: model width, a multiple of --lm_heads (default 64)",
+        hparam=True)
+    lm_heads: int | None = setting(
+        None, "--model=transformer_lm: attention heads (default 4)", hparam=True)
