@@ -27,6 +27,28 @@ from typing import Callable, Iterable
 from mgloop.errors import ConfigError
 
 
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a package's `check(options, context)` may know of the run beyond its own part of
+    the settings: facts that runs/config_checks.py works out before the parts are checked,
+    one per field, so that no package reads another's options.
+
+    request: cluster.devices.Request: the parsed --devices x --towers_per_device (one worker)
+    workers: cluster.workers.Cluster | None: the TF_CONFIG job, if any
+    num_workers, num_towers: workers, and towers over all workers
+    devices_flag: how the towers were asked for, e.g. "cpu:4 on each of 2 workers" (messages)
+    seed, deterministic: --seed and --deterministic (the loop's)
+    """
+
+    request: object = None
+    workers: object = None
+    num_workers: int = 1
+    num_towers: int = 1
+    devices_flag: str = ""
+    seed: int = 0
+    deterministic: bool = False
+
+
 def setting(default, help: str, *, hparam: bool = False, neutral: str | None = None,
             choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
             flag: str | None = None):
