@@ -231,7 +231,7 @@ def file_staging(args) -> None:
     device_set = devices.setup(devices.parse(FLAGS.devices))  # before any TensorFlow op
     import tensorflow as tf
     from mgloop import data, models
-    from mgloop.runs import experiment
+    from mgloop.runs import experiment, run_inputs
     from mgloop.runs.config import Config
 
     folder = FLAGS.data_dir or tempfile.mkdtemp(prefix="mgloop-file-staging-")
@@ -249,7 +249,8 @@ def file_staging(args) -> None:
         return config, trainer
 
     def file_batches(config, delay):
-        return with_delay(data.as_input(file_examples(paths), config).train_batches(0), delay)
+        made = data.as_input(file_examples(paths), config.data, run_inputs.reading(config))
+        return with_delay(made.train_batches(0), delay)
 
     def loop(trainer, iterator):
         def run():

@@ -17,7 +17,7 @@ from mgloop import data
 from mgloop import launch
 from mgloop.cluster import workers as cluster
 from mgloop.data import batch_split
-from mgloop.runs import experiment
+from mgloop.runs import experiment, run_inputs
 from mgloop.runs.config import Config
 from mgloop.data import base, digits, epochs, inputs, partition, python_text
 from mgloop.errors import ConfigError
@@ -151,7 +151,7 @@ def test_python_text_windows_and_split_are_text_datasets(stdlib_stream):
     np.testing.assert_array_equal(np.concatenate([d.train_y, d.eval_y]).reshape(-1),
                                   stdlib_stream[1:count * 64 + 1])
     np.testing.assert_array_equal(again.train_x, d.train_x)
-    assert data.sequence_length_of(Config(dataset="python_text")) == 64
+    assert data.sequence_length_of(Config(dataset="python_text").data) == 64
 
 
 def test_python_text_refusals(tmp_path):
@@ -238,7 +238,8 @@ def partitioned_input(tmp_path, **settings):
     config = Config(**{**dict(devices="cpu:4", global_batch_size=8, seed=5,
                               partition="dirichlet:alpha=0.5", drop_remainder=False,
                               logdir=str(tmp_path / "run")), **settings}).validated()
-    made = inputs.InMemoryInput(indexed_dataset(LABELS), config, cluster.from_environment())
+    made = inputs.InMemoryInput(indexed_dataset(LABELS), config.data,
+                                run_inputs.reading(config, cluster.from_environment()))
     return made, config
 
 
@@ -320,7 +321,7 @@ def test_iid_is_the_unpartitioned_stream_bit_for_bit(tmp_path):
     for drop in (True, False):
         config = Config(devices="cpu:4", global_batch_size=12, seed=5, drop_remainder=drop,
                         logdir=str(tmp_path / f"run{drop}")).validated()
-        made = inputs.InMemoryInput(dataset, config, None)
+        made = inputs.InMemoryInput(dataset, config.data, run_inputs.reading(config))
         assert made.parts is None and config.partition == "iid"
         got = [x.numpy() for x, _ in made.train_batches(3).take(10)]
         want = [x.numpy() for x, _ in epochs.train_batches(dataset, 12, 5, 3, drop).take(10)]
@@ -367,7 +368,7 @@ def test_partition_refusals(tmp_path, text_folder):
                                                  np.zeros(8, np.int32)))
     with pytest.raises(ConfigError, match=r"^--partition=dirichlet:alpha=1 with train_data "
                                           r"given as .*: only an in-memory labelled dataset"):
-        data.as_input(stream, config, None, "train_data")
+        data.as_input(stream, config.data, run_inputs.reading(config), "train_data")
     # tiny parts: 8 clients of 80 examples at a small alpha leave one empty; with
     # drop_remainder=true a part smaller than its shard of 16 / 4 = 4
     with pytest.raises(ConfigError, match=r"^--partition=dirichlet:alpha=0.01 with --seed=5 "

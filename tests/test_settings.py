@@ -13,7 +13,9 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 import mgloop
 from mgloop.runs import config as config_lib
 from mgloop import data, models, settings
+from mgloop.data import options as data_options
 from mgloop.data import staging
+from mgloop.models import options as model_options
 from mgloop.runs import checkpoint, controller, monitor, run_dir
 from mgloop.spec import optim
 from mgloop.step import accumulation, ordered_sum, precision, sufficient_factors, sync_batch_norm
@@ -41,21 +43,38 @@ OWN_CHECKS = [
 @pytest.mark.parametrize("module, bad, pattern", OWN_CHECKS,
                          ids=[f"{m.__name__}:{next(iter(b))}" for m, b, _ in OWN_CHECKS])
 def test_each_module_checks_its_own_settings_with_the_gates_line(module, bad, pattern, logdir):
-    module.check_settings(Config())  # the defaults pass
+    module.check_settings(_own_part(module, Config()))  # the defaults pass
     with pytest.raises(mgloop.ConfigError, match=pattern) as own:
-        module.check_settings(Config(**bad))
+        module.check_settings(_own_part(module, Config(**bad)))
     with pytest.raises(mgloop.ConfigError) as gate:  # validated() asks the module
         Config(logdir=logdir, **bad).validated()
     assert str(gate.value) == str(own.value)
     assert not os.path.exists(logdir)  # refused before the logdir was made
 
 
+def _own_part(module, config):
+    """What `module.check_settings` takes of `config`: its package's part, else the whole."""
+    return {models: config.models, staging: config.data}.get(module, config)
+
+
 def test_data_resolves_the_batch_and_the_data_dir():
-    assert data.check_settings(Config(), 4, "cpu:4") == (data.DEFAULT_GLOBAL_BATCH_SIZE, None)
-    assert data.check_settings(Config(batch_size_per_tower=8), 4, "cpu:4") == (32, None)
+    context = settings.Context(num_towers=4, devices_flag="cpu:4")
+    resolved = data_options.check(Config().data, context)
+    assert (resolved.global_batch_size, resolved.batch_size_per_tower, resolved.data_dir) == (
+        data.DEFAULT_GLOBAL_BATCH_SIZE, data.DEFAULT_GLOBAL_BATCH_SIZE // 4, None)
+    resolved = data_options.check(Config(batch_size_per_tower=8).data, context)
+    assert (resolved.global_batch_size, resolved.batch_size_per_tower) == (32, 8)
+    assert data_options.check(Config(dataset="python_text").data, context).sequence_length == 64
     with pytest.raises(mgloop.ConfigError, match=r"^--global_batch_size=30 does not split "
                        r"into 4 equal tower shards \(--devices=cpu:4\); use a multiple of 4$"):
-        data.check_settings(Config(global_batch_size=30), 4, "cpu:4")
+        data_options.check(Config(global_batch_size=30).data, context)
+
+
+def test_models_resolve_the_models_own_settings_to_its_defaults():
+    context = settings.Context()
+    assert model_options.check(Config().models, context) == Config().models
+    resolved = model_options.check(Config(model="transformer_lm", lm_width=32).models, context)
+    assert (resolved.lm_layers, resolved.lm_width, resolved.lm_heads) == (2, 32, 4)
 
 
 def test_every_setting_says_whether_it_can_change_a_result():

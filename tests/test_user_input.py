@@ -12,7 +12,7 @@ import tensorflow as tf
 import mgloop
 from mgloop import data
 from mgloop.cluster import devices
-from mgloop.runs import experiment
+from mgloop.runs import experiment, run_inputs
 from mgloop.data import padding, user_input
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
@@ -36,6 +36,11 @@ def dict_model():
     a, b = keras.Input((2,), name="a"), keras.Input((2,), name="b")
     out = keras.layers.Dense(CLASSES)(keras.layers.Concatenate()([a, b]))
     return keras.Model({"a": a, "b": b}, out)
+
+
+def as_input(given, config, workers=None, what="train_data"):
+    """`given` as the run of validated `config` reads it (on `workers`)."""
+    return data.as_input(given, config.data, run_inputs.reading(config, workers), what)
 
 
 def config_for(logdir, drop_remainder):
@@ -67,7 +72,7 @@ def reference(config, template, slices):
 def trained(request, tmp_path_factory):
     config = config_for(str(tmp_path_factory.mktemp("run")), request.param)
     device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
-    source = data.as_input(dict_examples(), config)
+    source = as_input(dict_examples(), config)
     trainer = experiment.build_trainer(config, device_set, dict_model,
                                        experiment.default_loss(), source.input_shape)
     source.check_model(trainer.model)
@@ -95,8 +100,8 @@ def test_dict_features_and_short_batches_equal_one_device_on_the_real_examples(t
 @pytest.mark.parametrize("drop", [True, False])
 def test_batched_dataset_is_recut_into_the_same_global_batches(drop, logdir):
     config = config_for(logdir, drop)
-    examples = data.as_input(dict_examples(), config)
-    batched = data.as_input(dict_examples().batch(5), config)  # -> rebatched to 8
+    examples = as_input(dict_examples(), config)
+    batched = as_input(dict_examples().batch(5), config)  # -> rebatched to 8
     assert (examples.description, batched.description) == (
         "a tf.data.Dataset of examples", "a tf.data.Dataset of batches")
     for one, other in zip(examples.train_batches(1).take(5), batched.train_batches(1).take(5)):
@@ -114,7 +119,7 @@ def test_padding_weights_are_formed_over_the_accumulated_step(logdir):
     8): S = 16, n = 13, so the real examples weigh 16/13 and the mean is over the 13."""
     config = helpers.small_config(logdir, devices="cpu:4", global_batch_size=BATCH,
                                   drop_remainder=False, accumulation_steps=2).validated()
-    x, y = next(iter(data.as_input((X, Y), config).train_batches(1)))
+    x, y = next(iter(as_input((X, Y), config).train_batches(1)))
     assert x.shape == (16, FEATURES) and y.labels.shape == (16,)
     np.testing.assert_allclose(y.weights.numpy(), [16 / 13] * 5 + [0] * 3 + [16 / 13] * 8)
 
@@ -135,7 +140,7 @@ def test_a_function_gets_its_workers_input_context_and_reads_b_over_w_per_step(l
 
     class SecondOfTwo:
         num_workers, index = 2, 1
-    source = data.as_input(worker_data, config, SecondOfTwo())
+    source = as_input(worker_data, config, SecondOfTwo())
     steps = [y.numpy() for _, y in source.train_batches(0).take(3)]
     assert seen[-1] == (2, 1, 2 * 2)
     odd = Y[1::2]  # 10 examples: steps of 4, the pass's last 2 dropped
@@ -154,7 +159,7 @@ def test_a_function_gets_its_workers_input_context_and_reads_b_over_w_per_step(l
 def test_what_is_not_accepted_is_refused_in_one_line(given, message, logdir):
     config = config_for(logdir, True)
     with pytest.raises(ConfigError, match=None) as error:
-        data.as_input(given, config)
+        as_input(given, config)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -162,14 +167,15 @@ def test_padding_refuses_batch_norm_a_scalar_loss_and_per_worker_functions(logdi
     config = config_for(logdir, False)
     bn = keras.Sequential([keras.Input((FEATURES,)), keras.layers.BatchNormalization()])
     with pytest.raises(ConfigError, match="BatchNormalization layer"):
-        data.as_input((X, Y), config).check_model(bn)
+        as_input((X, Y), config).check_model(bn)
     with pytest.raises(ConfigError, match="the loss returns one value per batch"):
         padding.weighted_mean(tf.constant(1.0), tf.ones([4]))
 
     class TwoWorkers:
         num_workers, index = 2, 0
     with pytest.raises(ConfigError, match="on 2 workers"):
-        user_input.as_input(lambda context: dict_examples(), config, TwoWorkers())
+        user_input.as_input(lambda context: dict_examples(), config.data,
+                            run_inputs.reading(config, TwoWorkers()))
 
 
 def _weights(logdir_run, data_dir, steps):

@@ -17,6 +17,8 @@ from mgloop.data import synthetic
 from mgloop.data import user_input
 from mgloop.data import text
 from mgloop.data.base import InMemoryDataset
+from mgloop.data.inputs import Reading
+from mgloop.data.options import DataOptions
 from mgloop.data.padding import Weighted
 from mgloop.data.user_input import Batched, Examples, Input, as_input
 from mgloop.errors import ConfigError
@@ -71,17 +73,17 @@ def register(name: str, train: Callable, eval: Callable | None = None,
     _SOURCES[name] = _Source(None, lambda data_dir: None, files, train, eval, num_classes)
 
 
-def load_input(config, workers=None) -> Input:
-    """The input of `--dataset` (and --data_dir) of a validated config."""
-    source = _source(config.dataset)
+def load_input(options: DataOptions, reading: Reading = Reading()) -> Input:
+    """The input of `--dataset` (and --data_dir) of validated data options."""
+    name, data_dir = options.dataset, options.data_dir
+    source = _source(name)
     if source.train is None:
-        return user_input.InMemoryInput(load(config.dataset, config.seed, config.data_dir,
-                                             config.sequence_length), config, workers)
-    data_dir = config.data_dir
+        return user_input.InMemoryInput(load(name, reading.seed, data_dir,
+                                             options.sequence_length), options, reading)
     fn = lambda context: source.train(data_dir, context)  # noqa: E731
-    fn.__name__ = f"--dataset={config.dataset}"
-    made = user_input.as_input(fn, config, workers, what=f"--dataset={config.dataset}")
-    made.description = f"--dataset={config.dataset} (--data_dir={data_dir})"
+    fn.__name__ = f"--dataset={name}"
+    made = user_input.as_input(fn, options, reading, what=f"--dataset={name}")
+    made.description = f"--dataset={name} (--data_dir={data_dir})"
     made.num_classes = source.num_classes
     if source.eval is not None:
         made.eval_pass, made.has_eval_split = (lambda: source.eval(data_dir)), True
@@ -122,24 +124,22 @@ def check(name: str, data_dir: str | None) -> None:
     source.check_files(data_dir)
 
 
-def check_settings(config, towers: int, devices_flag: str) -> tuple[int, str | None]:
+def check_settings(options: DataOptions, towers: int,
+                   devices_flag: str) -> tuple[int, str | None]:
     """--dataset and its --data_dir (expanded), and the batch: returns (global batch, data_dir).
 
     Exactly one of --global_batch_size and --batch_size_per_tower may be set (default: a
-    global batch of 128); the global batch must split into `towers` equal shards."""
-    data_dir = os.path.expanduser(config.data_dir) if config.data_dir is not None else None
-    check(config.dataset, data_dir)
-    unfit = _source(config.dataset).unfit_models
-    if config.model in unfit:
-        raise ConfigError(f"--model={config.model} cannot train on --dataset={config.dataset}: "
-                          f"{unfit[config.model]}; use another --model")
-    if config.sequence_length is not None:
-        if not _source(config.dataset).sequenced:
-            raise ConfigError(f"--sequence_length={config.sequence_length} is set but "
-                              f"--dataset={config.dataset} has no sequences; drop it or use "
+    global batch of 128); the global batch must split into `towers` equal shards
+    (`devices_flag`: how they were asked for, in the message)."""
+    data_dir = os.path.expanduser(options.data_dir) if options.data_dir is not None else None
+    check(options.dataset, data_dir)
+    if options.sequence_length is not None:
+        if not _source(options.dataset).sequenced:
+            raise ConfigError(f"--sequence_length={options.sequence_length} is set but "
+                              f"--dataset={options.dataset} has no sequences; drop it or use "
                               "--dataset=text or python_text")
-        in_range("sequence_length", config.sequence_length, low=1)
-    global_batch, per_tower = config.global_batch_size, config.batch_size_per_tower
+        in_range("sequence_length", options.sequence_length, low=1)
+    global_batch, per_tower = options.global_batch_size, options.batch_size_per_tower
     if global_batch is not None and per_tower is not None:
         raise ConfigError("--global_batch_size and --batch_size_per_tower are both set; "
                           "set one (the other follows from the tower count)")
@@ -155,22 +155,31 @@ def check_settings(config, towers: int, devices_flag: str) -> tuple[int, str | N
     return global_batch, data_dir
 
 
-def check_partition(config) -> None:
+def check_model(options: DataOptions, model: str) -> None:
+    """Refuses a --model that --dataset cannot feed (e.g. digits' 8x8 images are too small
+    for minigooglenet)."""
+    unfit = _source(options.dataset).unfit_models
+    if model in unfit:
+        raise ConfigError(f"--model={model} cannot train on --dataset={options.dataset}: "
+                          f"{unfit[model]}; use another --model")
+
+
+def check_partition(options: DataOptions) -> None:
     """--partition (partition.py): dirichlet only for a built-in labelled in-memory dataset
     (not a registered one, not a sequenced one)."""
-    source = _source(config.dataset)
+    source = _source(options.dataset)
     kind = ("a --plugin dataset is read as a tf.data stream, not held in memory"
             if source.train is not None else
             "it is a language-model dataset (sequences of tokens, no class label per example)"
             if source.sequenced else None)
-    partition.check_settings(config, kind)
+    partition.check_settings(options.partition, options.dataset, kind)
 
 
-def sequence_length_of(config) -> int | None:
+def sequence_length_of(options: DataOptions) -> int | None:
     """--sequence_length, its default filled in for a sequenced dataset (None otherwise)."""
-    if config.sequence_length is None and _source(config.dataset).sequenced:
+    if options.sequence_length is None and _source(options.dataset).sequenced:
         return text.DEFAULT_SEQUENCE_LENGTH
-    return config.sequence_length
+    return options.sequence_length
 
 
 def load(name: str, seed: int, data_dir: str | None = None,
@@ -182,5 +191,6 @@ def load(name: str, seed: int, data_dir: str | None = None,
     return source.load(seed, data_dir)
 
 
-__all__ = ["InMemoryDataset", "names", "check", "check_settings", "load", "register",
-           "load_input", "as_input", "Input", "Batched", "Examples", "Weighted"]
+__all__ = ["InMemoryDataset", "names", "check", "check_settings", "check_model", "load",
+           "register", "load_input", "as_input", "Input", "Reading", "Batched", "Examples",
+           "Weighted"]

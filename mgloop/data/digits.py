@@ -40,7 +40,7 @@ ROWS = COLS = 8
 MAX_PIXEL = 16
 NUM_CLASSES = 10
 INSTALL = "reinstall mgloop (pip install -e .): the file ships inside its package"
-# What the models need that the 8x8 images cannot give (data.check_settings refuses them).
+# What the models need that the 8x8 images cannot give (data.check_model refuses them).
 UNFIT_MODELS = {"minigooglenet": "its two valid 3x3 stride-2 downsamplings and 7x7 average "
                                  "pool need images of at least 31x31, and digits are 8x8"}
 

@@ -3,14 +3,15 @@
 unit (default 128 when neither is set).
 
 Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py).
+and the flags are made from its fields (settings.py). `check` loads the checkers (and
+TensorFlow with them) when it is called.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import setting
+from mgloop.settings import Context, setting
 
 STAGING_MODES = ("none", "host", "device")
 
@@ -36,8 +37,8 @@ class DataOptions:
         neutral="where the files of --dataset are (recorded: dataset); data.check verifies them")
     partition: str = setting(
         "iid", "how the training examples are dealt to the clients (the nodes when the "
-        "method is between nodes, else the towers): iid (every batch from the whole set, as "
-        "before) | dirichlet:alpha=A (label-Dirichlet non-IID parts, class c split by "
+        "method is between nodes, else the towers): iid (every batch from the whole set) | "
+        "dirichlet:alpha=A (label-Dirichlet non-IID parts, class c split by "
         "p_c ~ Dir(A 1_n) drawn with --seed; each client's shard of every batch comes from "
         "its own part; mgloop/data/partition.py)", hparam=True)
     sequence_length: int | None = setting(
@@ -61,3 +62,18 @@ class DataOptions:
     staging_depth: int = setting(
         2, "K: batches prefetched on the host (host, device) and staged on every tower "
         "(device); >= 1", hparam=True)
+
+
+def check(options: DataOptions, context: Context) -> DataOptions:
+    """Refuses bad data settings in one line (staging.py, then catalog.py: --dataset and
+    its files, --sequence_length, the batch over `context.num_towers`, --partition);
+    returns the options resolved: --data_dir expanded, both batch sizes (the global one
+    split over the towers), and a sequenced dataset's default --sequence_length."""
+    from mgloop.data import catalog, staging  # noqa: PLC0415 -- they load TensorFlow
+    staging.check_settings(options)
+    global_batch, data_dir = catalog.check_settings(options, context.num_towers,
+                                                    context.devices_flag)
+    catalog.check_partition(options)
+    return dataclasses.replace(options, data_dir=data_dir, global_batch_size=global_batch,
+                               batch_size_per_tower=global_batch // context.num_towers,
+                               sequence_length=catalog.sequence_length_of(options))

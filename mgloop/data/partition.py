@@ -1,8 +1,7 @@
 """`--partition`: how the training examples are dealt to the run's clients (non-IID shards).
 
     iid                  (default) no partition: every global batch is B consecutive
-                         examples of the epoch's seeded permutation of all N (epochs.py),
-                         bit for bit what mgloop did before this setting existed
+                         examples of the epoch's seeded permutation of all N (epochs.py)
     dirichlet:alpha=A    label-Dirichlet shards (A > 0): small A, each client holds few
                          classes; large A, every client close to the overall class mix
 
@@ -110,32 +109,32 @@ def parse(spec: str) -> Partition:
     return Partition(DIRICHLET, alpha)
 
 
-def check_settings(config, source_kind: str | None) -> None:
-    """--partition parses; dirichlet only for a built-in in-memory labelled dataset.
-    `source_kind`: None for such a dataset, else why it has no class labels to deal
-    (data/__init__.py)."""
-    partition = parse(config.partition)
+def check_settings(spec: str, dataset: str, source_kind: str | None) -> None:
+    """--partition=`spec` parses; dirichlet only for a built-in in-memory labelled dataset.
+    `source_kind`: None for such a dataset, else why --dataset=`dataset` has no class labels
+    to deal (catalog.py)."""
+    partition = parse(spec)
     if partition.name == IID:
         return
     if source_kind is not None:
-        raise ConfigError(f"--partition={config.partition} with --dataset={config.dataset}: "
+        raise ConfigError(f"--partition={spec} with --dataset={dataset}: "
                           f"{source_kind}, so its examples cannot be dealt by class; use "
                           "--partition=iid or a labelled in-memory dataset (e.g. digits, "
                           "mnist, cifar10, synthetic)")
 
 
-def clients_of(config, num_workers: int = 1) -> tuple[int, str]:
-    """(n, "nodes" or "towers") of a validated config: the units the method sees
-    (aggregation/nodes.py's method_at_nodes in one process; with several workers, each
-    worker a node unless --method_at=towers; `config.num_towers` counts every
-    worker's towers)."""
+def clients_of(method_at: str, nodes: int, num_towers: int,
+               num_workers: int = 1) -> tuple[int, str]:
+    """(n, "nodes" or "towers"): the units the method sees, of --method_at, --nodes and
+    the towers over all workers (aggregation/nodes.py's method_at_nodes in one process;
+    with several workers, each worker a node unless --method_at=towers)."""
     if num_workers > 1:
-        if config.method_at == "towers":
-            return config.num_towers, "towers"
+        if method_at == "towers":
+            return num_towers, "towers"
         return num_workers, "nodes"
-    if config.nodes > 1 and config.method_at in ("auto", "nodes"):
-        return config.nodes, "nodes"
-    return config.num_towers, "towers"
+    if nodes > 1 and method_at in ("auto", "nodes"):
+        return nodes, "nodes"
+    return num_towers, "towers"
 
 
 def dirichlet_parts(labels: np.ndarray, num_classes: int, clients: int, alpha: float,
@@ -218,20 +217,21 @@ def train_indices(parts: list[np.ndarray], global_batch: int, seed: int, start_s
     return tf.data.Dataset.zip(streams).map(lambda *shards: tf.concat(shards, 0))
 
 
-def record(config, labels: np.ndarray, num_classes: int, parts: list[np.ndarray],
-           unit: str, write: bool = True) -> dict:
-    """Logs client i's class counts and writes them to <logdir>/partition.json (`write`:
-    the chief of several workers, which share the logdir)."""
+def record(spec: str, seed: int, logdir: str | None, labels: np.ndarray, num_classes: int,
+           parts: list[np.ndarray], unit: str, write: bool = True) -> dict:
+    """Logs client i's class counts of --partition=`spec` with --seed=`seed` and writes them
+    to `logdir`/partition.json (`write`: the chief of several workers, which share the
+    logdir; no `logdir`: nothing is written)."""
     counts = class_counts(labels, parts, num_classes)
-    report = {"partition": config.partition, "seed": config.seed, "clients": len(parts),
+    report = {"partition": spec, "seed": seed, "clients": len(parts),
               "unit": unit, "examples": [len(p) for p in parts],
               "class_counts": counts.tolist()}
     logging.info("--partition=%s with --seed=%d: class counts of the %d %s (rows: clients, "
-                 "columns: classes 0..%d):\n%s", config.partition, config.seed, len(parts), unit,
+                 "columns: classes 0..%d):\n%s", spec, seed, len(parts), unit,
                  num_classes - 1, "\n".join(f"  {i}: {row.tolist()}" for i, row in
                                             enumerate(counts)))
-    if config.logdir and write:
-        path = os.path.join(config.logdir, FILENAME)
+    if logdir and write:
+        path = os.path.join(logdir, FILENAME)
         with open(path + ".tmp", "w") as handle:
             json.dump(report, handle)
         os.replace(path + ".tmp", path)

@@ -44,13 +44,14 @@ except ImportError:  # pragma: no cover
     def is_op_determinism_enabled() -> bool:
         return True
 
+from mgloop.data.options import DataOptions
 from mgloop.data.options import STAGING_MODES as MODES  # noqa: F401
 
 
-def check_settings(config) -> None:
+def check_settings(options: DataOptions) -> None:
     """--staging names a mode; --staging_depth >= 1."""
-    choice("staging", config.staging, MODES)
-    in_range("staging_depth", config.staging_depth, low=1)
+    choice("staging", options.staging, MODES)
+    in_range("staging_depth", options.staging_depth, low=1)
 
 
 Take = Callable[[], tuple[Shards, list]]  # -> (shards, ops the step's end must wait for)

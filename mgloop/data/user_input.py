@@ -55,7 +55,9 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.data.base import InMemoryDataset
-from mgloop.data.inputs import ArrayInput, InMemoryInput, Input, StreamInput, context_for
+from mgloop.data.inputs import (ArrayInput, InMemoryInput, Input, Reading, StreamInput,
+                                context_for)
+from mgloop.data.options import DataOptions
 from mgloop.errors import ConfigError
 
 ACCEPTED = ("a tf.data.Dataset of (features, labels), a function input_context -> Dataset, "
@@ -105,8 +107,8 @@ def _is_batched(spec, dataset: tf.data.Dataset, what: str) -> bool:
         "mgloop.data.Examples(dataset)")
 
 
-def _from_dataset(dataset: tf.data.Dataset, batched: bool | None, config, workers,
-                  what: str) -> StreamInput:
+def _from_dataset(dataset: tf.data.Dataset, batched: bool | None, options: DataOptions,
+                  reading: Reading, what: str) -> StreamInput:
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
         raise ConfigError(f"{what}: a tf.data.Dataset whose elements are {spec}; give "
@@ -116,17 +118,18 @@ def _from_dataset(dataset: tf.data.Dataset, batched: bool | None, config, worker
     count = int(tf.data.experimental.cardinality(dataset))  # < 0: unknown or infinite
     if count == 0:
         raise ConfigError(f"{what}: the tf.data.Dataset is empty")
-    if not batched and config.drop_remainder and 0 < count < config.global_batch_size:
+    if not batched and options.drop_remainder and 0 < count < options.global_batch_size:
         raise ConfigError(f"{what}: {count} examples are fewer than --global_batch_size="
-                          f"{config.global_batch_size}, so with --drop_remainder=true no full "
+                          f"{options.global_batch_size}, so with --drop_remainder=true no full "
                           "batch fits in a pass; use a smaller batch or --drop_remainder=false")
     kind = "batches" if batched else "examples"
     return StreamInput(f"a tf.data.Dataset of {kind}", lambda epoch, context: dataset,
-                       batched, spec, config, workers)
+                       batched, spec, options, reading)
 
 
-def _from_function(fn: Callable, config, workers, what: str) -> StreamInput:
-    probe = fn(context_for(None, config))
+def _from_function(fn: Callable, options: DataOptions, reading: Reading,
+                   what: str) -> StreamInput:
+    probe = fn(context_for(None, options))
     if not isinstance(probe, tf.data.Dataset):
         raise ConfigError(f"{what}: the function {getattr(fn, '__name__', fn)} returned "
                           f"{_describe(probe)}; a function input_context -> tf.data.Dataset "
@@ -137,7 +140,7 @@ def _from_function(fn: Callable, config, workers, what: str) -> StreamInput:
                           "elements (features, labels)")
     batched = _is_batched(spec, probe, what)
     return StreamInput("a function input_context -> Dataset",
-                       lambda epoch, context: fn(context), batched, spec, config, workers,
+                       lambda epoch, context: fn(context), batched, spec, options, reading,
                        per_worker=True, eval_pass=lambda: probe)
 
 
@@ -158,25 +161,27 @@ def check_accepted(obj, what: str = "train_data") -> None:
     raise ConfigError(f"{what}: got {_describe(obj)}; give {ACCEPTED}")
 
 
-def as_input(obj, config, workers=None, what: str = "train_data") -> Input:
-    """The run's input from what the user gave (see the module docstring); `config` is the
-    validated Config, `workers` the cluster.Cluster or None; `what` names the argument in
-    errors. None: --dataset. Call it after the devices are set up (it may start TensorFlow)."""
+def as_input(obj, options: DataOptions, reading: Reading = Reading(),
+             what: str = "train_data") -> Input:
+    """The run's input from what the user gave (see the module docstring); `options` are
+    the validated data options, `reading` what the input needs of the run beyond them;
+    `what` names the argument in errors. None: --dataset. Call it after the devices are set
+    up (it may start TensorFlow)."""
     check_accepted(obj, what)
     from mgloop import data  # the registry of --dataset names (data/__init__.py)
     if obj is None:
-        return data.load_input(config, workers)
+        return data.load_input(options, reading)
     if isinstance(obj, InMemoryDataset):
-        return InMemoryInput(obj, config, workers)
-    if what != "eval_data" and getattr(config, "partition", "iid") != "iid":
-        raise ConfigError(f"--partition={config.partition} with {what} given as "
+        return InMemoryInput(obj, options, reading)
+    if what != "eval_data" and options.partition != "iid":
+        raise ConfigError(f"--partition={options.partition} with {what} given as "
                           f"{_describe(obj)}: only an in-memory labelled dataset (--dataset or "
                           "a mgloop.data.InMemoryDataset) can be dealt to clients by class; "
                           "use --partition=iid")
     if isinstance(obj, (Batched, Examples)):
-        return _from_dataset(obj.dataset, isinstance(obj, Batched), config, workers, what)
+        return _from_dataset(obj.dataset, isinstance(obj, Batched), options, reading, what)
     if isinstance(obj, tf.data.Dataset):
-        return _from_dataset(obj, None, config, workers, what)
+        return _from_dataset(obj, None, options, reading, what)
     if _is_arrays(obj):
-        return ArrayInput(tuple(obj), config, workers, what)
-    return _from_function(obj, config, workers, what)
+        return ArrayInput(tuple(obj), options, reading, what)
+    return _from_function(obj, options, reading, what)

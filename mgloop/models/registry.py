@@ -10,18 +10,23 @@ from typing import Callable
 import keras
 
 from mgloop.errors import ConfigError
+from mgloop.models.options import ModelOptions
 from mgloop.settings import choice, in_range
 
 ModelBuilder = Callable[[tuple, int], keras.Model]
 _REGISTRY: dict[str, ModelBuilder] = {}
-_SETTINGS: dict[str, tuple[str, ...]] = {}  # model -> the Config fields its builder takes
+_SETTINGS: dict[str, tuple[str, ...]] = {}  # model -> the ModelOptions fields its builder takes
 _CHECKS: dict[str, Callable] = {}  # model -> its check of those settings' combination
+_SEQUENCES: set[str] = set()  # the models that read sequences of tokens
 
 
-def register(name: str, settings: tuple[str, ...] = (), check: Callable | None = None):
-    """`settings`: Config fields (default None) the builder takes as keyword arguments;
-    set for another model, they are refused (check_settings). `check(config)` refuses a
-    bad combination of them (ConfigError, one line)."""
+def register(name: str, settings: tuple[str, ...] = (), check: Callable | None = None,
+             sequences: bool = False):
+    """`settings`: ModelOptions fields (default None) the builder takes as keyword
+    arguments; set for another model, they are refused (check_settings).
+    `check(options)` refuses a bad combination of them (ConfigError, one line).
+    `sequences`: the model reads sequences of tokens, so a --dataset without them is
+    refused (check_data)."""
     def decorate(builder: ModelBuilder) -> ModelBuilder:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is registered twice")
@@ -29,6 +34,8 @@ def register(name: str, settings: tuple[str, ...] = (), check: Callable | None =
         _SETTINGS[name] = tuple(settings)
         if check is not None:
             _CHECKS[name] = check
+        if sequences:
+            _SEQUENCES.add(name)
         return builder
     return decorate
 
@@ -44,34 +51,44 @@ def get(name: str) -> ModelBuilder:
         raise ConfigError(f"--model={name!r} is not one of: {', '.join(names())}") from None
 
 
-def check_settings(config) -> None:
+def check_settings(options: ModelOptions) -> None:
     """--model names a registered model; another model's settings are not set."""
-    choice("model", config.model, names())
+    choice("model", options.model, names())
     for model, fields in _SETTINGS.items():
         for field in fields:
-            value = getattr(config, field)
-            if model != config.model and value is not None:
+            value = getattr(options, field)
+            if model != options.model and value is not None:
                 raise ConfigError(f"--{field}={value} is set but only --model={model} reads "
-                                  f"it, not --model={config.model}; drop --{field}")
-            if model == config.model and value is not None:
+                                  f"it, not --model={options.model}; drop --{field}")
+            if model == options.model and value is not None:
                 in_range(field, value, low=1)
-    if config.model in _CHECKS:
-        _CHECKS[config.model](config)
+    if options.model in _CHECKS:
+        _CHECKS[options.model](options)
 
 
-def resolved_settings(config) -> dict:
+def check_data(options: ModelOptions, dataset: str, sequence_length: int | None) -> None:
+    """Refuses a model that reads sequences of tokens on a --dataset that gives none
+    (`sequence_length` None: the dataset's examples are not sequences)."""
+    if options.model in _SEQUENCES and sequence_length is None:
+        raise ConfigError(f"--model={options.model} reads sequences of tokens, which "
+                          f"--dataset={dataset} does not give; use --dataset=text "
+                          "or --dataset=python_text")
+
+
+def resolved_settings(options: ModelOptions) -> dict:
     """--model's own settings with the builder's defaults filled in where None (the values
     a run records); other models' settings stay None."""
-    parameters = inspect.signature(get(config.model)).parameters
-    return {f: parameters[f].default if getattr(config, f) is None else getattr(config, f)
-            for f in _SETTINGS[config.model]}
+    parameters = inspect.signature(get(options.model)).parameters
+    own = {f: getattr(options, f) for f in _SETTINGS[options.model]}
+    return {f: parameters[f].default if value is None else value for f, value in own.items()}
 
 
-def builder_of(config, input_shape: tuple, num_classes: int) -> Callable[[], keras.Model]:
+def builder_of(options: ModelOptions, input_shape: tuple,
+               num_classes: int) -> Callable[[], keras.Model]:
     """`--model`'s builder for the data, with the model's own settings that are set."""
-    settings = {f: getattr(config, f) for f in _SETTINGS[config.model]
-                if getattr(config, f) is not None}
-    return functools.partial(get(config.model), input_shape, num_classes, **settings)
+    settings = {f: getattr(options, f) for f in _SETTINGS[options.model]
+                if getattr(options, f) is not None}
+    return functools.partial(get(options.model), input_shape, num_classes, **settings)
 
 
 from mgloop.models import big_mlp  # noqa: E402,F401

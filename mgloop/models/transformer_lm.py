@@ -21,27 +21,23 @@ import keras
 
 from mgloop.errors import ConfigError
 from mgloop.models import register
+from mgloop.models.options import ModelOptions
 
 DEFAULT_LAYERS, DEFAULT_WIDTH, DEFAULT_HEADS = 2, 64, 4
 
 
-def check_settings(config) -> None:
-    """The data are token sequences (--dataset=text or python_text); --lm_width is a multiple of
-    --lm_heads (each head gets width / heads)."""
-    from mgloop import data  # noqa: PLC0415 -- data's registry, not needed to build
-    if data.sequence_length_of(config) is None:
-        raise ConfigError(f"--model=transformer_lm reads sequences of tokens, which "
-                          f"--dataset={config.dataset} does not give; use --dataset=text "
-                          "or --dataset=python_text")
-    width = config.lm_width or DEFAULT_WIDTH
-    heads = config.lm_heads or DEFAULT_HEADS
+def check_settings(options: ModelOptions) -> None:
+    """--lm_width is a multiple of --lm_heads (each head gets width / heads). That the data
+    are token sequences is the registry's check_data (sequences=True)."""
+    width = options.lm_width or DEFAULT_WIDTH
+    heads = options.lm_heads or DEFAULT_HEADS
     if width % heads:
         raise ConfigError(f"--lm_width={width} does not split into --lm_heads={heads} equal "
                           f"heads; use a multiple of {heads}")
 
 
 @register("transformer_lm", settings=("lm_layers", "lm_width", "lm_heads"),
-          check=check_settings)
+          check=check_settings, sequences=True)
 def transformer_lm(input_shape, num_classes, lm_layers=DEFAULT_LAYERS, lm_width=DEFAULT_WIDTH,
                    lm_heads=DEFAULT_HEADS):
     if len(input_shape) != 1:

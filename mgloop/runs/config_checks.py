@@ -21,15 +21,16 @@ from mgloop.aggregation import node_failures
 from mgloop.aggregation import nodes as node_level
 from mgloop.cluster import devices
 from mgloop.cluster import workers as cluster
-from mgloop.data import staging
+from mgloop.data import options as data_options
 from mgloop.errors import ConfigError
+from mgloop.models import options as model_options
 from mgloop.observe import hardware
 from mgloop.observe import link_model
 from mgloop.runs import checkpoint
 from mgloop.runs import controller
 from mgloop.runs import monitor
 from mgloop.runs import run_dir
-from mgloop.settings import check_finite
+from mgloop.settings import Context, check_finite
 from mgloop.settings import in_range as _check_range
 from mgloop.spec import optim
 from mgloop.step import accumulation
@@ -70,26 +71,29 @@ def validated(config: Config, on_disk: bool = True) -> Config:
                                  "nodes (the method is between nodes)")
     else:
         byzantine.check_settings(config, towers)
-    for module in (models, controller, optim, staging, accumulation, precision,
-                   sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
-                   link_model):
-        module.check_settings(config)  # the settings the module uses
-    _check_range("seed", config.seed, low=0, high=MAX_SEED)
     devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
                                      if config.towers_per_device > 1 else "")
     if workers is not None:  # towers = workers x devices x K, every shard B / towers
         devices_flag += f" on each of {num_workers} workers"
-    global_batch, data_dir = data.check_settings(config, towers, devices_flag)
-    data.check_partition(config)
+    context = Context(request=request, workers=workers, num_workers=num_workers,
+                      num_towers=towers, devices_flag=devices_flag, seed=config.seed,
+                      deterministic=config.deterministic)
+    model_part = model_options.check(config.models, context)
+    for module in (controller, optim, accumulation, precision,
+                   sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
+                   link_model):
+        module.check_settings(config)  # the settings the module uses
+    _check_range("seed", config.seed, low=0, high=MAX_SEED)
+    data_part = data_options.check(config.data, context)
+    data.check_model(data_part, model_part.model)  # the dataset feeds the model
+    models.check_data(model_part, data_part.dataset, data_part.sequence_length)
     hardware.check_settings(config, num_workers if num_workers > 1 else config.nodes)
     _check_cluster(config, workers)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
               else run_dir.check_creatable(config.logdir, config.export_dir))
     resolved = dataclasses.replace(
-        config, logdir=logdir, data_dir=data_dir,
-        plugins=aggregation.plugins.plugin_list(config.plugins),
-        global_batch_size=global_batch, batch_size_per_tower=global_batch // towers,
-        sequence_length=data.sequence_length_of(config), **models.resolved_settings(config))
+        config, data=data_part, models=model_part, logdir=logdir,
+        plugins=aggregation.plugins.plugin_list(config.plugins))
     if on_disk:
         run_dir.check_resumable(resolved)
     return resolved

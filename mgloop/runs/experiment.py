@@ -44,6 +44,7 @@ from mgloop.runs import node_checkpoint
 from mgloop.runs import preemption
 from mgloop.runs import run_dir
 from mgloop.runs import run_end
+from mgloop.runs import run_inputs
 from mgloop.runs import run_result
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
@@ -170,7 +171,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     # until the last collective between workers (stopped there, or on any exit)
     health = on_exit.enter_context(peer_health.watch(workers, config.collective_timeout))
     logging.info("logdir: %s", config.logdir)
-    train, evaluation = _inputs(config, dataset, workers)
+    train, evaluation = run_inputs.inputs(config, dataset, workers)
     callbacks_lib.check(given.callbacks, config.eval_every, evaluation is not None)
     trainer = build_trainer(config, device_set, _model_builder(config, model_fn, train),
                             given.loss, train.input_shape, workers, given.metrics,
@@ -234,19 +235,6 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     return run_result.RunResult(summary, trainer, history)
 
 
-def _inputs(config: Config, dataset, workers) -> tuple:
-    """(the training input, the eval input or None: nothing is evaluated) of the run's
-    (train_data, eval_data) (user_input.py); one log line. Readers may start TensorFlow:
-    after the devices, before variables."""
-    train_data, eval_data = dataset
-    train = data.as_input(train_data, config, workers, "train_data")
-    evaluation = (data.as_input(eval_data, config, workers, "eval_data") if eval_data is not None
-                  else train if train.has_eval_split else None)
-    logging.info("training data: %s; eval data: %s", train.description,
-                 evaluation.description if evaluation else "none (nothing is evaluated)")
-    return train, evaluation
-
-
 def _model_builder(config: Config, model_fn, train) -> Callable[[], keras.Model]:
     """`model_fn` if given, else the builder of --model for the training input's feature
     shape and classes (ConfigError if it gives neither)."""
@@ -256,7 +244,7 @@ def _model_builder(config: Config, model_fn, train) -> Callable[[], keras.Model]
         raise ConfigError(f"--model={config.model} needs one feature tensor and the number "
                           f"of classes, which {train.description} does not give; pass "
                           "model_fn")
-    return models.builder_of(config, train.input_shape, train.num_classes)
+    return models.builder_of(config.models, train.input_shape, train.num_classes)
 
 
 def _restore(config: Config, trainer: Trainer, workers, chief: bool) -> tuple:

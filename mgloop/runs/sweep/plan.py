@@ -215,7 +215,7 @@ def _examples(dataset: str, data_dir, sequence_length) -> int:
 def training_examples(config) -> int:
     """N: the training examples of a config's --dataset (its epochs' unit)."""
     from mgloop import data
-    return _examples(config.dataset, config.data_dir, data.sequence_length_of(config))
+    return _examples(config.dataset, config.data_dir, data.sequence_length_of(config.data))
 
 
 def towers_needed(configs) -> int:
