@@ -4,7 +4,7 @@ A builder takes `(input_shape, num_classes)` and returns an uncompiled Keras
 model that outputs logits and uses only built-in Keras layers, so the exported
 file loads with `keras.models.load_model` without mgloop installed.
 
-May import: ground modules and data/ (a text model's vocabulary).
+May import: ground modules and data/.
 """
 
 
