@@ -127,7 +127,7 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     with tf.device("/device:CPU:0"):
         with precision.policy_scope(config.mixed_precision):
             model = (make_model or model_fn(config.model))()
-        optimizer = optim.make_optimizer(config)
+        optimizer = optim.make_optimizer(config.optim, config.train_steps)
         if config.mixed_precision == "none":
             step = single_device.make_train_step(model, experiment.default_loss(), optimizer)
         else:
