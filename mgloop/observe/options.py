@@ -3,7 +3,8 @@
 the towers' losses, gradients or variables and changes none.
 
 Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py).
+and the flags are made from its fields (settings.py); `check` imports the modules whose
+checks it calls when it runs.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ vectorized or compiled towers, memory-saving sums, faults injected, accumulation
 precision and batch norm.
 
 Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py).
+and the flags are made from its fields (settings.py); `check` imports the modules whose
+checks it calls when it runs.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def check(options: StepOptions, context: Context) -> StepOptions:
     from mgloop.step import compiled_towers, vectorized_towers
     from mgloop.step.hooks import attacks
 
-    towers_per_device = context.request.towers_per_device if context.request else 1
+    towers_per_device = (context.request.towers_per_device if context.request is not None
+                         else 1)
     vectorized_towers.check_step(options, towers_per_device)
     compiled_towers.check_step(options, towers_per_device)
     attacks.check_options(options)
