@@ -43,7 +43,6 @@ and metrics, for the HParams dashboard; per-repeat examples/sec as scalars).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -401,7 +400,7 @@ def main(argv):
         benchlib.load_plugins(_FLAGS.plugin)  # its methods are valid --modes
         plan = make_plan()
         from mgloop.observe import link_model
-        link_model.check_settings(argparse.Namespace(links=tuple(_FLAGS.link)))
+        link_model.check_links(tuple(_FLAGS.link))
     except (bench_plan.PlanError, benchlib.PluginError, ConfigError) as error:  # before any
         # process starts
         print(f"bench.py: error: {error}", file=sys.stderr)

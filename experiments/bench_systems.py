@@ -116,7 +116,8 @@ class _Parts:
         self.devices = list(devices.setup(devices.parse(self.config.devices)).towers)
         self.dataset = dataset or data.load(spec.dataset, spec.seed)
         self.loss_fn = experiment.default_loss()
-        self.optimizer_fn = functools.partial(optim.make_optimizer, self.config)
+        self.optimizer_fn = functools.partial(optim.make_optimizer, self.config.optim,
+                                              self.config.train_steps)
         builder = models.get(spec.model)
         self.model_fn = functools.partial(builder, self.dataset.input_shape,
                                           self.dataset.num_classes)

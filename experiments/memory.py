@@ -118,8 +118,8 @@ def make_variant(name: str, logdir: str):
     if name == "compiled":
         writer = summaries.ScalarWriter(logdir, "train")
         return lambda step: writer.scalars(step, {t: v + step for t, v in values.items()})
-    schedule = optim.make_schedule(Config(train_steps=10 ** 9, warmup_steps=100,
-                                          lr_schedule="poly"))
+    config = Config(train_steps=10 ** 9, warmup_steps=100, lr_schedule="poly")
+    schedule = optim.make_schedule(config.optim, config.train_steps)
     if name == "lr_eager":
         return lambda step: float(schedule(step))
     if name == "lr_numpy_step":

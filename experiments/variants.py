@@ -40,7 +40,6 @@ run records, every setting that can change a result; the figures as scalars).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -133,7 +132,7 @@ def validated_variants() -> tuple[list, list]:
             raise UsageError(f"--input_delay_ms={_FLAGS.input_delay_ms!r}: give milliseconds "
                              "(>= 0) or auto") from None
     from mgloop.observe import link_model
-    link_model.check_settings(argparse.Namespace(links=tuple(_FLAGS.link)))
+    link_model.check_links(tuple(_FLAGS.link))
     if _FLAGS.copies not in (1, 2) or min(_FLAGS.steps, _FLAGS.repeats) < 1:
         raise UsageError("--copies must be 1 or 2, --steps and --repeats at least 1")
     chosen, skipped = [], []

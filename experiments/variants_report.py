@@ -151,13 +151,13 @@ def metric_names(rows_: list[dict]) -> list[str]:
 
 def write_tensorboard(logdir: str, chosen, rows_: list[dict]) -> None:
     """One run per variant (as hparams what a training run records: every setting that can
-    change a result, summaries.hparams_of; its figures as scalars at step 0, examples/sec per
+    change a result, run_dir.hparams_of; its figures as scalars at step 0, examples/sec per
     timed loop), and the HParams experiment at the top."""
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
-    from mgloop.observe import summaries
+    from mgloop.runs import run_dir
     values = [{name: _hparam_value(value)
-               for name, value in summaries.hparams_of(config, config.num_towers).items()}
+               for name, value in run_dir.hparams_of(config, config.num_towers).items()}
               for _, config in chosen]
     # every hparam of any variant (a method's options, aggregation/KEY, are its own)
     names = list(dict.fromkeys(name for hparams in values for name in hparams))

@@ -12,6 +12,7 @@ import tensorflow as tf
 from mgloop import data, models
 from mgloop.cluster import devices
 from mgloop.data import staging
+from mgloop.runs import config as config_lib
 from mgloop.runs import experiment
 from mgloop.spec import optim
 from mgloop.step import precision
@@ -119,7 +120,8 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     of any other summation order along the way.
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
-    neutral = {name: Config.__dataclass_fields__[name].default
+    defaults = {field.name: field.default for field in config_lib.setting_fields()}
+    neutral = {name: defaults[name]
                for name in ("aggregation", "pack_bytes", "transport_dtype", "ordered_sum_bytes",
                             "sufficient_factor_bytes", "nodes", "method_at", "within_node")}
     config = dataclasses.replace(config, devices="cpu:1", **neutral).validated()
@@ -127,7 +129,7 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     with tf.device("/device:CPU:0"):
         with precision.policy_scope(config.mixed_precision):
             model = (make_model or model_fn(config.model))()
-        optimizer = optim.make_optimizer(config)
+        optimizer = optim.make_optimizer(config.optim, config.train_steps)
         if config.mixed_precision == "none":
             step = single_device.make_train_step(model, experiment.default_loss(), optimizer)
         else:

@@ -157,7 +157,8 @@ def test_sync_with_accumulation_equals_one_device_accumulating(tmp_path):
     bound = BatchNormBound()
     with tf.device("/device:CPU:0"):
         model = bn_model()
-        optimizer = optim.make_optimizer(config.validated())
+        resolved = config.validated()
+        optimizer = optim.make_optimizer(resolved.optim, resolved.train_steps)
         loss_fn = experiment.default_loss()
         for x, y in batches:
             bound.before(model, optimizer, loss_fn, tf.constant(x), tf.constant(y),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.observe import summaries
+from mgloop.runs import run_dir
 from mgloop.step.hooks import attacks as byzantine
 from mgloop.errors import ConfigError
 from mgloop.step.hooks.byzantine import ByzantineTowers
@@ -95,7 +95,7 @@ def test_settings_are_in_hparams(tmp_path):
     config = helpers.small_config(str(tmp_path), devices="cpu:4", aggregation="median",
                                   byzantine_towers=1, attack="signflip:factor=10",
                                   byzantine_choice="random").validated()
-    hparams = summaries.hparams_of(config, 4)
+    hparams = run_dir.hparams_of(config, 4)
     assert (hparams["byzantine_towers"], hparams["attack"], hparams["byzantine_choice"]) == (
         1, "signflip:factor=10", "random")
 

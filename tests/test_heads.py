@@ -50,7 +50,8 @@ def reference_with_bound(config, make_model, keras_loss, steps_batches):
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):
         model = make_model()
-        step = single_device.make_train_step(model, keras_loss, optim.make_optimizer(config))
+        step = single_device.make_train_step(
+            model, keras_loss, optim.make_optimizer(config.optim, config.train_steps))
 
         @tf.function
         def example_grads(x, y):

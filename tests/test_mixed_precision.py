@@ -61,7 +61,8 @@ def reference_step(config, policy):
     with tf.device("/device:CPU:0"):
         with precision.policy_scope(policy):
             model = helpers.model_fn(config.model)()
-        optimizer = optim.make_optimizer(config.validated())
+        resolved = config.validated()
+        optimizer = optim.make_optimizer(resolved.optim, resolved.train_steps)
         if precision.uses_loss_scaling(policy):
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         step = single_device.make_mixed_precision_train_step(model, experiment.default_loss(),

@@ -139,7 +139,8 @@ def test_diloco_with_a_node_down_mid_period_follows_the_rule_op_for_op():
     w0 = (rng.integers(-15, 16, size=(3, 2)) / 8.0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, use_bias=False)])
     model.layers[0].kernel.assign(w0.astype(np.float32))
-    replicas = Replicas(model, method, lambda: optim.make_optimizer(config))
+    replicas = Replicas(model, method,
+                        lambda: optim.make_optimizer(config.optim, config.train_steps))
     hook = hook_for(method.failures, replicas)
     grads = rng.integers(-15, 16, size=(STEPS, 3, 3, 2)) / 16.0
 

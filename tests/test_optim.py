@@ -39,7 +39,8 @@ def cosine_bound(lr: float, fraction: float) -> float:
 
 
 def schedule(**overrides):
-    return optim.make_schedule(helpers.small_config("/tmp/unused", **overrides))
+    config = helpers.small_config("/tmp/unused", **overrides)
+    return optim.make_schedule(config.optim, config.train_steps)
 
 
 @pytest.mark.parametrize("step", [0, 10, 55, 99, 100])
@@ -137,7 +138,8 @@ def test_every_copy_applies_keras_sgd_by_the_fused_kernel(optimizer, kernel, tmp
     config = helpers.small_config(str(tmp_path), optimizer=optimizer)
     weights = tf.Variable(np.ones((3, 2), np.float32))
     copy = VariableCopy("/device:CPU:0", [weights], [])
-    optim.build_optimizers([copy], lambda: optim.make_optimizer(config))
+    optim.build_optimizers([copy],
+                           lambda: optim.make_optimizer(config.optim, config.train_steps))
 
     @tf.function
     def apply(g):

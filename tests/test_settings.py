@@ -17,35 +17,64 @@ from mgloop.data import options as data_options
 from mgloop.data import staging
 from mgloop.models import options as model_options
 from mgloop.runs import checkpoint, controller, monitor, run_dir
-from mgloop.spec import optim
-from mgloop.step import accumulation, ordered_sum, precision, sufficient_factors, sync_batch_norm
+from mgloop.observe import options as observe_options
+from mgloop.spec import options as optim_options
+from mgloop.step import options as step_options
 from mgloop.runs.config import Config
 from tests import helpers
 
-# (module, a bad setting it owns, the line it refuses it with)
+
+def step_check(config):
+    """The step part's own check (step/options.py)."""
+    step_options.check(config.step, settings.Context())
+
+
+def optim_check(config):
+    """The optimizer part's own check (spec/options.py)."""
+    optim_options.check(config.optim, settings.Context())
+
+
+def warmup_check(config):
+    """The warm-up against the loop's --train_steps (spec/options.py)."""
+    optim_options.check_warmup(config.optim, config.train_steps)
+
+
+def observe_check(config):
+    """The observe part's own check (observe/options.py)."""
+    observe_options.check(config.observe, settings.Context())
+
+
+# (a module, or a function of a Config calling a package's check; a bad setting it owns,
+# the line it refuses it with)
 OWN_CHECKS = [
     (models, dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, "),
     (controller, dict(steps_per_loop=0), r"^--steps_per_loop=0 is out of range: must be >= 1$"),
-    (optim, dict(optimizer="lion"), r"^--optimizer='lion' is not one of: adam, momentum, sgd$"),
-    (optim, dict(warmup_steps=500), r"^--warmup_steps=500 is longer than --train_steps=400"),
+    (optim_check, dict(optimizer="lion"),
+     r"^--optimizer='lion' is not one of: adam, momentum, sgd$"),
+    (warmup_check, dict(warmup_steps=500), r"^--warmup_steps=500 is longer than --train_steps=400"),
     (staging, dict(staging_depth=0), r"^--staging_depth=0 is out of range: must be >= 1$"),
-    (accumulation, dict(accumulation_steps=0), r"^--accumulation_steps=0 is out of range"),
-    (precision, dict(mixed_precision="fp8"), r"^--mixed_precision='fp8' is not one of"),
-    (sync_batch_norm, dict(batch_norm="ghost"), r"^--batch_norm='ghost' is not one of"),
-    (ordered_sum, dict(ordered_sum_bytes=-1), r"^--ordered_sum_bytes=-1 is out of range"),
-    (sufficient_factors, dict(sufficient_factor_bytes=-1),
+    (step_check, dict(accumulation_steps=0), r"^--accumulation_steps=0 is out of range"),
+    (step_check, dict(mixed_precision="fp8"), r"^--mixed_precision='fp8' is not one of"),
+    (step_check, dict(batch_norm="ghost"), r"^--batch_norm='ghost' is not one of"),
+    (step_check, dict(ordered_sum_bytes=-1), r"^--ordered_sum_bytes=-1 is out of range"),
+    (step_check, dict(sufficient_factor_bytes=-1),
      r"^--sufficient_factor_bytes=-1 is out of range"),
+    (step_check, dict(byzantine_choice="some"), r"^--byzantine_choice='some' is not one of"),
     (checkpoint, dict(keep_checkpoints=0), r"^--keep_checkpoints=0 is out of range"),
     (monitor, dict(profile_steps="4,2"), r"^--profile_steps='4,2' must be two steps A,B"),
+    (observe_check, dict(links=("10gbit",)), r"^--link=10gbit"),
+    (observe_check, dict(compute="a200"), r"^--compute=a200: 'a200' is not measured"),
 ]
 
 
 @pytest.mark.parametrize("module, bad, pattern", OWN_CHECKS,
                          ids=[f"{m.__name__}:{next(iter(b))}" for m, b, _ in OWN_CHECKS])
 def test_each_module_checks_its_own_settings_with_the_gates_line(module, bad, pattern, logdir):
-    module.check_settings(_own_part(module, Config()))  # the defaults pass
+    check = module if callable(module) else (
+        lambda config: module.check_settings(_own_part(module, config)))
+    check(Config())  # the defaults pass
     with pytest.raises(mgloop.ConfigError, match=pattern) as own:
-        module.check_settings(_own_part(module, Config(**bad)))
+        check(Config(**bad))
     with pytest.raises(mgloop.ConfigError) as gate:  # validated() asks the module
         Config(logdir=logdir, **bad).validated()
     assert str(gate.value) == str(own.value)

@@ -30,7 +30,8 @@ def build(config, hooks=(), metrics=None):
     experiment.seed_everything(config.seed, config.deterministic)  # as build_trainer does
     return assemble.build(helpers.model_fn(config.model), experiment.default_loss(),
                           aggregation.get(config.aggregation)(device_set),
-                          functools.partial(optim.make_optimizer, config),
+                          functools.partial(optim.make_optimizer, config.optim,
+                                            config.train_steps),
                           helpers.DATASET.input_shape, config, metrics=metrics, hooks=hooks)
 
 

@@ -23,8 +23,9 @@ MAX_GROWTH_KIB = 1536
 
 def test_summary_windows_and_learning_rate_keep_no_memory(tmp_path):
     writer = summaries.ScalarWriter(str(tmp_path), "train")
-    learning_rate = optim.compiled_schedule(optim.make_schedule(
-        Config(train_steps=10 ** 9, warmup_steps=100, lr_schedule="poly")))
+    config = Config(train_steps=10 ** 9, warmup_steps=100, lr_schedule="poly")
+    learning_rate = optim.compiled_schedule(optim.make_schedule(config.optim,
+                                                                config.train_steps))
 
     def window(step):  # what controller.fit writes every --summary_every steps
         writer.scalars(step, {"loss": 0.5, "accuracy": 0.25, "examples_per_sec": 1e4 + step,

@@ -123,12 +123,6 @@ def parse_speeds(text: str | None, num_nodes: int) -> tuple[float, ...]:
     return speeds
 
 
-def check_settings(config, num_nodes: int) -> None:
-    """--compute parses; --node_speeds gives one factor > 0 per node."""
-    parse(config.compute)
-    parse_speeds(config.node_speeds, num_nodes)
-
-
 @dataclasses.dataclass(frozen=True)
 class Compute:
     """The compute per step the link model uses, and where it comes from."""

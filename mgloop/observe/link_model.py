@@ -128,10 +128,10 @@ def parse(text: str) -> Link:
     return Link(name, bits / 8.0, latency)
 
 
-def check_settings(config) -> None:
+def check_links(texts: tuple[str, ...]) -> None:
     """Every --link parses, no link is given twice, and tiered links come as one within
     link and at least one between link."""
-    links = [parse(text) for text in config.links]
+    links = [parse(text) for text in texts]
     tags = [link.tag for link in links]
     for link in links:
         if tags.count(link.tag) > 1:

@@ -3,14 +3,15 @@
 the towers' losses, gradients or variables and changes none.
 
 Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py).
+and the flags are made from its fields (settings.py); `check` imports the modules whose
+checks it calls when it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import setting
+from mgloop.settings import Context, setting
 
 _WRITES = "only what is written and how often, not what is computed"
 
@@ -55,3 +56,15 @@ class ObserveOptions:
         None, "S1,S2,...: one speed factor per node (--nodes, or the workers), e.g. 1,1,0.5,1; "
         "every step waits for the slowest node, so the modelled compute per step is "
         "C / min(speed)", neutral="a model computed after training")
+
+
+def check(options: ObserveOptions, context: Context) -> ObserveOptions:
+    """Every --link parses into one model (link_model.check_links) and --compute names a
+    way to set the compute (hardware.parse); returns `options` unchanged. Checked beside
+    it: --node_speeds against the node count (hardware.parse_speeds), the intervals and
+    --profile_steps with the loop's settings (runs/controller.py, runs/monitor.py)."""
+    from mgloop.observe import hardware, link_model
+
+    link_model.check_links(options.links)
+    hardware.parse(options.compute)
+    return options

@@ -42,8 +42,6 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from mgloop import aggregation
-from mgloop import settings
 from mgloop.observe import link_scalars
 
 # The metrics of the HParams table (root-run scalars), with the link model's
@@ -51,9 +49,9 @@ from mgloop.observe import link_scalars
 FINAL_METRICS = ("final/train_loss", "final/eval_accuracy", "final/examples_per_sec")
 
 
-def final_metric_tags(config) -> tuple[str, ...]:
+def final_metric_tags(links: tuple[str, ...]) -> tuple[str, ...]:
     """FINAL_METRICS and the link model's final metrics for the run's --link values."""
-    return FINAL_METRICS + link_scalars.final_metric_tags(config.links)
+    return FINAL_METRICS + link_scalars.final_metric_tags(links)
 
 
 class ScalarWriter:
@@ -135,34 +133,38 @@ class NullWriter:
         pass
 
 
-def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
-    """The hyperparameters of a run's HParams session: every setting that can change a
-    result (the fields of the validated `config` marked `hparam=True`, settings.py) and
-    the tower count. A tuple (--plugin) is recorded as one comma-separated string."""
+def hparams_of(settings: dict, method: dict,
+               num_towers: int) -> dict[str, bool | int | float | str]:
+    """The hyperparameters of a run's HParams session: `settings`, every setting that can
+    change a result by name (the validated Config's `hparams()`: its fields marked
+    `hparam=True`, settings.py), the tower count and `method`, the aggregation method by
+    its name and its own options, one hparam per option, defaults included (e.g.
+    "aggregation/shards": aggregation.describe). A tuple (--plugin) is recorded as one
+    comma-separated string; a None (a setting of another model or dataset, e.g.
+    --lm_layers) is left out."""
     values = {}
-    for name, value in config.hparams().items():
-        if value is None:  # a setting of another model or dataset (e.g. --lm_layers): unused
+    for name, value in settings.items():
+        if value is None:
             continue
         values[name] = ",".join(value) if isinstance(value, (tuple, list)) else value
     values["num_towers"] = num_towers
-    # The aggregation method by its name, and its own options, one hparam per option
-    # (defaults included), e.g. "aggregation/shards" (aggregation.describe).
-    values.update(aggregation.describe(config.aggregation))
+    values.update(method)
     return values
 
 
-def write_run_record(logdir: str, config, num_towers: int,
+def write_run_record(logdir: str, hparams: dict, settings: dict, links: tuple[str, ...],
                      command_line: list[str] | None) -> None:
-    """Root run of `logdir`: the HParams session start (`hparams_of`: the hyperparameters
-    of the table) and the text `config` (resolved configuration, JSON) and `command_line`."""
-    hparams = hparams_of(config, num_towers)
+    """Root run of `logdir`: the HParams session start (`hparams`, from `hparams_of`: the
+    hyperparameters of the table; its metrics `final_metric_tags` of the --link values
+    `links`) and the texts `config` (every setting by name, resolved: JSON) and
+    `command_line`."""
     writer = tf.summary.create_file_writer(logdir)
     with writer.as_default(step=0):
         hparams_api.hparams_config(
             hparams=[hparams_api.HParam(name) for name in hparams],
-            metrics=[hparams_api.Metric(tag) for tag in final_metric_tags(config)])
+            metrics=[hparams_api.Metric(tag) for tag in final_metric_tags(links)])
         hparams_api.hparams(hparams, trial_id=os.path.basename(os.path.normpath(logdir)))
-        tf.summary.text("config", "```\n" + json.dumps(config.flat(), indent=2,
+        tf.summary.text("config", "```\n" + json.dumps(settings, indent=2,
                                                        sort_keys=True) + "\n```")
         if command_line is not None:
             tf.summary.text("command_line", "`" + " ".join(command_line) + "`")

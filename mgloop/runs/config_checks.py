@@ -1,12 +1,14 @@
 """The gate between settings and TensorFlow: `validated(config)`, which `Config.validated()`
 (config.py) runs.
 
-It asks each module to check its own settings (`check_settings(config)`), checks the
-combinations, resolves the defaults that depend on the machine (tower count, global
-batch, logdir), and raises `ConfigError` with one line naming the flag and what would be
-valid. It creates no device and no variable; its only side effect is creating the logdir
-it has checked (run_dir.py, which also compares a resumed run's settings with its
-checkpoints' run; neither with `on_disk` False). The settings themselves, each with its help line, are config.py's.
+It asks each package to check its own part of the settings (`check(options, context)`,
+settings.Context: what the run is beside them) and each remaining module its own
+(`check_settings(config)`), checks the combinations, resolves the defaults that depend on
+the machine (tower count, global batch, logdir), and raises `ConfigError` with one line
+naming the flag and what would be valid. It creates no device and no variable; its only
+side effect is creating the logdir it has checked (run_dir.py, which also compares a
+resumed run's settings with its checkpoints' run; neither with `on_disk` False). The
+settings themselves, each with its help line, are config.py's.
 """
 
 from __future__ import annotations
@@ -25,20 +27,16 @@ from mgloop.data import options as data_options
 from mgloop.errors import ConfigError
 from mgloop.models import options as model_options
 from mgloop.observe import hardware
-from mgloop.observe import link_model
+from mgloop.observe import options as observe_options
 from mgloop.runs import checkpoint
 from mgloop.runs import controller
 from mgloop.runs import monitor
 from mgloop.runs import run_dir
 from mgloop.settings import Context, check_finite
 from mgloop.settings import in_range as _check_range
-from mgloop.spec import optim
-from mgloop.step import accumulation
+from mgloop.spec import options as optim_options
 from mgloop.step import compiled_towers, vectorized_towers
-from mgloop.step import ordered_sum
-from mgloop.step import precision
-from mgloop.step import sufficient_factors
-from mgloop.step import sync_batch_norm
+from mgloop.step import options as step_options
 from mgloop.step.hooks import attacks as byzantine
 
 if TYPE_CHECKING:
@@ -61,16 +59,6 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     workers = cluster.from_environment()
     num_workers = workers.num_workers if workers else 1
     towers = request.num_towers * num_workers
-    # --plugin modules loaded, then the method, its options and what combines with it
-    aggregation.check_settings(config, request, workers)
-    node_failures.check_settings(config, workers, request)  # --node_failures: the nodes' schedule
-    vectorized_towers.check_settings(config, request, workers)
-    compiled_towers.check_settings(config)
-    if node_level.method_at_nodes(config, num_workers):  # each worker is a node, if several
-        byzantine.check_settings(config, num_workers if num_workers > 1 else config.nodes,
-                                 "nodes (the method is between nodes)")
-    else:
-        byzantine.check_settings(config, towers)
     devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
                                      if config.towers_per_device > 1 else "")
     if workers is not None:  # towers = workers x devices x K, every shard B / towers
@@ -78,16 +66,32 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     context = Context(request=request, workers=workers, num_workers=num_workers,
                       num_towers=towers, devices_flag=devices_flag, seed=config.seed,
                       deterministic=config.deterministic)
+    # --plugin modules loaded, then the method, its options and what combines with it
+    aggregation.check_settings(config, request, workers)
+    node_failures.check_settings(config, workers, request)  # --node_failures: the nodes' schedule
+    step_options.check(config.step, context)
+    at_nodes = node_level.method_at_nodes(config, num_workers)  # each worker is a node, if several
+    num_nodes = num_workers if num_workers > 1 else config.nodes
+    vectorized_towers.check_method(config.aggregation, request, at_nodes, config.nodes,
+                                   config.within_node)
+    compiled_towers.check_method(config.step, config.aggregation)
+    if at_nodes:
+        byzantine.check_units(config.step, num_nodes, "nodes (the method is between nodes)",
+                              config.aggregation, num_workers)
+    else:
+        byzantine.check_units(config.step, towers, "towers", config.aggregation, num_workers)
     model_part = model_options.check(config.models, context)
-    for module in (controller, optim, accumulation, precision,
-                   sync_batch_norm, ordered_sum, sufficient_factors, checkpoint, monitor,
-                   link_model):
+    controller.check_settings(config)
+    optim_options.check(config.optim, context)
+    optim_options.check_warmup(config.optim, config.train_steps)  # after --train_steps
+    for module in (checkpoint, monitor):
         module.check_settings(config)  # the settings the module uses
+    observe_options.check(config.observe, context)
     _check_range("seed", config.seed, low=0, high=MAX_SEED)
     data_part = data_options.check(config.data, context)
     data.check_model(data_part, model_part.model)  # the dataset feeds the model
     models.check_data(model_part, data_part.dataset, data_part.sequence_length)
-    hardware.check_settings(config, num_workers if num_workers > 1 else config.nodes)
+    hardware.parse_speeds(config.node_speeds, num_nodes)  # one factor per node
     _check_cluster(config, workers)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
               else run_dir.check_creatable(config.logdir, config.export_dir))

@@ -101,8 +101,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     method = nodes.make(config, device_set, aggregation.make, workers)
     if workers is not None and workers.num_workers > 1:
         method = CrossWorker(method, workers)
-    return assemble.build(model_fn, loss_fn, method,
-                          functools.partial(optim.make_optimizer, config), input_shape, config,
+    optimizer_fn = functools.partial(optim.make_optimizer, config.optim, config.train_steps)
+    return assemble.build(model_fn, loss_fn, method, optimizer_fn, input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,
                                        config.accumulation_steps),
                           metrics=metrics, optimizer=optimizer, hooks=hooks)
@@ -188,7 +188,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     batches = train.train_batches(start_step)  # this worker's part, from the step on
     total_towers = device_set.num_towers * (workers.num_workers if workers else 1)
     if chief:
-        summaries.write_run_record(config.logdir, config, total_towers, command_line)
+        run_dir.write_run_record(config, total_towers, command_line)
     writer = summaries.ScalarWriter if chief else summaries.NullWriter  # the chief writes
     train_writer, eval_writer = writer(config.logdir, "train"), writer(config.logdir, "eval")
     learning_rate = _learning_rate(config, trainer)
@@ -286,7 +286,7 @@ def _rescue_stamp(workers) -> str | None:
 def _learning_rate(config: Config, trainer: Trainer):
     """The compiled learning rate the loop logs: the flag-driven schedule's for the default
     optimizer, else the given optimizer's current rate."""
-    return (optim.compiled_schedule(optim.make_schedule(config))
+    return (optim.compiled_schedule(optim.make_schedule(config.optim, config.train_steps))
             if trainer.spec.sources["optimizer"].startswith("default")
             else optim.current_rate(trainer.copies[0].optimizer))
 

@@ -17,6 +17,7 @@ import tempfile
 
 from absl import logging
 
+from mgloop import aggregation
 from mgloop.errors import ConfigError
 from mgloop.observe import summaries
 from mgloop.runs import checkpoint_files
@@ -127,6 +128,21 @@ def write_config(config) -> None:
     later run compares with)."""
     summaries.write_json_atomically(os.path.join(config.logdir, CONFIG_FILENAME),
                                     config.flat())
+
+
+def hparams_of(config, num_towers: int) -> dict[str, bool | int | float | str]:
+    """The HParams of a run of `config` on `num_towers` towers (summaries.hparams_of): every
+    setting that can change a result, the method's own options apart (aggregation.describe),
+    and the tower count."""
+    return summaries.hparams_of(config.hparams(), aggregation.describe(config.aggregation),
+                                num_towers)
+
+
+def write_run_record(config, num_towers: int, command_line: list[str] | None) -> None:
+    """The root run's HParams session (`hparams_of`) and the texts of the settings and of
+    `command_line` (summaries.write_run_record)."""
+    summaries.write_run_record(config.logdir, hparams_of(config, num_towers), config.flat(),
+                               config.links, command_line)
 
 
 def check_resumable(config) -> None:

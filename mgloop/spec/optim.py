@@ -21,27 +21,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop.errors import ConfigError
-from mgloop.settings import choice, in_range
+from mgloop.spec.options import LR_SCHEDULES, OPTIMIZERS, OptimOptions  # noqa: F401
 from mgloop.spec.variables import VariableCopy, backing
 
 schedules = keras.optimizers.schedules
-from mgloop.spec.options import LR_SCHEDULES, OPTIMIZERS  # noqa: F401
-
-
-def check_settings(config) -> None:
-    """--optimizer, its rate and schedule (after the loop's --train_steps were checked)."""
-    choice("optimizer", config.optimizer, OPTIMIZERS)
-    choice("lr_schedule", config.lr_schedule, LR_SCHEDULES)
-    in_range("learning_rate", config.learning_rate, low=0.0, low_open=True)
-    in_range("momentum", config.momentum, low=0.0, high=1.0, high_open=True)
-    in_range("lr_power", config.lr_power, low=0.0, low_open=True)
-    in_range("weight_decay", config.weight_decay, low=0.0)
-    in_range("warmup_steps", config.warmup_steps, low=0)
-    if config.warmup_steps > config.train_steps:
-        raise ConfigError(
-            f"--warmup_steps={config.warmup_steps} is longer than --train_steps="
-            f"{config.train_steps}; use at most {config.train_steps}")
 
 
 @keras.saving.register_keras_serializable(package="mgloop")
@@ -62,9 +45,9 @@ class LinearWarmup(schedules.LearningRateSchedule):
                 "after": schedules.serialize(self.after)}
 
     @classmethod
-    def from_config(cls, config):
-        return cls(config["peak"], config["warmup_steps"],
-                   schedules.deserialize(config["after"]))
+    def from_config(cls, serialized):
+        return cls(serialized["peak"], serialized["warmup_steps"],
+                   schedules.deserialize(serialized["after"]))
 
 
 @keras.saving.register_keras_serializable(package="mgloop")
@@ -82,18 +65,20 @@ class Constant(schedules.LearningRateSchedule):
         return {"rate": self.rate}
 
 
-def make_schedule(config) -> schedules.LearningRateSchedule:
-    lr = config.learning_rate
-    decay_steps = max(config.train_steps - config.warmup_steps, 1)
-    if config.lr_schedule == "poly":
+def make_schedule(options: OptimOptions, train_steps: int) -> schedules.LearningRateSchedule:
+    """The learning rate of --lr_schedule as a function of the updates applied (module
+    docstring), over a run of `train_steps` updates."""
+    lr = options.learning_rate
+    decay_steps = max(train_steps - options.warmup_steps, 1)
+    if options.lr_schedule == "poly":
         after = schedules.PolynomialDecay(lr, decay_steps, end_learning_rate=0.0,
-                                          power=config.lr_power)
-    elif config.lr_schedule == "cosine":
+                                          power=options.lr_power)
+    elif options.lr_schedule == "cosine":
         after = schedules.CosineDecay(lr, decay_steps, alpha=0.0)
     else:
         after = Constant(lr)
-    if config.warmup_steps:
-        return LinearWarmup(lr, config.warmup_steps, after)
+    if options.warmup_steps:
+        return LinearWarmup(lr, options.warmup_steps, after)
     return after
 
 
@@ -109,13 +94,13 @@ def compiled_schedule(schedule: schedules.LearningRateSchedule):
     return lambda step: float(compiled(np.asarray(step, np.int64)))
 
 
-def make_optimizer(config) -> keras.optimizers.Optimizer:
-    """A fresh optimizer for one variable copy."""
-    schedule = make_schedule(config)
-    decay = config.weight_decay or None
-    if config.optimizer == "adam":
+def make_optimizer(options: OptimOptions, train_steps: int) -> keras.optimizers.Optimizer:
+    """A fresh optimizer for one variable copy, its rate `make_schedule`'s."""
+    schedule = make_schedule(options, train_steps)
+    decay = options.weight_decay or None
+    if options.optimizer == "adam":
         return keras.optimizers.Adam(schedule, weight_decay=decay)
-    momentum = config.momentum if config.optimizer == "momentum" else 0.0
+    momentum = options.momentum if options.optimizer == "momentum" else 0.0
     return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
 
 

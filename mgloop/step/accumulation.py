@@ -36,7 +36,6 @@ from typing import Callable
 
 import tensorflow as tf
 
-from mgloop.settings import in_range
 
 
 @dataclasses.dataclass
@@ -119,8 +118,3 @@ class Accumulate:
             with tf.device(device):
                 means.append((loss * (1.0 / steps), [g * (1.0 / steps) for g in grad]))
         return Pass([m[0] for m in means], counts, [m[1] for m in means], states)
-
-
-def check_settings(config) -> None:
-    """--accumulation_steps >= 1."""
-    in_range("accumulation_steps", config.accumulation_steps, low=1)

@@ -30,27 +30,37 @@ from mgloop.errors import ConfigError
 from mgloop.step import precision
 from mgloop.step import towers as towers_lib
 from mgloop.step.hooks import IN_TOWER_PASS, attacks
+from mgloop.step.options import StepOptions
 
 
-def check_settings(config) -> None:
-    """Refuses (one line) what cannot be compiled as one pure tower pass."""
-    if not config.xla_towers:
+def _refusal(why: str) -> ConfigError:
+    return ConfigError(f"--xla_towers: {why}; use --noxla_towers")
+
+
+def check_step(options: StepOptions, towers_per_device: int) -> None:
+    """With --xla_towers, refuses (one line) the step settings that act inside a tower's
+    pass by its index, which one compiled pass shared by every tower cannot give it."""
+    if not options.xla_towers:
         return
-    refuse = lambda why: ConfigError(f"--xla_towers: {why}; use --noxla_towers")  # noqa: E731
-    if aggregation.parse(config.aggregation)[0].single_loss:
-        raise refuse(f"--aggregation={config.aggregation} computes one loss over every tower, "
-                     "no per-tower pass to compile")
-    if config.byzantine_towers and attacks.parse_attack(config.attack).name == "labelflip":
-        raise refuse("--attack=labelflip flips a tower's labels inside its pass")
-    if config.towers_per_device > 1:
-        raise refuse(f"--towers_per_device={config.towers_per_device} already computes a "
-                     "device's towers as one vectorized pass")
-    if precision.uses_loss_scaling(config.mixed_precision):
-        raise refuse(f"--mixed_precision={config.mixed_precision} scales each tower's loss "
-                     "by its copy's loss scale inside its pass (use mixed_bfloat16 or none)")
-    if config.batch_norm == "sync":
-        raise refuse("--batch_norm=sync synchronises batch statistics between the towers' "
-                     "passes (use --batch_norm=per_tower)")
+    if options.byzantine_towers and attacks.parse_attack(options.attack).name == "labelflip":
+        raise _refusal("--attack=labelflip flips a tower's labels inside its pass")
+    if towers_per_device > 1:
+        raise _refusal(f"--towers_per_device={towers_per_device} already computes a "
+                       "device's towers as one vectorized pass")
+    if precision.uses_loss_scaling(options.mixed_precision):
+        raise _refusal(f"--mixed_precision={options.mixed_precision} scales each tower's "
+                       "loss by its copy's loss scale inside its pass (use mixed_bfloat16 or "
+                       "none)")
+    if options.batch_norm == "sync":
+        raise _refusal("--batch_norm=sync synchronises batch statistics between the towers' "
+                       "passes (use --batch_norm=per_tower)")
+
+
+def check_method(options: StepOptions, aggregation_flag: str) -> None:
+    """With --xla_towers, refuses (one line) a method with no per-tower pass to compile."""
+    if options.xla_towers and aggregation.parse(aggregation_flag)[0].single_loss:
+        raise _refusal(f"--aggregation={aggregation_flag} computes one loss over every tower, "
+                       "no per-tower pass to compile")
 
 
 def check_hooks(hooks) -> None:

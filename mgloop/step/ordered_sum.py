@@ -44,7 +44,6 @@ from typing import Sequence
 import tensorflow as tf
 
 from mgloop.aggregation.base import SHARED, Aggregation
-from mgloop.settings import in_range
 
 from mgloop.step.options import ORDERED_SUM_MIN_BYTES as DEFAULT_MIN_BYTES  # noqa: F401
 
@@ -108,8 +107,3 @@ def reduce(aggregation: Aggregation, tower_grads: Sequence[Sequence[tf.Tensor]],
         with tf.device(aggregation.home_of(variables[i])):
             out[i] = aggregation.scale(total, average)
     return [out]
-
-
-def check_settings(config) -> None:
-    """--ordered_sum_bytes >= 0 (0: off)."""
-    in_range("ordered_sum_bytes", config.ordered_sum_bytes, low=0)

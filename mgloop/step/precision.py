@@ -64,8 +64,6 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from mgloop.settings import choice
-
 from mgloop.step.options import POLICIES  # noqa: F401
 INITIAL_SCALE = 2.0 ** 15
 GROWTH_INTERVAL = 2000  # consecutive finite steps before the scale doubles
@@ -155,8 +153,3 @@ def agreed_finite(bad: tf.Tensor, aggregation, copy_devices: list[str]) -> list[
     with tf.device(host):
         agreed = tf.equal(bad, 0.0)
     return [aggregation.send(agreed, host, device) for device in copy_devices]
-
-
-def check_settings(config) -> None:
-    """--mixed_precision names a policy."""
-    choice("mixed_precision", config.mixed_precision, POLICIES)

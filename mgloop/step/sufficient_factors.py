@@ -45,7 +45,6 @@ from typing import Sequence
 import tensorflow as tf
 
 from mgloop.aggregation.base import Aggregation
-from mgloop.settings import in_range
 from mgloop.step.ordered_sum import num_bytes
 
 from mgloop.step.options import SUFFICIENT_FACTOR_MIN_BYTES as DEFAULT_MIN_BYTES  # noqa: F401
@@ -187,8 +186,3 @@ class SufficientFactors:
                 dz = tf.concat([dz for _, dz in pairs], 0)
                 out[i] = tf.matmul(x, dz, transpose_a=True)
         return out
-
-
-def check_settings(config) -> None:
-    """--sufficient_factor_bytes >= 0 (0: off)."""
-    in_range("sufficient_factor_bytes", config.sufficient_factor_bytes, low=0)

@@ -39,8 +39,6 @@ import keras
 import tensorflow as tf
 
 from mgloop.aggregation import collective
-from mgloop.settings import choice
-
 from mgloop.step.options import BATCH_NORM_MODES as MODES  # noqa: F401
 _current = threading.local()  # .tower: (CrossTowerMoments, tower index, [call counter])
 
@@ -130,8 +128,3 @@ class CrossTowerMoments:
             return reduce(tensor, forward_key), lambda upstream: reduce(upstream, backward_key)
 
         return summed(value)
-
-
-def check_settings(config) -> None:
-    """--batch_norm names a mode (the modes it cannot combine with: config.py)."""
-    choice("batch_norm", config.batch_norm, MODES)

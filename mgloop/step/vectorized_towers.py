@@ -30,13 +30,13 @@ the exchange and every method see T towers (aggregation/device_groups.py).
 Ops with no vectorized form run in a loop over the K towers inside the computation
 (Keras's stateless random draws), logged once; a layer that cannot be vectorized at all
 is refused before any variable copy exists, named (vectorize.probe, from assemble.py).
-What cannot run per tower inside one vectorized computation is refused before building
-(`check_settings`): hooks that act inside a tower's pass by its index (label flipping,
-loss scaling, synchronised batch norm; `check_hooks` for a user's), methods whose towers
-read values of their own (stale reads), keep a copy each at the towers (local SGD and
-DiLoCo, the independent baseline), time the towers' arrival, or compute one loss over
-every tower (colocate), nodes that split a device, and compressors at the towers of
-several devices.
+What cannot run per tower inside one vectorized computation is refused before building:
+hooks that act inside a tower's pass by its index (`check_step`: label flipping, loss
+scaling, synchronised batch norm; `check_hooks` for a user's) and (`check_method`)
+methods whose towers read values of their own (stale reads), keep a copy each at the
+towers (local SGD and DiLoCo, the independent baseline), time the towers' arrival, or
+compute one loss over every tower (colocate), nodes that split a device, and compressors
+at the towers of several devices.
 
 Several worker processes (TF_CONFIG): each worker vectorizes its own T = D K towers
 (global tower w T + t on worker w, its shard and random streams so numbered), and the
@@ -65,45 +65,55 @@ from mgloop.step import towers as towers_lib
 from mgloop.step import vectorize
 from mgloop.step.hooks import IN_TOWER_PASS
 from mgloop.step.hooks import attacks as byzantine
+from mgloop.step.options import StepOptions
 
-def check_settings(config, request, workers=None) -> None:
-    """With K = --towers_per_device > 1 (its range checked before: Config.validated),
-    refuses (one line) what a device's towers cannot do as one vectorized computation
-    sharing one variable copy (module docstring)."""
-    k = config.towers_per_device
+def check_step(options: StepOptions, towers_per_device: int) -> None:
+    """With K = `towers_per_device` > 1 (its range checked before), refuses (one line) the
+    step settings that act inside a tower's pass by its index, which one vectorized
+    computation of a device's towers cannot give it (module docstring)."""
+    if towers_per_device == 1:
+        return
+    flag = f"--towers_per_device={towers_per_device}"
+    if options.byzantine_towers and byzantine.parse_attack(options.attack).name == "labelflip":
+        _refuse(flag, "--attack=labelflip flips a tower's labels inside its forward pass")
+    if precision.uses_loss_scaling(options.mixed_precision):
+        _refuse(flag, f"--mixed_precision={options.mixed_precision} scales each tower's loss "
+                "by its copy's loss scale inside its pass (use mixed_bfloat16 or none)")
+    if options.batch_norm == "sync":
+        _refuse(flag, "--batch_norm=sync synchronises batch statistics between the towers' "
+                "passes (use --batch_norm=per_tower)")
+
+
+def check_method(aggregation_flag: str, request, at_nodes: bool, nodes: int,
+                 within_node: str) -> None:
+    """With K = request.towers_per_device > 1, refuses (one line) a method (--aggregation,
+    between nodes when `at_nodes`, with --nodes and --within_node) that a device's towers
+    cannot run as one vectorized computation sharing one variable copy (module docstring)."""
+    k = request.towers_per_device
     if k == 1:
         return
     flag = f"--towers_per_device={k}"
-    num_workers = workers.num_workers if workers is not None else 1
-    if config.byzantine_towers and byzantine.parse_attack(config.attack).name == "labelflip":
-        _refuse(flag, "--attack=labelflip flips a tower's labels inside its forward pass")
-    if precision.uses_loss_scaling(config.mixed_precision):
-        _refuse(flag, f"--mixed_precision={config.mixed_precision} scales each tower's loss "
-                "by its copy's loss scale inside its pass (use mixed_bfloat16 or none)")
-    if config.batch_norm == "sync":
-        _refuse(flag, "--batch_norm=sync synchronises batch statistics between the towers' "
-                "passes (use --batch_norm=per_tower)")
-    method, options = aggregation.parse(config.aggregation)
+    method, options = aggregation.parse(aggregation_flag)
     if not method.reproducible(options):
-        _refuse(flag, f"--aggregation={config.aggregation} reads when each tower finished "
+        _refuse(flag, f"--aggregation={aggregation_flag} reads when each tower finished "
                 "(a clock), and a device's towers finish together, as one computation")
     if method.single_loss:
-        _refuse(flag, f"--aggregation={config.aggregation} computes one loss over every "
+        _refuse(flag, f"--aggregation={aggregation_flag} computes one loss over every "
                 "tower, no per-tower pass to vectorize")
-    if node_level.method_at_nodes(config, num_workers):  # several workers: each a node
-        per_node = request.num_towers // config.nodes
+    if at_nodes:  # several workers: each a node
+        per_node = request.num_towers // nodes
         if per_node % k:
             devices = request.num_devices
             raise ConfigError(
-                f"{flag} with --nodes={config.nodes}: a node must hold whole devices (its "
+                f"{flag} with --nodes={nodes}: a node must hold whole devices (its "
                 f"bytes between nodes are counted per device), but {per_node} towers per node "
                 f"is not a multiple of {k}; use --nodes dividing the {devices} devices (one "
                 f"of: {', '.join(str(n) for n in range(1, devices + 1) if devices % n == 0)})")
-        if config.within_node != node_level.DIRECT:
-            _refuse(flag, f"--within_node={config.within_node} runs a method on a node's "
+        if within_node != node_level.DIRECT:
+            _refuse(flag, f"--within_node={within_node} runs a method on a node's "
                     f"towers, which share devices (use --within_node={node_level.DIRECT})")
         return
-    at = f"--aggregation={config.aggregation} at the towers"
+    at = f"--aggregation={aggregation_flag} at the towers"
     if method.summable and method.exchanges:  # made on the devices, on their means
         try:
             method.check(dataclasses.replace(request, towers_per_device=1), options)

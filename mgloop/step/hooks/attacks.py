@@ -72,12 +72,13 @@ import statistics
 import keras
 
 from mgloop import aggregation
-from mgloop.cluster import workers as cluster
 from mgloop.errors import ConfigError
 from mgloop.settings import choice, in_range
 from mgloop.spec import losses
 
-from mgloop.step.options import BYZANTINE_CHOICES as CHOICES  # noqa: F401
+from mgloop.step.options import BYZANTINE_CHOICES as CHOICES
+from mgloop.step.options import StepOptions
+
 # name -> {option: (default, low, low_open)}; every option is a float
 ATTACKS = {
     "signflip": {"factor": (1.0, 0.0, True)},
@@ -142,9 +143,9 @@ def alie_z(n: int, f: int) -> float:
     return statistics.NormalDist().inv_cdf((n - s) / n)
 
 
-def omniscient(config) -> bool:
+def omniscient(options: StepOptions) -> bool:
     """Whether the run's attack reads every honest unit's gradient (alie, ipm)."""
-    return bool(config.byzantine_towers) and parse_attack(config.attack).name in OMNISCIENT
+    return bool(options.byzantine_towers) and parse_attack(options.attack).name in OMNISCIENT
 
 
 def label_classes(loss_fn, model, input_shape=None) -> int:
@@ -185,44 +186,52 @@ def _output_width(model, input_shape) -> int | None:
     return int(outputs[0].shape[-1])
 
 
-def check_settings(config, num_towers: int, unit: str = "towers") -> None:
-    """Refuses fault-injection settings that cannot apply (k outside 0..units-1, an attack
-    or choice given without towers to alter, a method with no per-tower gradients, an
-    omniscient attack across workers or with an infinite default z). `num_towers`: the
-    units (towers, or nodes with the method between nodes) named `unit`."""
-    choice("byzantine_choice", config.byzantine_choice, CHOICES)
-    attack = parse_attack(config.attack)
+def check_options(options: StepOptions) -> None:
+    """Refuses fault-injection settings that cannot apply whatever the run: a choice or an
+    attack that does not parse, an option that is not finite, an attack or a choice given
+    without towers to alter."""
+    choice("byzantine_choice", options.byzantine_choice, CHOICES)
+    attack = parse_attack(options.attack)
     for key, value in attack.options.items():
         if not math.isfinite(value):
-            raise ConfigError(f"--attack={config.attack}: {key}={value} is not a finite number; "
-                              "give a finite one")
-    k = config.byzantine_towers
-    if k == 0:
-        given = [f"--attack={config.attack}"] if config.attack != DEFAULT_ATTACK else []
-        given += ([f"--byzantine_choice={config.byzantine_choice}"]
-                  if config.byzantine_choice != CHOICES[0] else [])
+            raise ConfigError(f"--attack={options.attack}: {key}={value} is not a finite "
+                              "number; give a finite one")
+    if options.byzantine_towers == 0:
+        given = [f"--attack={options.attack}"] if options.attack != DEFAULT_ATTACK else []
+        given += ([f"--byzantine_choice={options.byzantine_choice}"]
+                  if options.byzantine_choice != CHOICES[0] else [])
         if given:
             raise ConfigError(f"{' and '.join(given)} with --byzantine_towers=0 alters no "
                               "tower; set --byzantine_towers=k (1 <= k < towers)")
+
+
+def check_units(options: StepOptions, num_units: int, unit: str, aggregation_flag: str,
+                num_workers: int) -> None:
+    """Refuses k attackers (--byzantine_towers) that cannot apply to the run: k outside
+    1..units-1, a method (--aggregation) with no per-tower gradients, an omniscient attack
+    across worker processes or with an infinite default z. `num_units`: the units (towers,
+    or nodes with the method between nodes) named `unit`; `check_options` first."""
+    k = options.byzantine_towers
+    if k == 0:
         return
-    if not 0 < k < num_towers:
+    if not 0 < k < num_units:
         raise ConfigError(f"--byzantine_towers={k} is out of range: must be 0 (off) or "
-                          f"1 <= k < {num_towers}, the {unit} of the run, so that one stays "
+                          f"1 <= k < {num_units}, the {unit} of the run, so that one stays "
                           "honest")
-    if aggregation.get(config.aggregation).single_loss:
-        raise ConfigError(f"--byzantine_towers={k} with --aggregation={config.aggregation}, "
+    if aggregation.get(aggregation_flag).single_loss:
+        raise ConfigError(f"--byzantine_towers={k} with --aggregation={aggregation_flag}, "
                           "which computes one loss and gradient for every tower, none per "
                           "tower to alter; use a tower-loop method")
+    attack = parse_attack(options.attack)
     if attack.name in OMNISCIENT:
-        workers = cluster.from_environment()
-        if workers is not None and workers.num_workers > 1:
-            raise ConfigError(f"--attack={config.attack} across {workers.num_workers} workers: "
+        if num_workers > 1:
+            raise ConfigError(f"--attack={options.attack} across {num_workers} workers: "
                               "its attackers need every honest gradient, and here a worker "
                               "sees only its own towers'; use one worker (--nodes=N simulates "
                               "N nodes) or a per-tower --attack")
         if attack.name == "alie" and attack.options["z"] == 0.0:
-            alie_z(num_towers, k)  # the default z must be finite
-        if attack.name == "alie" and attack.options["ddof"] == 1.0 and num_towers - k < 2:
-            raise ConfigError(f"--attack={config.attack} with --byzantine_towers={k} of "
-                              f"{num_towers} {unit}: the sample sd (ddof=1) needs 2 honest "
-                              f"ones; use ddof=0 or --byzantine_towers <= {num_towers - 2}")
+            alie_z(num_units, k)  # the default z must be finite
+        if attack.name == "alie" and attack.options["ddof"] == 1.0 and num_units - k < 2:
+            raise ConfigError(f"--attack={options.attack} with --byzantine_towers={k} of "
+                              f"{num_units} {unit}: the sample sd (ddof=1) needs 2 honest "
+                              f"ones; use ddof=0 or --byzantine_towers <= {num_units - 2}")
