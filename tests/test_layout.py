@@ -34,7 +34,7 @@ MAY_IMPORT = {
                 "aggregation.traffic", "aggregation.base"},  # the methods' byte counts
     "step": {"ground", "cluster", "spec", "data", "aggregation", "models", "observe"},
     # importing a sweep module loads no TensorFlow: a plan unpickles before it loads
-    "runs.sweep": {"ground", "runs.sweep", "observe.stats", "observe.plots",
+    "runs.sweep": {"ground", "observe.stats", "observe.plots",
                    "observe.link_model", "observe.link_report", "runs.config",
                    "runs.callbacks", "runs.preemption", "runs.quiet_start"},
 }
