@@ -146,7 +146,7 @@ def workers(args) -> None:
     import numpy as np
     import mgloop
     from mgloop.errors import ConfigError
-    from tests.workers.methods_between_workers import config_for
+    from mgloop.runs import prepare
     batch = 32 * towers
     settings = [f"--global_batch_size={batch}", f"--train_steps={FLAGS.steps}",
                 f"--steps_per_loop={FLAGS.steps}"]
@@ -164,9 +164,10 @@ def workers(args) -> None:
           f"cpu:{towers}, {FLAGS.steps} steps of the MLP, global batch {batch}")
     for index, spec in enumerate(FLAGS.methods):
         try:
-            mgloop.run(config_for(spec, simulated, index, f"cpu:{towers}", nodes=FLAGS.workers,
-                                  global_batch_size=batch, train_steps=FLAGS.steps,
-                                  steps_per_loop=FLAGS.steps))
+            mgloop.run(prepare.method_config(  # as the workers' (tests/workers/)
+                spec, os.path.join(simulated, str(index)), devices=f"cpu:{towers}",
+                nodes=FLAGS.workers, global_batch_size=batch, train_steps=FLAGS.steps,
+                steps_per_loop=FLAGS.steps))
         except ConfigError as error:
             print(f"  {spec:52s} refused: {error}")
             continue

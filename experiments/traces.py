@@ -50,10 +50,10 @@ kernels it runs), `[...ProcessAsync::Start]` and `[...::Done]` are asynchronous 
 _Recv of a cross-device edge), so op events and spans overlap. Ops run concurrently on
 the inter-op threads, so shares are of busy time, not of wall time.
 
-`count`: ops in the traced compiled loop (every function of its graph) of a small config
-(tests/helpers.py) with aggregation MODE on DEVICES and any Config settings: a
-deterministic check that a refactor of the step adds no per-step work. Run it on two
-checkouts and compare.
+`count`: ops in the traced compiled loop (every function of its graph) of the tests' small
+config (tests/helpers.py; built by mgloop/runs/prepare.py) with aggregation MODE on
+DEVICES and any Config settings: a deterministic check that a refactor of the step adds
+no per-step work. Run it on two checkouts and compare.
 """
 
 from __future__ import annotations
@@ -328,17 +328,28 @@ def ops(args) -> None:
 
 # --- count --------------------------------------------------------------------------------
 
+COUNT_BATCH = 16  # the global batch of the tests' small config (tests/helpers.py)
+
+
 def count(args) -> None:
     if len(args) < 2:
         raise app.UsageError("usage: traces.py count MODE DEVICES [setting=value ...]")
-    from tests import helpers
+    from mgloop import data
+    from mgloop.runs import prepare
+    from mgloop.runs.config import Config
     mode, devices = args[0], args[1]
     extra = {k: (int(v) if v.isdigit() else v) for k, v in (a.split("=", 1) for a in args[2:])}
-    config = helpers.small_config(os.path.join(tempfile.gettempdir(), f"count_step_ops_{mode}"),
-                                  devices=devices, aggregation=mode, **extra)
-    trainer = helpers.build_trainer(config)
-    helpers.run_batches(trainer, helpers.batches(2))
-    loop = getattr(trainer, "loop", trainer).compiled_loop  # before issue 14: the Trainer's
+    settings = dict(devices=devices, aggregation=mode, model="mlp", diagnostics=False,
+                    global_batch_size=COUNT_BATCH, optimizer="momentum", learning_rate=0.1,
+                    train_steps=5, steps_per_loop=5, seed=3, deterministic=True,
+                    logdir=os.path.join(tempfile.gettempdir(), f"count_step_ops_{mode}"),
+                    summary_every=0, log_every=0)
+    dataset = data.synthetic.make(seed=7, num_train=256, num_eval=64)
+    trainer = prepare.trainer_for(Config(**dict(settings, **extra)), dataset)
+    batches = [(x.numpy(), y.numpy())
+               for x, y in dataset.train_batches(COUNT_BATCH, 3).take(2)]
+    prepare.train_on(trainer, batches)
+    loop = trainer.loop.compiled_loop
     total = 0
     for function in loop._list_all_concrete_functions():
         graph = function.graph.as_graph_def()

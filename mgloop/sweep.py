@@ -118,7 +118,8 @@ def _main():
     if not FLAGS.output_dir:
         _error("error: --output_dir is not set; give the folder for the runs, records and "
                "report", 2)
-    quiet_start.load_tensorflow()  # which the cells' Configs load: quietly, first
+    if FLAGS.tune or not FLAGS.report_only:  # the report alone needs no TensorFlow;
+        quiet_start.load_tensorflow()  # the cells' checks and --tune's methods load it quietly
     from mgloop.runs.sweep import grid
     from mgloop.runs.sweep import report
     from mgloop.runs.sweep import runner

@@ -6,14 +6,12 @@ import dataclasses
 import functools
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from mgloop import data, models
-from mgloop.cluster import devices
-from mgloop.data import staging
 from mgloop.runs import config as config_lib
 from mgloop.runs import experiment
+from mgloop.runs import prepare
 from mgloop.spec import optim
 from mgloop.step import precision
 from mgloop.runs.config import Config
@@ -56,26 +54,12 @@ def build_trainer(config: Config, make_model=None, loss_fn=None, input_shape=Non
     `input_shape`: one example's shape of the data the trainer will be fed (checked
     against the model's declared input); default DATASET's.
     """
-    config = config.validated()
-    device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
-    return experiment.build_trainer(config, device_set, make_model or model_fn(config.model),
-                                    loss_fn or experiment.default_loss(),
-                                    input_shape or DATASET.input_shape)
+    return prepare.trainer_for(config, DATASET, make_model, loss_fn, input_shape)
 
 
 def run_batches(trainer, steps_batches) -> float:
     """Runs the given (x, y) batches in one compiled loop; returns the sum of step losses."""
-    if not steps_batches:
-        return 0.0
-    xs = np.stack([x for x, _ in steps_batches])
-    ys = np.stack([y for _, y in steps_batches])
-    # Without tf.data's autotuning (staging.synchronous): the same batches, but an iterator
-    # with autotuning on takes 1-5 s to delete once a compiled loop has read it (measured),
-    # paid again by every trainer a test or a cached fixture drops.
-    stream = staging.synchronous(tf.data.Dataset.from_tensor_slices((xs, ys)))
-    result = trainer.train_loop(iter(stream), len(steps_batches))
-    assert result.steps == len(steps_batches)
-    return result.loss_sum
+    return prepare.train_on(trainer, steps_batches)
 
 
 def train_mgloop(config: Config, steps_batches):

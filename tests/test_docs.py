@@ -12,7 +12,6 @@ The rest is read from the Markdown alone: no page cites the project's issue numb
 that exists and flags that it defines.
 """
 
-import ast
 import glob
 import os
 import re
@@ -158,19 +157,11 @@ def _defined(text: str) -> set:
 
 
 def _config_flags() -> set:
-    """The flag names of Config's fields (mgloop/runs/config.py), read without importing it."""
-    tree = ast.parse(_read(os.path.join(ROOT, "mgloop", "runs", "config.py")))
-    config = next(node for node in tree.body
-                  if isinstance(node, ast.ClassDef) and node.name == "Config")
-    names = set()
-    for node in config.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-            for call in ast.walk(node):
-                for keyword in getattr(call, "keywords", []):
-                    if keyword.arg == "flag" and isinstance(keyword.value, ast.Constant):
-                        names.add(keyword.value.value)
-    return names
+    """The flag names of Config's settings (every part's fields; importing the config
+    loads no TensorFlow)."""
+    from mgloop import settings
+    from mgloop.runs import config
+    return {settings.flag_name(field) for field in config.setting_fields()}
 
 
 def _experiment_flags(script: str, seen=None) -> set:

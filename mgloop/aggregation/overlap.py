@@ -5,7 +5,7 @@ streaming_diloco.py): each copy's outer gradient delta_c = x_c[F] - v_c[F] enter
 exchange then, recorded on the occasion "fragment p" of that step.
 
 tau = 0 (the default): the outer step is applied in the same step, every copy takes the
-new x[F] (v_c[F] <- x[F]): Streaming DiLoCo without overlap, bit for bit as before.
+new x[F] (v_c[F] <- x[F]): Streaming DiLoCo without overlap, bit for bit.
 
 tau in 1..H-1 (overlap; Douillard et al. 2025, "Streaming DiLoCo with overlapping
 communication", arXiv 2501.18512): the exchange runs while the copies take

@@ -63,7 +63,7 @@ class ScalarWriter:
     it as numpy values, never Python scalars: TensorFlow keeps the tensor of every
     distinct Python scalar it converts (its eager scalar cache, never evicted), so a
     Python-int step, new at every window, kept about 1.5 KiB per window of 7 eager
-    scalars (issue 13; experiments/memory.py summary_writes, docs/results/long-runs.md).
+    scalars (experiments/memory.py summary_writes, docs/results/long-runs.md).
     """
 
     def __init__(self, logdir: str, run: str):

@@ -66,7 +66,7 @@ def _forget_glob_patterns() -> None:
     TensorFlow measures every checkpoint it writes with `glob.glob("<prefix>*")`
     (checkpoint.py, `_get_checkpoint_size`), and each prefix (`ckpt-<step>`) is a new
     pattern, so a run kept one compiled pattern per save until the cache was full:
-    ~20 MiB after 32,768 checkpoints (issue 23). `re`'s own cache of 512 stays.
+    ~20 MiB after 32,768 checkpoints. `re`'s own cache of 512 stays.
     """
     clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
     if clear is not None:  # a private name: if a Python lacks it, nothing is lost but memory

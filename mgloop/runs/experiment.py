@@ -297,7 +297,7 @@ def _monitor(config: Config, trainer: Trainer, train_writer, eval_writer, evalua
     eval input), histograms, profiles and breakdowns (the chief's alone)."""
     # The eval pipeline is built once, at the first evaluation, and iterated anew each
     # time: building it per evaluation traced its map functions again and kept ~2 KiB of
-    # TensorFlow's memory per evaluation for the rest of the run (issue 23).
+    # TensorFlow's memory per evaluation for the rest of the run.
     eval_batches = functools.cache(evaluation.eval_batches) if evaluation else None
     return monitor_lib.Monitor(
         trainer, train_writer, eval_writer,

@@ -2,7 +2,7 @@
 
 What the outer loop keeps for the whole run (the History of `mgloop.run`, the loop
 times the median step time is taken over) grows with the run's length; a run of days
-at thousands of steps a minute would keep millions of items (issue 23). `Thinned`
+at thousands of steps a minute would keep millions of items. `Thinned`
 keeps items 0, s, 2s, ... of everything appended (indices counted from 0), with the
 stride s = 1 until `limit` items are kept; then it drops every other kept item and
 doubles s. So it holds between limit/2 and limit items, evenly spread over the whole

@@ -86,8 +86,8 @@ def compiled_schedule(schedule: schedules.LearningRateSchedule):
     """`schedule` traced once as a function of an int64 step: returns step -> float.
 
     Calling a Keras schedule eagerly on a Python int keeps about 0.6 KiB of host memory
-    per new step that TensorFlow never frees (its cache of converted Python scalars,
-    issue 13); the compiled function, given the step as a numpy int64, keeps none.
+    per new step that TensorFlow never frees (its cache of converted Python scalars);
+    the compiled function, given the step as a numpy int64, keeps none.
     """
     compiled = tf.function(lambda step: tf.cast(schedule(step), tf.float32),
                            input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)

@@ -23,7 +23,7 @@ so tower t computes the same function of the same inputs as in the tower loop; t
 differ only by the rounding of the vectorized kernels' sums (a batched matmul adds in
 another order), within the float32 bound of any reordered sum (tests/test_vectorized_
 towers.py derives its tolerances so). After the map, each tower's loss, metric state,
-gradients and state are rows of the outputs, handed on per tower as before
+gradients and state are rows of the outputs, handed on per tower as in the loop
 (`hooks.unscale(t, ...)`, `after_tower(t, ...)`: a per-tower attack alters its row), and
 the exchange and every method see T towers (aggregation/device_groups.py).
 

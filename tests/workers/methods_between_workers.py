@@ -25,29 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from mgloop import Config, ConfigError, aggregation  # noqa: E402
+from mgloop import Config, ConfigError  # noqa: E402
 from mgloop.cluster import devices as devices_lib  # noqa: E402
 from mgloop.cluster import workers as cluster  # noqa: E402
 from mgloop.runs import experiment  # noqa: E402
+from mgloop.runs import prepare  # noqa: E402
 from mgloop.step.hooks import Hook  # noqa: E402
-
-SETTINGS = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
-                train_steps=4, steps_per_loop=4, seed=3, deterministic=True, summary_every=0,
-                log_every=0, diagnostics=False, collective_timeout=60)
-
-
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """`METHOD --key=value ...` -> (METHOD, {key: value}), numbers read as numbers."""
-    method, *rest = spec.split()
-    settings = {}
-    for item in rest:
-        key, _, value = item[2:].partition("=")
-        for kind in (int, float):
-            with contextlib.suppress(ValueError):
-                value = kind(value)
-                break
-        settings[key] = value
-    return method, settings
 
 
 class OverflowAt(Hook):
@@ -77,7 +60,7 @@ class OverflowAt(Hook):
 
 def hooks_for(spec: str, devices: str) -> list[Hook]:
     """The spec's `--overflow=G:S` as a hook of this process (its towers `devices`)."""
-    overflow = parse_spec(spec)[1].get("overflow")
+    overflow = prepare.method_settings(spec)[1].get("overflow")
     if overflow is None:
         return []
     tower, step = map(int, str(overflow).split(":"))
@@ -93,17 +76,11 @@ def digest(result) -> str:
 
 
 def config_for(spec: str, root: str, index: int, devices: str, **overrides) -> Config:
-    method, extra = parse_spec(spec)
-    extra.pop("overflow", None)  # a hook (hooks_for), not a setting
-    settings = dict(SETTINGS, aggregation=method, devices=devices,
-                    logdir=os.path.join(root, str(index)),
-                    export_dir=os.path.join(root, str(index), "export"))
-    settings.update(extra)
-    settings.update(overrides)
-    method, options = aggregation.parse(method)
-    if method.applies_momentum(options):  # momentum inside the method: plain SGD outside
-        settings["optimizer"] = "sgd"
-    return Config(**settings)
+    """`prepare.method_config` of the spec in ROOT/i on `devices`; its `--overflow` is a
+    hook (hooks_for), not a setting."""
+    spec = " ".join(word for word in spec.split() if not word.startswith("--overflow="))
+    return prepare.method_config(spec, os.path.join(root, str(index)), devices=devices,
+                                 **overrides)
 
 
 def main(argv):

@@ -12,9 +12,13 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
                 observe/plots.py and observe/stats.py
     tuning_report.py  the report's Tuning section
 
-May import: ground modules, observe/ (stats, plots) and runs/ (config, callbacks,
-preemption, quiet_start, checkpoint_files). No module here loads TensorFlow when imported
-(the cells' runs do; a worker process loads it quietly first), so a plan unpickles in a
-fresh worker before TensorFlow loads.
+May import: ground modules, observe/ (stats, plots, link_model, link_report) and runs/
+(config, callbacks, preemption, quiet_start), none of which loads TensorFlow; and only
+inside the functions that need them: runs/ (checkpoint_files, failures, run_dir and
+`mgloop.run`: a cell's run), observe/ (summaries: its record written), cluster/ (devices:
+the logical CPUs of a process), data/ (a dataset's size: --epochs) and aggregation/ (a
+method's options: --tune). So no module here loads TensorFlow when imported (the cells'
+runs and their Configs' checks do; a worker process loads it quietly first), and a plan
+unpickles in a fresh worker before TensorFlow loads.
 The CLI is `python -m mgloop.sweep` (mgloop/sweep.py).
 """

@@ -94,7 +94,7 @@ def parse(items, kinds: dict) -> list[Axis]:
 
 def _spec(variant) -> str:
     from mgloop.runs.config import Config
-    return variant.settings.get("aggregation", Config.aggregation)
+    return variant.settings.get("aggregation", Config().aggregation)
 
 
 def _options_of(spec: str) -> tuple[str, list[str], set[str]]:

@@ -15,8 +15,8 @@ state variable of the aggregation (error-feedback residuals, PowerSGD's Q, DGC's
 momenta, exchange counters, stale buffers) before the exchange, on its own device,
 and `after_exchange` writes v_before back when not all_finite (one `tf.cond`): a read of
 the state per step and a write only on a skipped step, only with loss scaling. Without it, a non-finite
-gradient left inf or NaN in a residual that every later step sent on (issue 23's
-soak: a NaN residual at the first checkpoint). State a method changes after the
+gradient would leave inf or NaN in a residual that every later step sends on
+(experiments/soak.py found one at its first checkpoint). State a method changes after the
 update (`after_update`: local SGD's and DiLoCo's synchronisation) is not rolled back.
 """
 
