@@ -15,6 +15,7 @@ from mgloop.data import staging
 from mgloop.runs import experiment
 from mgloop.spec import optim
 from mgloop.step import precision
+from mgloop.runs import config as config_lib
 from mgloop.runs.config import Config
 from tests import tolerance
 from third_party import single_device
@@ -119,9 +120,10 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     of any other summation order along the way.
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
-    neutral = {name: Config.__dataclass_fields__[name].default
-               for name in ("aggregation", "pack_bytes", "transport_dtype", "ordered_sum_bytes",
-                            "sufficient_factor_bytes", "nodes", "method_at", "within_node")}
+    neutral = {field.name: field.default for field in config_lib.setting_fields()
+               if field.name in ("aggregation", "pack_bytes", "transport_dtype",
+                                 "ordered_sum_bytes", "sufficient_factor_bytes", "nodes",
+                                 "method_at", "within_node")}
     config = dataclasses.replace(config, devices="cpu:1", **neutral).validated()
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):

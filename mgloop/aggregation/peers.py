@@ -50,7 +50,7 @@ import itertools
 import tensorflow as tf
 
 from mgloop.aggregation import bitpacking
-from mgloop.aggregation.base import canonical
+from mgloop.cluster.devices import canonical
 
 _NARROW = (tf.int8, tf.int16, tf.uint8, tf.uint16)  # no collective sum kernels: gathered
 # all_gather_bytes's call sites: 2^16 run-time instance keys each, from 2^30 (apart from

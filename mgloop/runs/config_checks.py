@@ -14,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from mgloop import aggregation
 from mgloop import data
 from mgloop import models
+from mgloop import settings
+from mgloop.aggregation import exchange_options
 from mgloop.aggregation import node_failures
 from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import validation as exchange_checks
 from mgloop.cluster import devices
+from mgloop.cluster import options as cluster_options
 from mgloop.cluster import workers as cluster
 from mgloop.data import staging
 from mgloop.errors import ConfigError
@@ -43,7 +46,6 @@ from mgloop.step.hooks import attacks as byzantine
 if TYPE_CHECKING:
     from mgloop.runs.config import Config
 
-MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
 # numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
 MAX_SEED = 2**32 - 1
 
@@ -54,18 +56,30 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     that involve the aggregation method and several workers; then the folders on disk
     (`on_disk` False: checked creatable, none made, no checkpoints compared; the logdir
     is left as given)."""
-    check_finite(config)  # NaN and inf pass every comparison: refused once, here
-    _check_range("towers_per_device", config.towers_per_device, low=1)
+    for part in dataclasses.fields(config):  # NaN and inf pass every comparison: refused
+        check_finite(getattr(config, part.name))  # once, here, in every part
+    # towers per device and timeouts: before the devices are parsed (no fact of the run needed)
+    cluster_part = cluster_options.check(config.cluster, settings.Context())
     request = devices.parse(config.devices, config.towers_per_device)
     workers = cluster.from_environment()
     num_workers = workers.num_workers if workers else 1
     towers = request.num_towers * num_workers
+    devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
+                                     if config.towers_per_device > 1 else "")
+    if workers is not None:  # towers = workers x devices x K, every shard B / towers
+        devices_flag += f" on each of {num_workers} workers"
+    context = settings.Context(request=request, workers=workers, num_workers=num_workers,
+                               num_towers=towers, devices_flag=devices_flag, seed=config.seed,
+                               deterministic=config.deterministic)
     # --plugin modules loaded, then the method, its options and what combines with it
-    aggregation.check_settings(config, request, workers)
-    node_failures.check_settings(config, workers, request)  # --node_failures: the nodes' schedule
+    exchange = exchange_options.check(config.exchange, context)
+    exchange_checks.check_batch_norm(config.exchange, config.batch_norm)
+    exchange_checks.check_optimizer(config.exchange, config.optimizer)
+    # --node_failures: the nodes' schedule over the run's steps
+    node_failures.check_schedule(config.exchange, config.train_steps, context)
     vectorized_towers.check_settings(config, request, workers)
     compiled_towers.check_settings(config)
-    if node_level.method_at_nodes(config, num_workers):  # each worker is a node, if several
+    if node_level.method_at_nodes(config.exchange, num_workers):  # each worker a node, if several
         byzantine.check_settings(config, num_workers if num_workers > 1 else config.nodes,
                                  "nodes (the method is between nodes)")
     else:
@@ -75,10 +89,6 @@ def validated(config: Config, on_disk: bool = True) -> Config:
                    link_model):
         module.check_settings(config)  # the settings the module uses
     _check_range("seed", config.seed, low=0, high=MAX_SEED)
-    devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
-                                     if config.towers_per_device > 1 else "")
-    if workers is not None:  # towers = workers x devices x K, every shard B / towers
-        devices_flag += f" on each of {num_workers} workers"
     global_batch, data_dir = data.check_settings(config, towers, devices_flag)
     data.check_partition(config)
     hardware.check_settings(config, num_workers if num_workers > 1 else config.nodes)
@@ -86,8 +96,7 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
               else run_dir.check_creatable(config.logdir, config.export_dir))
     resolved = dataclasses.replace(
-        config, logdir=logdir, data_dir=data_dir,
-        plugins=aggregation.plugins.plugin_list(config.plugins),
+        config, cluster=cluster_part, exchange=exchange, logdir=logdir, data_dir=data_dir,
         global_batch_size=global_batch, batch_size_per_tower=global_batch // towers,
         sequence_length=data.sequence_length_of(config), **models.resolved_settings(config))
     if on_disk:
@@ -97,14 +106,9 @@ def validated(config: Config, on_disk: bool = True) -> Config:
 
 def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
     """What several processes cannot do (yet), refused before anything starts."""
-    _check_range("startup_timeout", config.startup_timeout, low=0.0, low_open=True)
-    # A peer is declared lost after this many seconds without an answer to the health checks,
-    # made every max(0.5, timeout / 4) s (peer_health.py): under 5 s, four checks in a row of
-    # a loaded but healthy peer could miss, so shorter timeouts are refused.
-    _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
     if workers is None or workers.num_workers == 1:
         return
-    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: check_settings
+    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: exchange checks
     if config.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")
