@@ -6,8 +6,8 @@ from __future__ import annotations
 from mgloop import aggregation as registry
 from mgloop.aggregation.base import REPLICATED
 from mgloop.aggregation.hierarchical import divisors
-from mgloop.aggregation.exchange_options import ExchangeOptions
-from mgloop.aggregation.nodes import DIRECT, METHOD_AT, method_at_nodes
+from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT, ExchangeOptions
 from mgloop.cluster.devices import DeviceRequest
 from mgloop.errors import ConfigError
 
@@ -34,7 +34,7 @@ def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
     if method_at == "nodes" and nodes == 1 and num_workers == 1:
         raise ConfigError("--method_at=nodes with --nodes=1: one node has no link between "
                           "nodes; give --nodes=N > 1 or --method_at=towers")
-    at_nodes = method_at_nodes(options, num_workers)
+    at_nodes = node_level.method_at_nodes(options, num_workers)
     if within != DIRECT:
         if not at_nodes:
             raise ConfigError(f"--within_node={within} applies only with the method between "

@@ -49,7 +49,6 @@ from mgloop.aggregation import device_groups
 from mgloop.aggregation import live_exchange, local_steps
 from mgloop.aggregation import node_failures
 from mgloop.aggregation.base import SHARED, Aggregation
-from mgloop.aggregation.cross_worker import CrossWorker
 from mgloop.aggregation.exchange_options import ExchangeOptions
 from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
@@ -241,6 +240,7 @@ def make(options: ExchangeOptions, devices: DeviceSet, make_method, workers=None
     processes. `make_method(spec, DeviceSet, dtype, **construction)`: registry.make;
     `failures`: the --node_failures schedule (node_failures.schedule_of), or None."""
     if workers is not None and workers.num_workers > 1:
+        from mgloop.aggregation.cross_worker import CrossWorker  # it loads the registry
         return CrossWorker(_made(options, devices, make_method, workers, failures), workers)
     return _made(options, devices, make_method, None, failures)
 
