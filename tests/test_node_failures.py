@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation
+from mgloop import aggregation, settings
 from mgloop.aggregation import node_failures
 from mgloop.aggregation import nodes as nodes_lib
 from mgloop.aggregation.local_steps import slot_variables
@@ -134,7 +134,8 @@ def test_diloco_with_a_node_down_mid_period_follows_the_rule_op_for_op():
                                   node_failures=FAILURES, train_steps=STEPS,
                                   global_batch_size=12).validated(False)
     device_set = devices.setup(devices.parse("cpu:3"))
-    method = nodes_lib.make(config, device_set, aggregation.make)
+    failures = node_failures.schedule_of(config.exchange, config.train_steps)
+    method = nodes_lib.make(config.exchange, device_set, aggregation.make, failures=failures)
     rng = np.random.default_rng(5)
     w0 = (rng.integers(-15, 16, size=(3, 2)) / 8.0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, use_bias=False)])
@@ -216,7 +217,8 @@ def test_between_real_workers_the_refusal_points_at_the_elastic_launch():
     config = helpers.small_config(None, devices="cpu:1", aggregation="ring",
                                   node_failures="1@1")
     with pytest.raises(ConfigError, match="mgloop.launch --elastic"):
-        node_failures.check_settings(config, TwoWorkers())
+        node_failures.check_schedule(config.exchange, config.train_steps,
+                                     settings.Context(workers=TwoWorkers(), num_workers=2))
 
 
 def test_the_schedule_of_a_spec():

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop import aggregation
+from mgloop import aggregation, settings
+from mgloop.aggregation import exchange_options
 from mgloop.cluster import devices
 from mgloop.observe import link_model
 from mgloop.aggregation import nodes as nodes_lib
@@ -56,7 +57,8 @@ def placed(device_names, values):
 
 
 def config_of(spec, nodes, **more):
-    return Config(aggregation=spec, devices="cpu:4", nodes=nodes, **more)
+    """The exchange part of a run of `spec` between `nodes` nodes of cpu:4."""
+    return Config(aggregation=spec, devices="cpu:4", nodes=nodes, **more).exchange
 
 
 def built(method, variables, step):
@@ -283,10 +285,11 @@ def test_between_workers_only_methods_whose_transports_reach_other_processes():
         config = Config(aggregation=spec, devices="cpu:2", method_at="nodes",
                         plugins=("tests.plugins.topk_ef",))
         with pytest.raises(ConfigError) as error:
-            aggregation.check_settings(config, devices.parse("cpu:2"), workers)
+            exchange_options.check(config.exchange, settings.Context(
+                request=devices.parse("cpu:2"), workers=workers, num_workers=2))
         message = str(error.value)
         assert "\n" not in message and "runs_between_processes" in message, message
         assert "--method_at=towers" in message and "topk," in message, message
         auto = Config(aggregation=spec, devices="cpu:2", plugins=("tests.plugins.topk_ef",))
-        assert not nodes_lib.method_at_nodes(auto, 2)
-    assert nodes_lib.method_at_nodes(Config(aggregation="topk", devices="cpu:2"), 2)
+        assert not nodes_lib.method_at_nodes(auto.exchange, 2)
+    assert nodes_lib.method_at_nodes(Config(aggregation="topk", devices="cpu:2").exchange, 2)

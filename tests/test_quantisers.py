@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation
+from mgloop import aggregation, settings
+from mgloop.aggregation import exchange_options
 from mgloop.cluster import devices
 from mgloop.aggregation import ring
 from mgloop.aggregation import bitpacking
@@ -402,12 +403,13 @@ def test_refused_across_workers_at_the_towers_only(name, tmp_path):
     """Their vote and their P, Q need the other workers' payloads, which a dense local sum
     cannot give: refused at --method_at=towers, naming --method_at=nodes, where they run
     (the default: tests/test_nodes_workers.py runs powersgd between real workers)."""
-    workers = types.SimpleNamespace(num_workers=2)
+    context = settings.Context(request=devices.parse("cpu:2"),
+                               workers=types.SimpleNamespace(num_workers=2), num_workers=2)
     config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name,
                                   method_at="towers")
     with pytest.raises(ConfigError) as error:
-        aggregation.check_settings(config, devices.parse("cpu:2"), workers)
+        exchange_options.check(config.exchange, context)
     assert "\n" not in str(error.value) and f"--aggregation={name} across 2 workers" in str(
         error.value) and "--method_at=nodes" in str(error.value)
     config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name)
-    aggregation.check_settings(config, devices.parse("cpu:2"), workers)  # auto: at the nodes
+    exchange_options.check(config.exchange, context)  # auto: at the nodes

@@ -8,8 +8,9 @@ your own module loaded with `--plugin`, plugins.py). Its name becomes a valid
 `--aggregation` value. What every method must do and declare: base.py and the
 docs/concepts/aggregation-contract.md.
 
-May import: ground modules, cluster/ (devices, workers), spec/ (variable copies). Never
-step/ or runs/: the step hands a method its towers' gradients, not the other way round.
+May import: ground modules, cluster/ (devices, workers, nodes: the nodes' topology), spec/
+(variable copies). Never step/ or runs/: the step hands a method its towers' gradients, not
+the other way round.
 """
 
 

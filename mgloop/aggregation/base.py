@@ -30,6 +30,7 @@ from typing import ClassVar, Sequence
 
 import tensorflow as tf
 
+from mgloop.aggregation.peers import Peers
 from mgloop.aggregation.traffic import Traffic
 from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 
@@ -46,10 +47,9 @@ CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsu
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """A method's own options: subclass it (frozen), one field per option, each made with
-    `option(...)` so that it carries its help line and valid range; set the method's
-    `options_type` to the subclass. Given as `--aggregation=NAME:key=value,...`
-    (options.py parses and checks them). The base class has no options."""
+    """A method's own options: subclass it (frozen), one field per option made with `option`
+    (its help line and valid range); the method's `options_type` is the subclass. Given as
+    `--aggregation=NAME:key=value,...` (options.py parses, checks). The base has none."""
 
 
 def option(default, help: str, low=None, high=None, low_open: bool = False,
@@ -123,10 +123,10 @@ class Aggregation(abc.ABC):
     # synchronous training, e.g. "period=1": the contract test checks that against one
     # device. None: the method is `exact`, lossy within `error_bound`, or has no exchange.
     identity: ClassVar[str | None] = None
-    # The workers whose towers the method also combines (cross_worker.py); None: one process.
+    # The workers whose towers it also combines (cross_worker.py); None: one process.
     cluster = None
-    # The other workers' copies of this method (peers.py), at the nodes between processes (one
-    # tower per worker): its transports then use collectives between processes.
+    # The other workers' copies of this method (peers.py; from `between_workers`), at the nodes
+    # between processes (one tower per worker): its transports use collectives between them.
     peers = None
     # The global step (int64, the number of steps done before the one running; checkpointed),
     # set by replicas.py before `build`: a method that acts every H steps reads it, never
@@ -153,14 +153,17 @@ class Aggregation(abc.ABC):
         return cls.error_bound(options, num_towers)
 
     def __init__(self, devices: DeviceSet, options: Options | None = None,
-                 transport_dtype: str = "float32"):
+                 transport_dtype: str = "float32", *, cluster=None, between_workers=None,
+                 traffic: Traffic | None = None):
         self.devices = devices
         self.options = self.options_type() if options is None else options
         if not isinstance(self.options, self.options_type):
             raise TypeError(f"aggregation {self.name!r} takes {self.options_type.__name__}, "
                             f"not {type(self.options).__name__}")
         self.transport_dtype = tf.as_dtype(transport_dtype)
-        self.traffic = Traffic()
+        self.traffic = Traffic() if traffic is None else traffic  # a wrapper's: shared
+        self.cluster = cluster
+        self.peers = between_workers and Peers.make(between_workers, self.parameter_devices()[0])
 
     @property
     def num_towers(self) -> int:
@@ -254,13 +257,10 @@ class Aggregation(abc.ABC):
                             variables: Sequence[tf.Variable], average: bool,
                             metrics: Sequence[tf.Tensor]
                             ) -> tuple[list[Gradients], list[tf.Tensor]]:
-        """(`reduce(...)`, `metrics` summed over every process of the job).
-
-        `metrics` are this process's values (e.g. the step's mean loss and
-        accuracy counts [correct, compared]). In one process they come back as
-        given; the cross-worker stage (cross_worker.py) sums them in the
-        gradients' own collective.
-        """
+        """(`reduce(...)`, `metrics` summed over every process of the job). `metrics` are
+        this process's values (e.g. the step's mean loss and accuracy counts [correct,
+        compared]): in one process as given; cross_worker.py sums them in the gradients'
+        own collective."""
         return self.reduce(tower_values, variables, average), list(metrics)
 
     def scale(self, total: tf.Tensor, average: bool) -> tf.Tensor:

@@ -41,14 +41,16 @@ _INSTANCE_KEYS = itertools.count(1_000_000)
 
 
 class CrossWorker(Aggregation):
-    """Wraps one worker's local aggregation with a collective between the workers."""
+    """Wraps one worker's local aggregation with a collective between the workers. The local
+    stage is made knowing the workers it is one of (its `cluster`: nodes.make)."""
 
     def __init__(self, local: Aggregation, cluster: Cluster):
-        super().__init__(local.devices, local.options, local.transport_dtype.name)
+        if local.cluster is not cluster:
+            raise ValueError("the local stage of the workers' exchange is made with their "
+                             "cluster (aggregation/nodes.py make(..., workers))")
+        super().__init__(local.devices, local.options, local.transport_dtype.name,
+                         cluster=cluster, traffic=local.traffic)  # one set of counts for both
         self.local = local
-        self.cluster = cluster
-        local.cluster = cluster  # the local stage knows the workers it is one of
-        self.traffic = local.traffic  # one set of counts for both stages
         self.name, self.options_type = local.name, local.options_type
         for capability in CAPABILITIES:  # the local method's, as declared
             setattr(self, capability, getattr(local, capability))

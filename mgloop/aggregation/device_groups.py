@@ -47,25 +47,29 @@ from mgloop.cluster.devices import DeviceSet
 
 
 def make(spec: str, devices: DeviceSet, transport_dtype: str, make_method,
-         pack_bytes: int) -> Aggregation:
+         pack_bytes: int, cluster=None) -> Aggregation:
     """The method `spec` for the T towers of `devices` (K > 1 per device; module
     docstring): on the device means if summable; as made on the towers if it keeps one
-    copy per device itself (`copies_per_device`); else inside `DeviceGroups`."""
+    copy per device itself (`copies_per_device`); else inside `DeviceGroups`. `cluster`:
+    the workers whose towers it also combines (cross_worker.py), if several."""
     method = registry.get(spec)
     if method.summable and method.exchanges:
         inner = make_method(spec, DeviceSet(devices.copy_devices, devices.host,
                                             devices.simulated), transport_dtype)
-        return DeviceGroups(inner, devices, True, pack_bytes)
-    inner = make_method(spec, devices, transport_dtype)
-    return inner if inner.copies_per_device else DeviceGroups(inner, devices, False)
+        return DeviceGroups(inner, devices, True, pack_bytes, cluster)
+    if method.copies_per_device:
+        return make_method(spec, devices, transport_dtype, cluster=cluster)
+    return DeviceGroups(make_method(spec, devices, transport_dtype), devices, False,
+                        cluster=cluster)
 
 
 class DeviceGroups(Wrapper):
     """`inner` for the T towers of `devices` (K per device): on the devices' means if
     `means`, else on every tower with one output kept per device."""
 
-    def __init__(self, inner: Aggregation, devices, means: bool, pack_bytes: int = 0):
-        super().__init__(inner, devices)
+    def __init__(self, inner: Aggregation, devices, means: bool, pack_bytes: int = 0,
+                 cluster=None):
+        super().__init__(inner, devices, cluster)
         self.means, self.pack_bytes = means, pack_bytes
         # the exchange hands every tower's gradients; the means are packed here, if at all
         self.summable = False

@@ -2,14 +2,15 @@
 (`config.exchange`): the method, what travels and between which nodes.
 
 Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py).
+and the flags are made from its fields (settings.py). `check` loads the methods (and
+TensorFlow) when it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import setting
+from mgloop.settings import check_finite, setting
 
 GRAD_REDUCE = ("mean", "sum")
 TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
@@ -71,3 +72,14 @@ class ExchangeOptions:
         (), "import this module (a name on the Python path, or a .py file path) before "
         "validation (repeatable): it may register aggregation methods", flag="plugin",
         hparam=True)
+
+
+def check(options: ExchangeOptions, context) -> ExchangeOptions:
+    """Refuses, in one line each, the exchange settings that do not combine on the run of
+    `context` (settings.Context: its towers, workers, --deterministic): the method and its
+    options (validation.py), the nodes (node_settings.py). Returns the options with
+    `plugins` a tuple of module names (a lone string is one module)."""
+    from mgloop.aggregation import plugins, validation
+    check_finite(options)
+    validation.check_method(options, context)
+    return dataclasses.replace(options, plugins=plugins.plugin_list(options.plugins))

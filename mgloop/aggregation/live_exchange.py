@@ -30,13 +30,14 @@ from mgloop.aggregation.base import REPLICATED
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 
 
-def make_live_methods(schedule, make_method, config, leaders, devices) -> dict:
-    """{live set: --aggregation made on its leaders (`make_method(spec, DeviceSet, dtype)`)}
-    for every live set of `schedule` but all nodes (there: the method itself)."""
-    return {live: make_method(config.aggregation,
-                              dataclasses.replace(devices, towers=tuple(leaders[n]
-                                                                        for n in live)),
-                              config.transport_dtype)
+def make_live_methods(schedule, make_method, spec: str, transport_dtype: str, leaders,
+                      devices, traffic) -> dict:
+    """{live set: the method `spec` made on its leaders (`make_method(spec, DeviceSet,
+    dtype, traffic=...)`, counting into `traffic`)} for every live set of `schedule` but
+    all nodes (there: the method itself)."""
+    return {live: make_method(spec, dataclasses.replace(devices, towers=tuple(leaders[n]
+                                                                            for n in live)),
+                              transport_dtype, traffic=traffic)
             for live in schedule.sets() if len(live) < schedule.nodes}
 
 

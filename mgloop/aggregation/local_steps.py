@@ -91,7 +91,11 @@ class LocalSGD(Aggregation):
     compressed_transport = False  # parameters are averaged at their own dtype
     copies_differ = True
     runs_between_processes = True  # its transports reach other processes (peers.py)
-    live = None  # node_failures.Schedule (set by nodes.py): copy c is node c; syncs skip the down
+
+    def __init__(self, devices, options=None, transport_dtype="float32", live=None,
+                 **construction):
+        super().__init__(devices, options, transport_dtype, **construction)
+        self.live = live  # node_failures.Schedule: copy c is node c; syncs skip the down ones
 
     def parameter_devices(self):
         return list(self.devices.towers)

@@ -234,42 +234,50 @@ def supported(names, get) -> str:
     return ", ".join(n for n in names() if rule(get(n)) is not None)
 
 
-def check_settings(config, workers=None, request=None) -> Schedule | None:
-    """The schedule of --node_failures, refused in one line where it does not apply;
-    with the DeviceRequest of the towers, the method is checked on every live set too."""
-    spec = getattr(config, "node_failures", None)
+def check_schedule(options, train_steps: int, context) -> Schedule | None:
+    """The schedule of --node_failures (ExchangeOptions `options`, over --train_steps),
+    refused in one line where it does not apply on the run of `context` (settings.Context);
+    with its DeviceRequest, the method is checked on every live set too."""
+    spec = options.node_failures
     if not spec:
         return None
     from mgloop import aggregation as registry  # the registry imports this module's users
     from mgloop.aggregation import nodes as node_level
-    if workers is not None and workers.num_workers > 1:
-        raise ConfigError(f"--node_failures={spec} between {workers.num_workers} workers: "
+    if context.num_workers > 1:
+        raise ConfigError(f"--node_failures={spec} between {context.num_workers} workers: "
                           "failures of real workers are the elastic launch's; use python -m "
                           "mgloop.launch --elastic")
-    if not node_level.method_at_nodes(config):
+    if not node_level.method_at_nodes(options):
         raise ConfigError(f"--node_failures={spec} needs simulated nodes with the method "
                           "between them: --nodes=N > 1 (and --method_at auto or nodes)")
-    method = registry.parse(config.aggregation)[0]
+    method, method_options = registry.parse(options.aggregation)
     if rule(method) is None:
-        raise ConfigError(f"--node_failures with --aggregation={config.aggregation}: a "
+        raise ConfigError(f"--node_failures with --aggregation={options.aggregation}: a "
                           "down node is excluded only by exact methods and plain local "
                           "steps; use one of: " + supported(registry.names, registry.get))
-    if config.grad_reduce != "mean":
-        raise ConfigError(f"--node_failures={spec} with --grad_reduce={config.grad_reduce}: "
+    if options.grad_reduce != "mean":
+        raise ConfigError(f"--node_failures={spec} with --grad_reduce={options.grad_reduce}: "
                           "the sum over a changing set of towers; use --grad_reduce=mean")
-    schedule = Schedule.parse(spec, config.nodes, config.train_steps)
+    schedule = Schedule.parse(spec, options.nodes, train_steps)
+    request = context.request
     if request is not None and rule(method) == "exact":  # the method on each live set
-        per_node = request.num_towers // config.nodes
+        per_node = request.num_towers // options.nodes
         for live in schedule.sets():
             leaders = tuple(request.indices[n * per_node // request.towers_per_device]
                             for n in live)
             try:
                 method.check(dataclasses.replace(request, indices=leaders, towers_per_device=1),
-                             registry.parse(config.aggregation)[1])
+                             method_options)
             except ConfigError as error:
                 raise ConfigError(f"--node_failures={spec}: with nodes {live} live, "
                                   f"{error}") from None
     return schedule
+
+
+def schedule_of(options, train_steps: int) -> Schedule | None:
+    """The schedule of a checked --node_failures (`check_schedule`), or None."""
+    spec = options.node_failures
+    return Schedule.parse(spec, options.nodes, train_steps) if spec else None
 
 
 # ---- inside the step: what NodeLevel (nodes.py) calls ----

@@ -6,20 +6,23 @@ from __future__ import annotations
 from mgloop import aggregation as registry
 from mgloop.aggregation.base import REPLICATED
 from mgloop.aggregation.hierarchical import divisors
-from mgloop.aggregation.nodes import DIRECT, METHOD_AT, method_at_nodes, settings_of
+from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT, ExchangeOptions
 from mgloop.cluster.devices import DeviceRequest
 from mgloop.errors import ConfigError
 
 
-def check_settings(config, request, workers=None):
-    """Refuses --nodes, --method_at, --within_node that do not apply (one line each);
-    returns the DeviceRequest the method itself sees: one entry per node at the nodes."""
-    nodes, method_at, within = settings_of(config)
+def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
+    """Refuses --nodes, --method_at, --within_node that do not apply (one line each), on
+    the towers of `context.request` (settings.Context); returns the DeviceRequest the
+    method itself sees: one entry per node at the nodes."""
+    nodes, method_at, within = options.nodes, options.method_at, options.within_node
+    request = context.request
     if method_at not in METHOD_AT:
         raise ConfigError(f"--method_at={method_at!r} is not one of: {', '.join(METHOD_AT)}")
     if nodes < 1:
         raise ConfigError(f"--nodes={nodes} is out of range: must be >= 1")
-    num_workers = workers.num_workers if workers is not None else 1
+    num_workers = context.num_workers
     if num_workers > 1:
         if nodes != 1:
             raise ConfigError(f"--nodes={nodes} across {num_workers} workers (TF_CONFIG): "
@@ -31,7 +34,7 @@ def check_settings(config, request, workers=None):
     if method_at == "nodes" and nodes == 1 and num_workers == 1:
         raise ConfigError("--method_at=nodes with --nodes=1: one node has no link between "
                           "nodes; give --nodes=N > 1 or --method_at=towers")
-    at_nodes = method_at_nodes(config, num_workers)
+    at_nodes = node_level.method_at_nodes(options, num_workers)
     if within != DIRECT:
         if not at_nodes:
             raise ConfigError(f"--within_node={within} applies only with the method between "
@@ -43,23 +46,23 @@ def check_settings(config, request, workers=None):
                               f"use {DIRECT} (the default) or one of: {', '.join(exact)}")
     if not at_nodes:
         return request
-    method = registry.get(config.aggregation)
+    method = registry.get(options.aggregation)
     where = (f"between --nodes={nodes} nodes" if num_workers == 1
              else f"between {num_workers} workers (nodes)")
     if method.single_loss:
-        raise ConfigError(f"--aggregation={config.aggregation} {where}: it computes one loss "
+        raise ConfigError(f"--aggregation={options.aggregation} {where}: it computes one loss "
                           "over every tower, none per node; use --method_at=towers or a "
                           "tower-loop method")
     if num_workers > 1:
         if not method.runs_between_processes:
-            raise ConfigError(f"--aggregation={config.aggregation} {where}: it moves values "
+            raise ConfigError(f"--aggregation={options.aggregation} {where}: it moves values "
                               "only between its own towers (it does not declare "
                               "runs_between_processes), which would exchange nothing between "
                               "the workers; use --method_at=towers or one of: "
                               + ", ".join(n for n in registry.names()
                                           if registry.get(n).runs_between_processes))
         if not method.exchanges:
-            raise ConfigError(f"--aggregation={config.aggregation} {where}: its replicas "
+            raise ConfigError(f"--aggregation={options.aggregation} {where}: its replicas "
                               "exchange nothing, so there is nothing to send between nodes; "
                               "use a method that exchanges gradients")
         return DeviceRequest(request.kind, tuple(range(num_workers)))

@@ -48,8 +48,8 @@ from mgloop import aggregation as registry
 from mgloop.aggregation import device_groups
 from mgloop.aggregation import live_exchange, local_steps
 from mgloop.aggregation import node_failures
-from mgloop.aggregation.base import SHARED, Aggregation, canonical
-from mgloop.aggregation.peers import Peers
+from mgloop.aggregation.base import SHARED, Aggregation
+from mgloop.aggregation.exchange_options import ExchangeOptions
 from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceSet
@@ -61,28 +61,25 @@ from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT  # noqa: F401
 
 class NodeLevel(Wrapper):
     """`method` (made on the node leaders) between nodes; `within` (an exact method's name,
-    or DIRECT) inside each node."""
+    or DIRECT) inside each node, made with `make(spec, DeviceSet, dtype, traffic=...)`.
+    `failures`: node_failures.Schedule (nodes down on some steps) or None, and
+    `live_methods` {live nodes: the method on their leaders} (made with this traffic).
+    `cluster`: the workers, each one node (this process is node `cluster.index`)."""
 
     def __init__(self, method: Aggregation, devices: DeviceSet, nodes: Nodes,
-                 within: str = DIRECT, make=None, failures=None, live_methods=None):
-        super().__init__(method, devices)
+                 within: str = DIRECT, make=None, failures=None, live_methods=None,
+                 cluster=None):
+        super().__init__(method, devices, cluster)
         self.nodes, self.within_name = nodes, within
-        self.failures = failures  # node_failures.Schedule: nodes down on some steps, or None
-        self.live_methods = live_methods or {}  # {live nodes: the method on their leaders}
-        for live_method in self.live_methods.values():
-            live_method.traffic = self.traffic
-        if failures is not None and node_failures.rule(method) == "local":
-            method.live = failures  # its syncs average the live copies only
+        self.failures, self.live_methods = failures, live_methods or {}
         self.sums_at_home = False  # stage 1 always runs first
-        self.traffic.node_of.update(nodes.device_map())  # one set of counts, split by tier
-        self.within = []
-        if within != DIRECT:
-            for n in range(nodes.count):
-                stage = make(within, DeviceSet(tuple(devices.towers[t] for t in nodes.members(n)),
-                                               devices.host, devices.simulated),
-                             method.transport_dtype.name)
-                stage.traffic = self.traffic
-                self.within.append(stage)
+        first = cluster.index if cluster is not None else 0  # one set of counts, by tier
+        self.traffic.node_of.update({d: first + n for d, n in nodes.device_map().items()})
+        self.within = [] if within == DIRECT else [
+            make(within, DeviceSet(tuple(devices.towers[t] for t in nodes.members(n)),
+                                   devices.host, devices.simulated),
+                 method.transport_dtype.name, traffic=self.traffic)
+            for n in range(nodes.count)]
 
     # ---- what the step sees: every tower, the method's copies (Wrapper.parameter_devices) ----
     def _copy_of(self, tower: int) -> int:
@@ -218,63 +215,64 @@ class NodeLevel(Wrapper):
                     target.assign(self.send(value, leader.device, target.device, exact=True))
 
 
-def settings_of(config) -> tuple[int, str, str]:
-    """(--nodes, --method_at, --within_node) of a Config, or of any object with the
-    aggregation's fields (defaults where it has none)."""
-    return (getattr(config, "nodes", 1), getattr(config, "method_at", "auto"),
-            getattr(config, "within_node", DIRECT))
-
-
-def method_at_nodes(config, num_workers: int = 1) -> bool:
-    """Whether `config` puts the method between nodes: N > 1 simulated nodes in one
-    process, or several workers (each a node) with --method_at=nodes, or with auto for a
-    method that is not exact (an exact one's local stage inside each worker and the one
-    collective between them, cross_worker.py, already sum within and then between nodes)."""
-    nodes, method_at, _ = settings_of(config)
+def method_at_nodes(options: ExchangeOptions, num_workers: int = 1) -> bool:
+    """Whether the exchange `options` put the method between nodes: N > 1 simulated nodes
+    in one process, or several workers (each a node) with --method_at=nodes, or with auto
+    for a method that is not exact (an exact one's local stage inside each worker and the
+    one collective between them, cross_worker.py, already sum within and then between
+    nodes)."""
     if num_workers <= 1:
-        return nodes > 1 and method_at in ("auto", "nodes")
-    if method_at == "auto":
-        method = registry.get(config.aggregation)
+        return options.nodes > 1 and options.method_at in ("auto", "nodes")
+    if options.method_at == "auto":
+        method = registry.get(options.aggregation)
         return (not method.exact and method.exchanges and not method.single_loss
                 and method.runs_between_processes)
-    return method_at == "nodes"
+    return options.method_at == "nodes"
 
 
-def make(config, devices: DeviceSet, make_method, workers=None) -> Aggregation:
-    """The run's aggregation: the method on the node leaders inside a NodeLevel when the
-    method is at the nodes, else on every tower (its traffic split by node all the same).
+def make(options: ExchangeOptions, devices: DeviceSet, make_method, workers=None,
+         failures=None) -> Aggregation:
+    """The run's aggregation for the exchange `options`: the method on the node leaders
+    inside a NodeLevel when the method is at the nodes, else on every tower (its traffic
+    split by node all the same); with several workers, inside the cross-worker stage.
     Several workers at the nodes: this process is one node; the method is made on its
-    leader with `peers` (peers.py), so its transport runs between the processes."""
-    num_workers = workers.num_workers if workers is not None else 1
+    leader between the workers (its `peers`, peers.py), so its transport runs between the
+    processes. `make_method(spec, DeviceSet, dtype, **construction)`: registry.make;
+    `failures`: the --node_failures schedule (node_failures.schedule_of), or None."""
+    if workers is not None and workers.num_workers > 1:
+        from mgloop.aggregation.cross_worker import CrossWorker  # it loads the registry
+        return CrossWorker(_made(options, devices, make_method, workers, failures), workers)
+    return _made(options, devices, make_method, None, failures)
 
-    def make_method(spec, devices, transport_dtype, make=make_method):
-        method = make(spec, devices, transport_dtype)
-        if method.buckets_payloads:  # its gathered payloads travel in buckets
-            method.bucket_bytes = getattr(config, "pack_bytes", 0)
-        return method
-    if num_workers > 1 and method_at_nodes(config, num_workers):
+
+def _made(options, devices, make_method, workers, failures) -> Aggregation:
+    """`make`'s method inside one process (with `workers`: this worker's stage)."""
+    spec, dtype = options.aggregation, options.transport_dtype
+
+    def made(spec, devices, transport_dtype, **construction):
+        if registry.get(spec).buckets_payloads:  # its gathered payloads travel in buckets
+            construction["bucket_bytes"] = options.pack_bytes
+        return make_method(spec, devices, transport_dtype, **construction)
+    if workers is not None and method_at_nodes(options, workers.num_workers):
         nodes = Nodes(tuple(devices.towers), 1, devices.host)
         leader = DeviceSet((devices.towers[0],), devices.host, devices.simulated)
-        method = make_method(config.aggregation, leader, config.transport_dtype)
-        method.peers = Peers.make(workers, method.parameter_devices()[0])
-        level = NodeLevel(method, devices, nodes, settings_of(config)[2], make_method)
-        level.traffic.node_of.update({canonical(d): workers.index for d in
-                                      (devices.host, *devices.towers)})
-        return level
-    nodes = Nodes(tuple(devices.towers), max(settings_of(config)[0], 1), devices.host)
-    if not method_at_nodes(config):
+        method = made(spec, leader, dtype, between_workers=workers)
+        return NodeLevel(method, devices, nodes, options.within_node, made, cluster=workers)
+    nodes = Nodes(tuple(devices.towers), max(options.nodes, 1), devices.host)
+    if not method_at_nodes(options):
+        at_workers = {} if workers is None else {"cluster": workers}
         if len(devices.copy_devices) < devices.num_towers:  # K towers per device
-            method = device_groups.make(config.aggregation, devices, config.transport_dtype,
-                                        make_method, getattr(config, "pack_bytes", 0))
+            method = device_groups.make(spec, devices, dtype, made, options.pack_bytes,
+                                        workers)
         else:
-            method = make_method(config.aggregation, devices, config.transport_dtype)
+            method = made(spec, devices, dtype, **at_workers)
         method.traffic.node_of.update(nodes.device_map())
         return method
     leaders = DeviceSet(tuple(devices.towers[nodes.leader(n)] for n in range(nodes.count)),
                         devices.host, devices.simulated)
-    method = make_method(config.aggregation, leaders, config.transport_dtype)
-    failures = node_failures.check_settings(config)
-    live = (live_exchange.make_live_methods(failures, make_method, config, leaders.towers,
-                                            leaders)
-            if failures is not None and node_failures.rule(method) == "exact" else None)
-    return NodeLevel(method, devices, nodes, settings_of(config)[2], make_method, failures, live)
+    rule = node_failures.rule(registry.get(spec)) if failures is not None else None
+    method = made(spec, leaders, dtype, **({"live": failures} if rule == "local" else {}))
+    live = (live_exchange.make_live_methods(failures, made, spec, dtype, leaders.towers,
+                                            leaders, method.traffic)
+            if rule == "exact" else None)
+    return NodeLevel(method, devices, nodes, options.within_node, made, failures, live)

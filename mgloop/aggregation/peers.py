@@ -49,8 +49,8 @@ import itertools
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking
-from mgloop.aggregation.base import canonical
+from mgloop.aggregation.bitpacking import from_bytes, to_bytes
+from mgloop.cluster.devices import canonical
 
 _NARROW = (tf.int8, tf.int16, tf.uint8, tf.uint16)  # no collective sum kernels: gathered
 # all_gather_bytes's call sites: 2^16 run-time instance keys each, from 2^30 (apart from
@@ -85,7 +85,7 @@ class Peers:
         from mgloop.aggregation import cross_worker
         parts = tuple(tf.convert_to_tensor(p) for p in parts)
         with tf.device(self.device):
-            raw = bitpacking.to_bytes(parts)
+            raw = to_bytes(parts)
             total = raw.shape.num_elements()
             padded = -(-total // 4) * 4
             if padded > total:
@@ -97,7 +97,7 @@ class Peers:
                 input=words[None], group_size=self.num_workers, group_key=self.group_key,
                 instance_key=next(cross_worker._INSTANCE_KEYS),
                 ordering_token=[self.token.handle], communication_hint="auto")
-            return [bitpacking.from_bytes(
+            return [from_bytes(
                 tf.reshape(tf.bitcast(gathered[w], tf.uint8), [-1]), parts)
                 for w in range(self.num_workers)]
 

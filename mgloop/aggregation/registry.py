@@ -41,10 +41,12 @@ def parse(spec: str) -> tuple[type[Aggregation], Options]:
     return method, options_lib.parse_options(method, options_lib.split(spec)[1], spec)
 
 
-def make(spec: str, devices, transport_dtype: str = "float32") -> Aggregation:
-    """The method `spec` names, with its options, on `devices` (a DeviceSet)."""
+def make(spec: str, devices, transport_dtype: str = "float32", **construction) -> Aggregation:
+    """The method `spec` names, with its options, on `devices` (a DeviceSet); `construction`:
+    what the run gives it besides (base.py's `cluster`, `between_workers`, `traffic`; a
+    compressor's `bucket_bytes`; local steps' `live`: nodes.make)."""
     method, options = parse(spec)
-    return method(devices, options, transport_dtype)
+    return method(devices, options, transport_dtype, **construction)
 
 
 def canonical_spec(spec: str) -> str:
@@ -88,9 +90,7 @@ from mgloop.aggregation.compression import onebit  # noqa: E402,F401
 from mgloop.aggregation.compression import signs  # noqa: E402,F401
 from mgloop.aggregation.compression import powersgd  # noqa: E402,F401
 from mgloop.aggregation.compression import demo  # noqa: E402,F401
-from mgloop.aggregation import validation  # noqa: E402
-from mgloop.aggregation.validation import check_settings  # noqa: E402
+from mgloop.aggregation import validation  # noqa: E402,F401
 
 __all__ = ["Aggregation", "Options", "option", "SHARED", "REPLICATED", "register", "names",
-           "get", "parse", "make", "canonical_spec", "describe", "load_plugins",
-           "check_settings"]
+           "get", "parse", "make", "canonical_spec", "describe", "load_plugins"]

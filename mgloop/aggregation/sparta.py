@@ -115,8 +115,8 @@ class SparseAveraging:
 
     runs_between_processes = True  # ring_mean reaches other processes (peers.py)
 
-    def __init__(self, devices, options=None, transport_dtype="float32"):
-        super().__init__(devices, options, transport_dtype)
+    def __init__(self, devices, options=None, transport_dtype="float32", **construction):
+        super().__init__(devices, options, transport_dtype, **construction)
         self.seed = tf.compat.v1.get_seed(None)[0] or 0  # --seed (set before make)
 
     def build(self, variables):

@@ -1,12 +1,13 @@
 """Which settings combine with a method, decided from its declared capabilities.
 
-`check_settings(config, request, workers)` is called by `Config.validated()`
-before any device or variable exists. It loads `config.plugins` (plugins.py),
-parses `config.aggregation` (options.py), checks the settings that apply to every
-method (`grad_reduce`, `transport_dtype`, `pack_bytes`) against what the method
+`check_method(options, context)` (ExchangeOptions and settings.Context; called by
+exchange_options.check before any device or variable exists) loads `--plugin` modules
+(plugins.py), parses `--aggregation` (options.py), checks the settings that apply to
+every method (`grad_reduce`, `transport_dtype`, `pack_bytes`) against what the method
 declares (base.py's capabilities; never its name), then the method's own
-`check(request, options)`. Every refusal is one ConfigError line naming the flag
-and what would be valid.
+`check(request, options)`. `check_batch_norm` and `check_optimizer` check the method
+with another part's setting (runs/config_checks.py calls them). Every refusal is one
+ConfigError line naming the flag and what would be valid.
 
     --transport_dtype != float32   needs an exchange, a REPLICATED layout (shared variables
                                    are read at float32 by the towers) and
@@ -28,8 +29,6 @@ and what would be valid.
 
 from __future__ import annotations
 
-import dataclasses
-
 from mgloop import aggregation as registry
 from mgloop.aggregation import node_settings
 from mgloop.aggregation import nodes
@@ -38,41 +37,39 @@ from mgloop.aggregation.gather_at_root import TowerCountError
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
-from mgloop.aggregation.exchange_options import GRAD_REDUCE, TRANSPORT_DTYPES  # noqa: F401
+from mgloop.aggregation.exchange_options import (DEFAULT_BUCKET_BYTES, GRAD_REDUCE,
+                                                 TRANSPORT_DTYPES, ExchangeOptions)
 
 
-def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Options]:
-    """Refuses the aggregation settings of `config` (any object with the Config fields
-    read below) that do not combine; returns (the method's class, its options)."""
-    load_plugins(getattr(config, "plugins", ()))
-    method, options = registry.parse(config.aggregation)
-    _choice("grad_reduce", config.grad_reduce, GRAD_REDUCE)
-    _choice("transport_dtype", config.transport_dtype, TRANSPORT_DTYPES)
-    if config.pack_bytes < 0:
-        raise ConfigError(f"--pack_bytes={config.pack_bytes} is out of range: must be >= 0")
-    mode = f"--aggregation={config.aggregation}"
+def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], Options]:
+    """Refuses the aggregation settings that do not combine, on the towers of
+    `context.request` and the workers of `context` (settings.Context); returns (the
+    method's class, its options)."""
+    load_plugins(options.plugins)
+    method, method_options = registry.parse(options.aggregation)
+    _choice("grad_reduce", options.grad_reduce, GRAD_REDUCE)
+    _choice("transport_dtype", options.transport_dtype, TRANSPORT_DTYPES)
+    if options.pack_bytes < 0:
+        raise ConfigError(f"--pack_bytes={options.pack_bytes} is out of range: must be >= 0")
+    mode = f"--aggregation={options.aggregation}"
+    request = context.request
     if request.kind not in method.device_kinds:
         kinds = " or ".join(k.upper() for k in method.device_kinds)
         raise ConfigError(f"{mode} needs {kinds} towers (--devices={request.kind}... gives "
                           f"{request.kind.upper()} towers); methods that run there: "
                           f"{_names(lambda m: request.kind in m.device_kinds)}")
-    _check_transport(config, method, mode)
-    _check_packing(config, method, mode)
-    if config.batch_norm == "sync" and (method.single_loss or not method.exchanges):
-        reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
-                  method.single_loss else "trains each replica alone on its own shard")
-        raise ConfigError(f"--batch_norm=sync with {mode}, which {reason}; use --batch_norm="
-                          "per_tower or a mode that exchanges gradients per tower")
-    if getattr(config, "deterministic", False) and not method.reproducible(options):
+    _check_transport(options.transport_dtype, method, mode)
+    _check_packing(options.pack_bytes, method, mode)
+    if context.deterministic and not method.reproducible(method_options):
         raise ConfigError(f"{mode} reads a clock, which --deterministic forbids; use "
                           "--nodeterministic or options that draw from a seed")
-    participants = node_settings.check_settings(config, request, workers)  # one per node, or tower
+    participants = node_settings.check_nodes(options, context)  # one per node, or tower
     try:
-        method.check(participants, options)
+        method.check(participants, method_options)
     except ConfigError as error:
         if participants is request:
             raise
-        several = workers is not None and workers.num_workers > 1
+        several = context.num_workers > 1
         count = participants.num_towers
         if isinstance(error, TowerCountError):  # said of the nodes, with what would run
             raise ConfigError(error.at_nodes(
@@ -83,14 +80,10 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
                  else f"the {count} nodes of --nodes")
         raise ConfigError(f"{error} (at --method_at=nodes the method's towers are "
                           f"{where})") from None
-    optimizer = getattr(config, "optimizer", "sgd")
-    if method.applies_momentum(options) and isinstance(optimizer, str) and optimizer != "sgd":
-        raise ConfigError(f"{mode} applies momentum itself, so --optimizer={optimizer} would "
-                          "apply a second one on top; use --optimizer=sgd (or the method's "
-                          "momentum=0)")
-    if (workers is not None and workers.num_workers > 1 and not method.across_workers
-            and not nodes.method_at_nodes(config, workers.num_workers)):
-        where = f"across {workers.num_workers} workers (TF_CONFIG)"
+    workers = context.num_workers
+    if (workers > 1 and not method.across_workers
+            and not nodes.method_at_nodes(options, workers)):
+        where = f"across {workers} workers (TF_CONFIG)"
         if method.single_loss:
             reason = "the single-loss baseline runs in one process; use a tower-loop mode"
         elif not method.exchanges:
@@ -102,11 +95,32 @@ def check_settings(config, request, workers=None) -> tuple[type[Aggregation], Op
                       "node: the default for it) or one of: "
                       + _names(lambda m: m.across_workers))
         raise ConfigError(f"{mode} {where}: {reason}")
-    return method, options
+    return method, method_options
 
 
-def _check_transport(config, method: type[Aggregation], mode: str) -> None:
-    dtype = config.transport_dtype
+def check_batch_norm(options: ExchangeOptions, batch_norm: str) -> None:
+    """--batch_norm=sync needs per-tower losses and an exchange (the method's)."""
+    method = registry.get(options.aggregation)
+    if batch_norm == "sync" and (method.single_loss or not method.exchanges):
+        reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
+                  method.single_loss else "trains each replica alone on its own shard")
+        raise ConfigError(f"--batch_norm=sync with --aggregation={options.aggregation}, which "
+                          f"{reason}; use --batch_norm=per_tower or a mode that exchanges "
+                          "gradients per tower")
+
+
+def check_optimizer(options: ExchangeOptions, optimizer) -> None:
+    """A method that applies momentum itself needs --optimizer=sgd (`optimizer`: its name,
+    or a Keras optimizer a user gives, which is not checked)."""
+    method, method_options = registry.parse(options.aggregation)
+    if (method.applies_momentum(method_options) and isinstance(optimizer, str)
+            and optimizer != "sgd"):
+        raise ConfigError(f"--aggregation={options.aggregation} applies momentum itself, so "
+                          f"--optimizer={optimizer} would apply a second one on top; use "
+                          "--optimizer=sgd (or the method's momentum=0)")
+
+
+def _check_transport(dtype: str, method: type[Aggregation], mode: str) -> None:
     if dtype == "float32":
         return
     if not method.exchanges:
@@ -123,24 +137,16 @@ def _check_transport(config, method: type[Aggregation], mode: str) -> None:
                           f"{compressing} for compressed transport")
 
 
-def _check_packing(config, method: type[Aggregation], mode: str) -> None:
-    if not config.pack_bytes or config.pack_bytes == _default(config, "pack_bytes"):
+def _check_packing(pack_bytes: int, method: type[Aggregation], mode: str) -> None:
+    if not pack_bytes or pack_bytes == DEFAULT_BUCKET_BYTES:  # the default: simply not applied
         return
     if not method.exchanges:
-        raise ConfigError(f"--pack_bytes={config.pack_bytes} means nothing with {mode}, which "
+        raise ConfigError(f"--pack_bytes={pack_bytes} means nothing with {mode}, which "
                           "exchanges no gradients; leave it at 0")
     if not method.summable and not method.buckets_payloads:
-        raise ConfigError(f"--pack_bytes={config.pack_bytes} with {mode}: "
+        raise ConfigError(f"--pack_bytes={pack_bytes} with {mode}: "
                           f"{method.unsummable_reason}; use a summable method ("
                           f"{_names(lambda m: m.summable and m.exchanges)}) or --pack_bytes=0")
-
-
-def _default(config, name: str):
-    if dataclasses.is_dataclass(config):
-        field = {f.name: f for f in dataclasses.fields(config)}.get(name)
-        if field is not None and field.default is not dataclasses.MISSING:
-            return field.default
-    return 0
 
 
 def _names(keep) -> str:

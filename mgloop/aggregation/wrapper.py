@@ -17,13 +17,13 @@ class Wrapper(Aggregation):
     """`inner` presented on the towers of `devices` (a subclass implements `reduce` and,
     where it differs from the inner method's, `parameter_devices`)."""
 
-    def __init__(self, inner: Aggregation, devices):
+    def __init__(self, inner: Aggregation, devices, cluster=None):
         self.options_type = inner.options_type
-        super().__init__(devices, inner.options, inner.transport_dtype.name)
+        super().__init__(devices, inner.options, inner.transport_dtype.name, cluster=cluster,
+                         traffic=inner.traffic)  # one set of counts for both
         self.inner, self.name = inner, inner.name
         for capability in CAPABILITIES:  # the method's, as declared
             setattr(self, capability, getattr(inner, capability))
-        self.traffic = inner.traffic  # one set of counts for both
 
     def parameter_devices(self):
         """Shared: the inner method's copy. Replicated: one copy per device of the towers

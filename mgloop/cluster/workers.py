@@ -203,12 +203,12 @@ def start(cluster: Cluster) -> None:
     from tensorflow.core.protobuf import tensorflow_server_pb2
     from tensorflow.python.eager import context
 
-    config = config_pb2.ConfigProto()
-    config.CopyFrom(context.context().config)  # keeps the logical device configuration
-    config.experimental.collective_group_leader = cluster.task(0)
+    session = config_pb2.ConfigProto()
+    session.CopyFrom(context.context().config)  # keeps the logical device configuration
+    session.experimental.collective_group_leader = cluster.task(0)
     cluster_spec = tf.train.ClusterSpec({JOB: list(cluster.workers)})
     server_def = tensorflow_server_pb2.ServerDef(
-        cluster=cluster_spec.as_cluster_def(), default_session_config=config, job_name=JOB,
+        cluster=cluster_spec.as_cluster_def(), default_session_config=session, job_name=JOB,
         task_index=cluster.index, protocol="grpc")
     context.context().enable_collective_ops(server_def)
     context.context().ensure_initialized()  # the server listens from here on

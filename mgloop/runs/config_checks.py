@@ -1,14 +1,15 @@
 """The gate between settings and TensorFlow: `validated(config)`, which `Config.validated()`
 (config.py) runs.
 
-It asks each package to check its own part of the settings (`check(options, context)`,
-settings.Context: what the run is beside them) and each remaining module its own
-(`check_settings(config)`), checks the combinations, resolves the defaults that depend on
-the machine (tower count, global batch, logdir), and raises `ConfigError` with one line
-naming the flag and what would be valid. It creates no device and no variable; its only
-side effect is creating the logdir it has checked (run_dir.py, which also compares a
-resumed run's settings with its checkpoints' run; neither with `on_disk` False). The
-settings themselves, each with its help line, are config.py's.
+A loop over the parts: each package checks its own part (`check(options, context)`, where
+`settings.Context` holds what the run is beside it: the devices, the workers, the tower
+count, the seed) and returns it with the defaults that depend on the machine resolved (tower
+count, global batch, data folder, a model's sizes, the plugins); the loop's own settings
+are checked here. Then the combinations of parts, each an explicit call naming the values it
+compares; then the folders on disk. A refusal is a `ConfigError` with one line naming the
+flag and what would be valid. Nothing here creates a device or a variable; the only side
+effect is creating the logdir it has checked (run_dir.py, which also compares a resumed run's
+settings with its checkpoints' run; neither with `on_disk` False).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from mgloop import aggregation
 from mgloop import data
 from mgloop import models
+from mgloop.aggregation import exchange_options
 from mgloop.aggregation import node_failures
 from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import validation as exchange_checks
 from mgloop.cluster import devices
+from mgloop.cluster import options as cluster_options
 from mgloop.cluster import workers as cluster
 from mgloop.data import options as data_options
 from mgloop.errors import ConfigError
@@ -42,77 +45,89 @@ from mgloop.step.hooks import attacks as byzantine
 if TYPE_CHECKING:
     from mgloop.runs.config import Config
 
-MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see _check_cluster)
 # numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
 MAX_SEED = 2**32 - 1
+# The parts each package checks, in this order: the exchange first, as it loads the --plugin
+# modules, which may register the datasets and models checked after it.
+PART_CHECKS = (("exchange", exchange_options.check), ("step", step_options.check),
+               ("models", model_options.check), ("optim", optim_options.check),
+               ("observe", observe_options.check), ("data", data_options.check))
 
 
 def validated(config: Config, on_disk: bool = True) -> Config:
     """Checks every setting of `config`; returns a copy with machine-dependent defaults
-    resolved. Each module checks its own settings, in this order; then the combinations
-    that involve the aggregation method and several workers; then the folders on disk
+    resolved: the parts, then the loop's settings, then the combinations, then the folders
     (`on_disk` False: checked creatable, none made, no checkpoints compared; the logdir
     is left as given)."""
-    check_finite(config)  # NaN and inf pass every comparison: refused once, here
-    _check_range("towers_per_device", config.towers_per_device, low=1)
-    request = devices.parse(config.devices, config.towers_per_device)
-    workers = cluster.from_environment()
-    num_workers = workers.num_workers if workers else 1
-    towers = request.num_towers * num_workers
-    devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
-                                     if config.towers_per_device > 1 else "")
-    if workers is not None:  # towers = workers x devices x K, every shard B / towers
-        devices_flag += f" on each of {num_workers} workers"
-    context = Context(request=request, workers=workers, num_workers=num_workers,
-                      num_towers=towers, devices_flag=devices_flag, seed=config.seed,
-                      deterministic=config.deterministic)
-    # --plugin modules loaded, then the method, its options and what combines with it
-    aggregation.check_settings(config, request, workers)
-    node_failures.check_settings(config, workers, request)  # --node_failures: the nodes' schedule
-    step_options.check(config.step, context)
-    at_nodes = node_level.method_at_nodes(config, num_workers)  # each worker is a node, if several
-    num_nodes = num_workers if num_workers > 1 else config.nodes
-    vectorized_towers.check_method(config.aggregation, request, at_nodes, config.nodes,
-                                   config.within_node)
-    compiled_towers.check_method(config.step, config.aggregation)
-    if at_nodes:
-        byzantine.check_units(config.step, num_nodes, "nodes (the method is between nodes)",
-                              config.aggregation, num_workers)
-    else:
-        byzantine.check_units(config.step, towers, "towers", config.aggregation, num_workers)
-    model_part = model_options.check(config.models, context)
-    controller.check_settings(config)
-    optim_options.check(config.optim, context)
-    optim_options.check_warmup(config.optim, config.train_steps)  # after --train_steps
-    for module in (checkpoint, monitor):
-        module.check_settings(config)  # the settings the module uses
-    observe_options.check(config.observe, context)
-    _check_range("seed", config.seed, low=0, high=MAX_SEED)
-    data_part = data_options.check(config.data, context)
-    data.check_model(data_part, model_part.model)  # the dataset feeds the model
-    models.check_data(model_part, data_part.dataset, data_part.sequence_length)
-    hardware.parse_speeds(config.node_speeds, num_nodes)  # one factor per node
-    _check_cluster(config, workers)
+    for part in dataclasses.fields(config):  # NaN and inf pass every comparison: refused
+        check_finite(getattr(config, part.name))  # once, here, in every part
+    # towers per device and timeouts: before the devices are parsed (no fact of the run needed)
+    parts = {"cluster": cluster_options.check(config.cluster, Context())}
+    context = _context(config)
+    for name, check in PART_CHECKS:
+        parts[name] = check(getattr(config, name), context)
+    _check_loop(config)
+    _check_combinations(config, context, parts)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
               else run_dir.check_creatable(config.logdir, config.export_dir))
-    resolved = dataclasses.replace(
-        config, data=data_part, models=model_part, logdir=logdir,
-        plugins=aggregation.plugins.plugin_list(config.plugins))
+    resolved = type(config)(**parts, loop=dataclasses.replace(config.loop, logdir=logdir))
     if on_disk:
         run_dir.check_resumable(resolved)
     return resolved
 
 
-def _check_cluster(config: Config, workers: cluster.Cluster | None) -> None:
+def _context(config: Config) -> Context:
+    """The facts of the run the parts' checks may use: the devices (one worker's), the
+    workers, the towers over all of them, the seed."""
+    request = devices.parse(config.devices, config.towers_per_device)
+    workers = cluster.from_environment()
+    num_workers = workers.num_workers if workers else 1
+    devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
+                                     if config.towers_per_device > 1 else "")
+    if workers is not None:  # towers = workers x devices x K, every shard B / towers
+        devices_flag += f" on each of {num_workers} workers"
+    return Context(request=request, workers=workers, num_workers=num_workers,
+                   num_towers=request.num_towers * num_workers, devices_flag=devices_flag,
+                   seed=config.seed, deterministic=config.deterministic)
+
+
+def _check_loop(config: Config) -> None:
+    """The loop's own settings (runs/: steps per call, checkpoints, profiles, the seed)."""
+    for module in (controller, checkpoint, monitor):
+        module.check_settings(config)
+    _check_range("seed", config.seed, low=0, high=MAX_SEED)
+
+
+def _check_combinations(config: Config, context: Context, parts: dict) -> None:
+    """What one part's settings mean for another's, each call naming what it compares."""
+    exchange, step = parts["exchange"], parts["step"]
+    exchange_checks.check_batch_norm(exchange, step.batch_norm)
+    exchange_checks.check_optimizer(exchange, parts["optim"].optimizer)
+    node_failures.check_schedule(exchange, config.train_steps, context)  # over the run's steps
+    at_nodes = node_level.method_at_nodes(exchange, context.num_workers)  # each worker a node
+    num_nodes = context.num_workers if context.num_workers > 1 else exchange.nodes
+    vectorized_towers.check_method(exchange.aggregation, context.request, at_nodes,
+                                   exchange.nodes, exchange.within_node)
+    compiled_towers.check_method(step, exchange.aggregation)
+    if at_nodes:
+        byzantine.check_units(step, num_nodes, "nodes (the method is between nodes)",
+                              exchange.aggregation, context.num_workers)
+    else:
+        byzantine.check_units(step, context.num_towers, "towers", exchange.aggregation,
+                              context.num_workers)
+    optim_options.check_warmup(parts["optim"], config.train_steps)  # after --train_steps
+    data_part, model_part = parts["data"], parts["models"]
+    data.check_model(data_part, model_part.model)  # the dataset feeds the model
+    models.check_data(model_part, data_part.dataset, data_part.sequence_length)
+    hardware.parse_speeds(parts["observe"].node_speeds, num_nodes)  # one factor per node
+    _check_cluster(step, context.workers)
+
+
+def _check_cluster(step: step_options.StepOptions, workers: cluster.Cluster | None) -> None:
     """What several processes cannot do (yet), refused before anything starts."""
-    _check_range("startup_timeout", config.startup_timeout, low=0.0, low_open=True)
-    # A peer is declared lost after this many seconds without an answer to the health checks,
-    # made every max(0.5, timeout / 4) s (peer_health.py): under 5 s, four checks in a row of
-    # a loaded but healthy peer could miss, so shorter timeouts are refused.
-    _check_range("collective_timeout", config.collective_timeout, low=MIN_PEER_TIMEOUT)
     if workers is None or workers.num_workers == 1:
         return
-    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: check_settings
-    if config.batch_norm == "sync":
+    where = f"across {workers.num_workers} workers (TF_CONFIG)"  # the method: exchange checks
+    if step.batch_norm == "sync":
         raise ConfigError(f"--batch_norm=sync {where}: statistics are synchronised across one "
                           "worker's towers only; use --batch_norm=per_tower")

@@ -25,8 +25,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import nodes
-from mgloop.aggregation.cross_worker import CrossWorker
+from mgloop.aggregation import node_failures, nodes
 from mgloop.cluster import devices
 from mgloop.cluster import peer_health
 from mgloop.cluster import workers as cluster
@@ -98,9 +97,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                          f"asks for {asked} per process: make it with devices.setup("
                          "devices.parse(config.devices, config.towers_per_device))")
     seed_everything(config.seed, config.deterministic)
-    method = nodes.make(config, device_set, aggregation.make, workers)
-    if workers is not None and workers.num_workers > 1:
-        method = CrossWorker(method, workers)
+    method = nodes.make(config.exchange, device_set, aggregation.make, workers,
+                        node_failures.schedule_of(config.exchange, config.train_steps))
     optimizer_fn = functools.partial(optim.make_optimizer, config.optim, config.train_steps)
     return assemble.build(model_fn, loss_fn, method, optimizer_fn, input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,

@@ -126,8 +126,6 @@ class Compressed(Aggregation):
     own_state_keys: ClassVar[tuple[str, ...]] = ()  # extra_state of a node's own (rejoined)
     buckets_payloads = True  # gathered wires travel in buckets of `bucket_bytes`
     runs_between_processes = True  # its transports reach other processes (peers.py)
-    # --pack_bytes (nodes.make): bytes of a bucket of gathered wires; 0: one send per part
-    bucket_bytes: int = 0
 
     # ---- bit-packing (on the wire only; compress/decompress see the payload itself) ----
     def pack(self, payload: tuple, site: Site) -> tuple:
@@ -145,8 +143,10 @@ class Compressed(Aggregation):
             return values, tf.cast(index, tf.int32)
         return wire
 
-    def __init__(self, devices, options=None, transport_dtype="float32"):
-        super().__init__(devices, options, transport_dtype)
+    def __init__(self, devices, options=None, transport_dtype="float32", bucket_bytes: int = 0,
+                 **construction):
+        super().__init__(devices, options, transport_dtype, **construction)
+        self.bucket_bytes = bucket_bytes  # --pack_bytes: of gathered wires; 0: a send per part
         self.seed = tf.compat.v1.get_seed(None)[0] or 0  # --seed (set before make)
         self.residuals, self.extra, self.steps = [], [], []
 
@@ -200,7 +200,7 @@ class Compressed(Aggregation):
 
     @property
     def all_towers(self) -> int:
-        """T over every worker (cross_worker.py sets `cluster` on its local stage)."""
+        """T over every worker (`cluster`: cross_worker.py's local stage)."""
         return self.num_towers * (self.cluster.num_workers if self.cluster else 1)
 
     @property

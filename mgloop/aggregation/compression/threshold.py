@@ -67,8 +67,8 @@ class Threshold(Compressed):
     sparse_payload = True  # (values, indices), indices packed at the narrowest type
     buckets_payloads = False  # one payload buffer per step for every variable already
 
-    def __init__(self, devices, options=None, transport_dtype="float32"):
-        super().__init__(devices, options, transport_dtype)
+    def __init__(self, devices, options=None, transport_dtype="float32", **construction):
+        super().__init__(devices, options, transport_dtype, **construction)
         self.measured = MeasuredBytes(self.name)
 
     @classmethod
