@@ -29,7 +29,8 @@ MAY_IMPORT = {
     "spec": {"ground"},
     "data": {"ground"},
     "models": {"ground", "data"},  # a text model's vocabulary
-    "aggregation": {"ground", "cluster.devices", "cluster.workers", "spec.variables"},
+    "aggregation": {"ground", "cluster.devices", "cluster.workers", "cluster.nodes",
+                    "spec.variables"},
     "observe": {"ground", "cluster", "spec", "data",
                 "aggregation.traffic", "aggregation.base"},  # the methods' byte counts
     "step": {"ground", "cluster", "spec", "data", "aggregation", "models", "observe"},

@@ -15,6 +15,7 @@ the other way round.
 
 
 import importlib
+import importlib.util
 
 _BODY = "mgloop.aggregation.registry"
 
@@ -24,6 +25,8 @@ def __getattr__(name):
     importing `mgloop.aggregation.exchange_options` (a settings part: plain Python) loads no TensorFlow."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
+        return importlib.import_module(f"{__name__}.{name}")
     body = importlib.import_module(_BODY)
     try:
         return getattr(body, name)

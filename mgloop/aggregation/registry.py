@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options, option
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
@@ -22,13 +24,21 @@ def register(cls: type[Aggregation]) -> type[Aggregation]:
     return cls
 
 
+def _load_builtins() -> None:
+    if "ring" not in _REGISTRY:
+        for module in _BUILTINS:
+            importlib.import_module(module)
+
+
 def names() -> list[str]:
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
 def get(spec: str) -> type[Aggregation]:
     """The method class a spec (or a bare name) names."""
     name = options_lib.split(spec)[0]
+    _load_builtins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -61,36 +71,40 @@ def describe(spec: str) -> dict[str, object]:
 
 from mgloop.aggregation import options as options_lib  # noqa: E402
 
-# Registration happens on import; keep this list in the order of docs/methods/.
-from mgloop.aggregation import parameter_server  # noqa: E402,F401
-from mgloop.aggregation import reduce_broadcast  # noqa: E402,F401
-from mgloop.aggregation import ring  # noqa: E402,F401
-from mgloop.aggregation import hierarchical  # noqa: E402,F401
-from mgloop.aggregation import collective  # noqa: E402,F401
-from mgloop.aggregation import independent  # noqa: E402,F401
-from mgloop.aggregation import local_steps  # noqa: E402,F401
-from mgloop.aggregation import streaming_diloco  # noqa: E402,F401
-from mgloop.aggregation import sparta  # noqa: E402,F401
-from mgloop.aggregation import sparseloco  # noqa: E402,F401
-from mgloop.aggregation import stale  # noqa: E402,F401
-from mgloop.aggregation import colocate  # noqa: E402,F401
-from mgloop.aggregation import adasum  # noqa: E402,F401
-from mgloop.aggregation import median  # noqa: E402,F401
-from mgloop.aggregation import trimmed_mean  # noqa: E402,F401
-from mgloop.aggregation import krum  # noqa: E402,F401
-from mgloop.aggregation import bulyan  # noqa: E402,F401
-from mgloop.aggregation import geomedian  # noqa: E402,F401
-from mgloop.aggregation import centered_clipping  # noqa: E402,F401
-from mgloop.aggregation.compression import topk  # noqa: E402,F401
-from mgloop.aggregation.compression import randomk  # noqa: E402,F401
-from mgloop.aggregation.compression import threshold  # noqa: E402,F401
-from mgloop.aggregation.compression import dgc  # noqa: E402,F401
-from mgloop.aggregation.compression import qsgd  # noqa: E402,F401
-from mgloop.aggregation.compression import onebit  # noqa: E402,F401
-from mgloop.aggregation.compression import signs  # noqa: E402,F401
-from mgloop.aggregation.compression import powersgd  # noqa: E402,F401
-from mgloop.aggregation.compression import demo  # noqa: E402,F401
-from mgloop.aggregation import validation  # noqa: E402,F401
+# The built-in methods register themselves on import, loaded on the first lookup (so that a
+# method's module imported first finds `register` here); in the order of docs/methods/.
+_BUILTINS = (
+    "mgloop.aggregation.parameter_server",
+    "mgloop.aggregation.reduce_broadcast",
+    "mgloop.aggregation.ring",
+    "mgloop.aggregation.hierarchical",
+    "mgloop.aggregation.collective",
+    "mgloop.aggregation.independent",
+    "mgloop.aggregation.local_steps",
+    "mgloop.aggregation.streaming_diloco",
+    "mgloop.aggregation.sparta",
+    "mgloop.aggregation.sparseloco",
+    "mgloop.aggregation.stale",
+    "mgloop.aggregation.colocate",
+    "mgloop.aggregation.adasum",
+    "mgloop.aggregation.median",
+    "mgloop.aggregation.trimmed_mean",
+    "mgloop.aggregation.krum",
+    "mgloop.aggregation.bulyan",
+    "mgloop.aggregation.geomedian",
+    "mgloop.aggregation.centered_clipping",
+    "mgloop.aggregation.compression.topk",
+    "mgloop.aggregation.compression.randomk",
+    "mgloop.aggregation.compression.threshold",
+    "mgloop.aggregation.compression.dgc",
+    "mgloop.aggregation.compression.qsgd",
+    "mgloop.aggregation.compression.onebit",
+    "mgloop.aggregation.compression.signs",
+    "mgloop.aggregation.compression.powersgd",
+    "mgloop.aggregation.compression.demo",
+    "mgloop.aggregation.validation",
+)
+
 
 __all__ = ["Aggregation", "Options", "option", "SHARED", "REPLICATED", "register", "names",
            "get", "parse", "make", "canonical_spec", "describe", "load_plugins"]

@@ -22,6 +22,7 @@ May import: ground modules only. Every package above reads data through here.
 
 
 import importlib
+import importlib.util
 
 _BODY = "mgloop.data.catalog"
 
@@ -31,6 +32,8 @@ def __getattr__(name):
     importing `mgloop.data.options` (a settings part: plain Python) loads no TensorFlow."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
+        return importlib.import_module(f"{__name__}.{name}")
     body = importlib.import_module(_BODY)
     try:
         return getattr(body, name)

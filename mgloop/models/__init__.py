@@ -9,6 +9,7 @@ May import: ground modules and data/.
 
 
 import importlib
+import importlib.util
 
 _BODY = "mgloop.models.registry"
 
@@ -18,6 +19,8 @@ def __getattr__(name):
     importing `mgloop.models.options` (a settings part: plain Python) loads no TensorFlow."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
+        return importlib.import_module(f"{__name__}.{name}")
     body = importlib.import_module(_BODY)
     try:
         return getattr(body, name)

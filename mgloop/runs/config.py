@@ -127,6 +127,10 @@ class Config:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(object.__getattribute__(self, part), name)
 
+    def parts(self) -> dict[str, object]:
+        """{part: its options}, in PARTS order."""
+        return {part: getattr(self, part) for part in PARTS}
+
     def flat(self) -> dict[str, object]:
         """{setting: value} of every setting (summary.json, config.json, the HParams)."""
         return {field.name: getattr(getattr(self, _OWNER[field.name]), field.name)
@@ -139,7 +143,7 @@ class Config:
 
     def replace(self, **settings) -> "Config":
         """A copy with the given flat settings changed."""
-        return Config(**{part: getattr(self, part) for part in PARTS}, **settings)
+        return Config(**self.parts(), **settings)
 
     @property
     def num_towers(self) -> int:

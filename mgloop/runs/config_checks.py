@@ -59,13 +59,14 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     resolved: the parts, then the loop's settings, then the combinations, then the folders
     (`on_disk` False: checked creatable, none made, no checkpoints compared; the logdir
     is left as given)."""
-    for part in dataclasses.fields(config):  # NaN and inf pass every comparison: refused
-        check_finite(getattr(config, part.name))  # once, here, in every part
+    for options in config.parts().values():  # NaN and inf pass every comparison: refused
+        check_finite(options)  # once, here, in every part
     # towers per device and timeouts: before the devices are parsed (no fact of the run needed)
     parts = {"cluster": cluster_options.check(config.cluster, Context())}
     context = _context(config)
+    given = config.parts()
     for name, check in PART_CHECKS:
-        parts[name] = check(getattr(config, name), context)
+        parts[name] = check(given[name], context)
     _check_loop(config)
     _check_combinations(config, context, parts)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
