@@ -202,12 +202,11 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
                                 step.exchange, streams, compiled)
             names = stats.names
         train_loop = loop.Loop(step, staging, metrics, sampled, names)
-    trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
-                                                                           metrics), streams)
-    trainer.spec = spec
-    if failures:  # one log line per leave and return
-        trainer.train_loop = failures.logging_loop(trainer.train_loop, replicas.global_step)
-    return trainer
+    return Trainer(replicas, step, train_loop,
+                   inference.TowerInference(replicas, loss_fn, metrics), streams, spec,
+                   # one log line per leave and return
+                   failures.logging_loop(train_loop.train_loop, replicas.global_step)
+                   if failures else None)
 
 
 def _towers_per_node(aggregation) -> int:
