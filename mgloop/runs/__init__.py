@@ -8,7 +8,8 @@ run folders, and sweeps of runs.
     run_end.py               a run's end: final measures, summary.json, stopped or finished runs
     step_flops.py            the compute per step of --compute (the step traced for its FLOPs)
     assemble.py, trainer.py  the step and its hooks put together from a Config
-    loop.py, controller.py, monitor.py, callbacks.py   the outer loop and what it reports
+    loop.py, controller.py, windows.py, monitor.py, callbacks.py   the outer loop and what
+                             it reports
     checkpoint.py, node_checkpoint.py   tf.train checkpoints, never half-written
     checkpoint_files.py      the checkpoints folder's files: steps, damage, state file, leftovers
     export.py                the template model as one Keras file, never half-written

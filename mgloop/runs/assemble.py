@@ -10,6 +10,7 @@ large-gradient hooks (its statistics need every tower's whole gradient).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 from absl import logging
@@ -123,23 +124,65 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     `loss_fn`, `metrics`, `optimizer` (a Keras optimizer, name or factory): as given, else
     the compiled model's, else the default cross-entropy, accuracy where the loss defines
     it, and `optimizer_fn` (training_spec.py; `Trainer.spec` says which were used).
-    `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step."""
-    single_loss = aggregation.single_loss
-    model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
-    aggregation.check_model(model.trainable_variables)  # before any copy: one line if not
-    spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
-                                 optimizer_fn, input_shape)
-    loss_fn, metrics = spec.loss_fn, spec.metrics
-    attack = byzantine_lib.parse_attack(config.attack)
-    # labelflip's C: known once the template and the loss are, refused before any copy
-    classes = (byzantine_lib.label_classes(loss_fn, model, input_shape)
-               if config.byzantine_towers and attack.name == "labelflip" else None)
-    if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
-        vectorize.probe(model, input_shape)  # before any copy: one line if it cannot
+    `hooks`: a user's own hooks (hooks/__init__.py), after mgloop's, in every step.
+    Top to bottom: the template and what it trains with (all refusals before any copy),
+    the copies, the hooks of every step, the passes and staging, the step and its loop."""
+    model, spec, attack, classes = template_and_spec(
+        model_fn, loss_fn, aggregation, optimizer_fn, input_shape, config, metrics, optimizer)
     replicas = Replicas(model, aggregation, spec.optimizer_fn)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
     streams = random_streams_lib.RandomStreams(model, first_tower)
+    common = common_hooks(config, model, replicas, attack, classes, first_tower, hooks)
+    compiled = compiled_pass(config, common.hooks)
+    passes = micro_batch_passes(config, replicas, common.units, spec.metrics)
+    staging = staging or staging_lib.make("device", 2, replicas.tower_devices,
+                                          config.accumulation_steps)
+    parts = StepParts(replicas, spec.loss_fn, spec.metrics, common, passes, streams, compiled)
+    step, train_loop = (single_loss_loop(config, parts, staging) if aggregation.single_loss
+                        else tower_loop(config, parts, staging))
+    return Trainer(replicas, step, train_loop,
+                   inference.TowerInference(replicas, spec.loss_fn, spec.metrics), streams, spec,
+                   # one log line per leave and return
+                   common.failures.logging_loop(train_loop.train_loop, replicas.global_step)
+                   if common.failures else None)
+
+
+def template_and_spec(model_fn, loss_fn, aggregation: Aggregation, optimizer_fn, input_shape,
+                      config: Config, metrics, optimizer) -> tuple:
+    """(the template model, the training spec, the attack, labelflip's classes or None): the
+    model checked by the method and, with several towers per copy, by the vectorizer, all
+    before any copy (one line if refused)."""
+    model = template_model(model_fn, aggregation, input_shape, config.mixed_precision)
+    aggregation.check_model(model.trainable_variables)  # before any copy: one line if not
+    spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
+                                 optimizer_fn, input_shape)
+    attack = byzantine_lib.parse_attack(config.attack)
+    # labelflip's C: known once the template and the loss are, refused before any copy
+    classes = (byzantine_lib.label_classes(spec.loss_fn, model, input_shape)
+               if config.byzantine_towers and attack.name == "labelflip" else None)
+    if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
+        vectorize.probe(model, input_shape)  # before any copy: one line if it cannot
+    return model, spec, attack, classes
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonHooks:
+    """The hooks of every step, in data-path order, and what the steps read of them."""
+
+    hooks: list
+    units: list  # where a step's gradients are: the host (single loss), else the towers
+    byzantine: ByzantineTowers | None  # --byzantine_towers' attack, read by the statistics
+    loss_scaling: bool
+    failures: object  # the nodes' failure schedule (node_failures.py), or None
+
+
+def common_hooks(config: Config, model, replicas: Replicas, attack, classes, first_tower: int,
+                 hooks: Sequence[Hook]) -> CommonHooks:
+    """mgloop's hooks of every step the config asks for, then the user's `hooks`; refused
+    (one line) where the towers of a device are one vectorized pass and a hook cannot be."""
+    aggregation = replicas.aggregation
+    single_loss = aggregation.single_loss
     units = [aggregation.devices.host] if single_loss else replicas.tower_devices
     common = []  # the hooks of every step, in data-path order
     byzantine = None
@@ -167,47 +210,73 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     common += list(hooks)
     if replicas.towers_per_device > 1:
         vectorized_towers.check_hooks(common)
+    return CommonHooks(common, units, byzantine, loss_scaling, failures)
+
+
+def compiled_pass(config: Config, common: list):
+    """--xla_towers: a tower's pass as one compiled function (its hooks checked), else None."""
     compiled = None
     if config.xla_towers:
         compiled_towers.check_hooks(common)
         compiled = compiled_towers.CompiledPass()
-    passes = (accumulation.one_pass if config.accumulation_steps == 1 else
-              accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
-                                      units, metrics_lib.total_size(metrics),
-                                      aggregation.traffic))
-    staging = staging or staging_lib.make("device", 2, replicas.tower_devices,
-                                          config.accumulation_steps)
+    return compiled
+
+
+def micro_batch_passes(config: Config, replicas: Replicas, units: list, metrics: list):
+    """One pass per step, or --accumulation_steps passes summed (accumulation.py)."""
+    return (accumulation.one_pass if config.accumulation_steps == 1 else
+            accumulation.Accumulate(config.accumulation_steps, replicas.copies[0].trainable,
+                                    units, metrics_lib.total_size(metrics),
+                                    replicas.aggregation.traffic))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepParts:
+    """What a step is made of, whichever kind it is."""
+
+    replicas: Replicas
+    loss_fn: Callable
+    metrics: list
+    common: CommonHooks
+    passes: object  # accumulation.one_pass or an Accumulate
+    streams: random_streams_lib.RandomStreams
+    compiled: object  # compiled_towers.CompiledPass or None
+
+
+def single_loss_loop(config: Config, parts: StepParts, staging) -> tuple:
+    """(the SingleLossStep, its loop): one loss and one gradient, none per tower."""
+    if config.diagnostics:
+        logging.info("--aggregation=%s computes one loss and one gradient, none per tower: "
+                     "no per-tower diagnostics are written", config.aggregation)
+    step = SingleLossStep(parts.replicas, parts.loss_fn, parts.metrics,
+                          Hooks(parts.common.hooks), parts.passes, parts.streams)
+    return step, loop.Loop(step, staging, parts.metrics)
+
+
+def tower_loop(config: Config, parts: StepParts, staging) -> tuple:
+    """(the TowerStep, its loop): the large-gradient hooks where they apply, the exchange,
+    and with --diagnostics the same step with its statistics added (sampled by the loop)."""
+    replicas, loss_fn, metrics = parts.replicas, parts.loss_fn, parts.metrics
+    common, passes, streams = parts.common.hooks, parts.passes, parts.streams
+    aggregation = replicas.aggregation
     average = config.grad_reduce == "mean"
-    if single_loss:
-        if config.diagnostics:
-            logging.info("--aggregation=%s computes one loss and one gradient, none per tower: "
-                         "no per-tower diagnostics are written", config.aggregation)
-        step = SingleLossStep(replicas, loss_fn, metrics, Hooks(common), passes, streams)
-        train_loop = loop.Loop(step, staging, metrics)
-    else:
-        large = large_gradient_hooks(config, replicas, loss_scaling)
-        factors = next((h for h in large if isinstance(h, SufficientFactorsHook)), None)
-        step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
-        step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
-                         exchange_lib.make(aggregation, replicas.copies, average,
-                                           config.pack_bytes, bool(large),
-                                           config.sparse_as_dense), streams, compiled)
-        sampled, names = None, []
-        if config.diagnostics:  # the same step, its statistics added (and sampled)
-            stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
-                                  replicas.copies, leave_out=summed_at_home(large),
-                                  byzantine=byzantine)
-            sampled = TowerStep(replicas, loss_fn, metrics,
-                                Hooks(common + large + [stats], step_hooks.gradients), passes,
-                                step.exchange, streams, compiled)
-            names = stats.names
-        train_loop = loop.Loop(step, staging, metrics, sampled, names)
-    trainer = Trainer(replicas, step, train_loop, inference.TowerInference(replicas, loss_fn,
-                                                                           metrics), streams)
-    trainer.spec = spec
-    if failures:  # one log line per leave and return
-        trainer.train_loop = failures.logging_loop(trainer.train_loop, replicas.global_step)
-    return trainer
+    large = large_gradient_hooks(config, replicas, parts.common.loss_scaling)
+    factors = next((h for h in large if isinstance(h, SufficientFactorsHook)), None)
+    step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
+    step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
+                     exchange_lib.make(aggregation, replicas.copies, average,
+                                       config.pack_bytes, bool(large),
+                                       config.sparse_as_dense), streams, parts.compiled)
+    sampled, names = None, []
+    if config.diagnostics:  # the same step, its statistics added (and sampled)
+        stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
+                              replicas.copies, leave_out=summed_at_home(large),
+                              byzantine=parts.common.byzantine)
+        sampled = TowerStep(replicas, loss_fn, metrics,
+                            Hooks(common + large + [stats], step_hooks.gradients), passes,
+                            step.exchange, streams, parts.compiled)
+        names = stats.names
+    return step, loop.Loop(step, staging, metrics, sampled, names)
 
 
 def _towers_per_node(aggregation) -> int:

@@ -1,23 +1,24 @@
 """The outer loop: runs a Trainer's compiled loops from its step to `train_steps`.
 
 Python runs here once per compiled loop (`Trainer.train_loop`), never per step.
-`fit` chooses each loop's length so that summaries, log lines, checkpoints and
-the monitor's events fall exactly on their step boundaries, sums the loops'
-results into windows (since the last summary, since the last log line), and
-reports speed without tracing: the first loop runs its first step alone (the call
-that traces and first runs the compiled loop) and then its other steps, one loop for
-every window, summary and callback, and every speed (examples/sec, step time, the
-median step a link model's compute comes from) is taken over the steps after that
-first one. A run of one step has nothing but the traced step: it reports no speed
-(None) and says so in one log line. Summaries, checkpoints and the monitor are
-injected, as in Orbit's controller.
+`Controller.train` is a loop over windows of steps, as Orbit's controller: each window
+is one compiled loop, whose length makes summaries, log lines, checkpoints and the
+monitor's events fall exactly on their step boundaries; after it come the actions due
+at its last step (a summary, a log line, a checkpoint, the monitor's evals, histograms
+and profiles, the callbacks, the stop check), each a named helper. The loops' results
+are summed into windows (since the last summary, since the last log line: windows.py).
+Speeds are taken without tracing: the first loop runs its first step alone (the call
+that traces and first runs the compiled loop) and then its other steps, and every speed
+(examples/sec, step time, the median step a link model's compute comes from) is taken
+over the steps after that first one. A run of one step has nothing but the traced step:
+it reports no speed (None) and says so in one log line. What the loop runs is a
+`LoopPlan` (steps and intervals); what it works with (trainer, batches, summaries,
+checkpoints, monitor, stop check, callbacks) is injected as `LoopParts`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import time
 from typing import Callable, Sequence
 
 from absl import logging
@@ -25,9 +26,9 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.runs import failures
-from mgloop.runs.loop import LoopResult
 from mgloop.runs.thinned import Thinned
 from mgloop.runs.trainer import Trainer
+from mgloop.runs.windows import Progress, TimedLoop, Window, run_loop
 from mgloop.settings import in_range
 from mgloop.spec import metrics as metrics_lib
 
@@ -35,44 +36,40 @@ from mgloop.spec import metrics as metrics_lib
 LOOP_TIMES_LIMIT = 4096  # loop times the median step time is taken over, at most
 
 
-@dataclasses.dataclass
-class Window:
-    """Running sums of a metric window (since the last summary or log line)."""
+@dataclasses.dataclass(frozen=True)
+class LoopPlan:
+    """The step a `train` runs to and where its actions fall (every N steps; 0: never)."""
 
-    metrics: list = dataclasses.field(default_factory=list)  # metric objects (metrics.py)
-    steps: int = 0
-    loss_sum: float = 0.0
-    metric_sums: dict = dataclasses.field(default_factory=dict)  # name -> summed state
-    seconds: float = 0.0  # of the timed steps
-    timed_steps: int = 0  # the steps timed: all but the first (traced) step of the run
-    input_wait: float = 0.0
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)  # the last sample
+    train_steps: int  # the last step (earlier if the input ends or a stop is asked)
+    global_batch: int  # examples per step, for the speeds
+    steps_per_loop: int  # the most steps in one compiled loop
+    summary_every: int = 0
+    log_every: int = 0  # (a log line also at train_steps and where the input ended)
+    checkpoint_every: int = 0  # (a checkpoint is also written at the end)
 
-    def add(self, result: LoopResult, seconds: float, timed_steps: int | None = None) -> None:
-        """Adds a loop's sums; `seconds` is the time of its `timed_steps` (default: all of
-        its steps)."""
-        if result.stats:
-            self.stats = dict(result.stats)
-        self.steps += result.steps
-        self.timed_steps += result.steps if timed_steps is None else timed_steps
-        self.loss_sum += result.loss_sum
-        for name, sums in result.metric_sums.items():
-            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + sums
-        self.seconds += seconds
-        self.input_wait += result.input_wait
 
-    def means(self, global_batch: int) -> dict[str, float | None]:
-        """The window's metrics: the mean loss, and each metric (e.g. accuracy) where it is
-        defined on the window's summed states; the speeds over its timed steps (None: none
-        was timed)."""
-        timed = self.timed_steps > 0 and self.seconds > 0
-        return {"loss": self.loss_sum / self.steps,
-                **metrics_lib.results(self.metrics, self.metric_sums),
-                "examples_per_sec": (self.timed_steps * global_batch / self.seconds
-                                     if timed else None),
-                "step_time": self.seconds / self.timed_steps if timed else None,
-                "input_wait": self.input_wait / self.steps,
-                **self.stats}
+@dataclasses.dataclass(frozen=True)
+class LoopParts:
+    """What a `train` works with, injected (None: that action is not taken).
+
+    `batches` yields the global batches from the trainer's current step on; at most
+    `train_steps - start` of them are read (so staging drains at the end instead of holding
+    batches no step will use). `monitor` adds loop boundaries (`stops(step)`), runs
+    `before_loop(step)` / `after_loop(step)` around each loop and adds scalars to each
+    summary (`scalars(step)`). `should_stop()` is asked after every loop that does not end
+    the train (the same number of times on every worker). `callbacks` are called after
+    every loop with (step, that loop's "train/..." and, if it evaluated, "eval/..."
+    metrics); one returning True ends the train there.
+    """
+
+    trainer: Trainer
+    batches: tf.data.Dataset
+    summaries: object = None  # `scalars(step, dict)` (observe/summaries.py)
+    checkpointer: object = None  # `save(step)`, `latest` (checkpoint.py)
+    learning_rate: Callable[[int], float] | None = None  # of a step, in each summary
+    monitor: object = None  # monitor.Monitor
+    should_stop: Callable[[], bool] | None = None  # e.g. a signal (preemption.py)
+    callbacks: Sequence[Callable[[int, dict], bool]] = ()  # callbacks.py
 
 
 @dataclasses.dataclass
@@ -101,159 +98,181 @@ def check_settings(config) -> None:
     in_range("log_every", config.log_every, low=0)
 
 
-def _next_boundary(step: int, every: int) -> int | None:
-    return (step // every + 1) * every if every > 0 else None
-
-
 def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,
         steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
         checkpoint_every: int = 0, summaries=None, checkpointer=None,
         learning_rate: Callable[[int], float] | None = None, monitor=None,
         should_stop: Callable[[], bool] | None = None,
         callbacks: Sequence[Callable[[int, dict], bool]] = ()) -> FitResult:
-    """Runs `trainer` from its current step to `train_steps` on `batches`.
+    """`Controller.train` of the plan and parts given as keywords (LoopPlan, LoopParts)."""
+    plan = LoopPlan(train_steps, global_batch, steps_per_loop, summary_every, log_every,
+                    checkpoint_every)
+    return Controller(plan, LoopParts(trainer, batches, summaries, checkpointer, learning_rate,
+                                      monitor, should_stop, tuple(callbacks))).train()
 
-    `batches` yields the global batches from the trainer's current step on;
-    the fit reads at most `train_steps - start` of them (so staging drains at
-    the end instead of holding batches no step will use) and stops early if
-    they run out. Whatever is still staged when the fit ends (or fails) is
-    dropped: a later fit starts from a fresh iterator at its own step.
-    Summaries (`summaries.scalars(step, dict)`), log lines and checkpoints
-    (`checkpointer.save(step)`) are injected; each falls on multiples of its
-    interval (0 = never), and a checkpoint is always written at the end.
-    `monitor` (diagnostics.Monitor) adds loop boundaries (`stops(step)`), runs
-    `before_loop(step)` / `after_loop(step)` around each loop, and adds scalars
-    to each summary (`scalars(step)`). `should_stop()` is asked after every loop that
-    does not end the fit (the same number of times on every worker); True ends the fit
-    there, with its checkpoint (`FitResult.stopped`). `callbacks` (callbacks.py) are called
-    after every loop with (step, that loop's "train/..." and, if it evaluated, "eval/..."
-    metrics); one returning True ends the fit there (`FitResult.stopped_by`).
-    """
-    start = step = int(trainer.global_step.numpy())
-    iterator = iter(trainer.staging.pipeline(batches.take(max(train_steps - start, 0))))
-    new_window = functools.partial(Window, trainer.metrics)
-    summary_window, log_window, steady, last = (new_window() for _ in range(4))
-    # seconds per step of each loop after the first, an even sample (thinned.py)
-    per_step_times = Thinned(LOOP_TIMES_LIMIT)
-    loop_seconds, first_loop, input_ended, traced_step = 0.0, True, False, None
-    stopped, stopped_by = False, None
-    try:
-        while step < train_steps:
-            stops = [train_steps, step + steps_per_loop] + [
-                b for b in (_next_boundary(step, summary_every), _next_boundary(step, log_every),
-                            _next_boundary(step, checkpoint_every)) if b is not None]
-            if monitor is not None:
-                stops += [b for b in monitor.stops(step) if b > step]
-                monitor.before_loop(step)
-            num = min(stops) - step
-            # --diagnostics: gradient statistics of the last step of each summary window only
-            sample = bool(summary_every) and (step + num) % summary_every == 0
-            result, timed, seconds, traced_seconds = _run_loop(trainer, iterator, num, sample,
-                                                               first_loop)
-            loop_seconds += seconds + traced_seconds
-            if first_loop:
-                traced_step = traced_seconds
-            timed_steps = timed.steps if timed is not None else 0
-            if result.steps < num:
-                input_ended = True
-                logging.warning("the input ended after step %d of %d", step + result.steps,
-                                train_steps)
-            if not result.steps:
-                break
-            if timed_steps and not input_ended:  # (a whole loop's time)
-                per_step_times.append(seconds / timed_steps)
-                steady.add(timed, seconds)
-            first_loop = False
-            step += result.steps
-            if not np.isfinite(result.loss_sum):  # before any summary or checkpoint of it
-                latest = checkpointer.latest if checkpointer is not None else "in --logdir"
-                raise failures.NonFinite(
-                    f"the training loss is {result.loss_sum} in steps {step - result.steps + 1}"
-                    f"..{step}, so no checkpoint is written for them; " + (
-                        f"rerun with the same --logdir and a lower --learning_rate to resume "
-                        f"from the last checkpoint ({latest})" if latest else
-                        "no checkpoint was written yet: rerun with a lower --learning_rate"))
-            for window in (summary_window, log_window):
-                window.add(result, seconds, timed_steps)
-            last = new_window()
-            last.add(result, seconds, timed_steps)
-            if summaries is not None and summary_every and (
-                    step % summary_every == 0 or input_ended):
-                metrics = summary_window.means(global_batch)
-                if learning_rate is not None:
-                    metrics["learning_rate"] = learning_rate(step)
-                if monitor is not None:
-                    metrics.update(monitor.scalars(step))
-                summaries.scalars(step, metrics)
-                summary_window = new_window()
-            if log_every and (step % log_every == 0 or step == train_steps or input_ended):
-                metrics = log_window.means(global_batch)
-                logging.info("step %d/%d  loss %.4f%s  %s  input wait %.1f ms/step  %s", step,
-                             train_steps, metrics["loss"],
-                             metrics_lib.log_text(metrics, trainer.metrics), _speed_text(metrics),
-                             1e3 * metrics["input_wait"], _eta_text(metrics, train_steps - step))
-                log_window = new_window()
-            if checkpointer is not None and checkpoint_every and step % checkpoint_every == 0:
-                checkpointer.save(step)
-            if monitor is not None:
-                monitor.after_loop(step)
-            if callbacks:
-                stopped_by = _call_back(callbacks, step, last.means(global_batch), monitor)
-                if stopped_by is not None and step < train_steps:
+
+class Controller:
+    """Runs `parts.trainer` to `plan.train_steps`, one window of steps per compiled loop."""
+
+    def __init__(self, plan: LoopPlan, parts: LoopParts):
+        self.plan, self.parts = plan, parts
+
+    def train(self) -> FitResult:
+        """Trains from the trainer's step to `plan.train_steps` (earlier: the input ended, a
+        stop was asked, a callback said stop); a checkpoint is always written at the end.
+        Whatever is still staged when it ends (or fails) is dropped: a later train starts
+        from a fresh iterator at its own step."""
+        run = self._begin()
+        try:
+            while run.step < self.plan.train_steps:
+                loop = self._run_window(run)
+                if not loop.result.steps:
                     break
-                stopped_by = None  # at train_steps: the fit ends there anyway
-            if input_ended:
-                break
-            if should_stop is not None and step < train_steps and should_stop():
-                stopped = True
-                break
-    finally:
-        trainer.release_input()
-    if checkpointer is not None and step > start and not (
-            checkpoint_every and step % checkpoint_every == 0):
-        checkpointer.save(step)
-    if step > start and not steady.timed_steps:
-        logging.warning("no step time was measured: the run trained %d step(s) after %d, and "
-                        "the first (it traces the loop) is not timed; examples/sec and the "
-                        "link model's compute and modelled step times are left out (train "
-                        "at least 2 steps for them)", step - start, start)
-    return FitResult(
-        start_step=start, final_step=step,
-        train=last.means(global_batch) if last.steps else {},
-        median_step_time=float(np.median(per_step_times.items)) if per_step_times else None,
-        examples_per_sec=(steady.timed_steps * global_batch / steady.seconds
-                          if steady.timed_steps and steady.seconds > 0 else None),
-        input_wait=steady.input_wait / steady.steps if steady.steps else None,
-        input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
-        loop_seconds=loop_seconds, traced_step_seconds=traced_step,
-        input_ended=input_ended, stopped=stopped,
-        stopped_by=stopped_by)
+                run.add(loop)
+                self._refuse_non_finite(run, loop.result.loss_sum, loop.result.steps)
+                self._maybe_write_summary(run)
+                self._maybe_log(run)
+                self._maybe_save_checkpoint(run.step)
+                self._monitor_after_loop(run.step)
+                if self._should_end(run):
+                    break
+        finally:
+            self.parts.trainer.release_input()
+        self._save_final_checkpoint(run)
+        return self._result(run)
+
+    def _begin(self) -> Progress:
+        trainer = self.parts.trainer
+        start = int(trainer.global_step.numpy())
+        batches = self.parts.batches.take(max(self.plan.train_steps - start, 0))
+        windows = [Window(trainer.metrics) for _ in range(4)]
+        return Progress(start, start, iter(trainer.staging.pipeline(batches)), trainer.metrics,
+                        *windows, Thinned(LOOP_TIMES_LIMIT))
+
+    def _window_length(self, step: int) -> int:
+        """Steps to the nearest boundary: train_steps, steps_per_loop, the next summary, log
+        line or checkpoint, and the monitor's."""
+        plan, monitor = self.plan, self.parts.monitor
+        stops = [plan.train_steps, step + plan.steps_per_loop] + [
+            b for b in (_next_boundary(step, plan.summary_every),
+                        _next_boundary(step, plan.log_every),
+                        _next_boundary(step, plan.checkpoint_every)) if b is not None]
+        if monitor is not None:
+            stops += [b for b in monitor.stops(step) if b > step]
+        return min(stops) - step
+
+    def _run_window(self, run: Progress) -> TimedLoop:
+        """One compiled loop up to the next boundary; notes (one line) an input that ended."""
+        step, every = run.step, self.plan.summary_every
+        num = self._window_length(step)
+        if self.parts.monitor is not None:
+            self.parts.monitor.before_loop(step)
+        # --diagnostics: gradient statistics of the last step of each summary window only
+        sample = bool(every) and (step + num) % every == 0
+        loop = run_loop(self.parts.trainer, run.iterator, num, sample, run.first_loop)
+        run.count_time(loop)
+        if loop.result.steps < num:
+            run.input_ended = True
+            logging.warning("the input ended after step %d of %d", step + loop.result.steps,
+                            self.plan.train_steps)
+        return loop
+
+    def _refuse_non_finite(self, run: Progress, loss_sum: float, steps: int) -> None:
+        """Before any summary or checkpoint of the loop's steps."""
+        if np.isfinite(loss_sum):
+            return
+        checkpointer, step = self.parts.checkpointer, run.step
+        latest = checkpointer.latest if checkpointer is not None else "in --logdir"
+        raise failures.NonFinite(
+            f"the training loss is {loss_sum} in steps {step - steps + 1}"
+            f"..{step}, so no checkpoint is written for them; " + (
+                f"rerun with the same --logdir and a lower --learning_rate to resume "
+                f"from the last checkpoint ({latest})" if latest else
+                "no checkpoint was written yet: rerun with a lower --learning_rate"))
+
+    def _maybe_write_summary(self, run: Progress) -> None:
+        """Every summary_every steps, and where the input ended: the window's means, the
+        learning rate, the monitor's scalars."""
+        parts, step, every = self.parts, run.step, self.plan.summary_every
+        if parts.summaries is None or not every or not (step % every == 0 or run.input_ended):
+            return
+        metrics = run.summary_window.means(self.plan.global_batch)
+        if parts.learning_rate is not None:
+            metrics["learning_rate"] = parts.learning_rate(step)
+        if parts.monitor is not None:
+            metrics.update(parts.monitor.scalars(step))
+        parts.summaries.scalars(step, metrics)
+        run.summary_window = run.window()
+
+    def _maybe_log(self, run: Progress) -> None:
+        """Every log_every steps, at train_steps and where the input ended: one line."""
+        step, every, train_steps = run.step, self.plan.log_every, self.plan.train_steps
+        if not every or not (step % every == 0 or step == train_steps or run.input_ended):
+            return
+        metrics = run.log_window.means(self.plan.global_batch)
+        logging.info("step %d/%d  loss %.4f%s  %s  input wait %.1f ms/step  %s", step,
+                     train_steps, metrics["loss"],
+                     metrics_lib.log_text(metrics, self.parts.trainer.metrics),
+                     _speed_text(metrics), 1e3 * metrics["input_wait"],
+                     _eta_text(metrics, train_steps - step))
+        run.log_window = run.window()
+
+    def _maybe_save_checkpoint(self, step: int) -> None:
+        every = self.plan.checkpoint_every
+        if self.parts.checkpointer is not None and every and step % every == 0:
+            self.parts.checkpointer.save(step)
+
+    def _monitor_after_loop(self, step: int) -> None:
+        """The monitor's evals, histograms, profiles and breakdowns due at `step`."""
+        if self.parts.monitor is not None:
+            self.parts.monitor.after_loop(step)
+
+    def _should_end(self, run: Progress) -> bool:
+        """A callback said stop (before train_steps), the input ended, or a stop was asked."""
+        parts, step, train_steps = self.parts, run.step, self.plan.train_steps
+        if parts.callbacks:
+            run.stopped_by = _call_back(parts.callbacks, step,
+                                        run.last.means(self.plan.global_batch), parts.monitor)
+            if run.stopped_by is not None and step < train_steps:
+                return True
+            run.stopped_by = None  # at train_steps: the train ends there anyway
+        if run.input_ended:
+            return True
+        if parts.should_stop is not None and step < train_steps and parts.should_stop():
+            run.stopped = True
+            return True
+        return False
+
+    def _save_final_checkpoint(self, run: Progress) -> None:
+        """At the last step trained, unless the interval's checkpoint is already there."""
+        every = self.plan.checkpoint_every
+        if self.parts.checkpointer is not None and run.step > run.start and not (
+                every and run.step % every == 0):
+            self.parts.checkpointer.save(run.step)
+
+    def _result(self, run: Progress) -> FitResult:
+        """The train's result; one warning if no step was timed."""
+        steady, batch = run.steady, self.plan.global_batch
+        if run.step > run.start and not steady.timed_steps:
+            logging.warning("no step time was measured: the run trained %d step(s) after %d, "
+                            "and the first (it traces the loop) is not timed; examples/sec and "
+                            "the link model's compute and modelled step times are left out "
+                            "(train at least 2 steps for them)", run.step - run.start, run.start)
+        times = run.per_step_times
+        return FitResult(
+            start_step=run.start, final_step=run.step,
+            train=run.last.means(batch) if run.last.steps else {},
+            median_step_time=float(np.median(times.items)) if times else None,
+            examples_per_sec=(steady.timed_steps * batch / steady.seconds
+                              if steady.timed_steps and steady.seconds > 0 else None),
+            input_wait=steady.input_wait / steady.steps if steady.steps else None,
+            input_wait_fraction=steady.input_wait / steady.seconds if steady.steps else None,
+            loop_seconds=run.loop_seconds, traced_step_seconds=run.traced_step,
+            input_ended=run.input_ended, stopped=run.stopped, stopped_by=run.stopped_by)
 
 
-def _run_loop(trainer: Trainer, iterator, num: int, sample: bool, first: bool):
-    """One loop of `num` steps: (its result, the result of its timed steps or None, their
-    seconds, the seconds of the untimed first step). The run's first loop runs its first
-    step alone (the call that traces the compiled loop), then the others; the two results
-    are one loop's."""
-    traced_seconds, traced = 0.0, None
-    if first:
-        began = time.perf_counter()
-        traced = trainer.train_loop(iterator, 1, sample_stats=sample and num == 1)
-        traced_seconds = time.perf_counter() - began
-        num -= 1
-        if traced.steps < 1 or num == 0:
-            return traced, None, 0.0, traced_seconds
-    began = time.perf_counter()
-    timed = trainer.train_loop(iterator, num, sample_stats=sample)
-    seconds = time.perf_counter() - began
-    if traced is None:
-        return timed, timed, seconds, 0.0
-    result = LoopResult(
-        steps=traced.steps + timed.steps, loss_sum=traced.loss_sum + timed.loss_sum,
-        metric_sums={name: traced.metric_sums[name] + timed.metric_sums[name]
-                     for name in timed.metric_sums},
-        input_wait=traced.input_wait + timed.input_wait, stats=timed.stats)
-    return result, timed, seconds, traced_seconds
+def _next_boundary(step: int, every: int) -> int | None:
+    return (step // every + 1) * every if every > 0 else None
 
 
 def _speed_text(metrics: dict) -> str:

@@ -4,7 +4,7 @@ The staging (staging.py) hands each step its global batch split into T
 contiguous shards of B/T examples, tower 0 first, already on the towers.
 `train_loop` runs up to `num_steps` such steps inside one `tf.function` call (a
 `while` loop in the graph), so Python runs once per loop, not once per step; the outer
-loop (`controller.fit`) chooses loop lengths so that summaries, logs and
+loop (`Controller.train`) chooses loop lengths so that summaries, logs and
 checkpoints fall on their step boundaries.
 
 Input wait, per step, is measured inside the compiled loop with `staging.clock()`
@@ -117,7 +117,7 @@ class Loop:
                                  if bool(out["sampled"]) else {}))
 
     def release_input(self) -> None:
-        """Drops whatever the current iterator has staged (the end of a `fit`)."""
+        """Drops whatever the current iterator has staged (the end of a `Controller.train`)."""
         self.staging.clear()
         self._input = None
 

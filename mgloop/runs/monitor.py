@@ -1,4 +1,4 @@
-"""What the outer loop (`controller.fit`) does between compiled loops for inspection.
+"""What the outer loop (`Controller.train`) does between compiled loops for inspection.
 
 `Monitor` ends loops where it needs a boundary and acts there:
 

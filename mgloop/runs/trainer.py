@@ -5,7 +5,7 @@
     loop       the compiled multi-step loop and its input-wait clock (loop.py)
     inference  evaluate and predict on the towers (inference.py)
     spec       the loss, metrics and optimizer used, and where each came from
-               (training_spec.py; set by assemble.build)
+               (training_spec.py)
 
 Built by `assemble.build` (experiment.build_trainer from a Config).
 """
@@ -19,20 +19,24 @@ from mgloop.step.hooks.loss_scaling import LossScaling
 
 
 class Trainer:
-    def __init__(self, replicas, step, loop, inference, random_streams):
+    """`train_loop`: the loop's, or one wrapping it (e.g. one logging node failures as they
+    happen: aggregation/node_failures.py)."""
+
+    def __init__(self, replicas, step, loop, inference, random_streams, spec,
+                 train_loop=None):
         self.replicas, self.step, self.loop, self.inference = replicas, step, loop, inference
-        self.random_streams = random_streams
+        self.random_streams, self.spec = random_streams, spec  # spec: training_spec.Spec
         # what the rest of mgloop and the tests read
         self.model, self.copies = replicas.model, replicas.copies
         self.aggregation, self.global_step = replicas.aggregation, replicas.global_step
         self.tower_devices, self.num_towers = replicas.tower_devices, replicas.num_towers
         self.loss_fn, self.metrics = step.loss_fn, step.metrics
         self.staging, self.stat_names = loop.staging, loop.stat_names
-        self.train_loop, self.release_input = loop.train_loop, loop.release_input
+        self.train_loop = loop.train_loop if train_loop is None else train_loop
+        self.release_input = loop.release_input
         self.evaluate, self.predict = inference.evaluate, inference.predict
         self.sync_replicas = replicas.sync_replicas
         self.broadcast_from_chief = replicas.broadcast_from_chief
-        self.spec = None  # training_spec.Spec, set by assemble.build
 
     @property
     def workers(self):

@@ -24,8 +24,17 @@ from mgloop.step import towers
 from mgloop.step.hooks import Guard
 
 
+def global_step_on(host: str) -> tf.Variable:
+    """The run's global step (int64: the steps done before the one running; checkpointed) on
+    `host`. The aggregation method takes it at construction and never writes it; the
+    replicas advance it (`advance`)."""
+    with tf.device(host):
+        return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+
+
 class Replicas:
-    """The copies of `model`'s variables for `aggregation`, their optimizers, the step."""
+    """The copies of `model`'s variables for `aggregation`, their optimizers, the step (the
+    method's `step_counter`, made with it: `global_step_on`)."""
 
     def __init__(self, model: keras.Model, aggregation: Aggregation,
                  optimizer_fn: Callable[[], keras.optimizers.Optimizer]):
@@ -36,9 +45,11 @@ class Replicas:
         self.towers_per_device = aggregation.devices.towers_per_device
         self.copies = variables_lib.make_copies(model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
-        with tf.device(aggregation.devices.host):
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        aggregation.step_counter = self.global_step  # read by methods acting every H steps
+        # the counter the method was made with, which it reads to act every H steps
+        self.global_step = aggregation.step_counter
+        if self.global_step is None:  # a method made without one: it reads this one
+            self.global_step = global_step_on(aggregation.devices.host)
+            aggregation.step_counter = self.global_step
         aggregation.build(self.copies[0].trainable)
 
     @property
