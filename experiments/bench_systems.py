@@ -6,7 +6,7 @@ returning its wall-clock seconds (the loop's last result is read back, so
 the time covers the whole loop). Every system reads the same host input
 pipeline (the dataset's `train_batches` for the seed, prefetch 2), starts
 from the seed's initial weights and trains with the same optimizer, schedule
-and loss (mgloop.spec.optim.make_optimizer, mgloop.spec.losses.cross_entropy).
+and loss (mgloop.training.optim.make_optimizer, mgloop.training.losses.cross_entropy).
 
     mgloop:<mode>   mgloop's Trainer with --aggregation=<mode>: train_loop, one compiled
                     call of `steps` steps (a tf.range loop)
@@ -111,7 +111,7 @@ class _Parts:
         from mgloop import data, models
         from mgloop.cluster import devices
         from mgloop.runs import experiment
-        from mgloop.spec import optim
+        from mgloop.training import optim
         self.config = _config(spec)
         self.devices = list(devices.setup(devices.parse(self.config.devices)).towers)
         self.dataset = dataset or data.load(spec.dataset, spec.seed)

@@ -94,7 +94,7 @@ def slope_per_1000(write: callable, writes: int, warmup: int) -> float:
 def make_variant(name: str, logdir: str):
     import tensorflow as tf
     from mgloop.observe import summaries
-    from mgloop.spec import optim
+    from mgloop.training import optim
     from mgloop.runs.config import Config
     values = {tag: 0.5 for tag in TAGS}
     if name == "eager":

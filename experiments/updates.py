@@ -60,8 +60,8 @@ def variables_with_sgd(device: str, values, fused: bool = True):
     beside the variables), or, unless `fused`, with Keras's own `update_step`."""
     import keras
     import tensorflow as tf
-    from mgloop.spec import optim
-    from mgloop.spec.variables import VariableCopy
+    from mgloop.training import optim
+    from mgloop.training.variables import VariableCopy
 
     def sgd():
         return keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)

@@ -4,7 +4,7 @@
     summary = mgloop.run(mgloop.Config(devices="cpu:4", aggregation="ring"))
 
 The package is laid out by purpose, in the order of the data path: cluster/ (where it
-runs), spec/ (what it trains), data/ (what it reads, and staging to the towers),
+runs), training/ (what it trains), data/ (what it reads, and staging to the towers),
 aggregation/ (the methods under study), models/, observe/ (what it shows), step/ (the
 tower loop), runs/ (a run from settings to result); each package's docstring says what
 lives there and what it may import. Entry points: train.py, launch.py, sweep.py.

@@ -1,6 +1,6 @@
 """The name scopes of a training step's phases, by which a profile is read (breakdown.py).
 
-A tiny module of names alone, so that the step (step/tower_step.py) imports it without the
+A tiny module of names alone, so that the step (step/training_step.py) imports it without the
 profiler protobufs breakdown.py reads traces with:
 
     input        taking the batch and staging a later one (staging.py)

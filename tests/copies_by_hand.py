@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop.cluster import devices
-from mgloop.spec.variables import VariableCopy
+from mgloop.training.variables import VariableCopy
 from tests import helpers
 
 F32 = np.float32

@@ -12,7 +12,7 @@ from mgloop import data, models
 from mgloop.runs import config as config_lib
 from mgloop.runs import experiment
 from mgloop.runs import prepare
-from mgloop.spec import optim
+from mgloop.training import optim
 from mgloop.step import precision
 from mgloop.runs.config import Config
 from tests import tolerance

@@ -1,4 +1,4 @@
-"""The data-poisoning and omniscient attacks (byzantine.py, hooks/byzantine.py): labelflip,
+"""The data-poisoning and omniscient attacks (byzantine.py, hooks/attack_hook.py): labelflip,
 alie and ipm against small numpy models of themselves on hand-made labels and gradients,
 what is refused, and one short run per kind of attack against the one-device reference."""
 
@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 import keras
 
-from mgloop.spec import losses
+from mgloop.training import losses
 from mgloop.step.hooks import attacks as byzantine
 from mgloop.data import padding
 from mgloop.errors import ConfigError
-from mgloop.step.hooks.byzantine import ByzantineTowers, flip_labels
+from mgloop.step.hooks.attack_hook import ByzantineTowers, flip_labels
 from tests import helpers, tolerance
 
 

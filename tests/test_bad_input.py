@@ -12,8 +12,8 @@ import mgloop
 from mgloop import aggregation, data
 from mgloop.cluster import devices
 from mgloop.runs import assemble
-from mgloop.spec import model_input
-from mgloop.spec import variables
+from mgloop.training import model_input
+from mgloop.training import variables
 from tests import helpers
 
 

@@ -26,7 +26,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop.runs import experiment, export
-from mgloop.spec import optim
+from mgloop.training import optim
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
 from tests import helpers
 from tests import tolerance

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 import mgloop
 from mgloop.cluster import devices
-from mgloop.spec import metrics
+from mgloop.training import metrics
 from mgloop.runs import callbacks, experiment, export
-from mgloop.spec import losses, training_spec
+from mgloop.training import losses, training_spec
 from mgloop.errors import ConfigError, TensorBranchError
 from tests import helpers
 from tests import tolerance
@@ -322,7 +322,7 @@ def test_keras_optimizer_object_with_a_schedule_gives_each_copy_its_own():
     model, bound = reference(make, keras.optimizers.SGD(schedule, momentum=0.9), loss, steps,
                              per_example)
     assert_weights_match(trainer, model, bound)
-    from mgloop.spec import optim
+    from mgloop.training import optim
     assert optim.current_rate(first)(STEPS) == pytest.approx(0.2 * 0.5 ** STEPS, rel=1e-6)
 
 

@@ -1,5 +1,5 @@
 """Fault injection (`--byzantine_towers`, `--attack`, `--byzantine_choice`; byzantine.py and
-hooks/byzantine.py): what the attacks send, which towers, where it is reported, what is
+hooks/attack_hook.py): what the attacks send, which towers, where it is reported, what is
 refused, and the robustness result of the issue: with one of four towers sign-flipped x10
 the mean fails to learn while the median and Krum learn."""
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 from mgloop.runs import run_dir
 from mgloop.step.hooks import attacks as byzantine
 from mgloop.errors import ConfigError
-from mgloop.step.hooks.byzantine import ByzantineTowers
+from mgloop.step.hooks.attack_hook import ByzantineTowers
 from tests import helpers
 
 

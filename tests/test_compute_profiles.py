@@ -21,7 +21,7 @@ from mgloop.observe import hardware, link_model, link_report, link_scalars
 from mgloop.runs import callbacks, step_flops
 from mgloop.runs.sweep import grid, record, report
 from mgloop.runs.sweep import plan as plan_lib
-from mgloop.spec import losses
+from mgloop.training import losses
 from tests import helpers
 
 INT, FLOAT = tf.int32, tf.float32

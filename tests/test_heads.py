@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop.runs import experiment
-from mgloop.spec import heads, losses, optim
+from mgloop.training import heads, losses, optim
 from mgloop.errors import ConfigError
 from tests import helpers
 from third_party import single_device

@@ -16,7 +16,7 @@ import mgloop
 ROOT = os.path.dirname(mgloop.__file__)
 GROUND = {"errors", "settings", "phases"}
 ENTRY_POINTS = {"train", "launch", "sweep"}
-RANK = {"ground": 0, "cluster": 1, "spec": 1, "data": 1, "aggregation": 2, "models": 2,
+RANK = {"ground": 0, "cluster": 1, "training": 1, "data": 1, "aggregation": 2, "models": 2,
         "observe": 3, "step": 4, "runs": 5, "entry": 6}
 LONGEST_MODULE = 320  # lines; ~300 is the habit: aggregation/base.py, the one above, says why
 REPO = os.path.dirname(ROOT)
@@ -26,14 +26,14 @@ REPO = os.path.dirname(ROOT)
 # functions may import besides (never at module level, so importing it loads none of it).
 MAY_IMPORT = {
     "cluster": {"ground"},
-    "spec": {"ground"},
+    "training": {"ground"},
     "data": {"ground"},
     "models": {"ground", "data"},  # a text model's vocabulary
-    "aggregation": {"ground", "cluster.devices", "cluster.workers", "cluster.nodes",
-                    "spec.variables"},
-    "observe": {"ground", "cluster", "spec", "data",
+    "aggregation": {"ground", "cluster.devices", "cluster.workers", "cluster.node_layout",
+                    "training.variables"},
+    "observe": {"ground", "cluster", "training", "data",
                 "aggregation.traffic", "aggregation.base"},  # the methods' byte counts
-    "step": {"ground", "cluster", "spec", "data", "aggregation", "models", "observe"},
+    "step": {"ground", "cluster", "training", "data", "aggregation", "models", "observe"},
     # importing a sweep module loads no TensorFlow: a plan unpickles before it loads
     "runs.sweep": {"ground", "observe.stats", "observe.plots",
                    "observe.link_model", "observe.link_report", "runs.config",
@@ -125,7 +125,7 @@ def test_every_package_imports_only_what_its_docstring_allows():
 
 def test_the_finer_rules_are_the_docstrings():
     """Every package a rule names is named on its package's "May import:" line (its
-    modules there by what they hold, e.g. spec/ (variable copies))."""
+    modules there by what they hold, e.g. training/ (variable copies))."""
     unsaid = []
     for package, rules in MAY_IMPORT.items():
         init = os.path.join(ROOT, *package.split("."), "__init__.py")

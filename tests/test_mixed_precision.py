@@ -27,7 +27,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop.runs import checkpoint, experiment, export
-from mgloop.spec import optim
+from mgloop.training import optim
 from mgloop.step import precision
 from tests import helpers
 from third_party import single_device

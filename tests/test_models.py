@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from mgloop import data, models
-from mgloop.spec import losses
+from mgloop.training import losses
 from mgloop.data import random_binary
 from tests import helpers, tolerance
 

@@ -19,11 +19,11 @@ import tensorflow as tf
 
 from mgloop import aggregation, settings
 from mgloop.aggregation import node_failures
-from mgloop.aggregation import nodes as nodes_lib
+from mgloop.aggregation import between_nodes as nodes_lib
 from mgloop.aggregation.local_steps import slot_variables
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
-from mgloop.spec import optim
+from mgloop.training import optim
 from mgloop.step.hooks.node_failures import hook_for
 from mgloop.step.replicas import Replicas
 from tests import helpers, tolerance

@@ -1,4 +1,4 @@
-"""Nodes (mgloop/aggregation/nodes.py): the method between simulated nodes of one process.
+"""Nodes (mgloop/aggregation/between_nodes.py): the method between simulated nodes of one process.
 
 The gradients here are dyadic (k/8, |k| < 64): a node's sum and its halving are exact in
 float32, so the method between N nodes must give, bit for bit, what the same method gives
@@ -18,13 +18,13 @@ from mgloop import aggregation, settings
 from mgloop.aggregation import exchange_options
 from mgloop.cluster import devices
 from mgloop.observe import link_model
-from mgloop.aggregation import nodes as nodes_lib
+from mgloop.aggregation import between_nodes as nodes_lib
 from mgloop.aggregation.compression.topk import kept
 from mgloop.aggregation.traffic import Traffic
 from mgloop.step.hooks.attacks import parse_attack
 from mgloop.runs.config import Config
 from mgloop.errors import ConfigError
-from mgloop.step.hooks.byzantine import ByzantineTowers
+from mgloop.step.hooks.attack_hook import ByzantineTowers
 from tests import helpers, tolerance
 
 SHAPES = [(3, 5), (11,), (1,)]

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.spec import optim
-from mgloop.spec.variables import VariableCopy
+from mgloop.training import optim
+from mgloop.training.variables import VariableCopy
 from tests import helpers
 from tests.tolerance import ELEMENTARY_ULPS, U, gamma
 

@@ -18,7 +18,7 @@ from mgloop.data import staging
 from mgloop.models import options as model_options
 from mgloop.runs import checkpoint, controller, monitor, run_dir
 from mgloop.observe import options as observe_options
-from mgloop.spec import options as optim_options
+from mgloop.training import options as optim_options
 from mgloop.step import options as step_options
 from mgloop.runs.config import Config
 from tests import helpers

@@ -1,7 +1,7 @@
 """Input staging: every example once, in order, in every mode; the same losses; input wait.
 
 The training examples here encode their own index (x[i, 0, 0, 0] = i), and a
-recording wrapper around `towers.tower_pass` reads back which examples each
+recording wrapper around `per_tower.tower_pass` reads back which examples each
 tower received at each step, so the tests observe what the towers consumed.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop.runs import controller
-from mgloop.step import towers
+from mgloop.step import per_tower
 from mgloop.data import InMemoryDataset, epochs
 from tests import helpers
 
@@ -50,7 +50,7 @@ def expected_steps(start, stop, drop_remainder=True):
 def consumed(monkeypatch):
     """Records, per tower, the example indices of every shard the tower trains on."""
     records = collections.defaultdict(list)
-    original = towers.tower_pass
+    original = per_tower.tower_pass
 
     def recording_tower_pass(step, t, trainable, non_trainable, x, y):
         tower = int(step.replicas.tower_devices[t].rsplit(":", 1)[1])
@@ -61,7 +61,7 @@ def consumed(monkeypatch):
         seen = tf.py_function(record, [x], tf.float32)
         seen.set_shape(x.shape)
         return original(step, t, trainable, non_trainable, seen, y)
-    monkeypatch.setattr(towers, "tower_pass", recording_tower_pass)
+    monkeypatch.setattr(per_tower, "tower_pass", recording_tower_pass)
 
     def global_batches():
         """The global batches trained on so far: tower shards concatenated, tower 0 first."""

@@ -1,4 +1,4 @@
-"""The step (mgloop/step/tower_step.py): hooks plug in without touching it; nested features and labels;
+"""The step (mgloop/step/training_step.py): hooks plug in without touching it; nested features and labels;
 metric objects merged across towers; honest traffic and exchange timing."""
 
 import functools
@@ -11,7 +11,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop.cluster import devices
 from mgloop.runs import assemble, experiment
-from mgloop.spec import losses, optim
+from mgloop.training import losses, optim
 from mgloop.step.hooks import Hook
 from tests import helpers
 from tests import tolerance

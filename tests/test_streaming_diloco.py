@@ -11,7 +11,7 @@ import tensorflow as tf
 from mgloop.aggregation.streaming_diloco import offsets, partition
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model, link_report
-from mgloop.spec import variables
+from mgloop.training import variables
 from tests import helpers
 from tests.copies_by_hand import (assert_copies_equal, inner_steps_by_hand, method_on_copies,
                                   trained_side_by_side)

@@ -10,7 +10,7 @@ scalar it converts (TFE_TensorHandleCache) and never frees it
 from __future__ import annotations
 
 from mgloop.observe import summaries
-from mgloop.spec import optim
+from mgloop.training import optim
 from mgloop.observe.diagnostics import current_rss_kib
 from mgloop.runs.config import Config
 

@@ -6,7 +6,7 @@
 2. Against the tower loop, per tower, with dropout and batch norm in the model: the model
    is x -> BatchNormalization -> Dropout(1/2) -> Dense with an identity kernel, so a
    tower's outputs are its shard's normalised inputs times its dropout mask / (1 - rate).
-   The vectorized pass and the tower loop (towers.group_pass) run on the same shards in
+   The vectorized pass and the tower loop (per_tower.group_pass) run on the same shards in
    one traced function; each tower's outputs (read through a metric whose state is the
    outputs) must have exactly the same zeros (the same dropout masks: the same random
    streams) and, elsewhere, both lie within a derived bound of the exact float64 value of
@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from mgloop.cluster import devices
 from mgloop.runs import experiment
-from mgloop.step import towers, vectorize, vectorized_towers
+from mgloop.step import per_tower, pfor, vectorized_towers
 from mgloop.runs.config import Config
 from mgloop.errors import ConfigError
 from tests import helpers
@@ -139,7 +139,7 @@ def test_dropout_and_batch_norm_per_tower_equal_the_tower_loop(logdir):
         xs, ys = list(tf.unstack(x)), list(tf.unstack(y))
         vectorized = vectorized_towers.device_pass(step, range(k), trainable, [state] * k,
                                                    xs, ys)
-        loop = towers.group_pass(step, range(k), trainable, [state] * k, xs, ys)
+        loop = per_tower.group_pass(step, range(k), trainable, [state] * k, xs, ys)
         return [[(o.metric_state, o.grads[2]) for o in out] for out in (vectorized, loop)]
     vectorized, loop = both()
     masks = []
@@ -287,6 +287,6 @@ class CTCLayer(keras.layers.Layer):
 def test_a_layer_that_cannot_be_vectorized_is_named_before_any_copy():
     model = keras.Sequential([keras.Input([4]), CTCLayer(name="ctc"), keras.layers.Dense(2)])
     with pytest.raises(ConfigError) as error:
-        vectorize.probe(model, (4,))
+        pfor.probe(model, (4,))
     assert "layer 'ctc'" in str(error.value) and "--towers_per_device=1" in str(error.value)
-    vectorize.probe(dropout_bn_model(), (FEATURES,))  # a vectorizable model passes
+    pfor.probe(dropout_bn_model(), (FEATURES,))  # a vectorizable model passes

@@ -55,7 +55,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop.step import towers
+from mgloop.step import per_tower
 
 U = 2.0 ** -24  # float32 unit roundoff
 FEEDBACK = 2.0  # differences carried into later steps (3. above)
@@ -115,7 +115,7 @@ class StepBound:
                 with tf.GradientTape() as tape:
                     tape.watch(trainable)
                     outputs, _ = model.stateless_call(trainable, state, x,
-                                                      **towers.call_kwargs(model, True))
+                                                      **per_tower.call_kwargs(model, True))
                     losses = loss_fn(y, outputs)
                     if losses.shape.rank > 1:  # per token: example i's loss is its tokens' mean
                         losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))

@@ -8,7 +8,7 @@ your own module loaded with `--plugin`, plugins.py). Its name becomes a valid
 `--aggregation` value. What every method must do and declare: base.py and the
 docs/concepts/aggregation-contract.md.
 
-May import: ground modules, cluster/ (devices, workers, nodes: the nodes' topology), spec/
+May import: ground modules, cluster/ (devices, workers, node_layout: the nodes' topology), training/
 (variable copies). Never step/ or runs/: the step hands a method its towers' gradients, not
 the other way round.
 """

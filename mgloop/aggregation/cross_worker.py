@@ -47,7 +47,7 @@ class CrossWorker(Aggregation):
     def __init__(self, local: Aggregation, cluster: Cluster):
         if local.cluster is not cluster:
             raise ValueError("the local stage of the workers' exchange is made with their "
-                             "cluster (aggregation/nodes.py make(..., workers))")
+                             "cluster (aggregation/between_nodes.py make(..., workers))")
         super().__init__(local.devices, local.options, local.transport_dtype.name,
                          cluster=cluster, traffic=local.traffic)  # one set of counts for both
         self.local = local

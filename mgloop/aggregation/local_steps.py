@@ -58,7 +58,7 @@ from mgloop.aggregation import live_exchange, register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 from mgloop.aggregation.traffic import Occasion, Sync
-from mgloop.spec.variables import backing
+from mgloop.training.variables import backing
 
 
 def slot_variables(optimizer) -> list:

@@ -72,7 +72,7 @@ from absl import logging
 from mgloop.aggregation.local_steps import DiLoCo, LocalSGD
 from mgloop.aggregation.traffic import EVERY_STEP, Occasion
 from mgloop.errors import ConfigError
-from mgloop.spec.variables import backing
+from mgloop.training.variables import backing
 
 EXAMPLE = "--node_failures=2@30-60,1@80 (node 2 down for steps [30, 60), node 1 from step 80)"
 _ITEM = re.compile(r"^(\d+)@(\d+)(?:-(\d+))?$")
@@ -242,7 +242,7 @@ def check_schedule(options, train_steps: int, context) -> Schedule | None:
     if not spec:
         return None
     from mgloop import aggregation as registry  # the registry imports this module's users
-    from mgloop.aggregation import nodes as node_level
+    from mgloop.aggregation import between_nodes as node_level
     if context.num_workers > 1:
         raise ConfigError(f"--node_failures={spec} between {context.num_workers} workers: "
                           "failures of real workers are the elastic launch's; use python -m "

@@ -1,12 +1,12 @@
 """Which node settings apply: --nodes, --method_at, --within_node, checked before
-anything is built (aggregation/nodes.py builds the nodes; validation.py calls this)."""
+anything is built (aggregation/between_nodes.py builds the nodes; validation.py calls this)."""
 
 from __future__ import annotations
 
 from mgloop import aggregation as registry
 from mgloop.aggregation.base import REPLICATED
 from mgloop.aggregation.hierarchical import divisors
-from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import between_nodes as node_level
 from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT, ExchangeOptions
 from mgloop.cluster.devices import DeviceRequest
 from mgloop.errors import ConfigError

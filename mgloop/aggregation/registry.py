@@ -10,6 +10,7 @@ from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
 _REGISTRY: dict[str, type[Aggregation]] = {}
+_BUILTINS_LOADED: list[bool] = []  # [True] once _load_builtins has run
 
 
 def register(cls: type[Aggregation]) -> type[Aggregation]:
@@ -25,9 +26,11 @@ def register(cls: type[Aggregation]) -> type[Aggregation]:
 
 
 def _load_builtins() -> None:
-    if "ring" not in _REGISTRY:
+    """Imports every built-in method's module once (each registers itself)."""
+    if not _BUILTINS_LOADED:
         for module in _BUILTINS:
             importlib.import_module(module)
+        _BUILTINS_LOADED.append(True)
 
 
 def names() -> list[str]:

@@ -59,7 +59,7 @@ from mgloop.aggregation.base import Options, option
 from mgloop.aggregation.chunked_topk import ChunkedTopK, Geometry
 from mgloop.aggregation.compression.transport import ring_all_gather
 from mgloop.aggregation.local_steps import DiLoCo
-from mgloop.spec.variables import backing
+from mgloop.training.variables import backing
 
 F32 = np.float32
 

@@ -73,7 +73,7 @@ import tensorflow as tf
 from mgloop.aggregation import register
 from mgloop.aggregation.base import Options, option
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions, LocalSGD
-from mgloop.spec.variables import backing
+from mgloop.training.variables import backing
 
 _DOMAIN = 0x5A7A  # folded into the seed: SPARTA's stream apart from other methods'
 

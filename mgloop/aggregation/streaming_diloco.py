@@ -78,7 +78,7 @@ from mgloop.aggregation.base import option
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
 from mgloop.aggregation.traffic import Occasion, Sync
 from mgloop.errors import ConfigError
-from mgloop.spec.variables import backing
+from mgloop.training.variables import backing
 
 BITS = (0, 2, 3, 4, 5, 6, 7, 8)
 

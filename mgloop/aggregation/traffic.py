@@ -6,7 +6,7 @@ the algorithm moves per step, exactly; read by the summaries and the link model
 
 Tiers and kinds. Every count also lands in one of four parts, (tier, kind):
 the tier is `within` when both devices are in one node and `between` otherwise
-(`node_of`, canonical device -> node, set by aggregation/nodes.py; with no map every
+(`node_of`, canonical device -> node, set by aggregation/between_nodes.py; with no map every
 device is in node 0, and the collective between workers says `between` itself, each
 worker being a node); the kind is `gradient` (what the method exchanges: gradients,
 payloads, parameters it averages) or `state` (batch-norm statistics and the step's

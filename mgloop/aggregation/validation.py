@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from mgloop import aggregation as registry
 from mgloop.aggregation import node_settings
-from mgloop.aggregation import nodes
+from mgloop.aggregation import between_nodes
 from mgloop.aggregation.base import SHARED, Aggregation, Options
 from mgloop.aggregation.gather_at_root import TowerCountError
 from mgloop.aggregation.plugins import load_plugins
@@ -82,7 +82,7 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
                           f"{where})") from None
     workers = context.num_workers
     if (workers > 1 and not method.across_workers
-            and not nodes.method_at_nodes(options, workers)):
+            and not between_nodes.method_at_nodes(options, workers)):
         where = f"across {workers} workers (TF_CONFIG)"
         if method.single_loss:
             reason = "the single-loss baseline runs in one process; use a tower-loop mode"

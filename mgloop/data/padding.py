@@ -11,7 +11,7 @@ S = K*B examples, n = sum_i m_i of them real; every example gets the weight
     w_i = m_i * S / n,
 
 and the labels travel as `Weighted(labels, weights)`. A tower's loss is then the
-mean over its S/(K T) examples of w_i * l_i (towers.mean_loss), so the step's
+mean over its S/(K T) examples of w_i * l_i (per_tower.mean_loss), so the step's
 mean over towers (and micro-batches) is
 
     (1/S) sum_i w_i l_i = (1/n) sum_{i real} l_i,

@@ -8,7 +8,7 @@ model can learn; here the label is a fixed function of the input,
 
 a linearly separable task with balanced classes, so a falling loss and a
 rising accuracy show that training works. Two classes: `big_mlp` gives one
-logit and the default loss is the binary cross-entropy (mgloop.spec.losses).
+logit and the default loss is the binary cross-entropy (mgloop.training.losses).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the update weigh more than the arithmetic of small batches: the
 communication-bound model of the benchmark.
 
 One difference: the last layer outputs the logit, not the sigmoid of it, as
-every mgloop model outputs logits; the default loss (mgloop.spec.losses) applies
+every mgloop model outputs logits; the default loss (mgloop.training.losses) applies
 the sigmoid inside the binary cross-entropy (`sigmoid_cross_entropy_with_logits`),
 which is the numerically stable form of the same function. With a dataset of
 two classes (`--dataset=random_binary`) the model has the post's single

@@ -19,7 +19,7 @@ and the network, for 32x32x3 inputs:
 1,656,250 parameters for 10 classes (Keras `count_params`: 1,652,826
 trainable, 3,424 batch-norm moving statistics; Dropout's seed state aside).
 The tutorial ends with a softmax; here the model outputs logits and the loss
-applies the softmax (mgloop.spec.losses), as for every model. Batch norm in
+applies the softmax (mgloop.training.losses), as for every model. Batch norm in
 mgloop's tower loop normalises each tower's shard by its own statistics; the
 moving statistics are averaged over towers after each step.
 """

@@ -13,6 +13,6 @@
     stats.py, plots.py  mean ± sample sd over seeds; a study's plots as small multiples,
                     mean and min-max band over seeds (matplotlib, Agg)
 
-May import: ground modules, cluster/, spec/, data/, aggregation/ (for their byte counts).
+May import: ground modules, cluster/, training/, data/, aggregation/ (for their byte counts).
 Never step/ or runs/: the step and the run hand their results here.
 """

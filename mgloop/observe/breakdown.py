@@ -5,7 +5,7 @@ devices, where Python cannot time them. So every `--breakdown_every` steps
 the outer loop runs one step alone under `tf.profiler` (into a temp folder,
 removed after), and this module reads the trace (the XSpace protobuf the
 profiler writes) and attributes every executed TensorFlow op to the phase
-whose name scope it was built in (`PHASES`, phases.py, the scopes of step/tower_step.py):
+whose name scope it was built in (`PHASES`, phases.py, the scopes of step/training_step.py):
 `input` = taking the batch and staging a later one (staging.py); `compute` =
 reading the variables, forward, loss and gradients on the towers;
 `aggregation` = the gradient exchange and the averaging of non-trainable

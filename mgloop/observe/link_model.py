@@ -28,7 +28,7 @@ per tensor or bucket for reduce_broadcast and the ring (k of them: k times the l
 
 Two tiers. `--link=within:100gbit,2us --link=between:10gbit,50us` models the links
 inside a node and between nodes apart (the traffic counts each send as within or
-between nodes, aggregation/traffic.py; aggregation/nodes.py): one figure per
+between nodes, aggregation/traffic.py; aggregation/between_nodes.py): one figure per
 `between` link, each with the one `within` link,
 
     exchange time = max_d t_d(within traffic, within link)

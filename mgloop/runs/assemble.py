@@ -18,27 +18,27 @@ import keras
 import tensorflow as tf
 
 from mgloop.aggregation import Aggregation
-from mgloop.aggregation.nodes import NodeLevel
+from mgloop.aggregation.between_nodes import NodeLevel
 from mgloop.data import staging as staging_lib
 from mgloop.runs import inference
 from mgloop.runs import loop
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
-from mgloop.spec import losses
-from mgloop.spec import metrics as metrics_lib
-from mgloop.spec import model_input
-from mgloop.spec import training_spec
+from mgloop.training import losses
+from mgloop.training import metrics as metrics_lib
+from mgloop.training import model_input
+from mgloop.training import training_spec
 from mgloop.step import accumulation, compiled_towers
 from mgloop.step import exchange as exchange_lib
 from mgloop.step import ordered_sum
 from mgloop.step import precision
 from mgloop.step import random_streams as random_streams_lib
 from mgloop.step import sync_batch_norm
-from mgloop.step import vectorize
+from mgloop.step import pfor
 from mgloop.step import vectorized_towers
 from mgloop.step.hooks import Hook, Hooks, tape_gradients
 from mgloop.step.hooks import attacks as byzantine_lib
-from mgloop.step.hooks.byzantine import ByzantineTowers
+from mgloop.step.hooks.attack_hook import ByzantineTowers
 from mgloop.step.hooks.histograms import KeepLastGradients
 from mgloop.step.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
 from mgloop.step.hooks.loss_scaling import LossScaling
@@ -47,7 +47,7 @@ from mgloop.step.hooks.sampled_stats import GradientStats
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
 from mgloop.step.replicas import Replicas
 from mgloop.step.single_loss_step import SingleLossStep
-from mgloop.step.tower_step import TowerStep
+from mgloop.step.training_step import TowerStep
 
 
 def template_model(model_fn, aggregation: Aggregation, input_shape, mixed_precision: str):
@@ -162,7 +162,7 @@ def template_and_spec(model_fn, loss_fn, aggregation: Aggregation, optimizer_fn,
     classes = (byzantine_lib.label_classes(spec.loss_fn, model, input_shape)
                if config.byzantine_towers and attack.name == "labelflip" else None)
     if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
-        vectorize.probe(model, input_shape)  # before any copy: one line if it cannot
+        pfor.probe(model, input_shape)  # before any copy: one line if it cannot
     return model, spec, attack, classes
 
 

@@ -51,7 +51,7 @@ from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint_files
 from mgloop.runs import failures
 from mgloop.settings import in_range
-from mgloop.spec.variables import backing
+from mgloop.training.variables import backing
 
 
 def check_settings(config) -> None:

@@ -6,7 +6,7 @@
     config.step      StepOptions      step/options.py: how each tower computes its step
     config.data      DataOptions      data/options.py: the dataset, batch and staging
     config.models    ModelOptions     models/options.py: the model and its sizes
-    config.optim     OptimOptions     spec/options.py: optimizer and schedule
+    config.optim     OptimOptions     training/options.py: optimizer and schedule
     config.observe   ObserveOptions   observe/options.py: summaries, logs, link model
     config.loop      LoopOptions      here: steps, checkpoints, folders, seed
 
@@ -33,7 +33,7 @@ from mgloop.models.options import ModelOptions
 from mgloop.observe.options import ObserveOptions
 from mgloop import settings as settings_lib
 from mgloop.settings import setting
-from mgloop.spec.options import OptimOptions
+from mgloop.training.options import OptimOptions
 from mgloop.step.options import StepOptions
 
 _WHERE = "only where files go"  # reasons why a setting changes no result (HParams)

@@ -21,7 +21,7 @@ from mgloop import data
 from mgloop import models
 from mgloop.aggregation import exchange_options
 from mgloop.aggregation import node_failures
-from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import between_nodes as node_level
 from mgloop.aggregation import validation as exchange_checks
 from mgloop.cluster import devices
 from mgloop.cluster import options as cluster_options
@@ -37,7 +37,7 @@ from mgloop.runs import monitor
 from mgloop.runs import run_dir
 from mgloop.settings import Context, check_finite
 from mgloop.settings import in_range as _check_range
-from mgloop.spec import options as optim_options
+from mgloop.training import options as optim_options
 from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.step import options as step_options
 from mgloop.step.hooks import attacks as byzantine

@@ -30,7 +30,7 @@ from mgloop.runs.thinned import Thinned
 from mgloop.runs.trainer import Trainer
 from mgloop.runs.windows import Progress, TimedLoop, Window, run_loop
 from mgloop.settings import in_range
-from mgloop.spec import metrics as metrics_lib
+from mgloop.training import metrics as metrics_lib
 
 
 LOOP_TIMES_LIMIT = 4096  # loop times the median step time is taken over, at most

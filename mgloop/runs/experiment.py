@@ -25,7 +25,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import node_failures, nodes
+from mgloop.aggregation import between_nodes, node_failures
 from mgloop.cluster import devices
 from mgloop.cluster import peer_health
 from mgloop.cluster import workers as cluster
@@ -47,10 +47,10 @@ from mgloop.runs import run_inputs
 from mgloop.runs import run_result
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
-from mgloop.spec import losses
-from mgloop.spec import metrics as metrics_lib
-from mgloop.spec import optim
-from mgloop.spec import training_spec
+from mgloop.training import losses
+from mgloop.training import metrics as metrics_lib
+from mgloop.training import optim
+from mgloop.training import training_spec
 from mgloop.step.hooks import Hook
 
 SUMMARY_FILENAME = "summary.json"
@@ -58,7 +58,7 @@ SUMMARY_FILENAME = "summary.json"
 
 def default_loss():
     """The cross-entropy matched to the model's output when the Trainer is built
-    (mgloop.spec.losses): on logits (softmax over K > 1, sigmoid for one), or on the
+    (mgloop.training.losses): on logits (softmax over K > 1, sigmoid for one), or on the
     probabilities of a softmax or sigmoid output layer, per example or token."""
     return losses.cross_entropy
 
@@ -89,7 +89,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     None takes the compiled model's, else mgloop's defaults (training_spec.py). `hooks`:
     the user's step hooks, after mgloop's (assemble.build).
 
-    With --nodes=N > 1 the method runs between the nodes (aggregation/nodes.py); with
+    With --nodes=N > 1 the method runs between the nodes (aggregation/between_nodes.py); with
     several workers, the aggregation is wrapped in the cross-worker stage."""
     asked = devices.parse(config.devices, config.towers_per_device).num_towers
     if device_set.num_towers != asked:  # a caller's mistake (e.g. K left out)
@@ -97,8 +97,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                          f"asks for {asked} per process: make it with devices.setup("
                          "devices.parse(config.devices, config.towers_per_device))")
     seed_everything(config.seed, config.deterministic)
-    method = nodes.make(config.exchange, device_set, aggregation.make, workers,
-                        node_failures.schedule_of(config.exchange, config.train_steps))
+    method = between_nodes.make(config.exchange, device_set, aggregation.make, workers,
+                                node_failures.schedule_of(config.exchange, config.train_steps))
     optimizer_fn = functools.partial(optim.make_optimizer, config.optim, config.train_steps)
     return assemble.build(model_fn, loss_fn, method, optimizer_fn, input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,

@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.runs.loop import tensor_branches_refused
-from mgloop.spec import metrics as metrics_lib
-from mgloop.step import towers
+from mgloop.training import metrics as metrics_lib
+from mgloop.step import per_tower
 
 
 def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
@@ -52,7 +52,7 @@ class TowerInference:
         model, devices = self.replicas.model, self._devices()
         sizes = uneven_shard_sizes(tf.shape(tf.nest.flatten(x)[0])[0], active)
         shards = _split(x, sizes, active)
-        kwargs = towers.call_kwargs(model, training=False)
+        kwargs = per_tower.call_kwargs(model, training=False)
         results = []
         for t, x_t in enumerate(shards):
             copy = self.replicas.copy_for_tower(t * self.replicas.towers_per_device)

@@ -1,4 +1,4 @@
-"""The compiled loop: many training steps (step/tower_step.py) in one `tf.function` call.
+"""The compiled loop: many training steps (step/training_step.py) in one `tf.function` call.
 
 The staging (staging.py) hands each step its global batch split into T
 contiguous shards of B/T examples, tower 0 first, already on the towers.
@@ -46,7 +46,7 @@ import tensorflow as tf
 from mgloop.data import staging as staging_lib
 from mgloop.errors import TensorBranchError
 from mgloop.phases import INPUT, STEP_SCOPE  # name scopes by which a profile is read
-from mgloop.spec import metrics as metrics_lib
+from mgloop.training import metrics as metrics_lib
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from mgloop.runs.config import Config
 
 # The small deterministic run of `method_config`: the MLP, momentum SGD, 4 steps in one
 # loop, nothing written between loops; what the comparisons of a method between real
-# workers and simulated nodes train (tests/workers/, experiments/nodes.py).
+# workers and simulated nodes train (tests/workers/, experiments/methods_between_nodes.py).
 SMALL_RUN = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
                  train_steps=4, steps_per_loop=4, seed=3, deterministic=True, summary_every=0,
                  log_every=0, diagnostics=False, collective_timeout=60)

@@ -28,7 +28,7 @@ from mgloop.runs import preemption
 from mgloop.runs import step_flops
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
-from mgloop.spec import metrics as metrics_lib
+from mgloop.training import metrics as metrics_lib
 
 
 @dataclasses.dataclass(frozen=True)

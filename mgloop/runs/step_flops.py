@@ -3,8 +3,8 @@ example's training step it needs, counted from the traced step of the template m
 
 `flops_per_example` traces, as a tf.function of one tower's shard (b = the per-tower
 batch, a batch of b examples of the input's feature and label specs), what a tower
-computes (step/towers.py `tower_pass`, without the hooks): the template model's
-forward pass (`stateless_call`, training=True), the loss (`towers.total_loss`: the run's
+computes (step/per_tower.py `tower_pass`, without the hooks): the template model's
+forward pass (`stateless_call`, training=True), the loss (`per_tower.total_loss`: the run's
 loss and the model's own losses) and the gradients of the trainable variables by a
 `tf.GradientTape`; it counts the traced graph's matrix products and convolutions
 (observe/flops.py) and divides by b. The function is traced, never run: no variable,
@@ -21,7 +21,7 @@ from mgloop.observe import flops as flops_lib
 from mgloop.observe import hardware
 from mgloop.observe import link_model
 from mgloop.step import precision
-from mgloop.step import towers
+from mgloop.step import per_tower
 
 
 def _batched(spec, size: int) -> tf.TensorSpec:
@@ -31,7 +31,7 @@ def _batched(spec, size: int) -> tf.TensorSpec:
 def traced_step(model, loss_fn, features_spec, labels_spec, batch: int):
     """The concrete function of one shard's forward, loss and gradients (module top)."""
     trainable, state = model.trainable_variables, model.non_trainable_variables
-    kwargs = towers.call_kwargs(model, True)
+    kwargs = per_tower.call_kwargs(model, True)
 
     @tf.function(autograph=False)
     def step(x, y):
@@ -41,7 +41,7 @@ def traced_step(model, loss_fn, features_spec, labels_spec, batch: int):
             outputs, _, model_losses = model.stateless_call(
                 values, [v.value for v in state], x, return_losses=True, **kwargs)
             outputs = tf.nest.map_structure(precision.to_float32, outputs)
-            loss = towers.total_loss(loss_fn, y, outputs, model_losses)
+            loss = per_tower.total_loss(loss_fn, y, outputs, model_losses)
         return tape.gradient(loss, values)
 
     specs = tf.nest.map_structure(lambda s: _batched(s, batch), (features_spec, labels_spec))

@@ -1,7 +1,7 @@
 """The Trainer: one run's parts composed, with the names the rest of mgloop uses.
 
     replicas   the variable copies, their optimizers, the global step (replicas.py)
-    step       the training step with its hooks (step/tower_step.py, single_loss_step.py)
+    step       the training step with its hooks (step/training_step.py, single_loss_step.py)
     loop       the compiled multi-step loop and its input-wait clock (loop.py)
     inference  evaluate and predict on the towers (inference.py)
     spec       the loss, metrics and optimizer used, and where each came from

@@ -18,7 +18,7 @@ from typing import Iterator
 from mgloop.runs.loop import LoopResult
 from mgloop.runs.thinned import Thinned
 from mgloop.runs.trainer import Trainer
-from mgloop.spec import metrics as metrics_lib
+from mgloop.training import metrics as metrics_lib
 
 
 @dataclasses.dataclass

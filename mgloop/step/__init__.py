@@ -12,6 +12,6 @@
     non_trainable.py, sync_batch_norm.py              state besides the gradients
     hooks/               options that change the step without a branch in it
 
-May import: ground modules, cluster/, spec/, data/, aggregation/, models/, observe/.
+May import: ground modules, cluster/, training/, data/, aggregation/, models/, observe/.
 Never runs/: a step knows nothing of the loop, checkpoints or flags that drive it.
 """

@@ -1,13 +1,13 @@
 """`--xla_towers`: each tower's forward, loss and backward compiled by XLA, per device.
 
-The tower loop's pass (towers.tower_pass) runs its ops one by one through TensorFlow's
+The tower loop's pass (per_tower.tower_pass) runs its ops one by one through TensorFlow's
 executor. On small shards the executor's per-op cost is most of a tower's time; XLA fuses
 the elementwise ops around the matmuls into a few kernels and launches one cluster per
 tower. Here the pure part of the pass,
 
     (v, s, x_t, y_t) -> (loss_t, outputs_t, g[t] = d loss_t / d v, s'_t)
 
-(the same computation as towers.tower_pass, and as vectorized_towers's per-tower body)
+(the same computation as per_tower.tower_pass, and as vectorized_towers's per-tower body)
 is one `tf.function(jit_compile=True)`, traced once and called on every tower's device
 inside the step; XLA compiles it once per device. What reads the tower's index stays
 outside it: the shard's copy onto the device, the random streams' keys
@@ -28,7 +28,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop.errors import ConfigError
 from mgloop.step import precision
-from mgloop.step import towers as towers_lib
+from mgloop.step import per_tower as towers_lib
 from mgloop.step.hooks import IN_TOWER_PASS, attacks
 from mgloop.step.options import StepOptions
 
@@ -74,7 +74,7 @@ def check_hooks(hooks) -> None:
 
 
 class CompiledPass:
-    """The step's group pass (tower_step.TowerStep.group_pass) with one compiled body."""
+    """The step's group pass (training_step.TowerStep.group_pass) with one compiled body."""
 
     def __init__(self):
         self._body = None
@@ -91,7 +91,7 @@ class CompiledPass:
 
     def __call__(self, step, group: range, trainable, states, xs, ys):
         """Tower t = group[0] (one tower per device) on its shard: the compiled body on its
-        device, then its metrics and the hooks' `unscale` as towers.tower_pass gives them."""
+        device, then its metrics and the hooks' `unscale` as per_tower.tower_pass gives them."""
         (t,) = group
         streams, hooks = step.random_streams, step.hooks
         device = step.replicas.tower_devices[t]

@@ -27,8 +27,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from mgloop.spec import metrics as metrics_lib
-from mgloop.step.towers import TowerOutput
+from mgloop.training import metrics as metrics_lib
+from mgloop.step.per_tower import TowerOutput
 
 
 def _random_like(value, variable=None):

@@ -29,7 +29,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from mgloop.aggregation import Aggregation
-from mgloop.spec.variables import VariableCopy
+from mgloop.training.variables import VariableCopy
 
 
 def _sum_in_tower_order(aggregation: Aggregation, values: Sequence[tf.Tensor],

@@ -1,7 +1,7 @@
 """The variable copies with their optimizers: what the towers read and every copy updates.
 
 Copy 0 is the template model's own variables; a replicated layout adds one copy per
-further tower (spec/variables.py: make_copies). Each copy has its own optimizer (optim.py). The
+further tower (training/variables.py: make_copies). Each copy has its own optimizer (optim.py). The
 `Replicas` read the values a tower computes with (`read_for_tower`), apply one step's
 gradients and non-trainable state on every copy (`apply`), advance the global step,
 and keep the copies equal after a restore (`sync_replicas`) or across workers
@@ -18,9 +18,9 @@ import keras
 import tensorflow as tf
 
 from mgloop.aggregation import REPLICATED, Aggregation
-from mgloop.spec import optim
-from mgloop.spec import variables as variables_lib
-from mgloop.step import towers
+from mgloop.training import optim
+from mgloop.training import variables as variables_lib
+from mgloop.step import per_tower
 from mgloop.step.hooks import Guard
 
 
@@ -95,7 +95,7 @@ class Replicas:
     @staticmethod
     def read_copy(copy: variables_lib.VariableCopy) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         """The copy's (trainable, non-trainable) values, read on their own devices."""
-        return towers.read(copy.trainable), towers.read(copy.non_trainable)
+        return per_tower.read(copy.trainable), per_tower.read(copy.non_trainable)
 
     def read_for_towers(self, groups: list[range]) -> list[tuple[list, list]]:
         """`read_for_tower` of every tower: each copy read once in the step (the towers of

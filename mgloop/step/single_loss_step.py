@@ -20,9 +20,9 @@ from mgloop.aggregation.base import canonical
 from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.step import non_trainable
 from mgloop.step import precision
-from mgloop.step import towers
+from mgloop.step import per_tower
 from mgloop.step.accumulation import Pass
-from mgloop.step.tower_step import StepResult
+from mgloop.step.training_step import StepResult
 
 
 class SingleLossStep:
@@ -39,7 +39,7 @@ class SingleLossStep:
         with aggregation.step(), hooks.step_scope():
             with tf.name_scope(COMPUTE):
                 copy = replicas.copies[0]
-                trainable, state = towers.read(copy.trainable), towers.read(copy.non_trainable)
+                trainable, state = per_tower.read(copy.trainable), per_tower.read(copy.non_trainable)
                 states = [[aggregation.send(v, host, device) for v in state]
                           for device in replicas.tower_devices]
                 out = self.passes(lambda xs, ys, s: self.single_pass(trainable, xs, ys, s),
@@ -68,14 +68,14 @@ class SingleLossStep:
                 with tf.device(device):
                     out, new_state, model_losses = model.stateless_call(
                         here, streams.for_tower(state, t, device), x, return_losses=True,
-                        **towers.call_kwargs(model, True))
+                        **per_tower.call_kwargs(model, True))
                 outputs.append(tf.nest.map_structure(
                     lambda o, d=device: aggregation.send(precision.to_float32(o), d, host), out))
                 new_states.append(streams.after_tower(state, new_state))
             with tf.device(host):
                 merged = tf.nest.map_structure(lambda *o: tf.concat(o, axis=0), *outputs)
                 labels = tf.nest.map_structure(lambda *y: tf.concat(y, axis=0), *ys)
-                loss = towers.total_loss(self.loss_fn, labels, merged, model_losses)
+                loss = per_tower.total_loss(self.loss_fn, labels, merged, model_losses)
                 scaled = self.hooks.scale_loss(0, loss)
         grads = tape.gradient(scaled, trainable,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -85,5 +85,5 @@ class SingleLossStep:
                 aggregation.traffic.record(canonical(device), canonical(host), gradient_bytes)
         with tf.device(host):
             grads = self.hooks.unscale(0, grads)
-            metric_state = towers.metric_state(self.metrics, labels, merged)
+            metric_state = per_tower.metric_state(self.metrics, labels, merged)
         return Pass([loss], [metric_state], [grads], new_states)

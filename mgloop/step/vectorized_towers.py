@@ -3,7 +3,7 @@
 With D devices and K towers per device there are T = D K towers; tower t = d K + k is on
 device d (tower-major, as the shards: tower t holds rows [t B/T, (t+1) B/T) of the global
 batch, staged once per device and split there: staging.PerDevice). On device d, instead
-of K traced copies of the tower's pass (towers.tower_pass), one function of ONE tower's
+of K traced copies of the tower's pass (per_tower.tower_pass), one function of ONE tower's
 shard,
 
     f(x_t, y_t, s_t) = (loss_t, metric state_t, g[t] = d loss_t / d v, new state_t),
@@ -29,7 +29,7 @@ the exchange and every method see T towers (aggregation/device_groups.py).
 
 Ops with no vectorized form run in a loop over the K towers inside the computation
 (Keras's stateless random draws), logged once; a layer that cannot be vectorized at all
-is refused before any variable copy exists, named (vectorize.probe, from assemble.py).
+is refused before any variable copy exists, named (pfor.probe, from assemble.py).
 What cannot run per tower inside one vectorized computation is refused before building:
 hooks that act inside a tower's pass by its index (`check_step`: label flipping, loss
 scaling, synchronised batch norm; `check_hooks` for a user's) and (`check_method`)
@@ -40,7 +40,7 @@ at the towers of several devices.
 
 Several worker processes (TF_CONFIG): each worker vectorizes its own T = D K towers
 (global tower w T + t on worker w, its shard and random streams so numbered), and the
-rest is as with K = 1. At the nodes (each worker a node: aggregation/nodes.py) the
+rest is as with K = 1. At the nodes (each worker a node: aggregation/between_nodes.py) the
 worker's node mean m_w = (1/T) sum_t g[t] is formed on its leader (tower 0) exactly as a
 simulated node's, and the method moves it between the workers (peers.py), so W workers
 of D devices x K towers give the bits of `--nodes=W` over W D devices x K towers in one
@@ -57,12 +57,12 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop.aggregation import Aggregation
-from mgloop.aggregation import nodes as node_level
+from mgloop.aggregation import between_nodes as node_level
 from mgloop.aggregation import stacked_rows
 from mgloop.errors import ConfigError
 from mgloop.step import precision
-from mgloop.step import towers as towers_lib
-from mgloop.step import vectorize
+from mgloop.step import per_tower as towers_lib
+from mgloop.step import pfor
 from mgloop.step.hooks import IN_TOWER_PASS
 from mgloop.step.hooks import attacks as byzantine
 from mgloop.step.options import StepOptions
@@ -183,7 +183,7 @@ def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_li
                                                                    x_t, y_t, kwargs)
             return loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads, new_state
 
-        losses, metric_states, grads, new_states = vectorize.vectorized_map(
+        losses, metric_states, grads, new_states = pfor.vectorized_map(
             one_tower, (x, y, given), f"the towers' pass of {template.name!r}")
         count = len(group)
         losses, metric_states = tf.unstack(losses, count), tf.unstack(metric_states, count)

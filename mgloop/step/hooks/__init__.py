@@ -1,6 +1,6 @@
 """The hook protocol: how an option changes the training step without a branch in it.
 
-The step (step/tower_step.py) calls, in data-path order, for every hook of its `Hooks`:
+The step (step/training_step.py) calls, in data-path order, for every hook of its `Hooks`:
 
     step_scope()             context around the tracing of one step (e.g. fresh collective
                              keys, the loss scales read onto the towers)
@@ -43,14 +43,14 @@ scaling or synchronised batch norm; they take precedence over packing, and the
 diagnostics' sampled step keeps them, its statistics leaving those variables out) is
 decided once when the hooks are assembled (assemble.py), never in the step.
 
-Mechanisms: byzantine.py (fault injection), loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
+Mechanisms: attack_hook.py (fault injection), loss_scaling.py, synced_moments.py (sync batch norm), sampled_stats.py
 (diagnostics), histograms.py, large_gradients.py (ordered sum, sufficient factors). Accumulation is not
 a hook but a pass wrapper (accumulation.py): it runs the whole towers' pass K times in
 a `tf.while_loop` and keeps running sums, a change of control flow around the towers
 that no per-tower callback can make.
 
 Here too: attacks.py (what each Byzantine attack does to a gradient) beside
-byzantine.py (the hook that applies it). May import what step/ may.
+attack_hook.py (the hook that applies it). May import what step/ may.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ Which units: `fixed`, units 0..k-1 (global indices) every step; `random`, each s
 drawn uniformly without replacement from a stateless stream keyed by (--seed, step), the
 same draw on every tower and worker. A node attacks as a whole: every tower of an attacking
 node sends alike, so the node's mean is the attack (for alie and ipm, mu and sigma are over
-the honest nodes' means). Where (hooks/byzantine.py): the per-tower attacks are tower t's
+the honest nodes' means). Where (hooks/attack_hook.py): the per-tower attacks are tower t's
 `unscale` hook, applied last (after loss unscaling; with accumulation, to each micro-batch's
 gradient, which for them gives the same altered mean, the noise and the draw being functions
 of the step alone); labelflip is its `labels` hook (the labels its loss reads); alie and ipm
@@ -74,7 +74,7 @@ import keras
 from mgloop import aggregation
 from mgloop.errors import ConfigError
 from mgloop.settings import choice, in_range
-from mgloop.spec import losses
+from mgloop.training import losses
 
 from mgloop.step.options import BYZANTINE_CHOICES as CHOICES
 from mgloop.step.options import StepOptions

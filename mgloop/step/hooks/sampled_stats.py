@@ -19,7 +19,7 @@ class GradientStats(Hook):
                  byzantine=None):
         self.tower_devices, self.host, self.copies = list(tower_devices), host, copies
         self.leave_out = set(leave_out)
-        self.byzantine = byzantine  # hooks/byzantine.py's hook, or None
+        self.byzantine = byzantine  # hooks/attack_hook.py's hook, or None
         self.names = diagnostics.stat_names(len(self.tower_devices), byzantine is not None)
         self._stats = None
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from mgloop.phases import AGGREGATION, APPLY, COMPUTE
 from mgloop.step import non_trainable
-from mgloop.step import towers
+from mgloop.step import per_tower
 from mgloop.step import vectorized_towers
 from mgloop.step.accumulation import Pass
 
@@ -42,16 +42,16 @@ class TowerStep:
         # pass per tower (`compiled`: compiled_towers.CompiledPass, --xla_towers)
         k = replicas.towers_per_device
         self.groups = [range(t, t + k) for t in range(0, replicas.num_towers, k)]
-        self.group_pass = (compiled or towers.group_pass if k == 1
+        self.group_pass = (compiled or per_tower.group_pass if k == 1
                            else vectorized_towers.device_pass)
-        self.tower_outputs: list[towers.TowerOutput] = []  # of the last trace (exchange_timing)
+        self.tower_outputs: list[per_tower.TowerOutput] = []  # of the last trace (exchange_timing)
 
     def __call__(self, shards) -> StepResult:
         """One step on shards[t] = (x_t, y_t), each on tower t's device (T towers, W workers):
 
         1. tower t reads the values of its variable copy (shared: copy 0, sent to it);
         2. tower t computes, on its device, loss_t = mean loss over its shard and
-           g[t] = d loss_t / d v (towers.tower_pass; with K micro-batches, the mean of K),
+           g[t] = d loss_t / d v (per_tower.tower_pass; with K micro-batches, the mean of K),
            then the hooks' `alter_towers` of every g[t] (an omniscient attack);
         3. the exchange forms g = (1/T) sum_t g[t] over every worker's towers, placed per
            copy (sums already formed at home are only scaled), with the step's metrics

@@ -22,8 +22,8 @@ import math
 
 import tensorflow as tf
 
-from mgloop.spec import heads
-from mgloop.spec import losses
+from mgloop.training import heads
+from mgloop.training import losses
 
 
 class Perplexity:

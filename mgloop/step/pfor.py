@@ -20,8 +20,8 @@ import keras
 import tensorflow as tf
 
 from mgloop.errors import ConfigError
-from mgloop.spec.variables import backing
-from mgloop.step import towers as towers_lib
+from mgloop.training.variables import backing
+from mgloop.step import per_tower as towers_lib
 
 _FALLBACK = re.compile(r"Using a while_loop for converting (\w+)")
 

@@ -1,10 +1,10 @@
 """Every method between nodes: what it sends and costs, and whether real workers agree.
 
-    python experiments/nodes.py cost --models=resnet20 --rounds=3 --steps=10
-    python experiments/nodes.py cost --models=transformer_lm --rounds=3 --steps=10 \
+    python experiments/methods_between_nodes.py cost --models=resnet20 --rounds=3 --steps=10
+    python experiments/methods_between_nodes.py cost --models=transformer_lm --rounds=3 --steps=10 \
         --text_dir=DIR   (UTF-8 text files for the Transformer LM's tokens)
-    python experiments/nodes.py workers --workers=3
-    python experiments/nodes.py workers --workers=2 --methods=topk,median
+    python experiments/methods_between_nodes.py workers --workers=3
+    python experiments/methods_between_nodes.py workers --workers=2 --methods=topk,median
 
 `cost` (issue 24): bytes between nodes, ratio to dense, modelled step times and the
 measured compute overhead of every method between 2 simulated nodes. Per model, one

@@ -28,8 +28,8 @@ import keras
 import tensorflow as tf
 
 from mgloop.data import padding
-from mgloop.spec import metrics
-from mgloop.spec.variables import VariableCopy, backing
+from mgloop.training import metrics
+from mgloop.training.variables import VariableCopy, backing
 from mgloop.step import precision
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]

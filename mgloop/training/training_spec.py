@@ -33,9 +33,9 @@ from absl import logging
 import keras
 
 from mgloop.errors import ConfigError
-from mgloop.spec import losses
-from mgloop.spec import metrics as metrics_lib
-from mgloop.spec import perplexity
+from mgloop.training import losses
+from mgloop.training import metrics as metrics_lib
+from mgloop.training import perplexity
 
 _ACCURACY_NAMES = ("accuracy", "acc")
 

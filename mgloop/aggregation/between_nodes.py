@@ -36,7 +36,7 @@ quorum): the exchange runs among the live nodes only (live_exchange.py), a down 
 copies are frozen (the step's guard) and a returning node takes a live node's state at
 the end of the step before it returns (`after_update`).
 
-The topology itself (`Nodes`: which towers a node holds, its leader) is cluster/nodes.py.
+The topology itself (`Nodes`: which towers a node holds, its leader) is cluster/node_layout.py.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from mgloop.aggregation.exchange_options import ExchangeOptions
 from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceSet
-from mgloop.cluster.nodes import Nodes
-from mgloop.spec.variables import backing
+from mgloop.cluster.node_layout import Nodes
+from mgloop.training.variables import backing
 
 from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT  # noqa: F401
 

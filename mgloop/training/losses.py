@@ -45,7 +45,7 @@ import keras
 import tensorflow as tf
 
 from mgloop.errors import ConfigError
-from mgloop.spec import heads
+from mgloop.training import heads
 
 
 def is_one_hot(y_true: tf.Tensor, outputs: tf.Tensor) -> bool:

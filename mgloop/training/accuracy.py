@@ -29,8 +29,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from mgloop.spec import heads
-from mgloop.spec import losses
+from mgloop.training import heads
+from mgloop.training import losses
 
 
 @dataclasses.dataclass(frozen=True)

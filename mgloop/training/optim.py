@@ -21,8 +21,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop.spec.options import LR_SCHEDULES, OPTIMIZERS, OptimOptions  # noqa: F401
-from mgloop.spec.variables import VariableCopy, backing
+from mgloop.training.options import LR_SCHEDULES, OPTIMIZERS, OptimOptions  # noqa: F401
+from mgloop.training.variables import VariableCopy, backing
 
 schedules = keras.optimizers.schedules
 

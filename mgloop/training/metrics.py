@@ -41,8 +41,8 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.errors import ConfigError
-from mgloop.spec import accuracy
-from mgloop.spec import losses
+from mgloop.training import accuracy
+from mgloop.training import losses
 
 
 class Metric(Protocol):
