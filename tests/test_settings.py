@@ -12,11 +12,10 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import mgloop
 from mgloop.runs import config as config_lib
-from mgloop import data, models, settings
+from mgloop import data, settings
 from mgloop.data import options as data_options
-from mgloop.data import staging
 from mgloop.models import options as model_options
-from mgloop.runs import checkpoint, controller, monitor, run_dir
+from mgloop.runs import loop_options, monitor, run_dir
 from mgloop.observe import options as observe_options
 from mgloop.training import options as optim_options
 from mgloop.step import options as step_options
@@ -39,20 +38,41 @@ def warmup_check(config):
     optim_options.check_warmup(config.optim, config.train_steps)
 
 
+def model_check(config):
+    """The models part's own check (models/options.py)."""
+    model_options.check(config.models, settings.Context())
+
+
+def data_check(config):
+    """The data part's own check (data/options.py)."""
+    data_options.check(config.data, settings.Context())
+
+
+def loop_check(config):
+    """The loop part's own check (runs/loop_options.py)."""
+    loop_options.check(config.loop, settings.Context())
+
+
+def profile_check(config):
+    """--profile_steps against the loop's --train_steps (runs/monitor.py)."""
+    if config.profile_steps is not None:
+        monitor.parse_profile_steps(config.profile_steps, config.train_steps)
+
+
 def observe_check(config):
     """The observe part's own check (observe/options.py)."""
     observe_options.check(config.observe, settings.Context())
 
 
-# (a module, or a function of a Config calling a package's check; a bad setting it owns,
+# (a function of a Config calling a package's check; a bad setting it owns,
 # the line it refuses it with)
 OWN_CHECKS = [
-    (models, dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, "),
-    (controller, dict(steps_per_loop=0), r"^--steps_per_loop=0 is out of range: must be >= 1$"),
+    (model_check, dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, "),
+    (loop_check, dict(steps_per_loop=0), r"^--steps_per_loop=0 is out of range: must be >= 1$"),
     (optim_check, dict(optimizer="lion"),
      r"^--optimizer='lion' is not one of: adam, momentum, sgd$"),
     (warmup_check, dict(warmup_steps=500), r"^--warmup_steps=500 is longer than --train_steps=400"),
-    (staging, dict(staging_depth=0), r"^--staging_depth=0 is out of range: must be >= 1$"),
+    (data_check, dict(staging_depth=0), r"^--staging_depth=0 is out of range: must be >= 1$"),
     (step_check, dict(accumulation_steps=0), r"^--accumulation_steps=0 is out of range"),
     (step_check, dict(mixed_precision="fp8"), r"^--mixed_precision='fp8' is not one of"),
     (step_check, dict(batch_norm="ghost"), r"^--batch_norm='ghost' is not one of"),
@@ -60,18 +80,16 @@ OWN_CHECKS = [
     (step_check, dict(sufficient_factor_bytes=-1),
      r"^--sufficient_factor_bytes=-1 is out of range"),
     (step_check, dict(byzantine_choice="some"), r"^--byzantine_choice='some' is not one of"),
-    (checkpoint, dict(keep_checkpoints=0), r"^--keep_checkpoints=0 is out of range"),
-    (monitor, dict(profile_steps="4,2"), r"^--profile_steps='4,2' must be two steps A,B"),
+    (loop_check, dict(keep_checkpoints=0), r"^--keep_checkpoints=0 is out of range"),
+    (profile_check, dict(profile_steps="4,2"), r"^--profile_steps='4,2' must be two steps A,B"),
     (observe_check, dict(links=("10gbit",)), r"^--link=10gbit"),
     (observe_check, dict(compute="a200"), r"^--compute=a200: 'a200' is not measured"),
 ]
 
 
-@pytest.mark.parametrize("module, bad, pattern", OWN_CHECKS,
-                         ids=[f"{m.__name__}:{next(iter(b))}" for m, b, _ in OWN_CHECKS])
-def test_each_module_checks_its_own_settings_with_the_gates_line(module, bad, pattern, logdir):
-    check = module if callable(module) else (
-        lambda config: module.check_settings(_own_part(module, config)))
+@pytest.mark.parametrize("check, bad, pattern", OWN_CHECKS,
+                         ids=[f"{c.__name__}:{next(iter(b))}" for c, b, _ in OWN_CHECKS])
+def test_each_part_checks_its_own_settings_with_the_gates_line(check, bad, pattern, logdir):
     check(Config())  # the defaults pass
     with pytest.raises(mgloop.ConfigError, match=pattern) as own:
         check(Config(**bad))
@@ -79,11 +97,6 @@ def test_each_module_checks_its_own_settings_with_the_gates_line(module, bad, pa
         Config(logdir=logdir, **bad).validated()
     assert str(gate.value) == str(own.value)
     assert not os.path.exists(logdir)  # refused before the logdir was made
-
-
-def _own_part(module, config):
-    """What `module.check_settings` takes of `config`: its package's part, else the whole."""
-    return {models: config.models, staging: config.data}.get(module, config)
 
 
 def test_data_resolves_the_batch_and_the_data_dir():

@@ -33,7 +33,8 @@ PACKAGE = os.path.join(ROOT, "mgloop")
 ENTRY_POINTS = ("train.py", "launch.py", "sweep.py")
 OPTIONS_MODULES = ("mgloop.cluster.options", "mgloop.aggregation.exchange_options",
                    "mgloop.step.options", "mgloop.data.options", "mgloop.models.options",
-                   "mgloop.training.options", "mgloop.observe.options")
+                   "mgloop.training.options", "mgloop.observe.options",
+                   "mgloop.runs.loop_options")
 
 
 def _loaded_after(code: str, heavy=("tensorflow", "keras", "numpy")) -> list:

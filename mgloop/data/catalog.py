@@ -124,7 +124,7 @@ def check(name: str, data_dir: str | None) -> None:
     source.check_files(data_dir)
 
 
-def check_settings(options: DataOptions, towers: int,
+def check_dataset_and_batch(options: DataOptions, towers: int,
                    devices_flag: str) -> tuple[int, str | None]:
     """--dataset and its --data_dir (expanded), and the batch: returns (global batch, data_dir).
 
@@ -172,7 +172,7 @@ def check_partition(options: DataOptions) -> None:
             if source.train is not None else
             "it is a language-model dataset (sequences of tokens, no class label per example)"
             if source.sequenced else None)
-    partition.check_settings(options.partition, options.dataset, kind)
+    partition.check_spec(options.partition, options.dataset, kind)
 
 
 def sequence_length_of(options: DataOptions) -> int | None:
@@ -191,6 +191,6 @@ def load(name: str, seed: int, data_dir: str | None = None,
     return source.load(seed, data_dir)
 
 
-__all__ = ["InMemoryDataset", "names", "check", "check_settings", "check_model", "load",
+__all__ = ["InMemoryDataset", "names", "check", "check_dataset_and_batch", "check_model", "load",
            "register", "load_input", "as_input", "Input", "Reading", "Batched", "Examples",
            "Weighted"]

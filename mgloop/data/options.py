@@ -70,8 +70,8 @@ def check(options: DataOptions, context: Context) -> DataOptions:
     returns the options resolved: --data_dir expanded, both batch sizes (the global one
     split over the towers), and a sequenced dataset's default --sequence_length."""
     from mgloop.data import catalog, staging  # noqa: PLC0415 -- they load TensorFlow
-    staging.check_settings(options)
-    global_batch, data_dir = catalog.check_settings(options, context.num_towers,
+    staging.check_staging(options)
+    global_batch, data_dir = catalog.check_dataset_and_batch(options, context.num_towers,
                                                     context.devices_flag)
     catalog.check_partition(options)
     return dataclasses.replace(options, data_dir=data_dir, global_batch_size=global_batch,

@@ -109,7 +109,7 @@ def parse(spec: str) -> Partition:
     return Partition(DIRICHLET, alpha)
 
 
-def check_settings(spec: str, dataset: str, source_kind: str | None) -> None:
+def check_spec(spec: str, dataset: str, source_kind: str | None) -> None:
     """--partition=`spec` parses; dirichlet only for a built-in in-memory labelled dataset.
     `source_kind`: None for such a dataset, else why --dataset=`dataset` has no class labels
     to deal (catalog.py)."""

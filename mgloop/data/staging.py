@@ -48,7 +48,7 @@ from mgloop.data.options import DataOptions
 from mgloop.data.options import STAGING_MODES as MODES  # noqa: F401
 
 
-def check_settings(options: DataOptions) -> None:
+def check_staging(options: DataOptions) -> None:
     """--staging names a mode; --staging_depth >= 1."""
     choice("staging", options.staging, MODES)
     in_range("staging_depth", options.staging_depth, low=1)

@@ -36,5 +36,5 @@ def check(options: ModelOptions, context: Context) -> ModelOptions:
     model's own (registry.py); returns the options with the model's own settings resolved
     to its builder's defaults where unset (the values a run records)."""
     from mgloop.models import registry  # noqa: PLC0415 -- it loads Keras
-    registry.check_settings(options)
+    registry.check_model_sizes(options)
     return dataclasses.replace(options, **registry.resolved_settings(options))

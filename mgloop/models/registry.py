@@ -23,7 +23,7 @@ _SEQUENCES: set[str] = set()  # the models that read sequences of tokens
 def register(name: str, settings: tuple[str, ...] = (), check: Callable | None = None,
              sequences: bool = False):
     """`settings`: ModelOptions fields (default None) the builder takes as keyword
-    arguments; set for another model, they are refused (check_settings).
+    arguments; set for another model, they are refused (check_model_sizes).
     `check(options)` refuses a bad combination of them (ConfigError, one line).
     `sequences`: the model reads sequences of tokens, so a --dataset without them is
     refused (check_data)."""
@@ -51,7 +51,7 @@ def get(name: str) -> ModelBuilder:
         raise ConfigError(f"--model={name!r} is not one of: {', '.join(names())}") from None
 
 
-def check_settings(options: ModelOptions) -> None:
+def check_model_sizes(options: ModelOptions) -> None:
     """--model names a registered model; another model's settings are not set."""
     choice("model", options.model, names())
     for model, fields in _SETTINGS.items():

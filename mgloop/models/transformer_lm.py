@@ -26,7 +26,7 @@ from mgloop.models.options import ModelOptions
 DEFAULT_LAYERS, DEFAULT_WIDTH, DEFAULT_HEADS = 2, 64, 4
 
 
-def check_settings(options: ModelOptions) -> None:
+def check_sizes(options: ModelOptions) -> None:
     """--lm_width is a multiple of --lm_heads (each head gets width / heads). That the data
     are token sequences is the registry's check_data (sequences=True)."""
     width = options.lm_width or DEFAULT_WIDTH
@@ -37,7 +37,7 @@ def check_settings(options: ModelOptions) -> None:
 
 
 @register("transformer_lm", settings=("lm_layers", "lm_width", "lm_heads"),
-          check=check_settings, sequences=True)
+          check=check_sizes, sequences=True)
 def transformer_lm(input_shape, num_classes, lm_layers=DEFAULT_LAYERS, lm_width=DEFAULT_WIDTH,
                    lm_heads=DEFAULT_HEADS):
     if len(input_shape) != 1:

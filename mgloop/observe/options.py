@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import Context, setting
+from mgloop.settings import Context, in_range, setting
 
 _WRITES = "only what is written and how often, not what is computed"
 
@@ -59,12 +59,16 @@ class ObserveOptions:
 
 
 def check(options: ObserveOptions, context: Context) -> ObserveOptions:
-    """Every --link parses into one model (link_model.check_links) and --compute names a
-    way to set the compute (hardware.parse); returns `options` unchanged. Checked beside
-    it: --node_speeds against the node count (hardware.parse_speeds), the intervals and
-    --profile_steps with the loop's settings (runs/controller.py, runs/monitor.py)."""
+    """The intervals are >= 0 (0: none, or only at the end), every --link parses into one
+    model (link_model.check_links) and --compute names a way to set the compute
+    (hardware.parse); returns `options` unchanged. Checked beside it, as combinations:
+    --node_speeds against the node count (hardware.parse_speeds), --profile_steps against
+    --train_steps (runs/monitor.parse_profile_steps)."""
     from mgloop.observe import hardware, link_model
 
+    for name in ("summary_every", "log_every", "eval_every", "histogram_every",
+                 "breakdown_every"):
+        in_range(name, getattr(options, name), low=0)
     link_model.check_links(options.links)
     hardware.parse(options.compute)
     return options

@@ -50,14 +50,7 @@ import tensorflow as tf
 from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint_files
 from mgloop.runs import failures
-from mgloop.settings import in_range
 from mgloop.training.variables import backing
-
-
-def check_settings(config) -> None:
-    """--checkpoint_every >= 0 (0: only at the end), --keep_checkpoints >= 1."""
-    in_range("checkpoint_every", config.checkpoint_every, low=0)
-    in_range("keep_checkpoints", config.keep_checkpoints, low=1)
 
 
 def _forget_glob_patterns() -> None:

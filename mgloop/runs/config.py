@@ -8,7 +8,7 @@
     config.models    ModelOptions     models/options.py: the model and its sizes
     config.optim     OptimOptions     training/options.py: optimizer and schedule
     config.observe   ObserveOptions   observe/options.py: summaries, logs, link model
-    config.loop      LoopOptions      here: steps, checkpoints, folders, seed
+    config.loop      LoopOptions      runs/loop_options.py: steps, checkpoints, folders, seed
 
 Each field is a `settings.setting`: its help line (the flag's), its choices and whether it
 can change a result (HParams) live beside it; flags.py makes the flags from the fields.
@@ -31,37 +31,11 @@ from mgloop.cluster.options import ClusterOptions
 from mgloop.data.options import DataOptions
 from mgloop.models.options import ModelOptions
 from mgloop.observe.options import ObserveOptions
+from mgloop.runs.loop_options import LoopOptions
 from mgloop import settings as settings_lib
-from mgloop.settings import setting
 from mgloop.training.options import OptimOptions
 from mgloop.step.options import StepOptions
 
-_WHERE = "only where files go"  # reasons why a setting changes no result (HParams)
-_WRITES = "only what is written and how often, not what is computed"
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopOptions:
-    """How long a run trains, where it writes, and its seed: the runs part (`config.loop`)."""
-
-    train_steps: int = setting(400, "train until the global step reaches this (resumes count)",
-                               hparam=True)
-    steps_per_loop: int = setting(
-        20, "steps run inside one compiled tf.function call",
-        neutral="the same steps run, only fewer or more per compiled call")
-    checkpoint_every: int = setting(
-        200, "steps between checkpoints (0: only at the end of training)",
-        neutral="a save reads the variables; a resume continues bit-identically")
-    keep_checkpoints: int = setting(3, "how many recent checkpoints to keep", neutral=_WRITES)
-    logdir: str | None = setting(
-        None, "run folder for events, checkpoints, summary.json (default: a fresh timestamped "
-        "folder under the temp dir)", neutral=_WHERE)
-    export_dir: str | None = setting(
-        None, "save the template model here as model.keras (Keras native format)",
-        neutral=_WHERE)
-    seed: int = setting(0, "seed of data, initialisation and shuffling", hparam=True)
-    deterministic: bool = setting(False, "TensorFlow op determinism: bit-repeatable runs",
-                                  hparam=True)
 
 
 PARTS = {"cluster": ClusterOptions, "exchange": ExchangeOptions, "step": StepOptions,

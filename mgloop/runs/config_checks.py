@@ -31,12 +31,10 @@ from mgloop.errors import ConfigError
 from mgloop.models import options as model_options
 from mgloop.observe import hardware
 from mgloop.observe import options as observe_options
-from mgloop.runs import checkpoint
-from mgloop.runs import controller
+from mgloop.runs import loop_options
 from mgloop.runs import monitor
 from mgloop.runs import run_dir
 from mgloop.settings import Context, check_finite
-from mgloop.settings import in_range as _check_range
 from mgloop.training import options as optim_options
 from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.step import options as step_options
@@ -45,13 +43,12 @@ from mgloop.step.hooks import attacks as byzantine
 if TYPE_CHECKING:
     from mgloop.runs.config import Config
 
-# numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
-MAX_SEED = 2**32 - 1
 # The parts each package checks, in this order: the exchange first, as it loads the --plugin
 # modules, which may register the datasets and models checked after it.
 PART_CHECKS = (("exchange", exchange_options.check), ("step", step_options.check),
                ("models", model_options.check), ("optim", optim_options.check),
-               ("observe", observe_options.check), ("data", data_options.check))
+               ("observe", observe_options.check), ("data", data_options.check),
+               ("loop", loop_options.check))
 
 
 def validated(config: Config, on_disk: bool = True) -> Config:
@@ -67,11 +64,11 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     given = config.parts()
     for name, check in PART_CHECKS:
         parts[name] = check(given[name], context)
-    _check_loop(config)
     _check_combinations(config, context, parts)
     logdir = (run_dir.prepare(config.logdir, config.export_dir) if on_disk
               else run_dir.check_creatable(config.logdir, config.export_dir))
-    resolved = type(config)(**parts, loop=dataclasses.replace(config.loop, logdir=logdir))
+    parts["loop"] = dataclasses.replace(parts["loop"], logdir=logdir)
+    resolved = type(config)(**parts)
     if on_disk:
         run_dir.check_resumable(resolved)
     return resolved
@@ -90,13 +87,6 @@ def _context(config: Config) -> Context:
     return Context(request=request, workers=workers, num_workers=num_workers,
                    num_towers=request.num_towers * num_workers, devices_flag=devices_flag,
                    seed=config.seed, deterministic=config.deterministic)
-
-
-def _check_loop(config: Config) -> None:
-    """The loop's own settings (runs/: steps per call, checkpoints, profiles, the seed)."""
-    for module in (controller, checkpoint, monitor):
-        module.check_settings(config)
-    _check_range("seed", config.seed, low=0, high=MAX_SEED)
 
 
 def _check_combinations(config: Config, context: Context, parts: dict) -> None:
@@ -121,6 +111,8 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     data.check_model(data_part, model_part.model)  # the dataset feeds the model
     models.check_data(model_part, data_part.dataset, data_part.sequence_length)
     hardware.parse_speeds(parts["observe"].node_speeds, num_nodes)  # one factor per node
+    if parts["observe"].profile_steps is not None:  # steps A+1 .. B of the run
+        monitor.parse_profile_steps(parts["observe"].profile_steps, config.train_steps)
     _check_cluster(step, context.workers)
 
 

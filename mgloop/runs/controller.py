@@ -29,7 +29,6 @@ from mgloop.runs import failures
 from mgloop.runs.thinned import Thinned
 from mgloop.runs.trainer import Trainer
 from mgloop.runs.windows import Progress, TimedLoop, Window, run_loop
-from mgloop.settings import in_range
 from mgloop.training import metrics as metrics_lib
 
 
@@ -88,14 +87,6 @@ class FitResult:
     input_ended: bool = False  # the input ran out before train_steps
     stopped: bool = False  # should_stop() ended the fit early (a signal: preemption.py)
     stopped_by: object = None  # the callback that ended the fit early (callbacks.py)
-
-
-def check_settings(config) -> None:
-    """--train_steps, --steps_per_loop and the intervals of summaries and log lines."""
-    in_range("train_steps", config.train_steps, low=0)
-    in_range("steps_per_loop", config.steps_per_loop, low=1)
-    in_range("summary_every", config.summary_every, low=0)
-    in_range("log_every", config.log_every, low=0)
 
 
 def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,

@@ -33,18 +33,6 @@ from mgloop.errors import ConfigError
 from mgloop.observe import breakdown
 from mgloop.observe import diagnostics
 from mgloop.runs.trainer import Trainer
-from mgloop.settings import in_range
-
-
-def check_settings(config) -> None:
-    """--diagnostics, --eval_every, --histogram_every, --profile_steps, --breakdown_every."""
-    in_range("eval_every", config.eval_every, low=0)
-    in_range("histogram_every", config.histogram_every, low=0)
-    in_range("breakdown_every", config.breakdown_every, low=0)
-    # --diagnostics (on by default) with a single-loss method: there is no per-tower loss or
-    # gradient to describe, so none is written (assemble.build logs it once).
-    if config.profile_steps is not None:
-        parse_profile_steps(config.profile_steps, config.train_steps)
 
 
 def parse_profile_steps(value: str, train_steps: int) -> tuple[int, int]:

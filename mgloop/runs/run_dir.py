@@ -9,7 +9,6 @@ Nothing here creates a device or a variable; the only side effect is creating th
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import os
