@@ -26,17 +26,15 @@ import dataclasses
 import typing
 from typing import Iterator
 
+from mgloop import settings as settings_lib
 from mgloop.aggregation.exchange_options import ExchangeOptions
 from mgloop.cluster.options import ClusterOptions
 from mgloop.data.options import DataOptions
 from mgloop.models.options import ModelOptions
 from mgloop.observe.options import ObserveOptions
 from mgloop.runs.loop_options import LoopOptions
-from mgloop import settings as settings_lib
-from mgloop.training.options import OptimOptions
 from mgloop.step.options import StepOptions
-
-
+from mgloop.training.options import OptimOptions
 
 PARTS = {"cluster": ClusterOptions, "exchange": ExchangeOptions, "step": StepOptions,
          "data": DataOptions, "models": ModelOptions, "optim": OptimOptions,
