@@ -14,7 +14,7 @@ import os
 import mgloop
 
 ROOT = os.path.dirname(mgloop.__file__)
-GROUND = {"errors", "settings", "phases"}
+GROUND = {"errors", "settings", "phases", "lazy_package"}
 ENTRY_POINTS = {"train", "launch", "sweep"}
 RANK = {"ground": 0, "cluster": 1, "training": 1, "data": 1, "aggregation": 2, "models": 2,
         "observe": 3, "step": 4, "runs": 5, "entry": 6}

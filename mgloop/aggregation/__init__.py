@@ -13,22 +13,8 @@ May import: ground modules, cluster/ (devices, workers, node_layout: the nodes' 
 the other way round.
 """
 
+from mgloop import lazy_package
 
-import importlib
-import importlib.util
-
-_BODY = "mgloop.aggregation.registry"
-
-
-def __getattr__(name):
-    """Everything but mgloop.aggregation.exchange_options is loaded on first use from registry.py, so that
-    importing `mgloop.aggregation.exchange_options` (a settings part: plain Python) loads no TensorFlow."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
-        return importlib.import_module(f"{__name__}.{name}")
-    body = importlib.import_module(_BODY)
-    try:
-        return getattr(body, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# Everything but the settings part (mgloop.aggregation.exchange_options, plain Python) is loaded on first
+# use from registry.py.
+__getattr__ = lazy_package.getattr_of(__name__, "mgloop.aggregation.registry")

@@ -20,22 +20,8 @@ batch_split.py (how a step's examples split among workers and towers).
 May import: ground modules only. Every package above reads data through here.
 """
 
+from mgloop import lazy_package
 
-import importlib
-import importlib.util
-
-_BODY = "mgloop.data.catalog"
-
-
-def __getattr__(name):
-    """Everything but mgloop.data.options is loaded on first use from catalog.py, so that
-    importing `mgloop.data.options` (a settings part: plain Python) loads no TensorFlow."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
-        return importlib.import_module(f"{__name__}.{name}")
-    body = importlib.import_module(_BODY)
-    try:
-        return getattr(body, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# Everything but the settings part (mgloop.data.options, plain Python) is loaded on first
+# use from catalog.py.
+__getattr__ = lazy_package.getattr_of(__name__, "mgloop.data.catalog")

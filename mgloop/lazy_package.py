@@ -1,0 +1,28 @@
+"""A package whose body loads on first use, so that importing one plain module of it (its
+settings part, `options.py`) loads no TensorFlow.
+
+`__getattr__ = lazy_package.getattr_of(__name__, "mgloop.data.catalog")` in a package's
+`__init__`: `package.name` is then the package's module `name` when there is one (imported
+directly, never through the body, so a module of the package imported first finds the
+body's names without a cycle), else the body's attribute `name`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Callable
+
+
+def getattr_of(package: str, body: str) -> Callable[[str], object]:
+    """The module `__getattr__` of `package`, whose other names live in module `body`."""
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if importlib.util.find_spec(f"{package}.{name}") is not None:  # a module of the package
+            return importlib.import_module(f"{package}.{name}")
+        try:
+            return getattr(importlib.import_module(body), name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+    return __getattr__
