@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop.cluster import devices
+from mgloop.step import replicas
 from mgloop.training.variables import VariableCopy
 from tests import helpers
 
@@ -20,12 +21,12 @@ def method_on_copies(spec: str, towers: int, init, values=None, step_fn=True):
     `init` on every copy), its state built from `init`; with `step_fn`, also its
     `after_update` traced once (a concrete function)."""
     device_set = devices.setup(devices.parse(f"cpu:{towers}"))
-    method = aggregation.make(spec, device_set)
+    method = aggregation.make(spec, device_set,
+                              step_counter=replicas.global_step_on(device_set.host))
     copies = []
     for device, held in zip(device_set.towers, values or [init] * towers):
         with tf.device(device):
             copies.append(VariableCopy(device, [tf.Variable(w) for w in held], []))
-    method.step_counter = tf.Variable(0, dtype=tf.int64)
     method.build(copies[0].trainable if values is None else [tf.Variable(w) for w in init])
     if not step_fn:
         return method, copies

@@ -25,7 +25,7 @@ from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from mgloop.training import optim
 from mgloop.step.hooks.node_failures import hook_for
-from mgloop.step.replicas import Replicas
+from mgloop.step.replicas import Replicas, global_step_on
 from tests import helpers, tolerance
 
 
@@ -135,7 +135,8 @@ def test_diloco_with_a_node_down_mid_period_follows_the_rule_op_for_op():
                                   global_batch_size=12).validated(False)
     device_set = devices.setup(devices.parse("cpu:3"))
     failures = node_failures.schedule_of(config.exchange, config.train_steps)
-    method = nodes_lib.make(config.exchange, device_set, aggregation.make, failures=failures)
+    method = nodes_lib.make(config.exchange, device_set, aggregation.make, failures=failures,
+                            step_counter=global_step_on(device_set.host))
     rng = np.random.default_rng(5)
     w0 = (rng.integers(-15, 16, size=(3, 2)) / 8.0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, use_bias=False)])

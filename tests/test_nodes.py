@@ -23,6 +23,7 @@ from mgloop.aggregation.compression.topk import kept
 from mgloop.aggregation.traffic import Traffic
 from mgloop.step.hooks.attacks import parse_attack
 from mgloop.runs.config import Config
+from mgloop.step import replicas
 from mgloop.errors import ConfigError
 from mgloop.step.hooks.attack_hook import ByzantineTowers
 from tests import helpers, tolerance
@@ -61,8 +62,7 @@ def config_of(spec, nodes, **more):
     return Config(aggregation=spec, devices="cpu:4", nodes=nodes, **more).exchange
 
 
-def built(method, variables, step):
-    method.step_counter = step
+def built(method, variables):
     method.build(variables)
     return method
 
@@ -73,12 +73,12 @@ def test_the_method_between_nodes_is_the_method_on_the_node_means(spec, nodes):
     towers gives its tower n, bit for bit; the method's state is one per node."""
     device_set = devices.setup(devices.parse("cpu:4"))
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
-    step = tf.Variable(0, dtype=tf.int64)
-    at_nodes = built(nodes_lib.make(config_of(spec, nodes), device_set, aggregation.make),
-                     variables, step)
+    step = replicas.global_step_on(device_set.host)  # both methods read it
+    at_nodes = built(nodes_lib.make(config_of(spec, nodes), device_set, aggregation.make,
+                                    step_counter=step), variables)
     assert isinstance(at_nodes, nodes_lib.NodeLevel) and at_nodes.num_towers == 4
-    alone = built(aggregation.make(spec, devices.setup(devices.parse(f"cpu:{nodes}"))),
-                  variables, step)
+    alone = built(aggregation.make(spec, devices.setup(devices.parse(f"cpu:{nodes}")),
+                                   step_counter=step), variables)
     assert len(at_nodes.state_variables) == len(alone.state_variables)
     per_node = 4 // nodes
     # compiled, as in a step (collective ops, e.g., need a function to run in)
@@ -99,8 +99,9 @@ def test_the_method_between_nodes_is_the_method_on_the_node_means(spec, nodes):
 def test_grad_reduce_sum_is_the_mean_times_the_towers():
     device_set = devices.setup(devices.parse("cpu:4"))
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
-    method = built(nodes_lib.make(config_of("ring", 2), device_set, aggregation.make),
-                   variables, tf.Variable(0, dtype=tf.int64))
+    method = built(nodes_lib.make(config_of("ring", 2), device_set, aggregation.make,
+                                  step_counter=replicas.global_step_on(device_set.host)),
+                   variables)
     values = placed(device_set.towers, dyadic_gradients(4, seed=9))
     mean, total = method.reduce(values, variables), method.reduce(values, variables, False)
     for a, b in zip(mean[3], total[3]):
@@ -113,8 +114,9 @@ def test_traffic_is_split_within_and_between_nodes_exactly():
     sends its k float32 values and k uint8 indices (n <= 256) to the other (5k bytes)."""
     device_set = devices.setup(devices.parse("cpu:4"))
     variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
-    method = built(nodes_lib.make(config_of("topk:ratio=0.3", 2), device_set,
-                                  aggregation.make), variables, tf.Variable(0, dtype=tf.int64))
+    method = built(nodes_lib.make(config_of("topk:ratio=0.3", 2), device_set, aggregation.make,
+                                  step_counter=replicas.global_step_on(device_set.host)),
+                   variables)
     with method.step():
         method.reduce(placed(device_set.towers, dyadic_gradients(4, seed=1)), variables)
     tiers = method.traffic.tiers_as_dict()
@@ -142,8 +144,9 @@ def test_buckets_fuse_the_gathered_wires_into_fewer_messages_of_the_same_bytes(p
     outputs = []
     for bucket in (pack_bytes, 0):
         method = built(nodes_lib.make(config_of("topk:ratio=0.3", 2, pack_bytes=bucket),
-                                      device_set, aggregation.make), variables,
-                       tf.Variable(0, dtype=tf.int64))
+                                      device_set, aggregation.make,
+                                      step_counter=replicas.global_step_on(device_set.host)),
+                       variables)
         with method.step():
             outputs.append(method.reduce(placed(device_set.towers,
                                                 dyadic_gradients(4, seed=2)), variables))

@@ -1,21 +1,19 @@
 """The aggregation interface: where variable copies live and how gradients meet.
 
-Notation: T towers; tower t computes g[t][v], the gradient of the mean loss over
-its shard (B/T examples of the global batch B) with respect to variable v. With
-equal shards, the gradient of the mean loss over the global batch is
+Notation: T towers; tower t computes g[t][v], the gradient of the mean loss over its shard
+(B/T examples of the global batch B) with respect to variable v. With equal shards, the
+gradient of the mean loss over the global batch is
 
     g[v] = (1/T) * sum_t g[t][v]
 
-and every aggregation returns exactly that (mean semantics), placed where each
-variable copy lives, so the update is the one a single device would make.
-With `--grad_reduce=sum` the 1/T is left out (the sum over towers).
+and every aggregation returns exactly that (mean semantics), placed where each variable copy
+lives, so the update is the one a single device would make. With `--grad_reduce=sum` the 1/T
+is left out (the sum over towers).
 
-Every tensor that crosses from one device to another goes through `send`,
-which (a) casts it to `--transport_dtype` on the sending device and back to
-its own dtype on the receiving one, so sums are always accumulated in the
-gradient's dtype, and (b) counts the bytes each device sends and receives.
-The counts are taken while the step is traced, so they are exactly what the
-algorithm moves per step, not an estimate.
+Every tensor that crosses from one device to another goes through `send`, which (a) casts it
+to `--transport_dtype` on the sending device and back to its own dtype on the receiving one,
+so sums are always accumulated in the gradient's dtype, and (b) counts the bytes each device
+sends and receives, while the step is traced: exactly what the algorithm moves per step.
 
 Longer than ~300 lines with no natural split: it is one class, the contract every method
 subclasses, each capability and hook documented where it is declared.
@@ -128,10 +126,6 @@ class Aggregation(abc.ABC):
     # The other workers' copies of this method (peers.py; from `between_workers`), at the nodes
     # between processes (one tower per worker): its transports use collectives between them.
     peers = None
-    # The global step (int64, the number of steps done before the one running; checkpointed),
-    # set by replicas.py before `build`: a method that acts every H steps reads it, never
-    # writes it. None until then (a method's `reduce` alone, as the contract test calls it).
-    step_counter: tf.Variable | None = None
 
     @classmethod
     def error_bound(cls, options: Options, num_towers: int) -> float | None:
@@ -154,8 +148,8 @@ class Aggregation(abc.ABC):
 
     def __init__(self, devices: DeviceSet, options: Options | None = None,
                  transport_dtype: str = "float32", *, cluster=None, between_workers=None,
-                 traffic: Traffic | None = None):
-        self.devices = devices
+                 traffic: Traffic | None = None, step_counter: tf.Variable | None = None):
+        self.devices, self._step_counter = devices, step_counter  # global_step_on's
         self.options = self.options_type() if options is None else options
         if not isinstance(self.options, self.options_type):
             raise TypeError(f"aggregation {self.name!r} takes {self.options_type.__name__}, "
@@ -164,6 +158,17 @@ class Aggregation(abc.ABC):
         self.traffic = Traffic() if traffic is None else traffic  # a wrapper's: shared
         self.cluster = cluster
         self.peers = between_workers and Peers.make(between_workers, self.parameter_devices()[0])
+
+    @property
+    def step_counter(self) -> tf.Variable:
+        """The global step (training/variables.py's `global_step_on`), given at construction:
+        a method reads it, never writes it (the replicas advance it). A method made without
+        one (a plugin's `__init__` that takes no counter, a test's) makes it here."""
+        if self._step_counter is None:
+            from mgloop.training.variables import global_step_on
+            with tf.init_scope():  # once, outside any function being traced
+                self._step_counter = global_step_on(self.devices.host)
+        return self._step_counter
 
     @property
     def num_towers(self) -> int:
@@ -191,10 +196,9 @@ class Aggregation(abc.ABC):
         `variables`, once built and before any copy (assemble.py). Default: any model."""
 
     def build(self, variables: Sequence[tf.Variable]) -> None:
-        """Creates the method's own state once, after the variable copies exist and before
-        any restore: `variables` are copy 0's trainable variables (shapes, dtypes, homes).
-        Make tf.Variables (trainable=False) on the devices the method chooses and list them
-        in `state_variables`. Default: no state."""
+        """Creates the method's own state once, after the variable copies exist and before any
+        restore: `variables` are copy 0's trainable variables (shapes, dtypes, homes). Make
+        tf.Variables (trainable=False) where it chooses, in `state_variables`. Default: none."""
 
     @property
     def state_variables(self) -> list[tf.Variable]:
@@ -211,22 +215,19 @@ class Aggregation(abc.ABC):
         """Devices of the variable copies: one for SHARED, one per tower for REPLICATED."""
 
     def tower_values(self, tower: int, values: list[tf.Tensor]) -> list[tf.Tensor]:
-        """The trainable values tower `tower` computes with, given copy `values` it reads
-        (on the copy's devices, before any send). Default: those values (stale reads:
-        stale.py's `delay`)."""
+        """The trainable values tower `tower` computes with, given copy `values` it reads (on
+        the copy's devices, before any send). Default: those (stale reads: stale.py's `delay`)."""
         return values
 
     def after_update(self, copies) -> list:
-        """Runs in every step once every copy has applied its update and before the step
-        counter advances (`step_counter` still holds this step's index s); may assign the
-        copies (parameter averaging every H steps: local_steps.py). Returns ops the step's
-        end waits for. Default: nothing (every synchronous method)."""
+        """Runs in every step once every copy has applied its update, before the step counter
+        advances (`step_counter` holds this step's index s); may assign the copies (averaging
+        every H steps: local_steps.py). Returns ops the step's end waits for. Default: none."""
         return []
 
     def syncs(self) -> list:
-        """What `after_update` synchronises, as `Sync`s (traffic.py: its occasion, its due
-        tensor, the trainable variables it changes), for a wrapper that hands the synced
-        values on (nodes.py). Default: none."""
+        """What `after_update` synchronises, as `Sync`s (traffic.py: its occasion, its due tensor,
+        the trainable variables it changes), for a wrapper that hands them on. Default: none."""
         return []
 
     def variable_scope(self):
@@ -239,18 +240,17 @@ class Aggregation(abc.ABC):
         """Averages (or, with average=False, sums) per-tower values.
 
         Args:
-          tower_values: tower_values[t][v], tower t's value for variable v,
-            resident on tower t's device.
-          variables: variable copy 0's variables the values belong to (methods
-            that place by variable read their devices).
-        Only trainable gradients arrive here. A `summable` method may receive them
-        packed (`--pack_bytes`, on by default; exchange.py): value i is then the 1-D
-        concatenation of the gradients of bucket i (packing.py) and variables[i] the
-        bucket's first variable; a method with state per variable declares
-        `summable = False` and always receives one gradient per variable.
+          tower_values: tower_values[t][v], tower t's value for variable v, on its device.
+          variables: variable copy 0's variables the values belong to (methods that place
+            by variable read their devices).
+        Only trainable gradients arrive here. A `summable` method may receive them packed
+        (`--pack_bytes`, on by default; exchange.py): value i is then the 1-D concatenation
+        of the gradients of bucket i (packing.py) and variables[i] the bucket's first
+        variable; a method with state per variable declares `summable = False` and always
+        receives one gradient per variable.
         Returns:
-          out[c][v] = (1/T) * sum_t tower_values[t][v], placed on the device of
-          variable copy c (len(out) == len(parameter_devices())).
+          out[c][v] = (1/T) * sum_t tower_values[t][v], placed on the device of variable
+          copy c (len(out) == len(parameter_devices())).
         """
 
     def reduce_with_metrics(self, tower_values: Sequence[Gradients],

@@ -41,6 +41,7 @@ The topology itself (`Nodes`: which towers a node holds, its leader) is cluster/
 
 from __future__ import annotations
 
+import inspect
 
 import tensorflow as tf
 
@@ -63,7 +64,8 @@ class NodeLevel(Wrapper):
     """`method` (made on the node leaders) between nodes; `within` (an exact method's name,
     or DIRECT) inside each node, made with `make(spec, DeviceSet, dtype, traffic=...)`.
     `failures`: node_failures.Schedule (nodes down on some steps) or None, and
-    `live_methods` {live nodes: the method on their leaders} (made with this traffic).
+    `live_methods` {live nodes: the method on their leaders} (made with this traffic and
+    `method`'s step counter, as `make` makes them).
     `cluster`: the workers, each one node (this process is node `cluster.index`)."""
 
     def __init__(self, method: Aggregation, devices: DeviceSet, nodes: Nodes,
@@ -109,7 +111,6 @@ class NodeLevel(Wrapper):
     def build(self, variables):
         super().build(variables)
         for method in self.live_methods.values():  # node failures: an exact method's copies
-            method.step_counter = self.step_counter
             method.build(variables)
 
     def node_means(self, tower_values, variables, nodes=None) -> list[list[tf.Tensor]]:
@@ -231,27 +232,41 @@ def method_at_nodes(options: ExchangeOptions, num_workers: int = 1) -> bool:
 
 
 def make(options: ExchangeOptions, devices: DeviceSet, make_method, workers=None,
-         failures=None) -> Aggregation:
+         failures=None, step_counter=None) -> Aggregation:
     """The run's aggregation for the exchange `options`: the method on the node leaders
     inside a NodeLevel when the method is at the nodes, else on every tower (its traffic
     split by node all the same); with several workers, inside the cross-worker stage.
     Several workers at the nodes: this process is one node; the method is made on its
     leader between the workers (its `peers`, peers.py), so its transport runs between the
     processes. `make_method(spec, DeviceSet, dtype, **construction)`: registry.make;
-    `failures`: the --node_failures schedule (node_failures.schedule_of), or None."""
+    `failures`: the --node_failures schedule (node_failures.schedule_of), or None;
+    `step_counter`: the global step (global_step_on), given to every method that takes it
+    (the wrappers take their inner method's; a method whose `__init__` takes no counter
+    makes its own: base.py `step_counter`)."""
     if workers is not None and workers.num_workers > 1:
         from mgloop.aggregation.cross_worker import CrossWorker  # it loads the registry
-        return CrossWorker(_made(options, devices, make_method, workers, failures), workers)
-    return _made(options, devices, make_method, None, failures)
+        return CrossWorker(_made(options, devices, make_method, workers, failures,
+                                 step_counter), workers)
+    return _made(options, devices, make_method, None, failures, step_counter)
 
 
-def _made(options, devices, make_method, workers, failures) -> Aggregation:
+def _takes(method: type[Aggregation], keyword: str) -> bool:
+    """Whether `method(...)` accepts `keyword`: Aggregation's `__init__` does, and so does
+    every one that passes its other keywords on; a plugin's fixed `__init__` may not."""
+    parameters = inspect.signature(method.__init__).parameters.values()
+    return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def _made(options, devices, make_method, workers, failures, step_counter) -> Aggregation:
     """`make`'s method inside one process (with `workers`: this worker's stage)."""
     spec, dtype = options.aggregation, options.transport_dtype
 
     def made(spec, devices, transport_dtype, **construction):
-        if registry.get(spec).buckets_payloads:  # its gathered payloads travel in buckets
+        method = registry.get(spec)
+        if method.buckets_payloads:  # its gathered payloads travel in buckets
             construction["bucket_bytes"] = options.pack_bytes
+        if step_counter is not None and _takes(method, "step_counter"):
+            construction["step_counter"] = step_counter
         return make_method(spec, devices, transport_dtype, **construction)
     if workers is not None and method_at_nodes(options, workers.num_workers):
         nodes = Nodes(tuple(devices.towers), 1, devices.host)

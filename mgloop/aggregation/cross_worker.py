@@ -49,7 +49,8 @@ class CrossWorker(Aggregation):
             raise ValueError("the local stage of the workers' exchange is made with their "
                              "cluster (aggregation/between_nodes.py make(..., workers))")
         super().__init__(local.devices, local.options, local.transport_dtype.name,
-                         cluster=cluster, traffic=local.traffic)  # one set of counts for both
+                         cluster=cluster, traffic=local.traffic,  # one set of counts for both
+                         step_counter=local.step_counter)  # and one step, the local stage's
         self.local = local
         self.name, self.options_type = local.name, local.options_type
         for capability in CAPABILITIES:  # the local method's, as declared
@@ -73,7 +74,6 @@ class CrossWorker(Aggregation):
         self.local.check_model(variables)
 
     def build(self, variables):
-        self.local.step_counter = self.step_counter  # set on this wrapper by replicas.py
         self.local.build(variables)
 
     def tower_values(self, tower, values):

@@ -56,8 +56,8 @@ def parse(spec: str) -> tuple[type[Aggregation], Options]:
 
 def make(spec: str, devices, transport_dtype: str = "float32", **construction) -> Aggregation:
     """The method `spec` names, with its options, on `devices` (a DeviceSet); `construction`:
-    what the run gives it besides (base.py's `cluster`, `between_workers`, `traffic`; a
-    compressor's `bucket_bytes`; local steps' `live`: nodes.make)."""
+    what the run gives it besides (base.py's `cluster`, `between_workers`, `traffic`,
+    `step_counter`; a compressor's `bucket_bytes`; local steps' `live`: between_nodes.make)."""
     method, options = parse(spec)
     return method(devices, options, transport_dtype, **construction)
 

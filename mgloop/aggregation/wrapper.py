@@ -20,7 +20,8 @@ class Wrapper(Aggregation):
     def __init__(self, inner: Aggregation, devices, cluster=None):
         self.options_type = inner.options_type
         super().__init__(devices, inner.options, inner.transport_dtype.name, cluster=cluster,
-                         traffic=inner.traffic)  # one set of counts for both
+                         traffic=inner.traffic,  # one set of counts for both
+                         step_counter=inner.step_counter)  # and one step, the inner's
         self.inner, self.name = inner, inner.name
         for capability in CAPABILITIES:  # the method's, as declared
             setattr(self, capability, getattr(inner, capability))
@@ -39,7 +40,6 @@ class Wrapper(Aggregation):
         self.inner.check_model(variables)
 
     def build(self, variables):
-        self.inner.step_counter = self.step_counter  # set on the wrapper by replicas.py
         self.inner.build(variables)
 
     @property

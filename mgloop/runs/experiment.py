@@ -51,6 +51,7 @@ from mgloop.training import losses
 from mgloop.training import metrics as metrics_lib
 from mgloop.training import optim
 from mgloop.training import training_spec
+from mgloop.step import replicas
 from mgloop.step.hooks import Hook
 
 SUMMARY_FILENAME = "summary.json"
@@ -98,7 +99,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                          "devices.parse(config.devices, config.towers_per_device))")
     seed_everything(config.seed, config.deterministic)
     method = between_nodes.make(config.exchange, device_set, aggregation.make, workers,
-                                node_failures.schedule_of(config.exchange, config.train_steps))
+                                node_failures.schedule_of(config.exchange, config.train_steps),
+                                replicas.global_step_on(device_set.host))
     optimizer_fn = functools.partial(optim.make_optimizer, config.optim, config.train_steps)
     return assemble.build(model_fn, loss_fn, method, optimizer_fn, input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,

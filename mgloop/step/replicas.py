@@ -20,16 +20,9 @@ import tensorflow as tf
 from mgloop.aggregation import REPLICATED, Aggregation
 from mgloop.training import optim
 from mgloop.training import variables as variables_lib
+from mgloop.training.variables import global_step_on  # noqa: F401 (the makers': made first)
 from mgloop.step import per_tower
 from mgloop.step.hooks import Guard
-
-
-def global_step_on(host: str) -> tf.Variable:
-    """The run's global step (int64: the steps done before the one running; checkpointed) on
-    `host`. The aggregation method takes it at construction and never writes it; the
-    replicas advance it (`advance`)."""
-    with tf.device(host):
-        return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
 
 
 class Replicas:
@@ -45,11 +38,8 @@ class Replicas:
         self.towers_per_device = aggregation.devices.towers_per_device
         self.copies = variables_lib.make_copies(model, aggregation.parameter_devices())
         optim.build_optimizers(self.copies, optimizer_fn)
-        # the counter the method was made with, which it reads to act every H steps
+        # the counter the method was made with (or made itself), which it reads
         self.global_step = aggregation.step_counter
-        if self.global_step is None:  # a method made without one: it reads this one
-            self.global_step = global_step_on(aggregation.devices.host)
-            aggregation.step_counter = self.global_step
         aggregation.build(self.copies[0].trainable)
 
     @property

@@ -3,8 +3,9 @@
 There is one template Keras model; its variables are copy 0. A replicated layout adds
 one plain `tf.Variable` copy per further device, created there from the template's
 initial values (`make_copies`); `copy_first_to_rest` makes every copy equal to copy 0
-again (after a restore). Here, below the step and the methods, because both the
-aggregation methods (local SGD, DiLoCo, nodes) and the optimizers read copies.
+again (after a restore). The run's global step (`global_step_on`) is made here too. Here,
+below the step and the methods, because both the aggregation methods (local SGD, DiLoCo,
+nodes) and the optimizers read copies, and the methods read the step the replicas advance.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ import dataclasses
 
 import keras
 import tensorflow as tf
+
+
+def global_step_on(host: str) -> tf.Variable:
+    """The run's global step on `host` (int64: the steps done before the one running;
+    checkpointed). Made before the aggregation method, which takes it at construction and
+    reads it; the replicas advance it."""
+    with tf.device(host):
+        return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
 
 
 @dataclasses.dataclass
