@@ -258,7 +258,8 @@ def test_omniscient_attacks_are_refused_across_workers(attack, tmp_path, monkeyp
         "cluster": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
         "task": {"type": "worker", "index": 0}}))
     config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation="median",
-                                  byzantine_towers=1, attack=attack)
+                                  byzantine_towers=1, attack=attack,
+                                  global_batch_size=24)  # 6 shards: only the attack is refused
     with pytest.raises(ConfigError, match=f"--attack={attack} across 3 workers") as error:
         config.validated()
     assert "\n" not in str(error.value)

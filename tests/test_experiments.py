@@ -281,7 +281,7 @@ def test_the_readme_lists_every_entry_and_command():
     readme = open(os.path.join(EXPERIMENTS, "README.md")).read()
     found = entries()
     assert {"bench.py", "variants.py", "soak.py", "towers.py", "input.py", "memory.py",
-            "nodes.py", "traces.py", "startup.py"} <= set(found)
+            "methods_between_nodes.py", "traces.py", "startup.py"} <= set(found)
     for script, commands in found.items():
         assert f"python experiments/{script}" in readme, script
         for command in commands:

@@ -71,10 +71,10 @@ def test_flagfile_and_command_line_make_a_config(parsed, tmp_path):
 def _builtin_help(field) -> str:
     """The field's help as a fresh process shows it: choices from a registry (the methods,
     the datasets) without what plugins registered in this test process (tests/plugins)."""
-    if field.metadata.get("choices") is aggregation.names:
+    if field.name == "aggregation":
         builtin = [name for name in aggregation.names()
                    if aggregation.get(name).__module__.startswith("mgloop.")]
-    elif field.metadata.get("choices") is data.names:  # registered datasets have no loader
+    elif field.name == "dataset":  # registered datasets have no loader
         builtin = [name for name in data.names() if data._source(name).load is not None]
     else:
         return settings.help_of(field)
