@@ -26,7 +26,7 @@ def _method_names():
 
 @dataclasses.dataclass(frozen=True)
 class ExchangeOptions:
-    """How the towers' gradients meet: the aggregation part of the settings"""
+    """How the towers' gradients meet (`config.exchange`)."""
 
     aggregation: str = setting(
         "reduce_broadcast", "how gradients meet: NAME or NAME:key=value,... with the method's "

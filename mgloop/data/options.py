@@ -23,7 +23,7 @@ def _dataset_names():
 
 @dataclasses.dataclass(frozen=True)
 class DataOptions:
-    """What a run reads and how it reaches the towers: the data part of the settings"""
+    """What a run reads and how it reaches the towers (`config.data`)."""
 
     dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist, text: files in "
                            "--data_dir; digits: the bundled UCI 8x8 digits, python_text: the "
@@ -72,7 +72,7 @@ def check(options: DataOptions, context: Context) -> DataOptions:
     from mgloop.data import catalog, staging  # noqa: PLC0415 -- they load TensorFlow
     staging.check_staging(options)
     global_batch, data_dir = catalog.check_dataset_and_batch(options, context.num_towers,
-                                                    context.devices_flag)
+                                                             context.devices_flag)
     catalog.check_partition(options)
     return dataclasses.replace(options, data_dir=data_dir, global_batch_size=global_batch,
                                batch_size_per_tower=global_batch // context.num_towers,

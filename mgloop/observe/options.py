@@ -18,7 +18,7 @@ _WRITES = "only what is written and how often, not what is computed"
 
 @dataclasses.dataclass(frozen=True)
 class ObserveOptions:
-    """What a run shows beyond its result: the observe part of the settings"""
+    """What a run shows beyond its result (`config.observe`)."""
 
     summary_every: int = setting(20, "steps between TensorBoard scalar summaries (0: none)",
                                  neutral=_WRITES)

@@ -22,7 +22,7 @@ BATCH_NORM_MODES = ("per_tower", "sync")
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
-    """How each tower computes its step: the step part of the settings (`config.step`):"""
+    """How each tower computes its step (`config.step`)."""
 
     xla_towers: bool = setting(
         False, "compile each tower's forward, loss and backward with XLA (one "
