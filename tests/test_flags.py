@@ -1,10 +1,8 @@
 """Flags are made from the Config fields alone (name, default, type, help), and flagfiles work."""
 
-import dataclasses
 import re
 import subprocess
 import sys
-import typing
 
 import pytest
 from absl import flags
@@ -35,7 +33,7 @@ def test_the_flags_are_the_config_fields_with_their_defaults_types_and_help():
     fields = config_lib.setting_fields()
     defined = {flag.name for flag in flags.FLAGS.flags_by_module_dict()["mgloop.runs.flags"]}
     assert defined == {settings.flag_name(field) for field in fields}
-    hints = typing.get_type_hints(Config)
+    hints = config_lib.setting_types()
     for field in fields:
         flag = flags.FLAGS[settings.flag_name(field)]
         repeatable = hints[field.name] == tuple[str, ...]

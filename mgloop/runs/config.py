@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Iterator
 
 from mgloop import settings as settings_lib
 from mgloop.aggregation.exchange_options import ExchangeOptions
@@ -42,10 +41,9 @@ PARTS = {"cluster": ClusterOptions, "exchange": ExchangeOptions, "step": StepOpt
 _OWNER = {field.name: part for part, cls in PARTS.items() for field in dataclasses.fields(cls)}
 
 
-def setting_fields() -> Iterator[dataclasses.Field]:
+def setting_fields() -> tuple[dataclasses.Field, ...]:
     """Every setting's field, part by part: the flags, the HParams and the records."""
-    for cls in PARTS.values():
-        yield from dataclasses.fields(cls)
+    return tuple(field for cls in PARTS.values() for field in dataclasses.fields(cls))
 
 
 def setting_types() -> dict[str, type]:
