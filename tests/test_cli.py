@@ -11,7 +11,6 @@ import pytest
 
 from mgloop.runs import config as config_lib
 from mgloop import settings
-from mgloop.runs.config import Config
 from tests import tensorboard_server
 
 CHANCE = 0.1  # the synthetic task has 10 classes
@@ -104,7 +103,8 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         assert group["hparams"]["num_towers"] == towers
         # every setting that can change a result, as TensorBoard reads it (but another
         # model's or dataset's, None in the run's config, e.g. --lm_layers)
-        used = {n for n in settings.hparam_names(config_lib.setting_fields()) if summary["config"][n] is not None}
+        used = {n for n in settings.hparam_names(config_lib.setting_fields())
+                if summary["config"][n] is not None}
         assert set(group["hparams"]) == used | {"num_towers"}
         assert group["hparams"]["grad_reduce"] == summary["config"]["grad_reduce"]
         metrics = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}

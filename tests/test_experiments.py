@@ -14,7 +14,7 @@ from absl import flags
 import pytest
 
 from mgloop.runs import flags as mgloop_flags
-from mgloop.aggregation import packing
+from mgloop.aggregation import exchange_options
 from tests import dataset_files, tensorboard_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,7 +121,7 @@ def test_variants_write_a_table_json_and_one_hparams_session_each(tmp_path):
     for group in sessions["sessionGroups"]:
         row = rows[f"aggregation={group['hparams']['aggregation']}"]
         # what a training run records (every setting that can change a result)
-        assert group["hparams"]["pack_bytes"] == packing.DEFAULT_BUCKET_BYTES
+        assert group["hparams"]["pack_bytes"] == exchange_options.DEFAULT_BUCKET_BYTES
         assert group["hparams"]["plugins"] == "tests.plugins.bench_plugin"
         values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
         assert abs(values["examples_per_sec"] - row["examples_per_sec"]) < 1e-3 * values[

@@ -161,12 +161,13 @@ def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir)
     # the method by name, each of its options apart (aggregation.describe); a setting of
     # another model or dataset (None once resolved, e.g. --lm_layers), or one left unset
     # (--node_failures: none), is not recorded
-    unused = {name for name in settings.hparam_names(config_lib.setting_fields()) if getattr(resolved, name) is None}
+    hparams = settings.hparam_names(config_lib.setting_fields())
+    unused = {name for name in hparams if getattr(resolved, name) is None}
     assert unused == {"sequence_length", "lm_layers", "lm_width", "lm_heads", "node_failures"}
-    assert set(recorded) == set(settings.hparam_names(config_lib.setting_fields())) - unused | {
+    assert set(recorded) == set(hparams) - unused | {
         "num_towers", "aggregation/shards"}
     assert recorded["num_towers"] == 2 and recorded["aggregation/shards"] == 2
-    for name in set(settings.hparam_names(config_lib.setting_fields())) - unused:
+    for name in set(hparams) - unused:
         value = getattr(resolved, name)
         expected = ",".join(value) if isinstance(value, tuple) else value
         expected = "ring" if name == "aggregation" else expected

@@ -15,6 +15,6 @@ the other way round.
 
 from mgloop import lazy_package
 
-# Everything but the settings part (mgloop.aggregation.exchange_options, plain Python) is loaded on first
-# use from registry.py.
+# Everything but the settings part (mgloop.aggregation.exchange_options, plain Python) is
+# loaded on first use from registry.py.
 __getattr__ = lazy_package.getattr_of(__name__, "mgloop.aggregation.registry")

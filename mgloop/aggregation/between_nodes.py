@@ -50,14 +50,12 @@ from mgloop.aggregation import device_groups
 from mgloop.aggregation import live_exchange, local_steps
 from mgloop.aggregation import node_failures
 from mgloop.aggregation.base import SHARED, Aggregation
-from mgloop.aggregation.exchange_options import ExchangeOptions
+from mgloop.aggregation.exchange_options import DIRECT, ExchangeOptions
 from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceSet
 from mgloop.cluster.node_layout import Nodes
 from mgloop.training.variables import backing
-
-from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT  # noqa: F401
 
 
 class NodeLevel(Wrapper):

@@ -18,7 +18,6 @@ import tensorflow as tf
 # The default --pack_bytes: chosen from `experiments/variants.py --vary pack_bytes=...` on
 # mlp and big_mlp (docs/results/towers.md, "Packing by default"): with 4 towers it took
 # ring's mlp step to 0.69-0.76x of unpacked and was neutral to 0.93x elsewhere.
-from mgloop.aggregation.exchange_options import DEFAULT_BUCKET_BYTES  # noqa: F401
 
 
 def plan(values: list[tf.Tensor], bucket_bytes: int) -> list[list[int]]:

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover
         return True
 
 from mgloop.data.options import DataOptions
-from mgloop.data.options import STAGING_MODES as MODES  # noqa: F401
+from mgloop.data.options import STAGING_MODES as MODES
 
 
 def check_staging(options: DataOptions) -> None:

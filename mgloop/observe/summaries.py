@@ -32,7 +32,6 @@ Train scalars are means over the steps since the previous summary. `accuracy`
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile

@@ -1,8 +1,8 @@
 """absl flag definitions for every Config field; nothing else in mgloop defines flags.
 
-`define_flags()` registers one flag per setting of Config's parts (config.py), made from the field alone: its
-name (or the `flag` of its metadata), default, help line (settings.py) and type, read
-from the resolved annotation (`typing.get_type_hints`):
+`define_flags()` registers one flag per setting of Config's parts (config.py), made from the
+field alone: its name (or the `flag` of its metadata), default, help line (settings.py) and
+type, read from the resolved annotation (`typing.get_type_hints`):
 
     bool -> DEFINE_bool    int, int | None -> DEFINE_integer    float -> DEFINE_float
     str, str | None -> DEFINE_string    tuple[str, ...] -> DEFINE_multi_string (repeatable)

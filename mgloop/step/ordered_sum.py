@@ -45,7 +45,6 @@ import tensorflow as tf
 
 from mgloop.aggregation.base import SHARED, Aggregation
 
-from mgloop.step.options import ORDERED_SUM_MIN_BYTES as DEFAULT_MIN_BYTES  # noqa: F401
 
 
 def applies(aggregation: Aggregation) -> bool:

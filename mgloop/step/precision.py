@@ -64,7 +64,6 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from mgloop.step.options import POLICIES  # noqa: F401
 INITIAL_SCALE = 2.0 ** 15
 GROWTH_INTERVAL = 2000  # consecutive finite steps before the scale doubles
 GROWTH_FACTOR = 2.0

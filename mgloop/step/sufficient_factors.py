@@ -47,7 +47,6 @@ import tensorflow as tf
 from mgloop.aggregation.base import Aggregation
 from mgloop.step.ordered_sum import num_bytes
 
-from mgloop.step.options import SUFFICIENT_FACTOR_MIN_BYTES as DEFAULT_MIN_BYTES  # noqa: F401
 
 Factors = dict[int, tuple[tf.Tensor, tf.Tensor]]  # variable index -> (x_t, dz_t)
 

@@ -39,7 +39,6 @@ import keras
 import tensorflow as tf
 
 from mgloop.aggregation import collective
-from mgloop.step.options import BATCH_NORM_MODES as MODES  # noqa: F401
 _current = threading.local()  # .tower: (CrossTowerMoments, tower index, [call counter])
 
 

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mgloop.training.options import LR_SCHEDULES, OPTIMIZERS, OptimOptions  # noqa: F401
+from mgloop.training.options import OptimOptions
 from mgloop.training.variables import VariableCopy, backing
 
 schedules = keras.optimizers.schedules
