@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import check_finite, setting
+from mgloop.settings import setting
 
 GRAD_REDUCE = ("mean", "sum")
 TRANSPORT_DTYPES = ("float32", "float16", "bfloat16")
@@ -80,6 +80,5 @@ def check(options: ExchangeOptions, context) -> ExchangeOptions:
     options (validation.py), the nodes (node_settings.py). Returns the options with
     `plugins` a tuple of module names (a lone string is one module)."""
     from mgloop.aggregation import plugins, validation
-    check_finite(options)
     validation.check_method(options, context)
     return dataclasses.replace(options, plugins=plugins.plugin_list(options.plugins))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import check_finite, in_range, setting
+from mgloop.settings import in_range, setting
 
 _WAITS = "only how long to wait for peers"
 
@@ -42,7 +42,6 @@ def check(options: ClusterOptions, context) -> ClusterOptions:
     """Refuses towers per device and timeouts out of range, in one line each; returns the
     options unchanged. Needs nothing of `context`: it runs before --devices is parsed
     (cluster/devices.py `parse`, which needs K >= 1)."""
-    check_finite(options)  # NaN and inf pass every comparison
     in_range("towers_per_device", options.towers_per_device, low=1)
     in_range("startup_timeout", options.startup_timeout, low=0.0, low_open=True)
     # A peer is declared lost after this many seconds without an answer to the health checks,

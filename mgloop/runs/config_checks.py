@@ -4,8 +4,8 @@
 A loop over the parts: each package checks its own part (`check(options, context)`, where
 `settings.Context` holds what the run is beside it: the devices, the workers, the tower
 count, the seed) and returns it with the defaults that depend on the machine resolved (tower
-count, global batch, data folder, a model's sizes, the plugins); the loop's own settings
-are checked here. Then the combinations of parts, each an explicit call naming the values it
+count, global batch, data folder, a model's sizes, the plugins; the loop's part is
+runs/loop_options.py's). Then the combinations of parts, each an explicit call naming the values it
 compares; then the folders on disk. A refusal is a `ConfigError` with one line naming the
 flag and what would be valid. Nothing here creates a device or a variable; the only side
 effect is creating the logdir it has checked (run_dir.py, which also compares a resumed run's
@@ -53,15 +53,14 @@ PART_CHECKS = (("exchange", exchange_options.check), ("step", step_options.check
 
 def validated(config: Config, on_disk: bool = True) -> Config:
     """Checks every setting of `config`; returns a copy with machine-dependent defaults
-    resolved: the parts, then the loop's settings, then the combinations, then the folders
-    (`on_disk` False: checked creatable, none made, no checkpoints compared; the logdir
-    is left as given)."""
-    for options in config.parts().values():  # NaN and inf pass every comparison: refused
-        check_finite(options)  # once, here, in every part
+    resolved: the parts, then the combinations, then the folders (`on_disk` False: checked
+    creatable, none made, no checkpoints compared; the logdir is left as given)."""
+    given = config.parts()
+    for options in given.values():  # NaN and inf pass every comparison: refused once, here,
+        check_finite(options)  # in every part
     # towers per device and timeouts: before the devices are parsed (no fact of the run needed)
     parts = {"cluster": cluster_options.check(config.cluster, Context())}
     context = _context(config)
-    given = config.parts()
     for name, check in PART_CHECKS:
         parts[name] = check(given[name], context)
     _check_combinations(config, context, parts)
