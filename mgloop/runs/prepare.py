@@ -15,7 +15,6 @@ written but what `Config.validated()` makes (the logdir).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 
 from mgloop.runs.config import Config
@@ -67,7 +66,7 @@ def trainer_for(config: Config, dataset, model_fn=None, loss_fn=None, input_shap
     from mgloop.runs import experiment
     config = config.validated()
     device_set = devices.setup(devices.parse(config.devices, config.towers_per_device))
-    make_model = model_fn or functools.partial(models.get(config.model), dataset.input_shape,
+    make_model = model_fn or models.builder_of(config.models, dataset.input_shape,
                                                dataset.num_classes)
     return experiment.build_trainer(config, device_set, make_model,
                                     loss_fn or experiment.default_loss(),
