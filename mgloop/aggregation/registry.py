@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options, option
@@ -10,7 +11,6 @@ from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
 _REGISTRY: dict[str, type[Aggregation]] = {}
-_BUILTINS_LOADED: list[bool] = []  # [True] once _load_builtins has run
 
 
 def register(cls: type[Aggregation]) -> type[Aggregation]:
@@ -25,12 +25,11 @@ def register(cls: type[Aggregation]) -> type[Aggregation]:
     return cls
 
 
+@functools.cache
 def _load_builtins() -> None:
-    """Imports every built-in method's module once (each registers itself)."""
-    if not _BUILTINS_LOADED:
-        for module in _BUILTINS:
-            importlib.import_module(module)
-        _BUILTINS_LOADED.append(True)
+    """Imports every built-in method's module, once (each registers itself)."""
+    for module in _BUILTINS:
+        importlib.import_module(module)
 
 
 def names() -> list[str]:
