@@ -4,13 +4,15 @@ settings part, `options.py`) loads no TensorFlow.
 `__getattr__ = lazy_package.getattr_of(__name__, "mgloop.data.catalog")` in a package's
 `__init__`: `package.name` is then the package's module `name` when there is one (imported
 directly, never through the body, so a module of the package imported first finds the
-body's names without a cycle), else the body's attribute `name`.
+body's names without a cycle), else the body's attribute `name`, kept on the package once
+found.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Callable
 
 
@@ -22,7 +24,9 @@ def getattr_of(package: str, body: str) -> Callable[[str], object]:
         if importlib.util.find_spec(f"{package}.{name}") is not None:  # a module of the package
             return importlib.import_module(f"{package}.{name}")
         try:
-            return getattr(importlib.import_module(body), name)
+            value = getattr(importlib.import_module(body), name)
         except AttributeError:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        setattr(sys.modules[package], name, value)  # found once: later reads skip this
+        return value
     return __getattr__
