@@ -11,6 +11,13 @@ Both return (1/T) * sum_t g[t][v] on every replica. The traffic recorded is
 the ring's, 2 (T-1)/T of the gradient bytes sent and received per device in
 2 (T-1) messages each way, since these kernels run inside TensorFlow where
 mgloop cannot count them.
+With --shard_update (shard_exchange.py), `collective` splits the all-reduce into its
+halves with TensorFlow's kernels: CollectiveAllToAllV2, after which copy c adds the T
+pieces of its chunk c it received in member order (TensorFlow 2.21 has no CPU kernel of
+CollectiveReduceScatterV2, only NCCL's), and CollectiveGatherV2 of the updated chunks.
+Both split a tensor evenly, so the flat vector is padded to T equal chunks; the members'
+ranks are the towers' order. TensorFlow's all-to-all confuses its members' keys from 11
+members on (a key `1:1:0:0110` reused), so the sharded update takes at most 10 towers.
 Collectives on one device are ordered by a per-device ordering token, so
 that TensorFlow's automatic control dependencies do not serialise the
 towers' collectives into a deadlock.
@@ -24,6 +31,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, canonical
+from mgloop.aggregation.shard_exchange import ShardsUpdate, equal_shard_sizes, padded_size
 
 _GROUP_KEYS = itertools.count(1)
 _INSTANCE_KEYS = itertools.count(1)
@@ -75,8 +83,9 @@ class _AllReduceKernel(Aggregation):
 
 
 @register
-class Collective(_AllReduceKernel):
+class Collective(ShardsUpdate, _AllReduceKernel):
     name = "collective"
+    most_sharded_towers = 10  # CollectiveAllToAllV2's keys are ambiguous from 11 members on
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,6 +101,62 @@ class Collective(_AllReduceKernel):
                     input=value, group_size=self.num_towers, group_key=self.group_key,
                     instance_key=instance_key, ordering_token=[token.handle], merge_op="Add",
                     final_op="Div" if average else "Id", communication_hint="auto"))
+        return out
+
+
+    # --shard_update (shard_exchange.py): all-to-all and gather, on T equal padded chunks
+    def shard_sizes(self, num_elements):
+        return equal_shard_sizes(num_elements, self.num_towers)
+
+    def owned_shard(self, copy):
+        return copy  # the collective's rank of tower `copy`: the towers' order
+
+    def _padded(self, value, total: int) -> tf.Tensor:
+        return tf.pad(value, [[0, total - value.shape.num_elements()]])
+
+    def _record_chunks(self, size: int, dtype: tf.DType) -> None:
+        """Each device sends and receives T-1 chunks of `size`, one message each."""
+        num = self.num_towers
+        num_bytes = (num - 1) * size * dtype.size
+        tier = self.traffic.tier_of([canonical(d) for d in self.devices.towers])
+        for device in self.devices.towers:
+            self.traffic.add(canonical(device), sent=num_bytes, received=num_bytes,
+                             messages_sent=num - 1, messages_received=num - 1, tier=tier)
+
+    def reduce_scatter(self, flats, average):
+        num, num_elements = self.num_towers, flats[0].shape.num_elements()
+        size, sizes = padded_size(num_elements, num), self.shard_sizes(num_elements)
+        self._record_chunks(size, flats[0].dtype)
+        instance_key = new_instance_key()
+        out = []
+        for t, (device, flat, token) in enumerate(zip(self.devices.towers, flats,
+                                                     self.ordering_tokens)):
+            with tf.device(device):
+                received = tf.raw_ops.CollectiveAllToAllV2(  # row m to member m, and back
+                    input=tf.reshape(self._padded(flat, num * size), [num, size]),
+                    group_size=num, group_key=self.group_key, instance_key=instance_key,
+                    ordering_token=[token.handle], communication_hint="auto")
+                pieces = tf.unstack(received)  # member m's chunk t, in member order
+                total = pieces[0]
+                for piece in pieces[1:]:
+                    total = total + piece
+                out.append(self.scale(total[:sizes[t]], average))
+        return out
+
+    def all_gather(self, chunks):
+        num = self.num_towers
+        num_elements = sum(chunk.shape.num_elements() for chunk in chunks)
+        size = padded_size(num_elements, num)
+        self._record_chunks(size, chunks[0].dtype)
+        instance_key = new_instance_key()
+        out = []
+        for device, chunk, token in zip(self.devices.towers, chunks, self.ordering_tokens):
+            with tf.device(device):
+                gathered = tf.raw_ops.CollectiveGatherV2(
+                    input=self._padded(chunk, size), group_size=num, group_key=self.group_key,
+                    instance_key=instance_key, ordering_token=[token.handle],
+                    communication_hint="auto")
+                out.append(gathered[:num_elements])
         return out
 
 

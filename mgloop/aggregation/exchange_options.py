@@ -68,6 +68,11 @@ class ExchangeOptions:
         "everywhere; false: as rows (values and indices) where that moves fewer bytes: to "
         "the home of a ps_* variable, or all-gathered for a replicated exact method in one "
         "process (sparse_gradients.py)", hparam=True)
+    shard_update: bool = setting(
+        False, "each replicated copy updates only its chunk of the weights, with the "
+        "optimizer state of that chunk alone (ZeRO stage 1): the method's reduce-scatter, "
+        "the chunk's update, an all-gather of the weights (ring, collective, hierarchical; "
+        "an element-wise optimizer; step/sharded_update.py)", hparam=True)
     plugins: tuple[str, ...] = setting(
         (), "import this module (a name on the Python path, or a .py file path) before "
         "validation (repeatable): it may register aggregation methods", flag="plugin",
@@ -79,6 +84,7 @@ def check(options: ExchangeOptions, context) -> ExchangeOptions:
     `context` (settings.Context: its towers, workers, --deterministic): the method and its
     options (validation.py), the nodes (node_settings.py). Returns the options with
     `plugins` a tuple of module names (a lone string is one module)."""
-    from mgloop.aggregation import plugins, validation
+    from mgloop.aggregation import plugins, shard_settings, validation
     validation.check_method(options, context)
+    shard_settings.check(options, context)
     return dataclasses.replace(options, plugins=plugins.plugin_list(options.plugins))

@@ -9,6 +9,13 @@ The T towers are cut into G = `--aggregation=hierarchical:groups=G` contiguous g
 
 This is the shape of tf_cnn_benchmarks' hierarchical copy: cheap links inside
 a group (e.g. GPUs on one PCIe switch), few transfers between groups.
+
+With --shard_update (shard_exchange.py) the halves are two-dimensional: each group
+reduce-scatters its members' gradients around its own ring into S = T/G chunks (member p
+holding chunk (p + 1) mod S of the group's sum), the G members holding the same chunk
+all-reduce it around a ring of their own and scale it by 1/T, and after the update each
+group all-gathers its chunks. A chunk's optimizer state is held once per group: G/T of it
+per device (sharded within a group, replicated across groups, as FSDP's hybrid sharding).
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
-from mgloop.aggregation.ring import sharded_ring_all_reduce
+from mgloop.aggregation.ring import (chunk_sizes, owned_chunk, ring_all_gather,
+                                     ring_reduce_scatter, sharded_ring_all_reduce)
+from mgloop.aggregation.shard_exchange import ShardsUpdate
 from mgloop.errors import ConfigError
 
 
@@ -34,7 +43,7 @@ class HierarchicalOptions(Options):
 
 
 @register
-class Hierarchical(Aggregation):
+class Hierarchical(ShardsUpdate, Aggregation):
     name = "hierarchical"
     layout = REPLICATED
     options_type = HierarchicalOptions
@@ -73,3 +82,39 @@ class Hierarchical(Aggregation):
                     out[device] = self.send(total, group[0], device)
             per_var.append([out[d] for d in towers])
         return [list(per_device) for per_device in zip(*per_var)]
+
+    # --shard_update (shard_exchange.py): reduce-scatter in each group, all-reduce across
+    def shard_sizes(self, num_elements):
+        return chunk_sizes(num_elements, self.num_towers // self.options.groups)
+
+    def owned_shard(self, copy):
+        size = self.num_towers // self.options.groups
+        return owned_chunk(copy % size, size)
+
+    def reduce_scatter(self, flats, average):
+        groups, size = self.groups(), self.num_towers // self.options.groups
+        owned = []  # per group: its members' chunks of the group's sum
+        for g, group in enumerate(groups):
+            chunks = ring_reduce_scatter(self, flats[g * size:(g + 1) * size], group, False)
+            owned.append([chunks[p][owned_chunk(p, size)] for p in range(size)])
+        out = [None] * self.num_towers
+        for p in range(size):  # the members holding the same chunk, one per group
+            devices = [group[p] for group in groups]
+            totals = sharded_ring_all_reduce(self, [chunks[p] for chunks in owned], devices,
+                                             1, average=False)
+            for g, (device, total) in enumerate(zip(devices, totals)):
+                with tf.device(device):
+                    out[g * size + p] = self.scale(total, average)
+        return out
+
+    def all_gather(self, chunks):
+        size, out = self.num_towers // self.options.groups, []
+        for g, group in enumerate(self.groups()):
+            held = [[None] * size for _ in group]
+            for p in range(size):
+                held[p][owned_chunk(p, size)] = chunks[g * size + p]
+            ring_all_gather(self, held, group)
+            for device, parts in zip(group, held):
+                with tf.device(device):
+                    out.append(tf.concat(parts, axis=0))
+        return out

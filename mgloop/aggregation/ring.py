@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.shard_exchange import ShardsUpdate
 
 
 def chunk_sizes(num_elements: int, num_chunks: int) -> list[int]:
@@ -147,7 +148,7 @@ class RingOptions(Options):
 
 
 @register
-class Ring(Aggregation):
+class Ring(ShardsUpdate, Aggregation):
     name = "ring"
     layout = REPLICATED
     runs_between_processes = True  # sharded_ring_all_reduce reaches other processes (peers.py)
@@ -162,3 +163,27 @@ class Ring(Aggregation):
                                            self.options.shards, average)
                    for vals in zip(*tower_values)]
         return [list(per_device) for per_device in zip(*per_var)]
+
+    # --shard_update (shard_exchange.py): the ring's two halves, apart
+    def shard_sizes(self, num_elements):
+        return chunk_sizes(num_elements, len(self.devices.towers))
+
+    def owned_shard(self, copy):
+        return owned_chunk(copy, len(self.devices.towers))
+
+    def reduce_scatter(self, flats, average):
+        towers = list(self.devices.towers)
+        chunks = ring_reduce_scatter(self, flats, towers, average)
+        return [chunks[t][self.owned_shard(t)] for t in range(len(towers))]
+
+    def all_gather(self, chunks):
+        towers = list(self.devices.towers)
+        held = [[None] * len(towers) for _ in towers]
+        for t, chunk in enumerate(chunks):
+            held[t][self.owned_shard(t)] = chunk
+        ring_all_gather(self, held, towers)
+        out = []
+        for device, parts in zip(towers, held):
+            with tf.device(device):
+                out.append(tf.concat(parts, axis=0))
+        return out

@@ -45,7 +45,9 @@ from mgloop.step.hooks.loss_scaling import LossScaling
 from mgloop.step.hooks.node_failures import hook_for as node_failures_hook
 from mgloop.step.hooks.sampled_stats import GradientStats
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
-from mgloop.step.replicas import Replicas
+from mgloop.step import sharded_update
+from mgloop.step.replicas import Replicas, WholeUpdate
+from mgloop.step.sharded_update import ShardedUpdate
 from mgloop.step.single_loss_step import SingleLossStep
 from mgloop.step.training_step import TowerStep
 
@@ -129,7 +131,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     the copies, the hooks of every step, the passes and staging, the step and its loop."""
     model, spec, attack, classes = template_and_spec(
         model_fn, loss_fn, aggregation, optimizer_fn, input_shape, config, metrics, optimizer)
-    replicas = Replicas(model, aggregation, spec.optimizer_fn)
+    replicas = Replicas(model, aggregation, spec.optimizer_fn,
+                        ShardedUpdate if config.shard_update else WholeUpdate)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
     streams = random_streams_lib.RandomStreams(model, first_tower)
@@ -157,6 +160,8 @@ def template_and_spec(model_fn, loss_fn, aggregation: Aggregation, optimizer_fn,
     aggregation.check_model(model.trainable_variables)  # before any copy: one line if not
     spec = training_spec.resolve(model, loss_fn, metrics, optimizer, losses.cross_entropy,
                                  optimizer_fn, input_shape)
+    if config.shard_update:  # an element-wise optimizer, before any copy (one line if not)
+        sharded_update.check_optimizer(spec.optimizer_fn())
     attack = byzantine_lib.parse_attack(config.attack)
     # labelflip's C: known once the template and the loss are, refused before any copy
     classes = (byzantine_lib.label_classes(spec.loss_fn, model, input_shape)
@@ -266,7 +271,9 @@ def tower_loop(config: Config, parts: StepParts, staging) -> tuple:
     step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                      exchange_lib.make(aggregation, replicas.copies, average,
                                        config.pack_bytes, bool(large),
-                                       config.sparse_as_dense), streams, parts.compiled)
+                                       config.sparse_as_dense,
+                                       replicas.update if config.shard_update else None),
+                     streams, parts.compiled)
     sampled, names = None, []
     if config.diagnostics:  # the same step, its statistics added (and sampled)
         stats = GradientStats(replicas.tower_devices, aggregation.devices.host,

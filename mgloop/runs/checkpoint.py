@@ -12,6 +12,9 @@ A method whose copies differ between its synchronisations (`copies_differ`: loca
 SGD, DiLoCo) also has every other copy and its optimizer saved, under `replicas/`,
 and restored (`restored_every_copy`), so a run resumed mid-period continues as the
 uninterrupted one; such a checkpoint resumes with the same tower count only.
+With --shard_update each copy holds the optimizer state of its chunk alone; a save
+gathers it into one whole optimizer and a restore scatters from one (the update's
+`whole_optimizer`), so the checkpoint is the same as without it.
 TensorFlow writes a checkpoint's data before the index file that names it, so
 an interrupted save never becomes the latest checkpoint.
 
@@ -38,6 +41,7 @@ into failures.DiskFull; either way the previous checkpoint stays the latest.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import shutil
@@ -50,6 +54,7 @@ import tensorflow as tf
 from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint_files
 from mgloop.runs import failures
+from mgloop.step.sharded_update import ShardedUpdate
 from mgloop.training.variables import backing
 
 
@@ -70,9 +75,12 @@ class Checkpointer:
     """Saves every so often into `<logdir>/checkpoints`, keeping the last `keep`."""
 
     def __init__(self, directory: str, model: keras.Model, optimizer, step: tf.Variable,
-                 keep: int, aggregation=None, copies=()):
+                 keep: int, aggregation=None, copies=(), sharded=None):
+        """`sharded`: a sharded update (step/sharded_update.py), whose `whole_optimizer`
+        is saved and restored in place of `optimizer`."""
         self._directory = directory
         self._keep = keep
+        self._sharded = sharded
         self._core = dict(model=model, optimizer=optimizer, step=step)
         self._extras = {}  # checkpoint key prefix -> (name, holder), restored only if saved
         state = list(aggregation.state_variables) if aggregation is not None else []
@@ -91,7 +99,9 @@ class Checkpointer:
         self._checkpoint = tf.train.Checkpoint(
             **self._core, **{name: holder for name, holder in self._extras.values()})
         self.restored_every_copy = False  # the last restore set copies 1.. too
-        self._variables = [v for v in [*model.variables, *optimizer.variables, *state,
+        optimizer_variables = (sharded.optimizer_variables if sharded is not None
+                               else optimizer.variables)
+        self._variables = [v for v in [*model.variables, *optimizer_variables, *state,
                                        *(v for vs in replicas for v in vs)]
                            if tf.as_dtype(v.dtype).is_floating]
         self._all_finite = None  # compiled on the first save (_check_finite)
@@ -101,9 +111,25 @@ class Checkpointer:
     def of_trainer(cls, directory: str, trainer, keep: int) -> "Checkpointer":
         """What a run checkpoints of its Trainer: the template model, copy 0's optimizer,
         the step, the method's state and the copies that differ from copy 0."""
+        update = trainer.replicas.update
         return cls(directory, trainer.model, trainer.copies[0].optimizer, trainer.global_step,
                    keep=keep, aggregation=trainer.aggregation,
-                   copies=trainer.replicas.checkpointed_copies)
+                   copies=trainer.replicas.checkpointed_copies,
+                   sharded=update if isinstance(update, ShardedUpdate) else None)
+
+    @contextlib.contextmanager
+    def _with_optimizer(self, checkpoint: tf.train.Checkpoint, restoring: bool):
+        """`checkpoint` as it is; with a sharded update, holding its whole optimizer for this
+        one save or restore (gathered before, or scattered after), then copy 0's again."""
+        if self._sharded is None:
+            yield
+            return
+        with self._sharded.whole_optimizer(restoring) as whole:
+            checkpoint.optimizer = whole
+            try:
+                yield
+            finally:
+                checkpoint.optimizer = self._core["optimizer"]
 
     @property
     def _manager(self) -> tf.train.CheckpointManager:
@@ -206,8 +232,9 @@ class Checkpointer:
                       else tf.train.Checkpoint(**self._core, **present))
         self.restored_every_copy = "replicas" in present
         try:
-            status = checkpoint.restore(prefix)
-            status.assert_existing_objects_matched()
+            with self._with_optimizer(checkpoint, restoring=True):
+                status = checkpoint.restore(prefix)
+                status.assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             if status is not None:
                 status.expect_partial()  # the error below says it all; no warnings at exit
@@ -225,7 +252,8 @@ class Checkpointer:
             raise FileNotFoundError(f"{parent} is gone")
         self._check_finite(step)
         try:
-            return self._manager.save(checkpoint_number=step)
+            with self._with_optimizer(self._checkpoint, restoring=False):
+                return self._manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as error:
             path = failures.disk_full_path(error)
             if path is None:

@@ -128,6 +128,8 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "traced_step_seconds": result.traced_step_seconds,  # not in any speed above
         "traffic_bytes_per_step": measured.traffic,
         "traffic_messages_per_step": measured.messages,
+        # per device: its optimizer state, and the weight entries --shard_update holds again
+        "optimizer_bytes_per_device": trainer.replicas.optimizer_bytes(),
         "link_model": measured.link_report,
         "exchange_seconds": measured.exchange_seconds,
         "input_wait": result.input_wait,

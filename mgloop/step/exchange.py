@@ -13,7 +13,8 @@ One of three, chosen when the step is assembled (assemble.py):
               (hooks/large_gradients.py) and are only scaled; the others go through the
               method's reduce (ordered_sum.reduce). One process only: metrics as given.
 
-inside `SparseRows`, which first decides what becomes of the towers' sparse gradients
+or, with --shard_update, `Sharded`: each copy's owned chunk of the mean, for its sharded
+update (sharded_update.py). The others are inside `SparseRows`, which first decides what becomes of the towers' sparse gradients
 (an Embedding's IndexedSlices, sparse_gradients.py): kept as rows where that moves
 fewer bytes (sent home through the method, or all-gathered apart from it), else made
 dense on their towers.
@@ -108,11 +109,27 @@ class SparseRows:
         return out, metrics
 
 
+class Sharded:
+    """--shard_update: the method's reduce-scatter of the towers' flattened gradients (sparse
+    ones made dense), per copy its owned chunk of the mean; the metrics as given (one
+    process)."""
+
+    def __init__(self, sharded_update, average: bool):
+        self.sharded_update, self.average = sharded_update, average
+
+    def __call__(self, tower_grads, metrics, home_sums):
+        del home_sums  # (none: a replicated layout sums nothing at a home)
+        return self.sharded_update.exchange(tower_grads, self.average), list(metrics)
+
+
 def make(aggregation: Aggregation, copies, average: bool, pack_bytes: int,
-         sums_at_home: bool, sparse_as_dense: bool = False):
-    """The exchange for these settings: home sums if a large-gradient hook forms any, else
-    packed if asked and the method is summable, else plain; inside `SparseRows`, which
-    decides what becomes of sparse gradients (`--sparse_as_dense`)."""
+         sums_at_home: bool, sparse_as_dense: bool = False, sharded_update=None):
+    """The exchange for these settings: `Sharded` with a sharded update, else home sums if
+    a large-gradient hook forms any, else packed if asked and the method is summable, else
+    plain; inside `SparseRows`, which decides what becomes of sparse gradients
+    (`--sparse_as_dense`)."""
+    if sharded_update is not None:
+        return Sharded(sharded_update, average)
     if sums_at_home:
         inner = HomeSums(aggregation, copies, average)
     elif pack_bytes and aggregation.exchanges and aggregation.summable:

@@ -7,14 +7,18 @@ gradients and non-trainable state on every copy (`apply`), advance the global st
 and keep the copies equal after a restore (`sync_replicas`) or across workers
 (`broadcast_from_chief`, which also carries the aggregation method's own state).
 The method builds that state once the copies exist (`Aggregation.build(copy 0's
-trainable variables)`), before any restore.
+trainable variables)`), before any restore. How the copies update is the replicas'
+`update`: `WholeUpdate` (every copy applies the whole mean with its whole optimizer), or
+with --shard_update a `sharded_update.ShardedUpdate` (each copy its chunk).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from mgloop.aggregation import REPLICATED, Aggregation
@@ -25,19 +29,52 @@ from mgloop.step import per_tower
 from mgloop.step.hooks import Guard
 
 
+class WholeUpdate:
+    """Every copy applies the whole mean with its own optimizer, which holds the state of
+    every entry; a checkpoint holds copy 0's as it is."""
+
+    def __init__(self, method: Aggregation, copies: list[variables_lib.VariableCopy],
+                 optimizer_fn: Callable[[], keras.optimizers.Optimizer]):
+        del method  # (a sharded update's method splits it; here the exchange is whole)
+        self.copies = copies
+        optim.build_optimizers(copies, optimizer_fn)
+
+    def apply(self, grads_per_copy, states_per_copy, may_apply: Guard) -> None:
+        for c, copy in enumerate(self.copies):
+            def update(copy=copy, grads=grads_per_copy[c], states=states_per_copy[c]):
+                optim.apply_updates([copy], [grads])
+                for var, value in zip(copy.non_trainable, states):
+                    with tf.device(var.device):
+                        var.assign(value)
+            may_apply(c, update)
+
+    def sync(self) -> None:
+        variables_lib.copy_first_to_rest(self.copies)
+
+    @contextlib.contextmanager
+    def whole_optimizer(self, restoring: bool):
+        del restoring
+        yield self.copies[0].optimizer
+
+    def owned_weight_bytes(self) -> dict[str, int]:
+        return {}  # no weight entry is held twice
+
+
 class Replicas:
     """The copies of `model`'s variables for `aggregation`, their optimizers, the step (the
-    method's `step_counter`, made with it: `global_step_on`)."""
+    method's `step_counter`, made with it: `global_step_on`). `update(aggregation, copies,
+    optimizer_fn)` makes how they update (default `WholeUpdate`)."""
 
     def __init__(self, model: keras.Model, aggregation: Aggregation,
-                 optimizer_fn: Callable[[], keras.optimizers.Optimizer]):
+                 optimizer_fn: Callable[[], keras.optimizers.Optimizer],
+                 update: Callable = WholeUpdate):
         self.model = model
         self.aggregation = aggregation
         self.tower_devices = list(aggregation.devices.towers)
         # K: towers d K .. d K + K - 1 share device d (--towers_per_device)
         self.towers_per_device = aggregation.devices.towers_per_device
         self.copies = variables_lib.make_copies(model, aggregation.parameter_devices())
-        optim.build_optimizers(self.copies, optimizer_fn)
+        self.update = update(aggregation, self.copies, optimizer_fn)
         # the counter the method was made with (or made itself), which it reads
         self.global_step = aggregation.step_counter
         aggregation.build(self.copies[0].trainable)
@@ -102,15 +139,10 @@ class Replicas:
         return reads
 
     def apply(self, grads_per_copy, states_per_copy, may_apply: Guard) -> None:
-        """Each copy applies its gradients and takes its new non-trainable state, inside
-        `may_apply(copy index, update)` (hooks.py: e.g. only if every tower was finite)."""
-        for c, copy in enumerate(self.copies):
-            def update(copy=copy, grads=grads_per_copy[c], states=states_per_copy[c]):
-                optim.apply_updates([copy], [grads])
-                for var, value in zip(copy.non_trainable, states):
-                    with tf.device(var.device):
-                        var.assign(value)
-            may_apply(c, update)
+        """Each copy applies its gradients (with --shard_update, its chunk's) and takes its
+        new non-trainable state, inside `may_apply(copy index, update)` (hooks.py: e.g. only
+        if every tower was finite): the replicas' `update`."""
+        self.update.apply(grads_per_copy, states_per_copy, may_apply)
 
     def advance(self, also: list = ()) -> tf.Operation:
         """Counts the step; returns an op that has run once every copy holds its update
@@ -122,7 +154,16 @@ class Replicas:
 
     def sync_replicas(self) -> None:
         """Copies variable copy 0 (e.g. just restored) into every other copy."""
-        variables_lib.copy_first_to_rest(self.copies)
+        self.update.sync()
+
+    def optimizer_bytes(self) -> dict[str, dict[str, int]]:
+        """Per device: the bytes of its copy's optimizer state (`state`) and of the weight
+        entries it holds again to update them (`owned_weights`, --shard_update)."""
+        state = {}
+        for copy in self.copies:
+            state[copy.device] = state.get(copy.device, 0) + sum(
+                int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in copy.optimizer.variables)
+        return {"state": state, "owned_weights": self.update.owned_weight_bytes()}
 
     @property
     def checkpointed_copies(self) -> list[variables_lib.VariableCopy]:

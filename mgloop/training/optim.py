@@ -17,6 +17,8 @@ v <- v - lr * weight_decay * v at every update.
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -104,8 +106,11 @@ def make_optimizer(options: OptimOptions, train_steps: int) -> keras.optimizers.
     return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
 
 
-def colocate_with_variables(optimizer: keras.optimizers.Optimizer) -> None:
-    """Makes `optimizer` create each slot, and run each update, on its variable's device.
+def colocate_with_variables(optimizer: keras.optimizers.Optimizer, place: bool = True) -> None:
+    """Makes `optimizer` create each slot, and run each update, on its variable's device
+    (unless not `place`: where it is built), and record its slots by variable
+    (`optimizer.mgloop_slots`: id(variable) -> its slots in the order made; what a sharded
+    update gathers and scatters, step/sharded_update.py).
 
     Keras optimizers create slots through `add_variable_from_reference` and
     update one variable at a time through `update_step`; both are wrapped on
@@ -113,10 +118,13 @@ def colocate_with_variables(optimizer: keras.optimizers.Optimizer) -> None:
     devices), a variable, its slots and its update math share a device.
     """
     add_slot, update = optimizer.add_variable_from_reference, optimizer.update_step
+    optimizer.mgloop_slots = {}
 
     def add_variable_from_reference(reference_variable, *args, **kwargs):
-        with tf.device(reference_variable.device):
-            return add_slot(reference_variable, *args, **kwargs)
+        with tf.device(reference_variable.device) if place else contextlib.nullcontext():
+            slot = add_slot(reference_variable, *args, **kwargs)
+        optimizer.mgloop_slots.setdefault(id(reference_variable), []).append(slot)
+        return slot
 
     def update_step(gradient, variable, learning_rate):
         with tf.device(variable.device):

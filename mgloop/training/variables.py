@@ -61,11 +61,12 @@ def make_copies(template: keras.Model, devices: list[str]) -> list[VariableCopy]
     return copies
 
 
-def copy_first_to_rest(copies: list[VariableCopy]) -> None:
-    """Makes every copy (variables and optimizer state) equal to copy 0, e.g. after a restore."""
+def copy_first_to_rest(copies: list[VariableCopy], slots: bool = True) -> None:
+    """Makes every copy (variables, and unless not `slots` optimizer state) equal to copy 0,
+    e.g. after a restore."""
     first = copies[0]
-    first_slots = first.optimizer.variables if first.optimizer else []
+    first_slots = first.optimizer.variables if first.optimizer and slots else []
     for copy in copies[1:]:
-        slots = copy.optimizer.variables if copy.optimizer else []
-        for target, source in zip(copy.variables + slots, first.variables + first_slots):
+        copy_slots = copy.optimizer.variables if copy.optimizer and slots else []
+        for target, source in zip(copy.variables + copy_slots, first.variables + first_slots):
             target.assign(backing(source).read_value())

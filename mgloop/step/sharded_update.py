@@ -1,0 +1,274 @@
+"""`--shard_update`: each copy updates only its chunk of the weights, with the optimizer
+state of that chunk alone (ZeRO stage 1: Rajbhandari et al. 2020; PyTorch's
+ZeroRedundancyOptimizer), for a method that splits its all-reduce (shard_exchange.py).
+
+Copy 0's trainable variables, flattened and concatenated in order, form one vector of n
+entries per dtype (`Layout`). The method cuts it into chunks; copy c owns chunk
+k = owned_shard(c), which meets some variables: its `Piece`s, each the entries
+[start, end) of one variable. Per step:
+
+    1. the exchange (`exchange`): tower t flattens its gradients, the method's
+       reduce-scatter leaves on copy c the mean of chunk k over the towers;
+    2. copy c's optimizer applies each piece's part of that mean to the piece's variable
+       (copy c's own copy of those weight entries, kept beside its whole copy);
+    3. the method's all-gather brings every updated chunk to every copy, which writes
+       them into its whole variables.
+
+The optimizer must be element-wise (`check_optimizer`): an entry's update reads only that
+entry's weight, gradient and state, so updating pieces gives the whole update's numbers
+bit for bit (tests/test_sharded_update.py). Memory per copy: the optimizer state of its
+chunk (1/T of it; with `hierarchical`, G/T) and the chunk's weights again (the variables
+Keras's optimizers update), against the whole state on every copy without sharding.
+
+A checkpoint holds copy 0's optimizer whole, as an unsharded run's: `whole_optimizer`
+builds one on the host for the save (every piece's slots gathered into it) or the
+restore (scattered from it into the pieces on leaving), and drops it after, so a run
+resumes with another tower count, or without --shard_update, and the reverse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from mgloop.errors import ConfigError
+from mgloop.training import optim
+from mgloop.training.variables import VariableCopy, backing, copy_first_to_rest
+
+# Keras's optimizers whose update of an entry reads only that entry (weight, gradient, slots)
+ELEMENT_WISE = tuple(getattr(keras.optimizers, name) for name in (
+    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Nadam", "Ftrl",
+    "Lion"))
+
+
+def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
+    """Refuses (one line) an optimizer whose update of an entry reads more than the entry:
+    a norm over a whole variable or every gradient (clipnorm, global_clipnorm, LAMB's trust
+    ratio), factored or matrix state (Adafactor, Muon), or a class it does not know."""
+    name = type(optimizer).__name__
+    if type(optimizer) not in ELEMENT_WISE:
+        raise ConfigError(
+            f"--shard_update needs an element-wise optimizer, and {name} is not one mgloop "
+            "knows to be (LAMB's trust ratio, Adafactor's factored moments and Muon's "
+            "orthogonalised matrices read whole variables); use one of: "
+            + ", ".join(cls.__name__ for cls in ELEMENT_WISE) + ", or no --shard_update")
+    for setting in ("clipnorm", "global_clipnorm"):
+        if getattr(optimizer, setting, None):
+            raise ConfigError(f"--shard_update: the optimizer's {setting} reads the norm of "
+                              "whole gradients, which no copy holds; clip by value "
+                              f"(clipvalue) or leave out --shard_update")
+    if optimizer.use_ema or (optimizer.gradient_accumulation_steps or 1) > 1:
+        raise ConfigError("--shard_update: the optimizer's use_ema and "
+                          "gradient_accumulation_steps keep state mgloop does not shard; "
+                          "use --accumulation_steps, or leave out --shard_update")
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Entries [start, end) of variable `variable`, at `offset` in its copy's chunk."""
+
+    variable: int
+    start: int
+    end: int
+    offset: int
+
+
+class Layout:
+    """Copy 0's trainable variables as one flat vector per dtype (`groups`: variable
+    indices in order) and, per copy and group, the pieces of the chunk the copy owns."""
+
+    def __init__(self, variables, method, num_copies: int):
+        self.shapes = [v.shape for v in variables]
+        by_dtype: dict = {}
+        for i, v in enumerate(variables):
+            by_dtype.setdefault(v.dtype, []).append(i)
+        self.groups = list(by_dtype.values())
+        self.dtypes = list(by_dtype)
+        self.pieces = [[self._pieces(method, group, c) for group in self.groups]
+                       for c in range(num_copies)]
+
+    def _pieces(self, method, group: list[int], copy: int) -> list[Piece]:
+        sizes = [self.shapes[i].num_elements() for i in group]
+        first, last = method.shard_bounds(sum(sizes))[method.owned_shard(copy)]
+        pieces, start = [], 0
+        for i, size in zip(group, sizes):
+            lo, hi = max(first, start), min(last, start + size)
+            if lo < hi:
+                pieces.append(Piece(i, lo - start, hi - start, lo - first))
+            start += size
+        return pieces
+
+    def flatten(self, values, group: int) -> tf.Tensor:
+        """The group's values as one flat vector (on the current device)."""
+        return tf.concat([tf.reshape(tf.convert_to_tensor(values[i]), [-1])
+                          for i in self.groups[group]], axis=0)
+
+    def unflatten(self, flat: tf.Tensor, group: int) -> list[tf.Tensor]:
+        """The group's variables' values from its flat vector (on the current device)."""
+        sizes = [self.shapes[i].num_elements() for i in self.groups[group]]
+        return [tf.reshape(part, self.shapes[i])
+                for i, part in zip(self.groups[group], tf.split(flat, sizes))]
+
+
+def slots_by_reference(optimizer) -> dict[int, list]:
+    """id(variable) -> the optimizer's slots made from it, in the order made (recorded by
+    optim.colocate_with_variables)."""
+    return optimizer.mgloop_slots
+
+
+class ShardedUpdate:
+    """The pieces of every copy, their optimizers, the step's update and the checkpoint's
+    whole optimizer, for `method` (a ShardsUpdate) on `copies`."""
+
+    def __init__(self, method, copies: list[VariableCopy], optimizer_fn):
+        self.method, self.copies, self.optimizer_fn = method, copies, optimizer_fn
+        self.layout = Layout(copies[0].trainable, method, len(copies))
+        self.shards = []  # per copy: its pieces' variables (the chunk it owns of its weights)
+        for c, copy in enumerate(copies):
+            with tf.device(copy.device):
+                pieces = [tf.Variable(self._sliced(copy, p), name=f"owned_{c}_{p.variable}")
+                          for group in self.layout.pieces[c] for p in group]
+            self.shards.append(VariableCopy(copy.device, pieces, []))
+        optim.build_optimizers(self.shards, optimizer_fn)
+        for copy, shard in zip(copies, self.shards):
+            _check_slots(shard)
+            copy.optimizer = shard.optimizer  # what the schedule's summaries read
+
+    @staticmethod
+    def _sliced(copy: VariableCopy, piece: Piece) -> tf.Tensor:
+        return tf.reshape(copy.trainable[piece.variable], [-1])[piece.start:piece.end]
+
+    def exchange(self, tower_grads, average: bool) -> list[list[tf.Tensor]]:
+        """Per copy, per group: its owned chunk of the mean over the towers."""
+        per_group = []
+        for g in range(len(self.layout.groups)):
+            flats = []
+            for device, grads in zip(self.method.devices.towers, tower_grads):
+                with tf.device(device):
+                    flats.append(self.layout.flatten(grads, g))
+            per_group.append(self.method.reduce_scatter(flats, average))
+        return [list(chunks) for chunks in zip(*per_group)]
+
+    def apply(self, chunks_per_copy, states_per_copy, may_apply) -> None:
+        """Copy c's optimizer updates its pieces from its chunks (inside `may_apply(c, ...)`,
+        with its non-trainable state), then every copy takes every updated chunk."""
+        for c, (copy, shard) in enumerate(zip(self.copies, self.shards)):
+            def update(c=c, copy=copy, shard=shard, states=states_per_copy[c]):
+                grads = [chunk[p.offset:p.offset + p.end - p.start]
+                         for chunk, pieces in zip(chunks_per_copy[c], self.layout.pieces[c])
+                         for p in pieces]
+                if grads:
+                    optim.apply_updates([shard], [grads])
+                for var, value in zip(copy.non_trainable, states):
+                    with tf.device(var.device):
+                        var.assign(value)
+            may_apply(c, update)
+        for g, dtype in enumerate(self.layout.dtypes):
+            chunks = []
+            for c, shard in enumerate(self.shards):
+                with tf.device(shard.device):
+                    owned = self._owned(c, g, shard)
+                    chunks.append(tf.concat(owned, 0) if owned else tf.zeros([0], dtype))
+            for copy, flat in zip(self.copies, self.method.all_gather(chunks)):
+                with tf.device(copy.device):
+                    for i, value in zip(self.layout.groups[g], self.layout.unflatten(flat, g)):
+                        copy.trainable[i].assign(value)
+
+    def _owned(self, c: int, group: int, shard: VariableCopy) -> list[tf.Tensor]:
+        before = sum(len(pieces) for pieces in self.layout.pieces[c][:group])
+        return [v.read_value() for v in
+                shard.trainable[before:before + len(self.layout.pieces[c][group])]]
+
+    def sync(self) -> None:
+        """After a restore into copy 0: every copy's weights from copy 0 and every piece
+        from its copy (the slots came from the checkpoint's whole optimizer)."""
+        copy_first_to_rest(self.copies, slots=False)
+        for c, (copy, shard) in enumerate(zip(self.copies, self.shards)):
+            pieces = [p for group in self.layout.pieces[c] for p in group]
+            for variable, piece in zip(shard.trainable, pieces):
+                variable.assign(self._sliced(copy, piece))
+
+    @property
+    def optimizer_variables(self) -> list:
+        return [backing(v) for shard in self.shards for v in shard.optimizer.variables]
+
+    def owned_weight_bytes(self) -> dict[str, int]:
+        """Per device: the bytes of the weight entries its copy holds again to update them."""
+        return {shard.device: sum(v.shape.num_elements() * v.dtype.size
+                                  for v in shard.trainable) for shard in self.shards}
+
+    @contextlib.contextmanager
+    def whole_optimizer(self, restoring: bool):
+        """Copy 0's optimizer whole, on the host, for one save or restore: gathered from the
+        pieces' optimizers first (saving), or scattered into them on leaving (restoring)."""
+        first = self.copies[0]
+        with tf.device(self.method.devices.host):  # every slot here, whatever its variable's
+            whole = self.optimizer_fn()
+            optim.colocate_with_variables(whole, place=False)
+            whole.build(first.trainable)
+        if not restoring:
+            self._gather_into(whole)
+        yield whole
+        if restoring:
+            self._scatter_from(whole)
+
+    def _slot_lists(self, optimizer, variables) -> tuple[list, list[list]]:
+        """(the optimizer's variables made from no reference, each variable's slots)."""
+        table = slots_by_reference(optimizer)
+        slots = [table.get(id(v), []) for v in variables]
+        made = {id(s) for group in slots for s in group}
+        return [v for v in optimizer.variables if id(v) not in made], slots
+
+    def _owners(self):
+        """(copy, its piece's index in its shard, piece) covering each variable's entries
+        once, in order (with `hierarchical`, a chunk's first holder)."""
+        seen, out = set(), []
+        for c in range(len(self.copies)):
+            for k, p in enumerate(p for group in self.layout.pieces[c] for p in group):
+                if (p.variable, p.start) not in seen:
+                    seen.add((p.variable, p.start))
+                    out.append((c, k, p))
+        return sorted(out, key=lambda owner: (owner[2].variable, owner[2].start))
+
+    def _gather_into(self, whole) -> None:
+        others, slots = self._slot_lists(whole, self.copies[0].trainable)
+        first_others, _ = self._slot_lists(self.shards[0].optimizer, self.shards[0].trainable)
+        for target, source in zip(others, first_others):
+            target.assign(backing(source).read_value())
+        parts = [[[] for _ in group] for group in slots]  # variable -> slot kind -> pieces
+        for c, k, piece in self._owners():
+            shard = self.shards[c]
+            _, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
+            for kind, slot in enumerate(shard_slots[k]):
+                parts[piece.variable][kind].append(backing(slot).read_value())
+        for group, kinds in zip(slots, parts):
+            for slot, pieces in zip(group, kinds):
+                slot.assign(tf.reshape(tf.concat(pieces, 0), slot.shape))
+
+    def _scatter_from(self, whole) -> None:
+        others, slots = self._slot_lists(whole, self.copies[0].trainable)
+        for c, shard in enumerate(self.shards):
+            shard_others, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
+            for target, source in zip(shard_others, others):
+                backing(target).assign(backing(source).read_value())
+            pieces = [p for group in self.layout.pieces[c] for p in group]
+            for piece, kinds in zip(pieces, shard_slots):
+                for kind, slot in enumerate(kinds):
+                    flat = tf.reshape(backing(slots[piece.variable][kind]).read_value(), [-1])
+                    backing(slot).assign(flat[piece.start:piece.end])
+
+
+def _check_slots(shard: VariableCopy) -> None:
+    """Refuses (one line) an optimizer that made a slot of another shape than its variable's
+    (not element-wise, whatever its class)."""
+    table = slots_by_reference(shard.optimizer)
+    for variable in shard.trainable:
+        for slot in table.get(id(variable), []):
+            if tuple(slot.shape) != tuple(variable.shape):
+                raise ConfigError(
+                    f"--shard_update: the optimizer made a slot of shape {slot.shape} for a "
+                    f"variable of shape {variable.shape}, so its update is not element-wise; "
+                    "use an element-wise optimizer (SGD, Adam, ...) or no --shard_update")
