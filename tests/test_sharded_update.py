@@ -1,0 +1,157 @@
+"""--shard_update (ZeRO stage 1): each copy updates its chunk with that chunk's state alone.
+
+- The ring's sharded update equals its whole update bit for bit: the reduce-scatter forms
+  the same mean as the all-reduce (its first half), and an element-wise optimizer makes
+  the same numbers on a piece of a variable as on all of it; after 4 steps every copy's
+  weights and the optimizer state (gathered whole) are the same bits.
+- Every sharded method against one device within tests/tolerance.py's bound.
+- A checkpoint holds the optimizer whole: saved sharded on 4 towers, restored sharded on
+  3 (chunks of other sizes) and whole on 1, the state is the same bits.
+- Each device holds 1/T of the state (1/groups... G/T with hierarchical), and the
+  settings that cannot shard are refused in one line before anything is built.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from mgloop.errors import ConfigError
+from mgloop.runs import checkpoint
+from tests import helpers
+from tests import tolerance
+
+STEPS = 4
+
+
+def state_of(trainer) -> list[np.ndarray]:
+    """Copy 0's optimizer state whole (gathered from the pieces when sharded)."""
+    with trainer.replicas.update.whole_optimizer(restoring=False) as whole:
+        return [np.array(v) for v in whole.variables]
+
+
+def run(logdir, name, steps=STEPS, **settings):
+    config = helpers.small_config(os.path.join(logdir, name), **settings)
+    trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(
+        steps, config.global_batch_size))
+    return trainer, loss_sum
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_the_sharded_ring_equals_the_whole_ring_bit_for_bit(optimizer, logdir):
+    common = dict(devices="cpu:4", aggregation="ring", optimizer=optimizer, learning_rate=0.05)
+    whole, whole_loss = run(logdir, "whole", **common)
+    sharded, sharded_loss = run(logdir, "sharded", shard_update=True, **common)
+    assert sharded_loss == whole_loss
+    start = helpers.copy_weights(helpers.build_trainer(helpers.small_config(
+        os.path.join(logdir, "start"), **common)))[0]
+    for a, b in zip(helpers.copy_weights(whole), helpers.copy_weights(sharded)):
+        for x, y, x0 in zip(a, b, start):
+            assert np.array_equal(x, y)
+    assert any(np.abs(x - x0).max() > 1e-3 for x, x0 in zip(helpers.copy_weights(sharded)[0],
+                                                            start))
+    whole_state, sharded_state = state_of(whole), state_of(sharded)
+    assert len(whole_state) == len(sharded_state)
+    for x, y in zip(whole_state, sharded_state):
+        assert x.shape == y.shape and np.array_equal(x, y)
+    assert any(np.abs(x).max() > 0 for x in sharded_state[2:])  # slots that moved
+
+
+@pytest.mark.parametrize("spec", ["ring", "collective", "hierarchical:groups=2"])
+def test_each_sharded_method_equals_one_device(spec, logdir):
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation=spec, shard_update=True)
+    trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(5))
+    reference = helpers.small_config(logdir, devices="cpu:4", aggregation=spec)
+    expected = helpers.train_reference_bounded(reference, helpers.batches(5))
+    for weights in helpers.copy_weights(trainer):
+        tolerance.assert_matches_reference(weights, loss_sum, expected)
+
+
+def test_a_checkpoint_resumes_with_other_towers_and_without_sharding(logdir):
+    batch = dict(global_batch_size=24, optimizer="adam")  # 4, 3 and 1 towers
+    saved, _ = run(logdir, "saved", devices="cpu:4", aggregation="ring", shard_update=True,
+                   **batch)
+    folder = os.path.join(logdir, "checkpoints")
+    checkpoint.Checkpointer.of_trainer(folder, saved, keep=1).save(STEPS)
+    expected_state, expected_weights = state_of(saved), helpers.copy_weights(saved)[0]
+    for name, settings in [("three", dict(devices="cpu:3", aggregation="ring",
+                                          shard_update=True)),
+                           ("one", dict(devices="cpu:1", aggregation="ps_cpu"))]:
+        config = helpers.small_config(os.path.join(logdir, name), **batch, **settings)
+        trainer = helpers.build_trainer(config)
+        restored = checkpoint.Checkpointer.of_trainer(folder, trainer, keep=1)
+        assert restored.restore_latest(tidy=False) is not None
+        trainer.sync_replicas()
+        for x, y in zip(state_of(trainer), expected_state):
+            assert np.array_equal(x, y)
+        for weights in helpers.copy_weights(trainer):
+            assert all(np.array_equal(x, y) for x, y in zip(weights, expected_weights))
+        if name == "three":  # and the pieces took the restored weights: a step agrees
+            whole = helpers.build_trainer(helpers.small_config(
+                os.path.join(logdir, "three_whole"), devices="cpu:3", aggregation="ring",
+                **batch))
+            checkpoint.Checkpointer.of_trainer(folder, whole, keep=1).restore_latest(
+                tidy=False)
+            whole.sync_replicas()
+            steps = helpers.batches(STEPS + 1, 24)[STEPS:]
+            helpers.run_batches(trainer, steps)
+            helpers.run_batches(whole, steps)
+            assert all(np.array_equal(x, y) for x, y in zip(
+                helpers.copy_weights(trainer)[2], helpers.copy_weights(whole)[2]))
+
+
+@pytest.mark.parametrize("spec,share", [("ring", 4), ("collective", 4),
+                                        ("hierarchical:groups=2", 2)])
+def test_each_device_holds_its_share_of_the_state(spec, share, logdir):
+    whole = helpers.build_trainer(helpers.small_config(
+        os.path.join(logdir, "whole"), devices="cpu:4", aggregation=spec, optimizer="adam"))
+    sharded = helpers.build_trainer(helpers.small_config(
+        os.path.join(logdir, "sharded"), devices="cpu:4", aggregation=spec, optimizer="adam",
+        shard_update=True))
+    before, after = whole.replicas.optimizer_bytes(), sharded.replicas.optimizer_bytes()
+    scalars = 2 * 8  # the iteration count and the learning rate, on every copy
+    for device, total in before["state"].items():
+        assert after["state"][device] <= (total - scalars) / share + scalars + 16
+        weights = sum(v.numpy().nbytes for v in sharded.copies[0].trainable)
+        assert after["owned_weights"][device] <= weights / share + 16
+    assert before["owned_weights"] == {}
+
+
+@pytest.mark.parametrize("settings,expected", [
+    (dict(aggregation="ps_cpu"), "does not split its all-reduce"),
+    (dict(aggregation="ring:shards=2"), "ring:shards=1"),
+    (dict(aggregation="ring", nodes=2), "--nodes=2"),
+    (dict(aggregation="collective", devices="cpu:11"), "at most 10 towers"),
+    (dict(aggregation="ring", towers_per_device=2), "--towers_per_device=2"),
+    (dict(aggregation="ring", mixed_precision="mixed_float16"), "mixed_float16"),
+    (dict(aggregation="ring", histogram_every=5), "--histogram_every=5"),
+])
+def test_settings_that_cannot_shard_are_refused_in_one_line(settings, expected, logdir):
+    config = helpers.small_config(logdir, **{"devices": "cpu:4", **settings},
+                                  shard_update=True)
+    with pytest.raises(ConfigError, match="--shard_update") as error:
+        config.validated(on_disk=False)
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("optimizer,expected", [
+    (lambda: keras.optimizers.Lamb(0.01), "Lamb is not"),
+    (lambda: keras.optimizers.Adam(0.01, global_clipnorm=1.0), "global_clipnorm"),
+    (lambda: keras.optimizers.SGD(0.01, clipnorm=1.0), "clipnorm"),
+])
+def test_optimizers_that_are_not_element_wise_are_refused_before_any_copy(
+        optimizer, expected, logdir, monkeypatch):
+    from mgloop import aggregation
+    from mgloop.cluster import devices
+    from mgloop.runs import assemble
+    from mgloop.step import replicas as replicas_lib
+    built = []
+    monkeypatch.setattr(replicas_lib.Replicas, "__init__", lambda *a, **k: built.append(1))
+    config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring",
+                                  shard_update=True).validated(on_disk=False)
+    method = aggregation.make(config.aggregation, devices.setup(devices.parse(config.devices)))
+    with pytest.raises(ConfigError, match=expected):
+        assemble.build(helpers.model_fn("mlp"), None, method, lambda: None,
+                       helpers.DATASET.input_shape, config, optimizer=optimizer)
+    assert built == []  # refused before the copies
