@@ -202,7 +202,9 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
             "first_loop_loss": losses[name][0], "loop_losses": losses[name],
             "build_seconds": ready[name]["build_seconds"],
             "baseline_rss_mib": ready[name]["baseline_rss_kib"] / 1024,
-            "peak_rss_mib": peaks[name] / 1024})
+            "peak_rss_mib": peaks[name] / 1024,
+            "optimizer_mib_per_device": (None if stops[name].get("optimizer_bytes") is None
+                                         else stops[name]["optimizer_bytes"] / 2 ** 20)})
         rows[-1].update(link_figures(stops[name].get("traffic"), 1e3 * step_median))
     add_ratios(rows)
     check_first_losses(rows)
@@ -310,6 +312,7 @@ TABLE = [("name", "system", "s"), ("split", "processes x devices", "s"),
          ("step_ratio_to_single", "step ÷ single_device", ".2f"),
          ("peak_rss_mib", "peak RSS (MiB)", ".0f"),
          ("peak_rss_ratio_to_single", "RSS ÷ single_device", ".2f"),
+         ("optimizer_mib_per_device", "optimizer state per device (MiB)", ".2f"),
          ("first_loop_loss", "loss, 1st loop", ".4f")]
 SPEEDUP_TABLE = [("name", "mgloop mode", "s"), ("towers", "towers", "d"),
                  ("speedup", "speedup vs 1 tower", ".2f"), ("efficiency", "efficiency", ".2f")]

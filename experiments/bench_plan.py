@@ -61,11 +61,12 @@ def entries(modes: list[str], towers: list[int], mgloop_modes: dict[str, bool]) 
         mode, plus, option = mode.partition("+")
         vectorized = re.fullmatch(r"k([1-9]\d*)", option)
         if plus and not (option == "xla" and (mode in mgloop_modes or mode in XLA_BASELINES)
-                         or vectorized and mode in mgloop_modes):
+                         or (vectorized or option == "shard") and mode in mgloop_modes):
             raise PlanError(f"--modes: {entry!r}: after + give xla (each tower's or replica's "
                             "forward and backward compiled by XLA: an mgloop mode or one of "
-                            f"{', '.join(XLA_BASELINES)}) or kK (an mgloop mode with K towers "
-                            "per device, one vectorized pass: ps_cpu+k4@1)")
+                            f"{', '.join(XLA_BASELINES)}), kK (an mgloop mode with K towers "
+                            "per device, one vectorized pass: ps_cpu+k4@1) or shard (an "
+                            "mgloop mode with --shard_update: ring+shard)")
         if mode not in mgloop_modes and mode not in bench_systems.BASELINES + \
                 bench_systems.MULTI_WORKER_BASELINES:
             raise PlanError(f"--modes: {mode!r} is not {valid}")

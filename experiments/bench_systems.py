@@ -256,7 +256,7 @@ def build(spec: Spec, dataset=None, runtime=None):
         trainer, iterator = benchlib.build(
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,
             devices=devices_flag(spec), aggregation=system[len(MGLOOP_PREFIX):], xla_towers=xla,
-            towers_per_device=towers_per_device,
+            towers_per_device=towers_per_device, shard_update=option == "shard",
             optimizer=spec.optimizer, learning_rate=spec.learning_rate, seed=spec.seed,
             collective_timeout=COLLECTIVE_TIMEOUT, workers=workers, device_set=device_set,
             **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS

@@ -24,7 +24,8 @@ Memory: `baseline_rss_kib` is the resident set after TensorFlow started with
 its devices and the dataset was loaded, before the system was built;
 `peak_rss_kib` is the process's peak resident set (getrusage ru_maxrss,
 KiB on Linux) at the end, which covers building, tracing and every loop.
-One process per system, so each peak is that system's alone.
+One process per system, so each peak is that system's alone. `optimizer_bytes`
+(mgloop's systems): the largest optimizer state one device holds (Replicas.optimizer_bytes).
 """
 
 from __future__ import annotations
@@ -97,7 +98,11 @@ def main() -> None:
             traffic = None if counted is None else {  # mgloop's counts (the link model)
                 "bytes": counted.traffic.as_dict(),
                 "messages": counted.traffic.messages_as_dict()}
-            reply({"peak_rss_kib": peak_rss_kib(), "traffic": traffic})
+            replicas = getattr(getattr(system, "owner", None), "replicas", None)
+            reply({"peak_rss_kib": peak_rss_kib(), "traffic": traffic,
+                   # mgloop's: the largest optimizer state any of its devices holds
+                   "optimizer_bytes": None if replicas is None else max(
+                       replicas.optimizer_bytes()["state"].values())})
             return
 
 
