@@ -51,6 +51,7 @@ from mgloop.aggregation import live_exchange, local_steps
 from mgloop.aggregation import node_failures
 from mgloop.aggregation.base import SHARED, Aggregation
 from mgloop.aggregation.exchange_options import DIRECT, ExchangeOptions
+from mgloop.aggregation.shard_exchange import ShardsUpdate
 from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceSet
@@ -242,9 +243,10 @@ def make(options: ExchangeOptions, devices: DeviceSet, make_method, workers=None
     (the wrappers take their inner method's; a method whose `__init__` takes no counter
     makes its own: base.py `step_counter`)."""
     if workers is not None and workers.num_workers > 1:
-        from mgloop.aggregation.cross_worker import CrossWorker  # it loads the registry
-        return CrossWorker(_made(options, devices, make_method, workers, failures,
-                                 step_counter), workers)
+        from mgloop.aggregation.cross_worker import CrossWorker, ShardedCrossWorker
+        local = _made(options, devices, make_method, workers, failures, step_counter)
+        sharded = options.shard_update and isinstance(local, ShardsUpdate)
+        return (ShardedCrossWorker if sharded else CrossWorker)(local, workers)
     return _made(options, devices, make_method, None, failures, step_counter)
 
 

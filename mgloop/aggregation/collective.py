@@ -37,9 +37,15 @@ _GROUP_KEYS = itertools.count(1)
 _INSTANCE_KEYS = itertools.count(1)
 
 
-def new_group_key() -> int:
-    """A group key no other collective group of this process uses."""
-    return next(_GROUP_KEYS)
+# Group keys are resolved across every worker of a job, so a group of one worker's devices
+# takes a key no other worker's group takes: its worker index times this, plus its own.
+WORKER_KEY_SPAN = 100_000
+
+
+def new_group_key(worker: int = 0) -> int:
+    """A group key no other collective group of this process, nor of another worker (its
+    index `worker`), uses."""
+    return worker * WORKER_KEY_SPAN + next(_GROUP_KEYS)
 
 
 def new_instance_key() -> int:
@@ -89,7 +95,7 @@ class Collective(ShardsUpdate, _AllReduceKernel):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.group_key = new_group_key()
+        self.group_key = new_group_key(self.cluster.index if self.cluster else 0)
         self.ordering_tokens = ordering_tokens(self.devices.towers)
 
     def all_reduce(self, values, average):

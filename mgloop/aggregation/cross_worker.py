@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import CAPABILITIES, Aggregation, canonical
+from mgloop.aggregation.shard_exchange import ShardsUpdate
 from mgloop.cluster.workers import Cluster
 
 _GROUP_KEYS = itertools.count(1_000_000)
@@ -170,3 +171,53 @@ class CrossWorker(Aggregation):
         for variable, value in zip(variables, self.all_workers_sum_packed(mine)):
             variable.assign(value)
         self.traffic.restore(counted)
+
+
+class ShardedCrossWorker(ShardsUpdate, CrossWorker):
+    """--shard_update across workers: each worker's copies split the update as the local
+    method does in one process (its chunks, its reduce-scatter and all-gather), and between
+    the reduce-scatter and the update the W copies holding chunk k (copy c of every worker)
+    add their workers' sums of it in one collective of their own, scaled by 1/(W T) after:
+    sharded within a worker, replicated across workers (FSDP's hybrid sharding). Each of the
+    T collectives is counted as a ring between the workers, on its copy's device."""
+
+    def __init__(self, local: Aggregation, cluster: Cluster):
+        super().__init__(local, cluster)
+        devices = local.parameter_devices()
+        self.chunk_group_keys = [next(_GROUP_KEYS) for _ in devices]
+        self.chunk_tokens = []
+        for device in devices:
+            with tf.device(device):
+                self.chunk_tokens.append(tf.Variable(0.0, trainable=False,
+                                                     name="cross_worker_chunk_token"))
+
+    def shard_sizes(self, num_elements):
+        return self.local.shard_sizes(num_elements)
+
+    def owned_shard(self, copy):
+        return self.local.owned_shard(copy)
+
+    def reduce_scatter(self, flats, average):
+        workers = self.cluster.num_workers
+        out = []
+        for device, chunk, key, token in zip(self.local.parameter_devices(),
+                                             self.local.reduce_scatter(flats, False),
+                                             self.chunk_group_keys, self.chunk_tokens):
+            num_bytes = chunk.shape.num_elements() * chunk.dtype.size * 2 * (workers - 1) \
+                // workers
+            self.traffic.add(canonical(device), sent=num_bytes, received=num_bytes,
+                             messages_sent=2 * (workers - 1),
+                             messages_received=2 * (workers - 1), tier="between")
+            with tf.device(device):
+                total = tf.raw_ops.CollectiveReduceV2(
+                    input=chunk, group_size=workers, group_key=key,
+                    instance_key=next(_INSTANCE_KEYS), ordering_token=[token.handle],
+                    merge_op="Add", final_op="Id", communication_hint="auto")
+                out.append(self.scale(total, average))
+        return out
+
+    def all_gather(self, chunks):
+        return self.local.all_gather(chunks)  # every worker holds the same updated chunks
+
+    def sum_metrics(self, metrics):
+        return self.all_workers_sum_packed(list(metrics), len(metrics)) if metrics else []

@@ -12,7 +12,10 @@ in order), cut into T contiguous chunks (`shard_sizes`, in flat order),
        weights (an element-wise optimizer: the same entries as a whole update, bit for bit);
     3. all-gather: every copy receives every updated chunk and writes its whole copy.
 
-Each device holds 1/T of the optimizer state. A method that can do this subclasses
+Each device holds 1/T of the optimizer state. Across workers (cross_worker.py's
+`ShardedCrossWorker`) each worker's copies split the update the same way and the W
+copies holding a chunk add it in a collective of their own: sharded within a worker,
+replicated across workers. A method that can do this subclasses
 `ShardsUpdate` (ring.py, collective.py, hierarchical.py) and implements the two halves;
 step/sharded_update.py builds the update on them.
 """
@@ -46,6 +49,10 @@ class ShardsUpdate(abc.ABC):
     def all_gather(self, chunks: list[tf.Tensor]) -> list[tf.Tensor]:
         """chunks[c] (copy c's owned chunk, on its device) -> per copy, on its device, the
         whole flat vector: every chunk in flat order."""
+
+    def sum_metrics(self, metrics: list[tf.Tensor]) -> list[tf.Tensor]:
+        """The step's metrics summed over the workers (one process: as given)."""
+        return list(metrics)
 
     def shard_bounds(self, num_elements: int) -> list[tuple[int, int]]:
         """[start, end) of each chunk in flat order."""

@@ -2,8 +2,9 @@
 
     the method            one that splits its all-reduce (shard_exchange.ShardsUpdate:
                           ring, collective, hierarchical), ring with one ring (shards=1)
-    nodes, workers        one process, the method at the towers (the chunks are the
-                          towers' own)
+    nodes                 the method at the towers (the chunks are the towers' own):
+                          --nodes=1 in one process, --method_at=towers (auto's choice for
+                          these exact methods) across workers
     collective            at most 10 towers (TensorFlow's all-to-all from 11 members on)
     towers per device     one (a copy per tower)
     --mixed_precision     not mixed_float16 (its loss scale is optimizer state kept whole)
@@ -34,12 +35,14 @@ def check(options, context) -> None:
     if getattr(method_options, "shards", 1) > 1:
         raise ConfigError(f"{FLAG} with {mode}: the sharded update runs on one ring; use "
                           "ring:shards=1 (the default)")
-    if options.nodes > 1 or context.num_workers > 1:
-        where = (f"across {context.num_workers} workers (TF_CONFIG)" if context.num_workers > 1
+    from mgloop.aggregation import between_nodes
+    if between_nodes.method_at_nodes(options, context.num_workers):
+        where = (f"across {context.num_workers} workers (TF_CONFIG) with "
+                 f"--method_at={options.method_at}" if context.num_workers > 1
                  else f"with --nodes={options.nodes}")
-        raise ConfigError(f"{FLAG} {where}: the update is sharded among one process's towers "
-                          "at the towers only; run one process with --nodes=1, or leave out "
-                          f"{FLAG}")
+        raise ConfigError(f"{FLAG} {where}: the update is sharded among each process's towers, "
+                          "with the method at the towers; use --nodes=1 (--method_at=towers "
+                          f"across workers), or leave out {FLAG}")
     most = getattr(method, "most_sharded_towers", None)
     if most is not None and context.num_towers > most:
         raise ConfigError(f"{FLAG} with {mode} takes at most {most} towers (TensorFlow's "

@@ -28,11 +28,13 @@ SMALL_RUN = dict(model="mlp", global_batch_size=64, optimizer="momentum", learni
 
 
 def method_settings(spec: str) -> tuple[str, dict]:
-    """`METHOD --key=value ...` -> (METHOD, {key: value}), numbers read as numbers."""
+    """`METHOD --key=value ...` -> (METHOD, {key: value}), numbers read as numbers, true and
+    false as booleans."""
     method, *rest = spec.split()
     settings = {}
     for item in rest:
         key, _, value = item[2:].partition("=")
+        value = {"true": True, "false": False}.get(value, value)
         for kind in (int, float):
             with contextlib.suppress(ValueError):
                 value = kind(value)

@@ -111,15 +111,16 @@ class SparseRows:
 
 class Sharded:
     """--shard_update: the method's reduce-scatter of the towers' flattened gradients (sparse
-    ones made dense), per copy its owned chunk of the mean; the metrics as given (one
-    process)."""
+    ones made dense), per copy its owned chunk of the mean; the metrics summed over the
+    workers (`sum_metrics`: as given in one process)."""
 
     def __init__(self, sharded_update, average: bool):
         self.sharded_update, self.average = sharded_update, average
 
     def __call__(self, tower_grads, metrics, home_sums):
         del home_sums  # (none: a replicated layout sums nothing at a home)
-        return self.sharded_update.exchange(tower_grads, self.average), list(metrics)
+        chunks = self.sharded_update.exchange(tower_grads, self.average)
+        return chunks, self.sharded_update.method.sum_metrics(metrics)
 
 
 def make(aggregation: Aggregation, copies, average: bool, pack_bytes: int,

@@ -51,6 +51,11 @@ class WholeUpdate:
     def sync(self) -> None:
         variables_lib.copy_first_to_rest(self.copies)
 
+    @property
+    def optimizer_variables(self) -> list:
+        """What the chief's broadcast carries of the optimizers: copy 0's (`sync` copies it)."""
+        return [variables_lib.backing(v) for v in self.copies[0].optimizer.variables]
+
     @contextlib.contextmanager
     def whole_optimizer(self, restoring: bool):
         del restoring
@@ -172,7 +177,8 @@ class Replicas:
         return self.copies[1:] if self.aggregation.copies_differ else []
 
     def broadcast_from_chief(self, keep=()) -> None:
-        """Several processes: every worker takes worker 0's variables, optimizer state,
+        """Several processes: every worker takes worker 0's variables, optimizer state (with
+        --shard_update every copy's chunk of it: copy c of every worker holds the same chunk),
         step and aggregation state, then copies them into its replicas (run at start,
         after any restore); but for `keep`, the variables only this worker's node holds
         (node_checkpoint.py: just restored from its own checkpoint)."""
@@ -180,8 +186,7 @@ class Replicas:
             return
         first = self.copies[0]
         kept = {id(v) for v in keep}
-        variables = [v for v in (first.variables
-                                 + [variables_lib.backing(v) for v in first.optimizer.variables]
+        variables = [v for v in (first.variables + self.update.optimizer_variables
                                  + [self.global_step] + list(self.aggregation.state_variables))
                      if id(v) not in kept]
         tf.function(lambda: self.aggregation.broadcast_from_chief(variables),

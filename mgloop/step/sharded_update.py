@@ -193,6 +193,7 @@ class ShardedUpdate:
 
     @property
     def optimizer_variables(self) -> list:
+        """Every piece's optimizer state (the chief's broadcast; the finite check)."""
         return [backing(v) for shard in self.shards for v in shard.optimizer.variables]
 
     def owned_weight_bytes(self) -> dict[str, int]:
