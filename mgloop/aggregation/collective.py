@@ -118,7 +118,8 @@ class Collective(ShardsUpdate, _AllReduceKernel):
         return copy  # the collective's rank of tower `copy`: the towers' order
 
     def _padded(self, value, total: int) -> tf.Tensor:
-        return tf.pad(value, [[0, total - value.shape.num_elements()]])
+        missing = total - value.shape.num_elements()
+        return tf.pad(value, [[0, missing]]) if missing else value
 
     def _record_chunks(self, size: int, dtype: tf.DType) -> None:
         """Each device sends and receives T-1 chunks of `size`, one message each."""
@@ -146,7 +147,8 @@ class Collective(ShardsUpdate, _AllReduceKernel):
                 total = pieces[0]
                 for piece in pieces[1:]:
                     total = total + piece
-                out.append(self.scale(total[:sizes[t]], average))
+                out.append(self.scale(total if sizes[t] == size else total[:sizes[t]],
+                                      average))
         return out
 
     def all_gather(self, chunks):
@@ -162,7 +164,8 @@ class Collective(ShardsUpdate, _AllReduceKernel):
                     input=self._padded(chunk, size), group_size=num, group_key=self.group_key,
                     instance_key=instance_key, ordering_token=[token.handle],
                     communication_hint="auto")
-                out.append(gathered[:num_elements])
+                out.append(gathered if num * size == num_elements else
+                           gathered[:num_elements])
         return out
 
 

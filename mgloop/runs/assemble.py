@@ -11,6 +11,7 @@ large-gradient hooks (its statistics need every tower's whole gradient).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 from absl import logging
@@ -132,7 +133,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     model, spec, attack, classes = template_and_spec(
         model_fn, loss_fn, aggregation, optimizer_fn, input_shape, config, metrics, optimizer)
     replicas = Replicas(model, aggregation, spec.optimizer_fn,
-                        ShardedUpdate if config.shard_update else WholeUpdate)
+                        functools.partial(ShardedUpdate, bucket_bytes=config.pack_bytes)
+                        if config.shard_update else WholeUpdate)
     # each tower draws its own random numbers (dropout masks), by its global index
     first_tower = aggregation.cluster.index * replicas.num_towers if aggregation.cluster else 0
     streams = random_streams_lib.RandomStreams(model, first_tower)

@@ -2,10 +2,11 @@
 state of that chunk alone (ZeRO stage 1: Rajbhandari et al. 2020; PyTorch's
 ZeroRedundancyOptimizer), for a method that splits its all-reduce (shard_exchange.py).
 
-Copy 0's trainable variables, flattened and concatenated in order, form one vector of n
-entries per dtype (`Layout`). The method cuts it into chunks; copy c owns chunk
-k = owned_shard(c), which meets some variables: its `Piece`s, each the entries
-[start, end) of one variable. Per step:
+Copy 0's trainable variables form segments (`Layout`: a large variable alone, smaller
+consecutive ones packed into one flat vector of up to --pack_bytes). The method cuts each
+segment's flat vector into chunks; copy c owns chunk k = owned_shard(c) of every
+segment, which meets some variables: its `Piece`s, each the entries [start, end) of one
+variable. Per step and segment:
 
     1. the exchange (`exchange`): tower t flattens its gradients, the method's
        reduce-scatter leaves on copy c the mean of chunk k over the towers;
@@ -34,6 +35,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from mgloop.aggregation import packing
 from mgloop.errors import ConfigError
 from mgloop.training import optim
 from mgloop.training.variables import VariableCopy, backing, copy_first_to_rest
@@ -77,40 +79,45 @@ class Piece:
 
 
 class Layout:
-    """Copy 0's trainable variables as one flat vector per dtype (`groups`: variable
-    indices in order) and, per copy and group, the pieces of the chunk the copy owns."""
+    """Copy 0's trainable variables in segments (`segments`: variable indices, one dtype
+    each: consecutive variables packed up to `bucket_bytes`, a larger one alone, as
+    --pack_bytes packs; 0: each alone), each a flat vector the method splits; per copy and
+    segment, the pieces of the chunk the copy owns. A variable alone is its own flat vector
+    (a reshape: nothing copied), so large variables cost no concatenation."""
 
-    def __init__(self, variables, method, num_copies: int):
+    def __init__(self, variables, method, num_copies: int, bucket_bytes: int = 0):
         self.shapes = [v.shape for v in variables]
-        by_dtype: dict = {}
-        for i, v in enumerate(variables):
-            by_dtype.setdefault(v.dtype, []).append(i)
-        self.groups = list(by_dtype.values())
-        self.dtypes = list(by_dtype)
-        self.pieces = [[self._pieces(method, group, c) for group in self.groups]
+        self.segments = (packing.plan(list(variables), bucket_bytes) if bucket_bytes
+                         else [[i] for i in range(len(variables))])
+        self.dtypes = [variables[segment[0]].dtype for segment in self.segments]
+        self.pieces = [[self._pieces(method, segment, c) for segment in self.segments]
                        for c in range(num_copies)]
 
-    def _pieces(self, method, group: list[int], copy: int) -> list[Piece]:
-        sizes = [self.shapes[i].num_elements() for i in group]
+    def _pieces(self, method, segment: list[int], copy: int) -> list[Piece]:
+        sizes = [self.shapes[i].num_elements() for i in segment]
         first, last = method.shard_bounds(sum(sizes))[method.owned_shard(copy)]
         pieces, start = [], 0
-        for i, size in zip(group, sizes):
+        for i, size in zip(segment, sizes):
             lo, hi = max(first, start), min(last, start + size)
             if lo < hi:
                 pieces.append(Piece(i, lo - start, hi - start, lo - first))
             start += size
         return pieces
 
-    def flatten(self, values, group: int) -> tf.Tensor:
-        """The group's values as one flat vector (on the current device)."""
-        return tf.concat([tf.reshape(tf.convert_to_tensor(values[i]), [-1])
-                          for i in self.groups[group]], axis=0)
+    def flatten(self, values, segment: int) -> tf.Tensor:
+        """The segment's values as one flat vector (on the current device)."""
+        flats = [tf.reshape(tf.convert_to_tensor(values[i]), [-1])
+                 for i in self.segments[segment]]
+        return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
 
-    def unflatten(self, flat: tf.Tensor, group: int) -> list[tf.Tensor]:
-        """The group's variables' values from its flat vector (on the current device)."""
-        sizes = [self.shapes[i].num_elements() for i in self.groups[group]]
+    def unflatten(self, flat: tf.Tensor, segment: int) -> list[tf.Tensor]:
+        """The segment's variables' values from its flat vector (on the current device)."""
+        indices = self.segments[segment]
+        if len(indices) == 1:
+            return [tf.reshape(flat, self.shapes[indices[0]])]
+        sizes = [self.shapes[i].num_elements() for i in indices]
         return [tf.reshape(part, self.shapes[i])
-                for i, part in zip(self.groups[group], tf.split(flat, sizes))]
+                for i, part in zip(indices, tf.split(flat, sizes))]
 
 
 def slots_by_reference(optimizer) -> dict[int, list]:
@@ -123,14 +130,14 @@ class ShardedUpdate:
     """The pieces of every copy, their optimizers, the step's update and the checkpoint's
     whole optimizer, for `method` (a ShardsUpdate) on `copies`."""
 
-    def __init__(self, method, copies: list[VariableCopy], optimizer_fn):
+    def __init__(self, method, copies: list[VariableCopy], optimizer_fn, bucket_bytes: int = 0):
         self.method, self.copies, self.optimizer_fn = method, copies, optimizer_fn
-        self.layout = Layout(copies[0].trainable, method, len(copies))
+        self.layout = Layout(copies[0].trainable, method, len(copies), bucket_bytes)
         self.shards = []  # per copy: its pieces' variables (the chunk it owns of its weights)
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
                 pieces = [tf.Variable(self._sliced(copy, p), name=f"owned_{c}_{p.variable}")
-                          for group in self.layout.pieces[c] for p in group]
+                          for segment in self.layout.pieces[c] for p in segment]
             self.shards.append(VariableCopy(copy.device, pieces, []))
         optim.build_optimizers(self.shards, optimizer_fn)
         for copy, shard in zip(copies, self.shards):
@@ -142,15 +149,15 @@ class ShardedUpdate:
         return tf.reshape(copy.trainable[piece.variable], [-1])[piece.start:piece.end]
 
     def exchange(self, tower_grads, average: bool) -> list[list[tf.Tensor]]:
-        """Per copy, per group: its owned chunk of the mean over the towers."""
-        per_group = []
-        for g in range(len(self.layout.groups)):
+        """Per copy, per segment: its owned chunk of the mean over the towers."""
+        per_segment = []
+        for s in range(len(self.layout.segments)):
             flats = []
             for device, grads in zip(self.method.devices.towers, tower_grads):
                 with tf.device(device):
-                    flats.append(self.layout.flatten(grads, g))
-            per_group.append(self.method.reduce_scatter(flats, average))
-        return [list(chunks) for chunks in zip(*per_group)]
+                    flats.append(self.layout.flatten(grads, s))
+            per_segment.append(self.method.reduce_scatter(flats, average))
+        return [list(chunks) for chunks in zip(*per_segment)]
 
     def apply(self, chunks_per_copy, states_per_copy, may_apply) -> None:
         """Copy c's optimizer updates its pieces from its chunks (inside `may_apply(c, ...)`,
@@ -166,28 +173,30 @@ class ShardedUpdate:
                     with tf.device(var.device):
                         var.assign(value)
             may_apply(c, update)
-        for g, dtype in enumerate(self.layout.dtypes):
+        for s, dtype in enumerate(self.layout.dtypes):
             chunks = []
             for c, shard in enumerate(self.shards):
                 with tf.device(shard.device):
-                    owned = self._owned(c, g, shard)
-                    chunks.append(tf.concat(owned, 0) if owned else tf.zeros([0], dtype))
+                    owned = self._owned(c, s, shard)
+                    chunks.append(owned[0] if len(owned) == 1 else
+                                  tf.concat(owned, 0) if owned else tf.zeros([0], dtype))
             for copy, flat in zip(self.copies, self.method.all_gather(chunks)):
-                with tf.device(copy.device):
-                    for i, value in zip(self.layout.groups[g], self.layout.unflatten(flat, g)):
+                with tf.device(copy.device):  # (a value made here is taken, not copied)
+                    for i, value in zip(self.layout.segments[s],
+                                        self.layout.unflatten(flat, s)):
                         copy.trainable[i].assign(value)
 
-    def _owned(self, c: int, group: int, shard: VariableCopy) -> list[tf.Tensor]:
-        before = sum(len(pieces) for pieces in self.layout.pieces[c][:group])
+    def _owned(self, c: int, segment: int, shard: VariableCopy) -> list[tf.Tensor]:
+        before = sum(len(pieces) for pieces in self.layout.pieces[c][:segment])
         return [v.read_value() for v in
-                shard.trainable[before:before + len(self.layout.pieces[c][group])]]
+                shard.trainable[before:before + len(self.layout.pieces[c][segment])]]
 
     def sync(self) -> None:
         """After a restore into copy 0: every copy's weights from copy 0 and every piece
         from its copy (the slots came from the checkpoint's whole optimizer)."""
         copy_first_to_rest(self.copies, slots=False)
         for c, (copy, shard) in enumerate(zip(self.copies, self.shards)):
-            pieces = [p for group in self.layout.pieces[c] for p in group]
+            pieces = [p for segment in self.layout.pieces[c] for p in segment]
             for variable, piece in zip(shard.trainable, pieces):
                 variable.assign(self._sliced(copy, piece))
 
@@ -228,7 +237,7 @@ class ShardedUpdate:
         once, in order (with `hierarchical`, a chunk's first holder)."""
         seen, out = set(), []
         for c in range(len(self.copies)):
-            for k, p in enumerate(p for group in self.layout.pieces[c] for p in group):
+            for k, p in enumerate(p for segment in self.layout.pieces[c] for p in segment):
                 if (p.variable, p.start) not in seen:
                     seen.add((p.variable, p.start))
                     out.append((c, k, p))
@@ -255,7 +264,7 @@ class ShardedUpdate:
             shard_others, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
             for target, source in zip(shard_others, others):
                 backing(target).assign(backing(source).read_value())
-            pieces = [p for group in self.layout.pieces[c] for p in group]
+            pieces = [p for segment in self.layout.pieces[c] for p in segment]
             for piece, kinds in zip(pieces, shard_slots):
                 for kind, slot in enumerate(kinds):
                     flat = tf.reshape(backing(slots[piece.variable][kind]).read_value(), [-1])
