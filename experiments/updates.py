@@ -22,8 +22,9 @@ gradients (on their devices) to updated copies, in two ways:
 
 and the all-reduce alone, for scale. Both ways apply the same element-wise update to the
 same mean chunk, so their copies agree bit for bit (the largest difference is printed).
-The sharded update is measured here only: mgloop's replicated modes still update every
-copy whole (its optimizer state, and so its checkpoints, would be split by chunk).
+It measures the update alone, apart from a step; `--shard_update`
+(step/sharded_update.py) is the same in mgloop's step, measured in one with
+`experiments/bench.py --modes=ring+shard`.
 """
 
 from __future__ import annotations
