@@ -5,8 +5,9 @@
   the same numbers on a piece of a variable as on all of it; after 4 steps every copy's
   weights and the optimizer state (gathered whole) are the same bits.
 - Every sharded method against one device within tests/tolerance.py's bound.
-- A checkpoint holds the optimizer whole: saved sharded on 4 towers, restored sharded on
-  3 (chunks of other sizes) and whole on 1, the state is the same bits.
+- A checkpoint holds the optimizer whole, with the same keys as a whole run's: saved sharded
+  on 4 towers, restored sharded on 3 (chunks of other sizes) and whole on 1, and the whole
+  run's own checkpoint restored sharded on 2, the state is the same bits.
 - Each device holds 1/T of the state (1/groups... G/T with hierarchical), and the
   settings that cannot shard are refused in one line before anything is built.
 """
@@ -16,6 +17,7 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint
@@ -25,10 +27,14 @@ from tests import tolerance
 STEPS = 4
 
 
-def state_of(trainer) -> list[np.ndarray]:
-    """Copy 0's optimizer state whole (gathered from the pieces when sharded)."""
-    with trainer.replicas.update.whole_optimizer(restoring=False) as whole:
-        return [np.array(v) for v in whole.variables]
+def state_of(trainer, folder) -> dict[str, np.ndarray]:
+    """Copy 0's optimizer state whole, as a checkpoint in `folder` holds it (gathered from
+    the pieces when sharded): {checkpoint key: value}."""
+    path = checkpoint.Checkpointer.of_trainer(str(folder), trainer, keep=1).save(
+        int(trainer.global_step.numpy()))
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
+            if name.startswith("optimizer/")}
 
 
 def run(logdir, name, steps=STEPS, **settings):
@@ -51,11 +57,14 @@ def test_the_sharded_ring_equals_the_whole_ring_bit_for_bit(optimizer, logdir):
             assert np.array_equal(x, y)
     assert any(np.abs(x - x0).max() > 1e-3 for x, x0 in zip(helpers.copy_weights(sharded)[0],
                                                             start))
-    whole_state, sharded_state = state_of(whole), state_of(sharded)
-    assert len(whole_state) == len(sharded_state)
-    for x, y in zip(whole_state, sharded_state):
-        assert x.shape == y.shape and np.array_equal(x, y)
-    assert any(np.abs(x).max() > 0 for x in sharded_state[2:])  # slots that moved
+    whole_state = state_of(whole, os.path.join(logdir, "whole_state"))
+    sharded_state = state_of(sharded, os.path.join(logdir, "sharded_state"))
+    assert sorted(whole_state) == sorted(sharded_state)  # the same keys: one layout
+    for name, value in whole_state.items():
+        assert value.shape == sharded_state[name].shape
+        assert np.array_equal(value, sharded_state[name]), name
+    slots = [v for v in sharded_state.values() if v.ndim]
+    assert len(slots) >= 12 and all(np.abs(v).max() > 0 for v in slots)  # slots that moved
 
 
 @pytest.mark.parametrize("spec", ["ring", "collective", "hierarchical:groups=2"])
@@ -73,8 +82,8 @@ def test_a_checkpoint_resumes_with_other_towers_and_without_sharding(logdir):
     saved, _ = run(logdir, "saved", devices="cpu:4", aggregation="ring", shard_update=True,
                    **batch)
     folder = os.path.join(logdir, "checkpoints")
-    checkpoint.Checkpointer.of_trainer(folder, saved, keep=1).save(STEPS)
-    expected_state, expected_weights = state_of(saved), helpers.copy_weights(saved)[0]
+    expected_state = state_of(saved, folder)
+    expected_weights = helpers.copy_weights(saved)[0]
     for name, settings in [("three", dict(devices="cpu:3", aggregation="ring",
                                           shard_update=True)),
                            ("one", dict(devices="cpu:1", aggregation="ps_cpu"))]:
@@ -83,8 +92,9 @@ def test_a_checkpoint_resumes_with_other_towers_and_without_sharding(logdir):
         restored = checkpoint.Checkpointer.of_trainer(folder, trainer, keep=1)
         assert restored.restore_latest(tidy=False) is not None
         trainer.sync_replicas()
-        for x, y in zip(state_of(trainer), expected_state):
-            assert np.array_equal(x, y)
+        state = state_of(trainer, os.path.join(logdir, f"{name}_state"))
+        assert sorted(state) == sorted(expected_state)
+        assert all(np.array_equal(state[key], expected_state[key]) for key in state)
         for weights in helpers.copy_weights(trainer):
             assert all(np.array_equal(x, y) for x, y in zip(weights, expected_weights))
         if name == "three":  # and the pieces took the restored weights: a step agrees
@@ -99,6 +109,18 @@ def test_a_checkpoint_resumes_with_other_towers_and_without_sharding(logdir):
             helpers.run_batches(whole, steps)
             assert all(np.array_equal(x, y) for x, y in zip(
                 helpers.copy_weights(trainer)[2], helpers.copy_weights(whole)[2]))
+    # and the reverse: the whole run's own checkpoint (Keras's optimizer) into the pieces
+    folder = os.path.join(logdir, "from_whole")
+    state_of(trainer, folder)
+    sharded = helpers.build_trainer(helpers.small_config(
+        os.path.join(logdir, "two"), devices="cpu:2", aggregation="collective",
+        shard_update=True, **batch))
+    assert checkpoint.Checkpointer.of_trainer(folder, sharded, keep=1).restore_latest(
+        tidy=False) is not None
+    sharded.sync_replicas()
+    state = state_of(sharded, os.path.join(logdir, "two_state"))
+    assert sorted(state) == sorted(expected_state)
+    assert all(np.array_equal(state[key], expected_state[key]) for key in state)
 
 
 @pytest.mark.parametrize("spec,share", [("ring", 4), ("collective", 4),

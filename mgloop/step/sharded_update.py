@@ -22,9 +22,10 @@ chunk (1/T of it; with `hierarchical`, G/T) and the chunk's weights again (the v
 Keras's optimizers update), against the whole state on every copy without sharding.
 
 A checkpoint holds copy 0's optimizer whole, as an unsharded run's: `whole_optimizer`
-builds one on the host for the save (every piece's slots gathered into it) or the
-restore (scattered from it into the pieces on leaving), and drops it after, so a run
-resumes with another tower count, or without --shard_update, and the reverse.
+builds its state on the host for the save (every piece's slots gathered into it) or the
+restore (scattered from it into the pieces on leaving), and drops it after
+(whole_state.py), so a run resumes with another tower count, or without --shard_update,
+and the reverse.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import packing
 from mgloop.errors import ConfigError
+from mgloop.step.whole_state import WholeState
 from mgloop.training import optim
 from mgloop.training.variables import VariableCopy, backing, copy_first_to_rest
 
@@ -140,6 +142,7 @@ class ShardedUpdate:
                           for segment in self.layout.pieces[c] for p in segment]
             self.shards.append(VariableCopy(copy.device, pieces, []))
         optim.build_optimizers(self.shards, optimizer_fn)
+        self.whole_state = WholeState(optimizer_fn, copies[0].trainable, method.devices.host)
         for copy, shard in zip(copies, self.shards):
             _check_slots(shard)
             copy.optimizer = shard.optimizer  # what the schedule's summaries read
@@ -212,18 +215,15 @@ class ShardedUpdate:
 
     @contextlib.contextmanager
     def whole_optimizer(self, restoring: bool):
-        """Copy 0's optimizer whole, on the host, for one save or restore: gathered from the
-        pieces' optimizers first (saving), or scattered into them on leaving (restoring)."""
-        first = self.copies[0]
-        with tf.device(self.method.devices.host):  # every slot here, whatever its variable's
-            whole = self.optimizer_fn()
-            optim.colocate_with_variables(whole, place=False)
-            whole.build(first.trainable)
+        """Copy 0's optimizer whole, on the host, for one save or restore (whole_state.py):
+        gathered from the pieces' optimizers first (saving), or scattered into them on
+        leaving (restoring)."""
+        holder, slots, others = self.whole_state.holder()
         if not restoring:
-            self._gather_into(whole)
-        yield whole
+            self._gather_into(slots, others)
+        yield holder
         if restoring:
-            self._scatter_from(whole)
+            self._scatter_from(slots, others)
 
     def _slot_lists(self, optimizer, variables) -> tuple[list, list[list]]:
         """(the optimizer's variables made from no reference, each variable's slots)."""
@@ -243,31 +243,28 @@ class ShardedUpdate:
                     out.append((c, k, p))
         return sorted(out, key=lambda owner: (owner[2].variable, owner[2].start))
 
-    def _gather_into(self, whole) -> None:
-        others, slots = self._slot_lists(whole, self.copies[0].trainable)
+    def _gather_into(self, slots: dict, others: list) -> None:
         first_others, _ = self._slot_lists(self.shards[0].optimizer, self.shards[0].trainable)
-        for target, source in zip(others, first_others):
+        for target, source in zip(others, first_others, strict=True):
             target.assign(backing(source).read_value())
-        parts = [[[] for _ in group] for group in slots]  # variable -> slot kind -> pieces
+        parts = {}  # (variable, slot kind) -> its pieces' values in order
         for c, k, piece in self._owners():
             shard = self.shards[c]
             _, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
             for kind, slot in enumerate(shard_slots[k]):
-                parts[piece.variable][kind].append(backing(slot).read_value())
-        for group, kinds in zip(slots, parts):
-            for slot, pieces in zip(group, kinds):
-                slot.assign(tf.reshape(tf.concat(pieces, 0), slot.shape))
+                parts.setdefault((piece.variable, kind), []).append(backing(slot).read_value())
+        for key, slot in slots.items():
+            slot.assign(tf.reshape(tf.concat(parts[key], 0), slot.shape))
 
-    def _scatter_from(self, whole) -> None:
-        others, slots = self._slot_lists(whole, self.copies[0].trainable)
+    def _scatter_from(self, slots: dict, others: list) -> None:
         for c, shard in enumerate(self.shards):
             shard_others, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
-            for target, source in zip(shard_others, others):
-                backing(target).assign(backing(source).read_value())
+            for target, source in zip(shard_others, others, strict=True):
+                backing(target).assign(source.read_value())
             pieces = [p for segment in self.layout.pieces[c] for p in segment]
             for piece, kinds in zip(pieces, shard_slots):
                 for kind, slot in enumerate(kinds):
-                    flat = tf.reshape(backing(slots[piece.variable][kind]).read_value(), [-1])
+                    flat = tf.reshape(slots[(piece.variable, kind)].read_value(), [-1])
                     backing(slot).assign(flat[piece.start:piece.end])
 
 
