@@ -92,6 +92,10 @@ def synchronous(batches: tf.data.Dataset) -> tf.data.Dataset:
 class HostStaging:
     """`none` (depth 0: synchronous) and `host` (tf.data prefetch of `depth` batches)."""
 
+    # whether `may_have_batch` knows if a batch is left without taking it (the compiled loop
+    # then has no `break`, so no conditional around the step: runs/loop.py)
+    knows_ahead = False
+
     def __init__(self, mode: str, depth: int, devices: list[str], micro_batches: int = 1):
         self.mode, self.depth, self.devices = mode, depth, list(devices)
         self.micro_batches = micro_batches  # --accumulation_steps: batches per step
@@ -136,6 +140,8 @@ class HostStaging:
 
 class DeviceStaging(HostStaging):
     """`device`: host prefetch plus a staging area of `depth` shards on every tower."""
+
+    knows_ahead = True  # from its count
 
     _ids = itertools.count()
 

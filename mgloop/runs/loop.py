@@ -28,8 +28,10 @@ function the step calls cost about half of its tracing time (experiments/startup
 A model, loss or metric that branches on a tensor's value uses `keras.ops.cond` /
 `tf.cond`, or is itself a `tf.function` (as under `fit`); the loop around the steps
 keeps AutoGraph. Its condition asks the staging whether a batch may be left
-(`may_have_batch`): device staging knows it from its count, so the step is not inside a
-conditional; host staging learns it only by taking the next batch, so its steps are.
+(`may_have_batch`): device staging knows it from its count (`knows_ahead`), so its loop has
+no `break` and its step is not inside a conditional (AutoGraph makes a `break` a loop
+variable, which the loop's condition then tests in a conditional of its own, a dozen ops
+every step); host staging learns it only by taking the next batch, so its steps are.
 """
 
 from __future__ import annotations
@@ -137,17 +139,20 @@ class Loop:
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
         limit = num_steps - tf.cast(sample_stats, tf.int32)
-        more = self.staging.may_have_batch()
-        while tf.logical_and(steps < limit, more):
-            begin, has_batch, take = self._next_batch(iterator, after=end)
-            if not has_batch:  # a tensor only where the staging cannot know ahead (host, none)
-                break
-            result, step_wait, end = self._timed_step(self.step, take, begin)
-            wait += step_wait
-            loss_sum += result.loss
-            metric_sums += tf.cast(result.metric_state, tf.float64)
-            steps += 1
-            more = self.staging.may_have_batch(after=end)
+        # the condition reads the staging's count after the last step's end (not a loop variable)
+        if self.staging.knows_ahead:  # device staging: no `break`, so no conditional either
+            while tf.logical_and(steps < limit, self.staging.may_have_batch(after=end)):
+                begin, _, take = self._next_batch(iterator, after=end)
+                loss_sum, metric_sums, wait, steps, end = self._counted_step(
+                    take, begin, loss_sum, metric_sums, wait, steps)
+        else:
+            while tf.logical_and(steps < limit, self.staging.may_have_batch(after=end)):
+                begin, has_batch, take = self._next_batch(iterator, after=end)
+                if not has_batch:  # a tensor: the staging cannot know ahead (host, none)
+                    break
+                loss_sum, metric_sums, wait, steps, end = self._counted_step(
+                    take, begin, loss_sum, metric_sums, wait, steps)
+        more = self.staging.may_have_batch(after=end)
         if self.sampled_step is not None:  # traced only with --diagnostics
             if sample_stats and steps == num_steps - 1 and more:  # (a batch may be left)
                 begin, has_batch, take = self._next_batch(iterator, after=end)
@@ -164,6 +169,13 @@ class Loop:
                     steps += 1
         return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
                 "input_wait": wait, "stats": stats_last, "sampled": sampled}
+
+    def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps):
+        """The loop's step on the batch `take()` gives, added to the loop's sums: (loss_sum,
+        metric_sums, wait, steps, the step's end time)."""
+        result, step_wait, end = self._timed_step(self.step, take, begin)
+        return (loss_sum + result.loss, metric_sums + tf.cast(result.metric_state, tf.float64),
+                wait + step_wait, steps + 1, end)
 
     def _next_batch(self, iterator, after: tf.Tensor):
         """(the step's begin time, read once `after` has run; has a batch?; take)."""
