@@ -13,7 +13,7 @@ the ring's, 2 (T-1)/T of the gradient bytes sent and received per device in
 mgloop cannot count them.
 With --shard_update (shard_exchange.py), `collective` splits the all-reduce into its
 halves with TensorFlow's kernels: CollectiveAllToAllV2, after which copy c adds the T
-pieces of its chunk c it received in member order (TensorFlow 2.21 has no CPU kernel of
+pieces of its chunk c it received (AddN, one pass in member order) (TensorFlow 2.21 has no CPU kernel of
 CollectiveReduceScatterV2, only NCCL's), and CollectiveGatherV2 of the updated chunks.
 Both split a tensor evenly, so the flat vector is padded to T equal chunks; the members'
 ranks are the towers' order. TensorFlow's all-to-all confuses its members' keys from 11
@@ -143,10 +143,8 @@ class Collective(ShardsUpdate, _AllReduceKernel):
                     input=tf.reshape(self._padded(flat, num * size), [num, size]),
                     group_size=num, group_key=self.group_key, instance_key=instance_key,
                     ordering_token=[token.handle], communication_hint="auto")
-                pieces = tf.unstack(received)  # member m's chunk t, in member order
-                total = pieces[0]
-                for piece in pieces[1:]:
-                    total = total + piece
+                # member m's chunk t in member order, added in one pass (AddN's fixed order)
+                total = tf.add_n(tf.unstack(received))
                 out.append(self.scale(total if sizes[t] == size else total[:sizes[t]],
                                       average))
         return out
