@@ -9,6 +9,10 @@ from one --elements float32 vector per device (a variable's value plus the step 
                 behind mgloop's `collective` (ordered by a per-device token, as there)
     by_hand     the vectors sent to device 0, added, scaled and sent back to every device
                 (mgloop's `reduce_broadcast` on one buffer)
+    all_to_all  the first half of `collective --shard_update`: CollectiveAllToAllV2, then
+                each device adds the pieces of its chunk it received and scales them
+    gather      its second half: CollectiveGatherV2 of each device's chunk (1/T of the
+                vector), every device receiving the whole
     nothing     the vectors alone (the loop and the reads)
 
 Reported: the median and the fastest microseconds per step over --repeats interleaved
@@ -68,6 +72,31 @@ def main(argv):
                     communication_hint="auto"))
         return out
 
+    size = -(-_FLAGS.elements // count)  # the chunk of each device, the vector padded
+
+    def padded(x):
+        missing = size * count - _FLAGS.elements
+        return tf.pad(x, [[0, missing]]) if missing else x
+
+    def all_to_all(xs):
+        out = []
+        for device, x, token in zip(devices, xs, tokens):
+            with tf.device(device):
+                received = tf.raw_ops.CollectiveAllToAllV2(
+                    input=tf.reshape(padded(x), [count, size]), group_size=count, group_key=1,
+                    instance_key=2, ordering_token=[token.handle], communication_hint="auto")
+                out.append(tf.add_n(tf.unstack(received)) * (1.0 / count))
+        return out
+
+    def gather(xs):
+        out = []
+        for device, x, token in zip(devices, xs, tokens):
+            with tf.device(device):
+                out.append(tf.raw_ops.CollectiveGatherV2(
+                    input=padded(x)[:size], group_size=count, group_key=1, instance_key=3,
+                    ordering_token=[token.handle], communication_hint="auto"))
+        return out
+
     def by_hand(xs):
         with tf.device(devices[0]):
             mean = tf.add_n(xs) * (1.0 / count)
@@ -87,6 +116,7 @@ def main(argv):
         return loop
 
     loops = {"collective": loop_of(collective), "by_hand": loop_of(by_hand),
+             "all_to_all": loop_of(all_to_all), "gather": loop_of(gather),
              "nothing": loop_of(lambda xs: xs)}
     steps = tf.constant(_FLAGS.steps)
     for loop in loops.values():
