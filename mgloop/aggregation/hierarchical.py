@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
-from mgloop.aggregation.ring import (chunk_sizes, owned_chunk, ring_all_gather,
+from mgloop.aggregation.ring import (chunk_sizes, joined, owned_chunk, ring_all_gather,
                                      ring_reduce_scatter, sharded_ring_all_reduce)
 from mgloop.aggregation.shard_exchange import ShardsUpdate
 from mgloop.errors import ConfigError
@@ -114,7 +114,5 @@ class Hierarchical(ShardsUpdate, Aggregation):
             for p in range(size):
                 held[p][owned_chunk(p, size)] = chunks[g * size + p]
             ring_all_gather(self, held, group)
-            for device, parts in zip(group, held):
-                with tf.device(device):
-                    out.append(tf.concat(parts, axis=0))
+            out += joined(held, group)
         return out

@@ -46,6 +46,11 @@ def ring_all_reduce(method: Aggregation, flats: list[tf.Tensor], devices: list[s
         return [peers_all_reduce(method, flats, devices, average)]
     chunks = ring_reduce_scatter(method, flats, devices, average)
     ring_all_gather(method, chunks, devices)
+    return joined(chunks, devices)
+
+
+def joined(chunks: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
+    """chunks[t] concatenated on devices[t], for every t."""
     out = []
     for device, parts in zip(devices, chunks):
         with tf.device(device):
@@ -182,8 +187,4 @@ class Ring(ShardsUpdate, Aggregation):
         for t, chunk in enumerate(chunks):
             held[t][self.owned_shard(t)] = chunk
         ring_all_gather(self, held, towers)
-        out = []
-        for device, parts in zip(towers, held):
-            with tf.device(device):
-                out.append(tf.concat(parts, axis=0))
-        return out
+        return joined(held, towers)
