@@ -13,8 +13,8 @@ SGD, DiLoCo) also has every other copy and its optimizer saved, under `replicas/
 and restored (`restored_every_copy`), so a run resumed mid-period continues as the
 uninterrupted one; such a checkpoint resumes with the same tower count only.
 With --shard_update each copy holds the optimizer state of its chunk alone; a save
-gathers it into one whole optimizer and a restore scatters from one (the update's
-`whole_optimizer`), so the checkpoint is the same as without it.
+gathers it into one whole optimizer and a restore scatters from one (the replicas'
+update's `whole_optimizer`), so the checkpoint is the same as without it.
 TensorFlow writes a checkpoint's data before the index file that names it, so
 an interrupted save never becomes the latest checkpoint.
 
@@ -54,7 +54,6 @@ import tensorflow as tf
 from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint_files
 from mgloop.runs import failures
-from mgloop.step.sharded_update import ShardedUpdate
 from mgloop.training.variables import backing
 
 
@@ -75,12 +74,13 @@ class Checkpointer:
     """Saves every so often into `<logdir>/checkpoints`, keeping the last `keep`."""
 
     def __init__(self, directory: str, model: keras.Model, optimizer, step: tf.Variable,
-                 keep: int, aggregation=None, copies=(), sharded=None):
-        """`sharded`: a sharded update (step/sharded_update.py), whose `whole_optimizer`
-        is saved and restored in place of `optimizer`."""
+                 keep: int, aggregation=None, copies=(), update=None):
+        """`update`: how the replicas update (step/replicas.py `WholeUpdate`, or a
+        sharded_update.ShardedUpdate), whose `whole_optimizer` is saved and restored in
+        place of `optimizer`; None: `optimizer` as it is."""
         self._directory = directory
         self._keep = keep
-        self._sharded = sharded
+        self._update = update
         self._core = dict(model=model, optimizer=optimizer, step=step)
         self._extras = {}  # checkpoint key prefix -> (name, holder), restored only if saved
         state = list(aggregation.state_variables) if aggregation is not None else []
@@ -99,7 +99,7 @@ class Checkpointer:
         self._checkpoint = tf.train.Checkpoint(
             **self._core, **{name: holder for name, holder in self._extras.values()})
         self.restored_every_copy = False  # the last restore set copies 1.. too
-        optimizer_variables = (sharded.optimizer_variables if sharded is not None
+        optimizer_variables = (update.optimizer_variables if update is not None
                                else optimizer.variables)
         self._variables = [v for v in [*model.variables, *optimizer_variables, *state,
                                        *(v for vs in replicas for v in vs)]
@@ -111,20 +111,19 @@ class Checkpointer:
     def of_trainer(cls, directory: str, trainer, keep: int) -> "Checkpointer":
         """What a run checkpoints of its Trainer: the template model, copy 0's optimizer,
         the step, the method's state and the copies that differ from copy 0."""
-        update = trainer.replicas.update
         return cls(directory, trainer.model, trainer.copies[0].optimizer, trainer.global_step,
                    keep=keep, aggregation=trainer.aggregation,
-                   copies=trainer.replicas.checkpointed_copies,
-                   sharded=update if isinstance(update, ShardedUpdate) else None)
+                   copies=trainer.replicas.checkpointed_copies, update=trainer.replicas.update)
 
     @contextlib.contextmanager
     def _with_optimizer(self, checkpoint: tf.train.Checkpoint, restoring: bool):
-        """`checkpoint` as it is; with a sharded update, holding its whole optimizer for this
-        one save or restore (gathered before, or scattered after), then copy 0's again."""
-        if self._sharded is None:
+        """`checkpoint` holding the update's whole optimizer for this one save or restore
+        (copy 0's; with a sharded update, gathered before or scattered after), then copy
+        0's again."""
+        if self._update is None:
             yield
             return
-        with self._sharded.whole_optimizer(restoring) as whole:
+        with self._update.whole_optimizer(restoring) as whole:
             checkpoint.optimizer = whole
             try:
                 yield

@@ -58,6 +58,7 @@ class WholeUpdate:
 
     @contextlib.contextmanager
     def whole_optimizer(self, restoring: bool):
+        """Copy 0's optimizer, whole already, for a checkpoint."""
         del restoring
         yield self.copies[0].optimizer
 
