@@ -162,6 +162,11 @@ def test_run_reports_traffic_and_exchange_time(logdir):
     trainer, traffic = traffic_after_one_step(logdir + "_2", devices="cpu:4", aggregation="ring")
     assert summary["traffic_bytes_per_step"] == traffic.as_dict()
     assert summary["exchange_seconds"] > 0
+    # each copy: momentum for every entry (P bytes) and its int64 step count (8 bytes)
+    state = summary["optimizer_bytes_per_device"]
+    p = parameter_bytes(trainer)
+    assert state == {"state": {device: 8 + p for device in trainer.aggregation.devices.towers},
+                     "owned_weights": {}}
     colocated = mgloop.run(helpers.small_config(logdir + "_3", devices="cpu:2",
                                                 aggregation="colocate", train_steps=3))
     assert colocated["exchange_seconds"] is None  # one loss: no exchange of its own
