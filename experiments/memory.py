@@ -2,6 +2,7 @@
 
     python experiments/memory.py summary_writes --writes=4000 [--variants=eager,compiled,...]
     python experiments/memory.py sweep --output_dir=/tmp/sweep_memory
+    python experiments/memory.py variables --writes=1000 --warmup=200
 
 (a quick check that each runs: `summary_writes --writes=200 --warmup=100`, `sweep
 --methods=ring,topk:ratio=0.01 --steps=4`.) The long runs, every worker's memory and
@@ -26,6 +27,12 @@ read from /proc/self/status (Linux).
 - `lr_eager`: `float(schedule(step))` on the Keras learning-rate schedule, eagerly;
 - `lr_numpy_step`: the same, the step given as a numpy int64;
 - `lr_compiled`: `optim.compiled_schedule(schedule)(step)`, the schedule traced once.
+
+`variables`: resident memory per 1000 makings of 14 variables of 64 x 64 floats, dropped
+at once (the slots of a small optimizer): `keras_variables` (`keras.Variable`) against
+`tf_variables` (`tf.Variable`), each in its own process, slopes as above. A sharded
+update builds the whole optimizer state for every checkpoint it saves, so it makes plain
+ones (mgloop/step/whole_state.py).
 
 `sweep` (issue 25: one build in memory at a time; the sweep's peak no more than 1.5x its
 largest variant's): runs `python -m mgloop.sweep` once per method of `--methods` alone,
@@ -153,6 +160,38 @@ def summary_writes(args) -> None:
                          "rounds": FLAGS.rounds})
 
 
+# --- variables ----------------------------------------------------------------------------
+
+VARIABLE_KINDS = ("keras_variables", "tf_variables")
+
+
+def variables(args) -> None:
+    del args
+    if FLAGS.child:
+        name, = FLAGS.variants
+        import keras
+        import tensorflow as tf
+        make = keras.Variable if name == "keras_variables" else tf.Variable
+
+        def write(step):
+            del step
+            made = [make(tf.zeros([64, 64])) for _ in range(14)]
+            del made
+        benchlib.child_reply({"kib_per_1000_writes": slope_per_1000(
+            write, FLAGS.writes, FLAGS.warmup)})
+        return
+    commands = {name: benchlib.child_command(
+        __file__, "variables", "--child", f"--variants={name}", f"--writes={FLAGS.writes}",
+        f"--warmup={FLAGS.warmup}") for name in VARIABLE_KINDS}
+    rows = benchlib.summarize(benchlib.in_children(commands, FLAGS.rounds), "variant")
+    benchlib.publish(
+        f"{FLAGS.writes} makings of 14 variables after {FLAGS.warmup}, each kind in its own "
+        f"process; medians over {FLAGS.rounds} rounds", rows,
+        [("variant", "kind", "s"), ("kib_per_1000_writes", "KiB per 1000 makings", ".1f")],
+        FLAGS.json_out, {"writes": FLAGS.writes, "warmup": FLAGS.warmup,
+                         "rounds": FLAGS.rounds})
+
+
 # --- sweep --------------------------------------------------------------------------------
 
 _PEAK = ("import json, resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
@@ -192,7 +231,8 @@ def sweep(args) -> None:
          "cells_per_process": FLAGS.cells_per_process})
 
 
-COMMANDS = {"summary_writes": (summary_writes, {}), "sweep": (sweep, {})}
+COMMANDS = {"summary_writes": (summary_writes, {}), "variables": (variables, {}),
+            "sweep": (sweep, {})}
 
 
 if __name__ == "__main__":
