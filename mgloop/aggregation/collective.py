@@ -13,8 +13,9 @@ the ring's, 2 (T-1)/T of the gradient bytes sent and received per device in
 mgloop cannot count them.
 With --shard_update (shard_exchange.py), `collective` splits the all-reduce into its
 halves with TensorFlow's kernels: CollectiveAllToAllV2, after which copy c adds the T
-pieces of its chunk c it received (AddN, one pass in member order) (TensorFlow 2.21 has no CPU kernel of
-CollectiveReduceScatterV2, only NCCL's), and CollectiveGatherV2 of the updated chunks.
+pieces of its chunk c it received (AddN: one pass, in member order), and
+CollectiveGatherV2 of the updated chunks. (TensorFlow 2.21 has no CPU kernel of
+CollectiveReduceScatterV2, only NCCL's.)
 Both split a tensor evenly, so the flat vector is padded to T equal chunks; the members'
 ranks are the towers' order. TensorFlow's all-to-all confuses its members' keys from 11
 members on (a key `1:1:0:0110` reused), so the sharded update takes at most 10 towers.
@@ -111,6 +112,15 @@ class Collective(ShardsUpdate, _AllReduceKernel):
 
 
     # --shard_update (shard_exchange.py): all-to-all and gather, on T equal padded chunks
+    @classmethod
+    def sharding_refusal(cls, options, num_towers):
+        most = cls.most_sharded_towers
+        if num_towers > most:
+            return (f"takes at most {most} towers (TensorFlow's CollectiveAllToAllV2 confuses "
+                    f"its members from {most + 1} on), not {num_towers}; use ring or "
+                    "hierarchical")
+        return None
+
     def shard_sizes(self, num_elements):
         return equal_shard_sizes(num_elements, self.num_towers)
 

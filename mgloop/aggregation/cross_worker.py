@@ -185,11 +185,12 @@ class ShardedCrossWorker(ShardsUpdate, CrossWorker):
         super().__init__(local, cluster)
         devices = local.parameter_devices()
         self.chunk_group_keys = [next(_GROUP_KEYS) for _ in devices]
-        self.chunk_tokens = []
+        self.chunk_tokens = []  # copy 0's device: the stage's own token (its metrics' sum)
         for device in devices:
             with tf.device(device):
-                self.chunk_tokens.append(tf.Variable(0.0, trainable=False,
-                                                     name="cross_worker_chunk_token"))
+                self.chunk_tokens.append(
+                    self.ordering_token if device == self.device else
+                    tf.Variable(0.0, trainable=False, name="cross_worker_chunk_token"))
 
     def shard_sizes(self, num_elements):
         return self.local.shard_sizes(num_elements)

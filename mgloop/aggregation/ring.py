@@ -170,6 +170,12 @@ class Ring(ShardsUpdate, Aggregation):
         return [list(per_device) for per_device in zip(*per_var)]
 
     # --shard_update (shard_exchange.py): the ring's two halves, apart
+    @classmethod
+    def sharding_refusal(cls, options, num_towers):
+        if options.shards > 1:
+            return "the sharded update runs on one ring; use ring:shards=1 (the default)"
+        return None
+
     def shard_sizes(self, num_elements):
         return chunk_sizes(num_elements, len(self.devices.towers))
 

@@ -3,8 +3,9 @@
 Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
 Models", stage 1 (PyTorch's ZeroRedundancyOptimizer, DeepSpeed's ZeRO-1): the T
 replicated copies split the update instead of each making it whole. With the towers'
-gradients flattened into one vector of n entries per dtype (copy 0's trainable variables
-in order), cut into T contiguous chunks (`shard_sizes`, in flat order),
+gradients of a segment of copy 0's trainable variables flattened into one vector of n
+entries (step/sharded_update.py's `Layout`), cut into T contiguous chunks (`shard_sizes`,
+in flat order),
 
     1. reduce-scatter: copy c receives the mean over every tower of its own chunk
        k = owned_shard(c):  m[k] = (1/T) sum_t g[t][k]     (only that chunk, on c's device)
@@ -30,7 +31,11 @@ import tensorflow as tf
 class ShardsUpdate(abc.ABC):
     """The two halves of an all-reduce, for `--shard_update` (mixed into an Aggregation)."""
 
-    shards_update = True
+    @classmethod
+    def sharding_refusal(cls, options, num_towers: int) -> str | None:
+        """Why the method with these options cannot shard on `num_towers` towers (the end
+        of a one-line refusal), or None."""
+        return None
 
     @abc.abstractmethod
     def shard_sizes(self, num_elements: int) -> list[int]:

@@ -1,7 +1,8 @@
 """What --shard_update combines with, refused in one line each before anything is built.
 
     the method            one that splits its all-reduce (shard_exchange.ShardsUpdate:
-                          ring, collective, hierarchical), ring with one ring (shards=1)
+                          ring, collective, hierarchical), with options and towers it can
+                          shard on (its `sharding_refusal`: ring with one ring, shards=1)
     nodes                 the method at the towers (the chunks are the towers' own):
                           --nodes=1 in one process, --method_at=towers (auto's choice for
                           these exact methods) across workers
@@ -29,12 +30,13 @@ def check(options, context) -> None:
     method, method_options = registry.parse(options.aggregation)
     mode = f"--aggregation={options.aggregation}"
     if not issubclass(method, ShardsUpdate):
-        names = ", ".join(n for n in registry.names() if issubclass(registry.get(n), ShardsUpdate))
+        names = ", ".join(n for n in registry.names()
+                          if issubclass(registry.get(n), ShardsUpdate))
         raise ConfigError(f"{FLAG} with {mode}: the method does not split its all-reduce into "
                           f"a reduce-scatter and an all-gather; use one of: {names}")
-    if getattr(method_options, "shards", 1) > 1:
-        raise ConfigError(f"{FLAG} with {mode}: the sharded update runs on one ring; use "
-                          "ring:shards=1 (the default)")
+    refusal = method.sharding_refusal(method_options, context.request.num_towers)  # one worker's
+    if refusal:
+        raise ConfigError(f"{FLAG} with {mode}: {refusal}")
     from mgloop.aggregation import between_nodes
     if between_nodes.method_at_nodes(options, context.num_workers):
         where = (f"across {context.num_workers} workers (TF_CONFIG) with "
@@ -43,11 +45,6 @@ def check(options, context) -> None:
         raise ConfigError(f"{FLAG} {where}: the update is sharded among each process's towers, "
                           "with the method at the towers; use --nodes=1 (--method_at=towers "
                           f"across workers), or leave out {FLAG}")
-    most = getattr(method, "most_sharded_towers", None)
-    if most is not None and context.num_towers > most:
-        raise ConfigError(f"{FLAG} with {mode} takes at most {most} towers (TensorFlow's "
-                          f"CollectiveAllToAllV2 confuses its members from {most + 1} on), "
-                          f"not {context.num_towers}; use ring or hierarchical")
 
 
 def check_combinations(options, towers_per_device: int, mixed_precision: str,

@@ -14,7 +14,8 @@ One of three, chosen when the step is assembled (assemble.py):
               method's reduce (ordered_sum.reduce). One process only: metrics as given.
 
 or, with --shard_update, `Sharded`: each copy's owned chunk of the mean, for its sharded
-update (sharded_update.py). The others are inside `SparseRows`, which first decides what becomes of the towers' sparse gradients
+update (sharded_update.py). The others are inside `SparseRows`, which first decides what
+becomes of the towers' sparse gradients
 (an Embedding's IndexedSlices, sparse_gradients.py): kept as rows where that moves
 fewer bytes (sent home through the method, or all-gathered apart from it), else made
 dense on their towers.
