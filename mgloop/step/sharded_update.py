@@ -95,6 +95,10 @@ class Layout:
         self.pieces = [[self._pieces(method, segment, c) for segment in self.segments]
                        for c in range(num_copies)]
 
+    def pieces_of(self, copy: int) -> list[Piece]:
+        """Copy `copy`'s pieces of every segment, in order (its shard's variables' order)."""
+        return [p for segment in self.pieces[copy] for p in segment]
+
     def _pieces(self, method, segment: list[int], copy: int) -> list[Piece]:
         sizes = [self.shapes[i].num_elements() for i in segment]
         first, last = method.shard_bounds(sum(sizes))[method.owned_shard(copy)]
@@ -133,14 +137,17 @@ class ShardedUpdate:
     whole optimizer, for `method` (a ShardsUpdate) on `copies`."""
 
     def __init__(self, method, copies: list[VariableCopy], optimizer_fn, bucket_bytes: int = 0):
-        self.method, self.copies, self.optimizer_fn = method, copies, optimizer_fn
+        self.method, self.copies = method, copies
         self.layout = Layout(copies[0].trainable, method, len(copies), bucket_bytes)
-        self.shards = []  # per copy: its pieces' variables (the chunk it owns of its weights)
+        # per copy, per segment: its pieces' variables (the chunk it owns of its weights)
+        self.owned = []
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
-                pieces = [tf.Variable(self._sliced(copy, p), name=f"owned_{c}_{p.variable}")
-                          for segment in self.layout.pieces[c] for p in segment]
-            self.shards.append(VariableCopy(copy.device, pieces, []))
+                self.owned.append([[tf.Variable(self._sliced(copy, p),
+                                                name=f"owned_{c}_{p.variable}")
+                                    for p in segment] for segment in self.layout.pieces[c]])
+        self.shards = [VariableCopy(copy.device, [v for segment in owned for v in segment], [])
+                       for copy, owned in zip(copies, self.owned)]
         optim.build_optimizers(self.shards, optimizer_fn)
         self.whole_state = WholeState(optimizer_fn, copies[0].trainable, method.devices.host)
         for copy, shard in zip(copies, self.shards):
@@ -178,29 +185,23 @@ class ShardedUpdate:
             may_apply(c, update)
         for s, dtype in enumerate(self.layout.dtypes):
             chunks = []
-            for c, shard in enumerate(self.shards):
+            for shard, owned in zip(self.shards, self.owned):
                 with tf.device(shard.device):
-                    owned = self._owned(c, s, shard)
-                    chunks.append(owned[0] if len(owned) == 1 else
-                                  tf.concat(owned, 0) if owned else tf.zeros([0], dtype))
+                    values = [v.read_value() for v in owned[s]]
+                    chunks.append(values[0] if len(values) == 1 else
+                                  tf.concat(values, 0) if values else tf.zeros([0], dtype))
             for copy, flat in zip(self.copies, self.method.all_gather(chunks)):
                 with tf.device(copy.device):  # (a value made here is taken, not copied)
                     for i, value in zip(self.layout.segments[s],
                                         self.layout.unflatten(flat, s)):
                         copy.trainable[i].assign(value)
 
-    def _owned(self, c: int, segment: int, shard: VariableCopy) -> list[tf.Tensor]:
-        before = sum(len(pieces) for pieces in self.layout.pieces[c][:segment])
-        return [v.read_value() for v in
-                shard.trainable[before:before + len(self.layout.pieces[c][segment])]]
-
     def sync(self) -> None:
         """After a restore into copy 0: every copy's weights from copy 0 and every piece
         from its copy (the slots came from the checkpoint's whole optimizer)."""
         copy_first_to_rest(self.copies, slots=False)
         for c, (copy, shard) in enumerate(zip(self.copies, self.shards)):
-            pieces = [p for segment in self.layout.pieces[c] for p in segment]
-            for variable, piece in zip(shard.trainable, pieces):
+            for variable, piece in zip(shard.trainable, self.layout.pieces_of(c)):
                 variable.assign(self._sliced(copy, piece))
 
     @property
@@ -237,7 +238,7 @@ class ShardedUpdate:
         once, in order (with `hierarchical`, a chunk's first holder)."""
         seen, out = set(), []
         for c in range(len(self.copies)):
-            for k, p in enumerate(p for segment in self.layout.pieces[c] for p in segment):
+            for k, p in enumerate(self.layout.pieces_of(c)):
                 if (p.variable, p.start) not in seen:
                     seen.add((p.variable, p.start))
                     out.append((c, k, p))
@@ -261,8 +262,7 @@ class ShardedUpdate:
             shard_others, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
             for target, source in zip(shard_others, others, strict=True):
                 backing(target).assign(source.read_value())
-            pieces = [p for segment in self.layout.pieces[c] for p in segment]
-            for piece, kinds in zip(pieces, shard_slots):
+            for piece, kinds in zip(self.layout.pieces_of(c), shard_slots):
                 for kind, slot in enumerate(kinds):
                     flat = tf.reshape(slots[(piece.variable, kind)].read_value(), [-1])
                     backing(slot).assign(flat[piece.start:piece.end])

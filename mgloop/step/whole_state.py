@@ -59,10 +59,6 @@ class WholeState:
             setattr(holder, name, _mapped(child, made))
         return holder, slots, others
 
-    @property
-    def num_others(self) -> int:
-        return len(self.probe.variables) - len(self.slot_of)
-
 
 def _mapped(child, made: dict):
     """`child` of the probe with each of its variables replaced by the holder's."""
