@@ -248,11 +248,11 @@ class ShardedUpdate:
         first_others, _ = self._slot_lists(self.shards[0].optimizer, self.shards[0].trainable)
         for target, source in zip(others, first_others, strict=True):
             target.assign(backing(source).read_value())
+        shard_slots = [self._slot_lists(shard.optimizer, shard.trainable)[1]
+                       for shard in self.shards]
         parts = {}  # (variable, slot kind) -> its pieces' values in order
         for c, k, piece in self._owners():
-            shard = self.shards[c]
-            _, shard_slots = self._slot_lists(shard.optimizer, shard.trainable)
-            for kind, slot in enumerate(shard_slots[k]):
+            for kind, slot in enumerate(shard_slots[c][k]):
                 parts.setdefault((piece.variable, kind), []).append(backing(slot).read_value())
         for key, slot in slots.items():
             slot.assign(tf.reshape(tf.concat(parts[key], 0), slot.shape))
