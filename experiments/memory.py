@@ -137,27 +137,34 @@ def make_variant(name: str, logdir: str):
     raise app.UsageError(f"unknown variant {name}")
 
 
-def summary_writes(args) -> None:
-    del args
+def slopes(command: str, variants, what: str, make_write) -> None:
+    """Each of `variants` in fresh child processes (--rounds rounds): the RSS slope of
+    `make_write(variant)` (a function of the call's index) per 1000 calls, published as a
+    table of KiB per 1000 `what`. In a child (--child): the one variant of --variants."""
     if FLAGS.child:
         name, = FLAGS.variants
-        logdir = tempfile.mkdtemp(prefix=f"summary-memory-{name}-")
         benchlib.child_reply({"kib_per_1000_writes": slope_per_1000(
-            make_variant(name, logdir), FLAGS.writes, FLAGS.warmup)})
+            make_write(name), FLAGS.writes, FLAGS.warmup)})
         return
     commands = {name: benchlib.child_command(
-        __file__, "summary_writes", "--child", f"--variants={name}", f"--writes={FLAGS.writes}",
-        f"--warmup={FLAGS.warmup}") for name in FLAGS.variants}
+        __file__, command, "--child", f"--variants={name}", f"--writes={FLAGS.writes}",
+        f"--warmup={FLAGS.warmup}") for name in variants}
     rows = benchlib.summarize(benchlib.in_children(
         commands, FLAGS.rounds, log=lambda r, name, figures: print(
-            f"round {r + 1}: {name:16s} {figures['kib_per_1000_writes']:8.1f} KiB per 1000 "
-            "writes", flush=True)), "variant")
+            f"round {r + 1}: {name:16s} {figures['kib_per_1000_writes']:12.1f} KiB per 1000 "
+            f"{what}", flush=True)), "variant")
     benchlib.publish(
-        f"{FLAGS.writes} writes after {FLAGS.warmup}, each variant in its own process; "
+        f"{FLAGS.writes} {what} after {FLAGS.warmup}, each variant in its own process; "
         f"medians over {FLAGS.rounds} rounds", rows,
-        [("variant", "variant", "s"), ("kib_per_1000_writes", "KiB per 1000 writes", ".1f")],
+        [("variant", "variant", "s"), ("kib_per_1000_writes", f"KiB per 1000 {what}", ".1f")],
         FLAGS.json_out, {"writes": FLAGS.writes, "warmup": FLAGS.warmup,
                          "rounds": FLAGS.rounds})
+
+
+def summary_writes(args) -> None:
+    del args
+    slopes("summary_writes", FLAGS.variants, "writes", lambda name: make_variant(
+        name, tempfile.mkdtemp(prefix=f"summary-memory-{name}-")))
 
 
 # --- variables ----------------------------------------------------------------------------
@@ -165,31 +172,22 @@ def summary_writes(args) -> None:
 VARIABLE_KINDS = ("keras_variables", "tf_variables")
 
 
+def making_variables(name: str):
+    """step -> None: makes 14 variables of 64 x 64 floats of kind `name` and drops them."""
+    import keras
+    import tensorflow as tf
+    make = keras.Variable if name == "keras_variables" else tf.Variable
+
+    def write(step):
+        del step
+        made = [make(tf.zeros([64, 64])) for _ in range(14)]
+        del made
+    return write
+
+
 def variables(args) -> None:
     del args
-    if FLAGS.child:
-        name, = FLAGS.variants
-        import keras
-        import tensorflow as tf
-        make = keras.Variable if name == "keras_variables" else tf.Variable
-
-        def write(step):
-            del step
-            made = [make(tf.zeros([64, 64])) for _ in range(14)]
-            del made
-        benchlib.child_reply({"kib_per_1000_writes": slope_per_1000(
-            write, FLAGS.writes, FLAGS.warmup)})
-        return
-    commands = {name: benchlib.child_command(
-        __file__, "variables", "--child", f"--variants={name}", f"--writes={FLAGS.writes}",
-        f"--warmup={FLAGS.warmup}") for name in VARIABLE_KINDS}
-    rows = benchlib.summarize(benchlib.in_children(commands, FLAGS.rounds), "variant")
-    benchlib.publish(
-        f"{FLAGS.writes} makings of 14 variables after {FLAGS.warmup}, each kind in its own "
-        f"process; medians over {FLAGS.rounds} rounds", rows,
-        [("variant", "kind", "s"), ("kib_per_1000_writes", "KiB per 1000 makings", ".1f")],
-        FLAGS.json_out, {"writes": FLAGS.writes, "warmup": FLAGS.warmup,
-                         "rounds": FLAGS.rounds})
+    slopes("variables", VARIABLE_KINDS, "makings of 14 variables", making_variables)
 
 
 # --- sweep --------------------------------------------------------------------------------
