@@ -62,15 +62,15 @@ def main(argv):
                 out.append(value.read_value() + tf.cast(i, tf.float32))
         return out
 
-    def collective(xs):
-        out = []
-        for device, x, token in zip(devices, xs, tokens):
-            with tf.device(device):
-                out.append(tf.raw_ops.CollectiveReduceV2(
-                    input=x, group_size=count, group_key=1, instance_key=1,
-                    ordering_token=[token.handle], merge_op="Add", final_op="Div",
-                    communication_hint="auto"))
-        return out
+    def on_every_device(kernel):
+        """xs -> kernel(x, ordering token) on each x's device (a collective's members)."""
+        def run(xs):
+            out = []
+            for device, x, token in zip(devices, xs, tokens):
+                with tf.device(device):
+                    out.append(kernel(x, [token.handle]))
+            return out
+        return run
 
     size = -(-_FLAGS.elements // count)  # the chunk of each device, the vector padded
 
@@ -78,24 +78,20 @@ def main(argv):
         missing = size * count - _FLAGS.elements
         return tf.pad(x, [[0, missing]]) if missing else x
 
-    def all_to_all(xs):
-        out = []
-        for device, x, token in zip(devices, xs, tokens):
-            with tf.device(device):
-                received = tf.raw_ops.CollectiveAllToAllV2(
-                    input=tf.reshape(padded(x), [count, size]), group_size=count, group_key=1,
-                    instance_key=2, ordering_token=[token.handle], communication_hint="auto")
-                out.append(tf.add_n(tf.unstack(received)) * (1.0 / count))
-        return out
+    collective = on_every_device(lambda x, token: tf.raw_ops.CollectiveReduceV2(
+        input=x, group_size=count, group_key=1, instance_key=1, ordering_token=token,
+        merge_op="Add", final_op="Div", communication_hint="auto"))
 
-    def gather(xs):
-        out = []
-        for device, x, token in zip(devices, xs, tokens):
-            with tf.device(device):
-                out.append(tf.raw_ops.CollectiveGatherV2(
-                    input=padded(x)[:size], group_size=count, group_key=1, instance_key=3,
-                    ordering_token=[token.handle], communication_hint="auto"))
-        return out
+    def all_to_all_and_sum(x, token):
+        received = tf.raw_ops.CollectiveAllToAllV2(
+            input=tf.reshape(padded(x), [count, size]), group_size=count, group_key=1,
+            instance_key=2, ordering_token=token, communication_hint="auto")
+        return tf.add_n(tf.unstack(received)) * (1.0 / count)
+
+    all_to_all = on_every_device(all_to_all_and_sum)
+    gather = on_every_device(lambda x, token: tf.raw_ops.CollectiveGatherV2(
+        input=padded(x)[:size], group_size=count, group_key=1, instance_key=3,
+        ordering_token=token, communication_hint="auto"))
 
     def by_hand(xs):
         with tf.device(devices[0]):
