@@ -180,3 +180,35 @@ def test_optimizers_that_are_not_element_wise_are_refused_before_any_copy(
         assemble.build(helpers.model_fn("mlp"), None, method, lambda: None,
                        helpers.DATASET.input_shape, config, optimizer=optimizer)
     assert built == []  # refused before the copies
+
+
+@pytest.mark.parametrize("spec,towers,holders", [("ring", 3, 1), ("collective", 3, 1),
+                                                 ("collective", 4, 1),
+                                                 ("hierarchical:groups=2", 4, 2)])
+@pytest.mark.parametrize("bucket_bytes", [0, 64])
+def test_the_pieces_cover_every_entry_as_a_numpy_model_of_the_chunks(spec, towers, holders,
+                                                                     bucket_bytes):
+    """Segments packed up to `bucket_bytes` (0: each variable alone) of shapes that do not
+    divide into the chunks; the numpy model: each segment's flat entries cut at the
+    method's chunk bounds, chunk k held by the copies whose owned_shard is k. The pieces of
+    every copy cover each entry of every variable `holders` times (hierarchical: once per
+    group), each piece at its place in its copy's chunk."""
+    from mgloop import aggregation
+    from mgloop.cluster import devices
+    from mgloop.step.sharded_update import Layout
+    method = aggregation.make(spec, devices.setup(devices.parse(f"cpu:{towers}")))
+    shapes = [(5, 3), (7,), (1,), (2, 2), (11,)]
+    variables = [tf.Variable(tf.zeros(shape)) for shape in shapes]
+    layout = Layout(variables, method, towers, bucket_bytes)
+    assert sorted(i for segment in layout.segments for i in segment) == list(range(5))
+    covered = [np.zeros(int(np.prod(shape)), int) for shape in shapes]
+    for c in range(towers):
+        for segment, pieces in zip(layout.segments, layout.pieces[c]):
+            starts = np.cumsum([0] + [int(np.prod(shapes[i])) for i in segment])
+            first, last = method.shard_bounds(int(starts[-1]))[method.owned_shard(c)]
+            assert sum(p.end - p.start for p in pieces) == last - first
+            for p in pieces:
+                position = starts[segment.index(p.variable)] + p.start
+                assert p.offset == position - first  # where the piece sits in the chunk
+                covered[p.variable][p.start:p.end] += 1
+    assert all((entries == holders).all() for entries in covered)
