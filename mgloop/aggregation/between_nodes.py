@@ -51,7 +51,6 @@ from mgloop.aggregation import live_exchange, local_steps
 from mgloop.aggregation import node_failures
 from mgloop.aggregation.base import SHARED, Aggregation
 from mgloop.aggregation.exchange_options import DIRECT, ExchangeOptions
-from mgloop.aggregation.shard_exchange import ShardsUpdate
 from mgloop.aggregation.traffic import Occasion
 from mgloop.aggregation.wrapper import Wrapper
 from mgloop.cluster.devices import DeviceSet
@@ -245,8 +244,8 @@ def make(options: ExchangeOptions, devices: DeviceSet, make_method, workers=None
     if workers is not None and workers.num_workers > 1:
         from mgloop.aggregation.cross_worker import CrossWorker, ShardedCrossWorker
         local = _made(options, devices, make_method, workers, failures, step_counter)
-        sharded = options.shard_update and isinstance(local, ShardsUpdate)
-        return (ShardedCrossWorker if sharded else CrossWorker)(local, workers)
+        # (validation let --shard_update through only for a method that splits its all-reduce)
+        return (ShardedCrossWorker if options.shard_update else CrossWorker)(local, workers)
     return _made(options, devices, make_method, None, failures, step_counter)
 
 
