@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from mgloop.errors import ConfigError
 from mgloop.runs import checkpoint
+from mgloop.step.hooks import Hook
 from tests import helpers
 from tests import tolerance
 
@@ -167,6 +168,24 @@ def test_settings_that_cannot_shard_are_refused_in_one_line(settings, expected, 
 ])
 def test_optimizers_that_are_not_element_wise_are_refused_before_any_copy(
         optimizer, expected, logdir, monkeypatch):
+    assert refused_before_any_copy(logdir, monkeypatch, expected, optimizer=optimizer)
+
+
+class ReadsTheMean(Hook):
+    def after_exchange(self, grads):
+        return []
+
+
+def test_a_hook_reading_the_exchanged_gradients_is_refused_before_any_copy(logdir,
+                                                                          monkeypatch):
+    assert refused_before_any_copy(logdir, monkeypatch, "the hook ReadsTheMean",
+                                   hooks=[ReadsTheMean()],
+                                   optimizer=lambda: keras.optimizers.SGD(0.1))
+
+
+def refused_before_any_copy(logdir, monkeypatch, expected, **given) -> bool:
+    """Whether assemble.build refuses a sharded ring with `given` (one line matching
+    `expected`) before it makes the replicas."""
     from mgloop import aggregation
     from mgloop.cluster import devices
     from mgloop.runs import assemble
@@ -176,10 +195,10 @@ def test_optimizers_that_are_not_element_wise_are_refused_before_any_copy(
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring",
                                   shard_update=True).validated(on_disk=False)
     method = aggregation.make(config.aggregation, devices.setup(devices.parse(config.devices)))
-    with pytest.raises(ConfigError, match=expected):
+    with pytest.raises(ConfigError, match=expected) as error:
         assemble.build(helpers.model_fn("mlp"), None, method, lambda: None,
-                       helpers.DATASET.input_shape, config, optimizer=optimizer)
-    assert built == []  # refused before the copies
+                       helpers.DATASET.input_shape, config, **given)
+    return "\n" not in str(error.value) and built == []
 
 
 @pytest.mark.parametrize("spec,towers,holders", [("ring", 3, 1), ("collective", 3, 1),

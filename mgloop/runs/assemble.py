@@ -132,6 +132,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     the copies, the hooks of every step, the passes and staging, the step and its loop."""
     model, spec, attack, classes = template_and_spec(
         model_fn, loss_fn, aggregation, optimizer_fn, input_shape, config, metrics, optimizer)
+    if config.shard_update:  # a user's hook that reads whole gradients: refused before copies
+        sharded_update.check_hooks(hooks)
     replicas = Replicas(model, aggregation, spec.optimizer_fn,
                         functools.partial(ShardedUpdate, bucket_bytes=config.pack_bytes)
                         if config.shard_update else WholeUpdate)

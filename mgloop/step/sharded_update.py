@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import packing
 from mgloop.errors import ConfigError
+from mgloop.step.hooks import Hook
 from mgloop.step.whole_state import WholeState
 from mgloop.training import optim
 from mgloop.training.variables import VariableCopy, backing, copy_first_to_rest
@@ -68,6 +69,17 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
         raise ConfigError("--shard_update: the optimizer's use_ema and "
                           "gradient_accumulation_steps keep state mgloop does not shard; "
                           "use --accumulation_steps, or leave out --shard_update")
+
+
+def check_hooks(hooks) -> None:
+    """Refuses (one line) a hook that reads the copies' gradients after the exchange (its
+    `after_exchange`): with --shard_update a copy holds only its chunk of the mean."""
+    for hook in hooks:
+        if type(hook).after_exchange is not Hook.after_exchange:
+            raise ConfigError(
+                f"--shard_update: the hook {type(hook).__name__} reads the copies' gradients "
+                "after the exchange (after_exchange), and each copy holds only its chunk of "
+                "the mean; leave out --shard_update or the hook")
 
 
 @dataclasses.dataclass(frozen=True)
