@@ -3,7 +3,10 @@
 - The ring's sharded update equals its whole update bit for bit: the reduce-scatter forms
   the same mean as the all-reduce (its first half), and an element-wise optimizer makes
   the same numbers on a piece of a variable as on all of it; after 4 steps every copy's
-  weights and the optimizer state (gathered whole) are the same bits.
+  weights and the optimizer state (gathered whole) are the same bits. (This holds where a
+  kernel rounds each product and sum once whichever path, vectorised or scalar, an entry
+  takes: TensorFlow's x86 builds, made without FMA contraction. A build that fused a
+  product into a sum on one path only would differ in the last bit, and fail here.)
 - Every sharded method against one device within tests/tolerance.py's bound.
 - A checkpoint holds the optimizer whole, with the same keys as a whole run's: saved sharded
   on 4 towers, restored sharded on 3 (chunks of other sizes) and whole on 1, and the whole
