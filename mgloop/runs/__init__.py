@@ -10,6 +10,7 @@ run folders, and sweeps of runs.
     assemble.py, trainer.py  the step and its hooks put together from a Config
     loop.py, controller.py, windows.py, monitor.py, callbacks.py   the outer loop and what
                              it reports
+    tracing_log.py           log lines while the compiled loop is first traced
     checkpoint.py, node_checkpoint.py   tf.train checkpoints, never half-written
     checkpoint_files.py      the checkpoints folder's files: steps, damage, state file, leftovers
     export.py                the template model as one Keras file, never half-written

@@ -48,6 +48,7 @@ import tensorflow as tf
 from mgloop.data import staging as staging_lib
 from mgloop.errors import TensorBranchError
 from mgloop.phases import INPUT, STEP_SCOPE  # name scopes by which a profile is read
+from mgloop.runs.tracing_log import logged_trace
 from mgloop.training import metrics as metrics_lib
 
 
@@ -109,7 +110,11 @@ class Loop:
         began = time.perf_counter()
         self.staging.prime(iterator)
         primed = time.perf_counter() - began
-        with tensor_branches_refused():
+        # the first call traces (minutes for some methods): logged, not silent
+        tracing = (logged_trace(self._traced_what())
+                   if self.compiled_loop.experimental_get_tracing_count() == 0
+                   else contextlib.nullcontext())
+        with tracing, tensor_branches_refused():
             out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
                                      tf.constant(sample_stats and bool(self.stat_names)))
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
@@ -117,6 +122,12 @@ class Loop:
                           input_wait=float(out["input_wait"]) + primed,
                           stats=(dict(zip(self.stat_names, out["stats"].numpy().tolist()))
                                  if bool(out["sampled"]) else {}))
+
+    def _traced_what(self) -> str:
+        """What the trace builds, for its log line."""
+        replicas = self.step.replicas
+        return (f"{replicas.num_towers} towers, {len(replicas.model.trainable_variables)} "
+                f"variables, aggregation {replicas.aggregation.name}")
 
     def release_input(self) -> None:
         """Drops whatever the current iterator has staged (the end of a `Controller.train`)."""
