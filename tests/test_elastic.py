@@ -6,6 +6,7 @@ when a round has another worker count. The rules are checked on hand-made variab
 one process; one real 3-worker DiLoCo job is killed with SIGKILL and must finish.
 """
 
+import io
 import os
 import re
 import shutil
@@ -121,6 +122,50 @@ def test_a_joining_diloco_node_starts_from_x_and_a_compressor_from_no_memory():
     Compressed.rejoined(compressor, [copy])
     assert residual.numpy().tolist() == [0, 0] and momentum.numpy().tolist() == [0]
     assert q.numpy().tolist() == [4.0] and int(compressor.steps[0].numpy()) == 9  # shared
+
+
+JOINING_WORKER = os.path.join(os.path.dirname(__file__), "workers", "joining_nodes.py")
+# DiLoCo stopped 2 inner steps after its outer step at 4 (copies away from x), top-k with
+# its residuals, and eager Streaming DiLoCo, which has no rule to re-deal its nodes' state
+JOINING = ["diloco:period=4", "topk:ratio=0.1",
+           "streaming_diloco:period=2,fragments=2,eager=true,outer_format=e3m0"]
+
+
+def _joining_job(root, num_workers: int) -> str:
+    out = io.StringIO()
+    code = launch.launch(num_workers, "cpu:1", [], grace=30.0, out=out, command=[
+        sys.executable, JOINING_WORKER, "--train_steps=6", "--global_batch_size=96",
+        str(root), *JOINING])
+    assert code == 0, out.getvalue()[-4000:]
+    return out.getvalue()
+
+
+def _states(text: str, index: int) -> dict:
+    return {int(w): (float(d), float(m)) for w, d, m in re.findall(
+        rf"\[joining\] state {index} .*\| worker=(\d+) drift=(\S+) memory=(\S+)", text)}
+
+
+def test_a_node_joining_a_resized_job_takes_the_documented_state(tmp_path):
+    """The real objects through a real resize: 2 workers train 6 steps and save; 3 workers
+    resume the same logdirs at step 6 (nothing left to train, so each trainer holds what
+    the restore re-dealt through the cross-worker stage and the node-level wrapper).
+    The survivors keep their own state; the joining node 2 starts DiLoCo's copies from x
+    and top-k's error feedback from 0 (node 0's state, then `rejoined`), where node 0's are
+    not; eager Streaming DiLoCo is refused in one line on every worker."""
+    first = _joining_job(tmp_path, 2)
+    resumed = _joining_job(tmp_path, 3)
+    diloco, topk = _states(first, 0), _states(first, 1)
+    assert diloco[0][0] > 0 and topk[0][1] > 0, first[-4000:]  # node 0's own, to be reset
+    joined_diloco, joined_topk = _states(resumed, 0), _states(resumed, 1)
+    assert sorted(joined_diloco) == sorted(joined_topk) == [0, 1, 2], resumed[-4000:]
+    for node in (0, 1):  # the survivors: their own state, as saved
+        assert joined_diloco[node][0] == diloco[node][0], (joined_diloco, diloco)
+        assert joined_topk[node][1] == topk[node][1], (joined_topk, topk)
+    assert joined_diloco[2][0] == 0.0, joined_diloco  # the joiner's copies at x
+    assert joined_topk[2][1] == 0.0, joined_topk  # and no error feedback of node 0's
+    refusals = re.findall(r"\[joining\] refused 2 streaming_diloco\S*: (.*)", resumed)
+    assert len(refusals) == 3 and "written by 2 workers" in refusals[0], resumed[-4000:]
+    assert "eager's delayed shares" in refusals[0] and "resume with 2 workers" in refusals[0]
 
 
 DILOCO = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",

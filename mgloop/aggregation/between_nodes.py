@@ -191,6 +191,22 @@ class NodeLevel(Wrapper):
                 handed.append(tf.cond(sync.due(), propagate, lambda: tf.constant(False)))
         return handed
 
+    def rejoined(self, copies) -> None:
+        """A joining node (runs/node_checkpoint.py): the method's rule on the node leaders'
+        copies (the ones it holds), then, for a method whose copies differ, every other copy
+        of the node takes its leader's trainable values, as after a sync (a restore, not a
+        step: nothing is counted as sent)."""
+        leaders = [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
+        self.inner.rejoined(leaders)
+        if not self.copies_differ or self.nodes.per_node == 1:
+            return
+        for n, leader in enumerate(leaders):
+            members = {self._copy_of(t) for t in self.nodes.members(n)}
+            for c in sorted(members - {self._copy_of(self.nodes.leader(n))}):
+                for target, source in zip(copies[c].trainable, leader.trainable):
+                    with tf.device(copies[c].device):
+                        backing(target).assign(tf.identity(backing(source).read_value()))
+
     def _leaders_to_members(self, copies, indices, slots: bool) -> None:
         """Every copy of node n (one per device it holds) takes its leader's trainable
         variables `indices` (None: all) and, with `slots`, optimizer slots. Between syncs

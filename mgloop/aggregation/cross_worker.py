@@ -92,6 +92,13 @@ class CrossWorker(Aggregation):
     def state_variables(self):
         return self.local.state_variables
 
+    @property
+    def resize_refusal(self) -> str | None:
+        return self.local.resize_refusal
+
+    def rejoined(self, copies) -> None:
+        self.local.rejoined(copies)
+
     def error_bound(self, options, num_towers):
         return self.local.error_bound(options, num_towers)
 

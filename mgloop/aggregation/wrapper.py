@@ -54,3 +54,13 @@ class Wrapper(Aggregation):
 
     def syncs(self):
         return self.inner.syncs()
+
+    # ---- the node-level protocol of checkpoints and elastic resizes (node_checkpoint.py) ----
+    @property
+    def resize_refusal(self) -> str | None:
+        return self.inner.resize_refusal
+
+    def rejoined(self, copies) -> None:
+        """The inner method's rule on the copies it holds (a subclass whose inner method holds
+        fewer copies than the step sees hands its result on: NodeLevel)."""
+        self.inner.rejoined(copies)

@@ -266,7 +266,7 @@ def _restore(config: Config, trainer: Trainer, workers, chief: bool) -> tuple:
             trainer.sync_replicas()
         if own:  # this node's own state, of the same step (node_checkpoint.py)
             change = saver.restore(int(trainer.global_step.numpy()), config.logdir,
-                                   trainer.aggregation.local, trainer.copies)
+                                   trainer.aggregation, trainer.copies)
             if change:
                 logging.info("%s", change)
         logging.info("resumed from %s at step %d", restored, int(trainer.global_step.numpy()))

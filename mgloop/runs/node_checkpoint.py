@@ -131,7 +131,8 @@ class NodeCheckpoints:
     def restore(self, step: int, logdir: str, method=None, copies=()) -> str:
         """This node's state of `step` (the step the chief's checkpoint restored), by the
         module docstring's rule when the worker count changed; returns a log line's text.
-        `method`: the node's method (its `rejoined`, `resize_refusal`)."""
+        `method`: the run's aggregation, as the step holds it (its `rejoined` and
+        `resize_refusal`, which every wrapper hands to the method it wraps)."""
         own = os.path.join(self.directory, f"ckpt-{step}")
         first = os.path.join(self.root, "node-0", f"ckpt-{step}")
         if not tf.io.gfile.exists(first + ".index"):
@@ -139,7 +140,7 @@ class NodeCheckpoints:
                 f"--logdir={logdir}: the checkpoint of step {step} has no {first} with the "
                 "nodes' own state (error feedback, local copies); use a fresh --logdir")
         written = _written_by(self.root, step)
-        refusal = getattr(method, "resize_refusal", None)
+        refusal = method.resize_refusal if method is not None else None
         if written != self.count and refusal:
             raise ConfigError(
                 f"--logdir={logdir}: step {step} was written by {written} workers (nodes), "
