@@ -97,6 +97,10 @@ def define_flags() -> None:
                       "packing.plan) or, as an experiment, in reverse order (the order "
                       "backprop makes the gradients)")
     flags.DEFINE_integer("top", 15, "ops: op types to list")
+    flags.DEFINE_multi_string("method", [], "first_step: a method's spec (NAME or "
+                              "NAME:key=value,...); repeatable; default: every method")
+    flags.DEFINE_multi_enum("setup", list(SETUPS), list(SETUPS), "first_step: the setups")
+    flags.DEFINE_float("timeout", 300, "first_step: seconds a cell's process may run")
 
 
 # --- overlap: the figures of one trace (times in the trace are picoseconds) ---------------
@@ -357,8 +361,93 @@ def count(args) -> None:
     print(f"ops {mode} {devices} {extra}: {total}")
 
 
+# --- first_step: the seconds and peak memory of the call that traces ----------------------
+
+# The setups of `first_step`: mgloop.train's flags besides --aggregation (each cell one run)
+SETUPS = {
+    # 4 simulated nodes of one tower each, the method between them
+    "nodes4_lm": ["--nodes=4", "--devices=cpu:4", "--model=transformer_lm",
+                  "--dataset=python_text"],
+    # 64 towers computed as one vectorized batch on one device, the method sees them all
+    "towers64_mlp": ["--devices=cpu:1", "--towers_per_device=64", "--global_batch_size=1024",
+                     "--model=mlp", "--dataset=digits"],
+}
+
+
+def first_step_cell(method: str, setup: str, timeout: float) -> dict:
+    """One run of mgloop.train in a child process of its own, ended once its first step has
+    run (the rest, the final evaluation included, would only add time): the seconds of its
+    first step (the log line of mgloop/runs/tracing_log.py, the figure summary.json calls
+    `traced_step_seconds`: trace and first run), the child's seconds until then, and its
+    peak RSS until then (its own rusage, from wait4)."""
+    import re
+    import signal
+    import subprocess
+    import time
+    logdir = tempfile.mkdtemp(prefix="first_step_")
+    command = [sys.executable, "-m", "mgloop.train", f"--aggregation={method}", *SETUPS[setup],
+               "--train_steps=2", "--steps_per_loop=2", "--summary_every=0", "--log_every=0",
+               f"--logdir={logdir}"]
+    row = {"setup": setup, "method": method, "status": "ok", "trace_s": None, "wall_s": None,
+           "peak_rss_gb": None}
+    traced = re.compile(r"traced the training step and ran it once in ([0-9.]+) s")
+    log = os.path.join(logdir, "stderr.txt")
+    began = time.perf_counter()
+    with open(log, "w") as err:
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                 cwd=os.path.dirname(HERE))
+    while True:
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:  # ended before its first step was logged: refused or failed
+            child.returncode = os.waitstatus_to_exitcode(status)
+            with open(log) as handle:
+                lines = [line.strip() for line in handle if line.strip()]
+            errors = [line for line in lines if "Error" in line or line.startswith("E1")]
+            row["status"] = "failed: " + (errors or lines or ["?"])[-1][-160:]
+            break
+        with open(log) as handle:
+            found = traced.search(handle.read())
+        if found or time.perf_counter() - began > timeout:
+            child.send_signal(signal.SIGKILL)
+            _, status, usage = os.wait4(child.pid, 0)
+            child.returncode = -9
+            if found:
+                row["trace_s"] = float(found.group(1))
+            else:
+                row["status"] = f"timeout {timeout:.0f} s"
+            break
+        time.sleep(0.5)
+    row["wall_s"] = time.perf_counter() - began
+    row["peak_rss_gb"] = usage.ru_maxrss * 1024 / 1e9  # ru_maxrss: KiB on Linux
+    return row
+
+
+def first_step(args) -> None:
+    """Every method (or --method) in every --setup, the cells in that order (give the
+    slowest first), each a fresh `python -m mgloop.train` run with a --timeout."""
+    from mgloop import aggregation
+    methods = FLAGS.method or aggregation.names()
+    rows = []
+    for setup in FLAGS.setup:
+        for method in methods:
+            row = first_step_cell(method, setup, FLAGS.timeout)
+            rows.append(row)
+            print(f"{setup} {method}: {row['status']}, trace {row['trace_s']} s, "
+                  f"peak {row['peak_rss_gb']:.2f} GB", file=sys.stderr, flush=True)
+            if FLAGS.json_out:  # as it goes: a long invocation cut short keeps its rows
+                benchlib.write_json(FLAGS.json_out, {"command": benchlib.command_line(),
+                                                     "rows": rows})
+    benchlib.publish("first step (trace + first run) per method and setup", rows,
+                     [("setup", "setup", ""), ("method", "method", ""),
+                      ("trace_s", "trace + first step (s)", ".1f"),
+                      ("peak_rss_gb", "peak RSS (GB)", ".2f"),
+                      ("wall_s", "process until then (s)", ".0f"), ("status", "status", "")],
+                     FLAGS.json_out, {"setups": {name: SETUPS[name] for name in FLAGS.setup},
+                                      "timeout": FLAGS.timeout})
+
+
 COMMANDS = {"overlap": (overlap, {"steps": 5}), "ops": (ops, {"steps": 1}),
-            "count": (count, {})}
+            "count": (count, {}), "first_step": (first_step, {})}
 
 
 if __name__ == "__main__":
