@@ -13,6 +13,9 @@
   run's own checkpoint restored sharded on 2, the state is the same bits.
 - Each device holds 1/T of the state (1/groups... G/T with hierarchical), and the
   settings that cannot shard are refused in one line before anything is built.
+- An optimizer's weight-decay exclusion by name holds on the pieces (new variables with
+  other names), also where one chunk holds pieces of excluded and decayed variables: the
+  sharded ring equals the whole ring bit for bit, as above.
 """
 
 import os
@@ -172,6 +175,54 @@ def test_settings_that_cannot_shard_are_refused_in_one_line(settings, expected, 
 def test_optimizers_that_are_not_element_wise_are_refused_before_any_copy(
         optimizer, expected, logdir, monkeypatch):
     assert refused_before_any_copy(logdir, monkeypatch, expected, optimizer=optimizer)
+
+
+def excluding_biases():
+    optimizer = keras.optimizers.AdamW(0.05, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
+
+
+def trainer_with(logdir, name, optimizer, **settings):
+    from mgloop.cluster import devices
+    from mgloop.runs import experiment
+    config = helpers.small_config(os.path.join(logdir, name), **settings).validated()
+    return experiment.build_trainer(
+        config, devices.setup(devices.parse(config.devices)), helpers.model_fn("mlp"),
+        experiment.default_loss(), helpers.DATASET.input_shape, optimizer=optimizer)
+
+
+def test_a_weight_decay_excluded_by_name_holds_on_the_pieces_bit_for_bit(logdir):
+    """AdamW(weight_decay=0.5) excluding "bias": the biases are not decayed, the kernels
+    are, on the pieces as on the whole variables. Default packing puts every variable in
+    one segment, so a copy's chunk holds pieces of kernels and biases together."""
+    common = dict(devices="cpu:2", aggregation="ring")  # (a + b) / 2: one order of sum
+    trainers, losses = {}, {}
+    for shard in (False, True):
+        trainers[shard] = trainer_with(logdir, f"shard_{shard}", excluding_biases,
+                                       shard_update=shard, **common)
+        losses[shard] = helpers.run_batches(trainers[shard], helpers.batches(STEPS))
+    update = trainers[True].replicas.update
+    names = [v.name for v in trainers[True].copies[0].trainable]
+    mixed = [{"bias" in names[p.variable] for p in update.layout.pieces_of(c)}
+             for c in range(2)]
+    assert {True, False} in mixed  # a chunk with excluded and decayed pieces
+    assert losses[True] == losses[False]
+    for a, b in zip(helpers.copy_weights(trainers[False]),
+                    helpers.copy_weights(trainers[True])):
+        for name, x, y in zip(names, a, b):
+            assert np.array_equal(x, y), name
+
+
+def test_an_optimizer_with_a_method_replaced_on_the_instance_is_refused_before_any_copy(
+        logdir, monkeypatch):
+    def decays_kernels_only():  # keyed on a name no piece has
+        optimizer = keras.optimizers.AdamW(0.05, weight_decay=0.5)
+        optimizer._use_weight_decay = lambda variable: "kernel" in variable.name
+        return optimizer
+    assert refused_before_any_copy(logdir, monkeypatch,
+                                   r"_use_weight_decay \(replaced on the instance\)",
+                                   optimizer=decays_kernels_only)
 
 
 class ReadsTheMean(Hook):

@@ -21,6 +21,16 @@ bit for bit (tests/test_sharded_update.py). Memory per copy: the optimizer state
 chunk (1/T of it; with `hierarchical`, G/T) and the chunk's weights again (the variables
 Keras's optimizers update), against the whole state on every copy without sharding.
 
+The one thing those optimizers decide by a variable's name or identity is weight decay,
+v <- v - lr wd v unless the variable is excluded (`exclude_from_weight_decay(var_list=...,
+var_names=...)`: its id among var_list's, or a var_names pattern found in its name). A
+piece is a new variable (`owned_{c}_{i}`) that neither list names, so each piece's
+optimizer is told by identity alone what copy 0's whole optimizer decides for the piece's
+whole variable (`decays`, `excluding`): piece p of variable i is excluded exactly when
+variable i is, whatever the pieces' names and however a chunk mixes variables. An
+optimizer instance with a method replaced (its own `_use_weight_decay`, `update_step`,
+...) may key on names no piece has, and is refused (`check_optimizer`).
+
 A checkpoint holds copy 0's optimizer whole, as an unsharded run's: `whole_optimizer`
 builds its state on the host for the save (every piece's slots gathered into it) or the
 restore (scattered from it into the pieces on leaving), and drops it after
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import keras
 import tensorflow as tf
@@ -52,7 +63,10 @@ ELEMENT_WISE = tuple(getattr(keras.optimizers, name) for name in (
 def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
     """Refuses (one line) an optimizer whose update of an entry reads more than the entry:
     a norm over a whole variable or every gradient (clipnorm, global_clipnorm, LAMB's trust
-    ratio), factored or matrix state (Adafactor, Muon), or a class it does not know."""
+    ratio), factored or matrix state (Adafactor, Muon), or a class it does not know; or
+    one with a method replaced on the instance, which may key on a variable's name or
+    identity where the pieces' own differ (the class's weight-decay exclusion is mapped
+    onto the pieces: `decays`)."""
     name = type(optimizer).__name__
     if type(optimizer) not in ELEMENT_WISE:
         raise ConfigError(
@@ -69,6 +83,31 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
         raise ConfigError("--shard_update: the optimizer's use_ema and "
                           "gradient_accumulation_steps keep state mgloop does not shard; "
                           "use --accumulation_steps, or leave out --shard_update")
+    replaced = sorted(name for name, value in vars(optimizer).items()
+                      if callable(value) and callable(getattr(type(optimizer), name, None)))
+    if replaced:
+        raise ConfigError(
+            f"--shard_update: the optimizer's {', '.join(replaced)} (replaced on the "
+            "instance) may read a variable's name or identity, which a copy's piece of the "
+            f"variable does not share; use {name}'s own methods (exclusions through "
+            "exclude_from_weight_decay), or leave out --shard_update")
+
+
+def decays(optimizer_fn, variables) -> list[bool]:
+    """Whether an optimizer from `optimizer_fn` decays each of `variables` (copy 0's whole
+    variables), by Keras's own rule (`_use_weight_decay`: False when the variable's id is
+    among exclude_from_weight_decay's var_list or a var_names pattern is found in its
+    name; Keras reads it only when weight_decay is set)."""
+    template = optimizer_fn()
+    return [template._use_weight_decay(v) for v in variables]
+
+
+def excluding(optimizer_fn, pieces) -> keras.optimizers.Optimizer:
+    """An optimizer from `optimizer_fn` that decays every variable but `pieces` (by
+    identity; its own var_list and var_names replaced, so no piece's name matters)."""
+    optimizer = optimizer_fn()
+    optimizer.exclude_from_weight_decay(var_list=pieces)
+    return optimizer
 
 
 def check_hooks(hooks) -> None:
@@ -160,7 +199,12 @@ class ShardedUpdate:
                                     for p in segment] for segment in self.layout.pieces[c]])
         self.shards = [VariableCopy(copy.device, [v for segment in owned for v in segment], [])
                        for copy, owned in zip(copies, self.owned)]
-        optim.build_optimizers(self.shards, optimizer_fn)
+        # each piece decays exactly when copy 0's whole optimizer decays its variable
+        decayed = decays(optimizer_fn, copies[0].trainable)
+        for c, shard in enumerate(self.shards):
+            excluded = [v for v, p in zip(shard.trainable, self.layout.pieces_of(c))
+                        if not decayed[p.variable]]
+            optim.build_optimizers([shard], functools.partial(excluding, optimizer_fn, excluded))
         self.whole_state = WholeState(optimizer_fn, copies[0].trainable, method.devices.host)
         for copy, shard in zip(copies, self.shards):
             _check_slots(shard)
