@@ -17,7 +17,12 @@ It reports:
   its workers started (a checkpoint is lost if a round resumes from an older one);
 - the launcher's RSS and threads over the whole soak (it lives throughout) and every
   worker process's first and last samples after --warmup_seconds (each lives one round),
-  with the least-squares slopes of experiments/soak.py.
+  with the least-squares slopes of experiments/soak.py;
+- the job's final eval accuracy against the same flags and step count trained without
+  failures on 3 simulated nodes in one process (--baseline_seeds seeds): the soak fails
+  (exit code 1) unless the job's accuracy is at least the seeds' lowest minus 3 sd (the
+  rule of tests/test_elastic.py) and above --min_accuracy. An exit code alone would pass
+  a job that ended at chance.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,9 +53,15 @@ flags.DEFINE_float("restart_seconds", 40.0, "start-up time budgeted per restart"
 flags.DEFINE_float("rejoin_seconds", 60.0, "the launcher's --rejoin_seconds")
 flags.DEFINE_float("warmup_seconds", 60.0, "a worker's samples before this are left out")
 flags.DEFINE_integer("seed", 0, "which worker each kill hits")
+flags.DEFINE_integer("baseline_seeds", 3, "seeds of the unfailed run on simulated nodes")
+flags.DEFINE_float("min_accuracy", 0.5, "a floor far above chance (0.1) for the job's "
+                   "final eval accuracy, whatever the baseline")
 flags.DEFINE_integer("train_steps", 0, "the job's step count (0: from the calibration; on a "
                      "loaded machine the restarts' start-up dominates: give it instead)")
 
+# The rate of docs/multi-worker.md's example: at 0.05 the outer Nesterov step (0.7, 0.9)
+# over the inner heavy-ball steps drives this mlp to chance after about 2,000 steps, with
+# or without failures (docs/multi-worker.md says why)
 TRAIN = ["--aggregation=diloco:period=8", "--model=mlp", "--dataset=digits",
          "--global_batch_size=96", "--steps_per_loop=20", "--learning_rate=0.02"]
 LAUNCH = [sys.executable, "-m", "mgloop.launch", "--num_workers=3",
@@ -80,6 +92,28 @@ def calibrate(seconds: float) -> float:
         process.send_signal(signal.SIGINT)  # a second signal: the workers are killed
         process.wait()
     return rate
+
+
+def baseline(steps: int, seeds: int) -> list[float]:
+    """The final eval accuracy of TRAIN for `steps` on 3 simulated nodes in one process
+    (no failures), one per seed 0..seeds-1."""
+    out = []
+    for seed in range(seeds):
+        logdir = tempfile.mkdtemp(prefix="mgloop-elastic-baseline-")
+        subprocess.run([sys.executable, "-m", "mgloop.train", "--devices=cpu:3", "--nodes=3",
+                        f"--seed={seed}", f"--logdir={logdir}", f"--train_steps={steps}",
+                        "--checkpoint_every=0", *TRAIN], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        with open(os.path.join(logdir, "summary.json")) as handle:
+            out.append(json.load(handle)["eval_accuracy"])
+    return out
+
+
+def accuracy_verdict(accuracy, unfailed: list[float], floor: float) -> tuple[bool, float]:
+    """(whether the job's final eval `accuracy` holds, the bound it was held to): at least
+    the unfailed seeds' lowest minus 3 sd, and above `floor`."""
+    bound = max(floor, min(unfailed) - 3 * statistics.pstdev(unfailed)) if unfailed else floor
+    return accuracy is not None and accuracy >= bound, bound
 
 
 def main(argv):
@@ -127,7 +161,10 @@ def main(argv):
     for row, step in zip(rounds[1:], resumed):
         row["resumed"] = step
     with open(os.path.join(logdir, "summary.json")) as handle:
-        final = json.load(handle).get("final_step")
+        summary = json.load(handle)
+    final, accuracy = summary.get("final_step"), summary.get("eval_accuracy")
+    unfailed = baseline(steps, _FLAGS.baseline_seeds)
+    holds, bound = accuracy_verdict(accuracy, unfailed, _FLAGS.min_accuracy)
     launcher = soak.slopes(samples.pop(process.pid), 10.0)  # after Python's start-up
     workers = [dict(pid=pid, start_minute=rows[0][0] / 60, last_rss_mb=rows[-1][1] / 1024,
                     last_threads=rows[-1][2],
@@ -138,10 +175,14 @@ def main(argv):
                    lost_checkpoints=sum(r.get("resumed", r["newest"]) < r["newest"]
                                         and not set_aside(logdir, r["newest"])
                                         for r in rounds),
-                   launcher=launcher, workers=workers, log=log_path)
+                   launcher=launcher, workers=workers, log=log_path,
+                   eval_accuracy=accuracy, unfailed_eval_accuracy=unfailed,
+                   accuracy_bound=bound, accuracy_holds=holds)
     print(f"ended with exit code {process.returncode} after {minutes:.1f} min at step "
           f"{final} of {steps}; {len(killed)} kills, {len(rounds)} rounds, "
           f"{results['lost_checkpoints']} checkpoint(s) lost")
+    print(f"eval accuracy {accuracy} against the unfailed run's {unfailed} (3 simulated "
+          f"nodes): {'holds' if holds else 'FAILS'} the bound {bound:.4f}")
     print(f"launcher: RSS {launcher['rss_mb_first_last'][0]:.1f} -> "
           f"{launcher['rss_mb_first_last'][1]:.1f} MB ({launcher['rss_mb_per_min']:+.3f} "
           f"MB/min), threads {launcher['threads_first_last']}")
@@ -155,6 +196,8 @@ def main(argv):
     if _FLAGS.json_out:
         with open(_FLAGS.json_out, "w") as handle:
             json.dump(results, handle, indent=2)
+    ok = process.returncode == 0 and final == steps and holds
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
