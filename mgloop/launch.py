@@ -88,11 +88,12 @@ def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
         else:
             current[0].kill(range(len(current[0].processes)))
 
-    def start(count: int) -> worker_processes.Workers:
+    def start(count: int, env: dict | None = None) -> worker_processes.Workers:
         addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
         workers = current[0] = worker_processes.Workers(
             [[*command, f"--devices={devices}", *train_flags]] * count,
-            [dict(os.environ, TF_CONFIG=tf_config(addresses, i)) for i in range(count)],
+            [dict(os.environ, **(env or {}), TF_CONFIG=tf_config(addresses, i))
+             for i in range(count)],
             addresses, out)
         if received:  # a signal came while the workers were starting
             workers.forward(FORWARDED[received[0]])
@@ -169,6 +170,21 @@ def refusal(num_workers: int, grace: float, stop_seconds: float,
     return None
 
 
+ELASTIC_ONLY = ("min_workers", "max_restarts", "rejoin_seconds")
+
+
+def elastic_only_refusal(elastic: bool, given: list[str]) -> str | None:
+    """The one line that refuses a setting of --elastic given without it (it would be
+    ignored), or None; `given`: the names of the launcher flags set on the command line."""
+    if elastic:
+        return None
+    for name in ELASTIC_ONLY:
+        if name in given:
+            return (f"--{name} applies only to an elastic job: add --elastic (a failed worker "
+                    f"then does not end the job), or drop --{name}")
+    return None
+
+
 def towers_per_worker(devices: str, train_flags: list[str]) -> int | None:
     """The towers of one worker from --devices_per_worker (cpu:N, gpu:I,J) and
     --towers_per_device, or None where the spec does not say (auto, gpu)."""
@@ -182,15 +198,21 @@ def towers_per_worker(devices: str, train_flags: list[str]) -> int | None:
 
 def main(argv):
     train_flags = argv[1:]
-    problem = refusal(_FLAGS.num_workers, _FLAGS.grace_seconds, _FLAGS.stop_seconds,
-                      train_flags)
+    problem = (elastic_only_refusal(_FLAGS.elastic, [n for n in ELASTIC_ONLY
+                                                     if _FLAGS[n].present])
+               or refusal(_FLAGS.num_workers, _FLAGS.grace_seconds, _FLAGS.stop_seconds,
+                          train_flags))
     options = None
     if _FLAGS.elastic and problem is None:
-        options = elastic_lib.ElasticOptions(
-            _FLAGS.min_workers, _FLAGS.max_restarts, _FLAGS.rejoin_seconds,
-            elastic_lib.flag_value(train_flags, "logdir") or "")
-        problem = elastic_lib.refusal(options, _FLAGS.num_workers, train_flags,
-                                      towers_per_worker(_FLAGS.devices_per_worker, train_flags))
+        try:  # --logdir as mgloop.train reads it: --logdir DIR, in a --flagfile too
+            logdir = elastic_lib.flag_value(train_flags, "logdir")
+            towers = towers_per_worker(_FLAGS.devices_per_worker, train_flags)
+        except flags.Error as error:  # a --flagfile that cannot be read
+            problem = f"the train flags after -- cannot be read: {error}"
+        else:
+            options = elastic_lib.ElasticOptions(
+                _FLAGS.min_workers, _FLAGS.max_restarts, _FLAGS.rejoin_seconds, logdir or "")
+            problem = elastic_lib.refusal(options, _FLAGS.num_workers, train_flags, towers)
     if problem:  # one line and exit code 2, as mgloop.train's refusals (no usage text)
         print(f"mgloop.launch: error: {problem}", file=sys.stderr)
         sys.exit(2)

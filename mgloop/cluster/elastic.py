@@ -29,17 +29,25 @@ of the checkpoint saved. The global batch follows the train flags (docs/multi-wo
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
 import time
 from typing import Callable
 
+from absl import flags
+
 from mgloop.cluster.worker_processes import FORWARDED, Workers, is_stopped
 
 _POLL_SECONDS = 0.2
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
 REFUSED_EXIT_CODE = 2  # mgloop.train's exit code for a refused setting: never retried
+# data/catalog.py's DEFAULT_GLOBAL_BATCH_SIZE, which imports TensorFlow (the launcher must
+# not); tests/test_launch_flags.py checks that the two agree
+DEFAULT_GLOBAL_BATCH_SIZE = 128
+# the launcher's rounds so far, given to every worker of a round (runs/run_end.py reads it)
+ROUNDS_VARIABLE = "MGLOOP_ELASTIC_ROUNDS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +73,7 @@ def refusal(options: ElasticOptions, num_workers: int, train_flags: list[str],
                 "the checkpoints in it")
     batch = flag_value(train_flags, "global_batch_size")
     if flag_value(train_flags, "batch_size_per_tower") is None and towers_per_worker:
-        global_batch = int(batch) if batch and batch.isdigit() else 128  # Config's default
+        global_batch = int(batch) if batch and batch.isdigit() else DEFAULT_GLOBAL_BATCH_SIZE
         for count in range(options.min_workers, num_workers + 1):
             if global_batch % (count * towers_per_worker):
                 return (f"--global_batch_size={global_batch} does not split over {count} "
@@ -77,9 +85,24 @@ def refusal(options: ElasticOptions, num_workers: int, train_flags: list[str],
 
 
 def flag_value(train_flags: list[str], name: str) -> str | None:
-    """The value of `--name=VALUE` among the train flags (the last one), or None."""
-    values = [f.split("=", 1)[1] for f in train_flags if f.startswith(f"--{name}=")]
-    return values[-1] if values else None
+    """The value of flag `name` among the train flags as absl (mgloop.train) reads them, the
+    last one given: `--name=VALUE`, `--name VALUE` (one dash too), inside `--flagfile`
+    files (expanded by absl, nested ones too), up to a `--`; None when not given.
+    A flagfile that cannot be read raises absl's flags.Error (its message names it)."""
+    argv = flags.FlagValues().read_flags_from_files(list(train_flags))
+    value = None
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            break
+        bare = arg[2:] if arg.startswith("--") else arg[1:] if arg.startswith("-") else None
+        if bare == name and index + 1 < len(argv):
+            value, index = argv[index + 1], index + 1
+        elif bare is not None and bare.startswith(f"{name}="):
+            value = bare.split("=", 1)[1]
+        index += 1
+    return value
 
 
 def newest_checkpoint(logdir: str) -> int:
@@ -89,25 +112,27 @@ def newest_checkpoint(logdir: str) -> int:
     return max((int(m.group(1)) for m in map(_INDEX.fullmatch, names) if m), default=-1)
 
 
-def run(start: Callable[[int], Workers], num_workers: int, options: ElasticOptions,
+def run(start: Callable[[int, dict], Workers], num_workers: int, options: ElasticOptions,
         received: list[int], stop_seconds: float, say: Callable[[str], None],
         current: list) -> int:
     """Runs rounds (module docstring) until one ends cleanly; returns 0, the failure's
     exit code past --max_restarts, or 128 + the signal that stopped the launcher.
-    `start(W)` starts a round of W workers; `current[0]` holds the running round's
-    Workers (for the launcher's signal handler)."""
+    `start(W, env)` starts a round of W workers with the variables `env` added to their
+    environment; `current[0]` holds the running round's Workers (for the launcher's signal
+    handler). Every round's workers get ROUNDS_VARIABLE: the rounds so far as the launcher
+    saw them (`round_record`), which the last round's chief writes into summary.json."""
     live, restarts, waiting = num_workers, 0, 0  # waiting: failed slots to replace
+    job, rounds = f"{os.getpid()}-{time.time_ns()}", []
     while True:
-        while live < options.min_workers:  # below the minimum: the replacements first
-            say(f"{live} live worker(s), fewer than --min_workers={options.min_workers}: "
-                f"starting a replacement")
-            live, waiting = live + 1, waiting - 1
         since, round_start = newest_checkpoint(options.logdir), time.monotonic()
         say(f"round of {live} worker(s) from the checkpoint of step {max(since, 0)}"
             + (f" ({waiting} slot(s) to rejoin)" if waiting else ""))
-        workers = start(live)  # also current[0], for the signal handler
-        outcome, code = _watch(workers, received, stop_seconds, say, options, since,
-                               round_start, waiting)
+        rounds.append(round_record(live, since, restarts))
+        # also current[0], for the signal handler
+        workers = start(live, {ROUNDS_VARIABLE: json.dumps({"job": job, "rounds": rounds})})
+        outcome, code, why = _watch(workers, received, stop_seconds, say, options, since,
+                                    round_start, waiting)
+        rounds[-1]["ended"] = why
         workers.finish()
         current[0] = None
         if outcome == "done":
@@ -125,16 +150,39 @@ def run(start: Callable[[int], Workers], num_workers: int, options: ElasticOptio
             say(f"restart {restarts} would pass --max_restarts={options.max_restarts}: the "
                 "job stops; rerun the same command to resume from the last checkpoint")
             return code
-        live, waiting = live - 1, waiting + 1
-        say(f"restart {restarts} of {options.max_restarts}: continuing with {live} "
-            "worker(s) from the last complete checkpoint")
+        live, waiting, line = after_failure(live, waiting, options, restarts)
+        say(line)
+
+
+def after_failure(live: int, waiting: int, options: ElasticOptions,
+                  restarts: int) -> tuple[int, int, str]:
+    """(workers, slots waiting to rejoin, what the launcher says) for the round after a
+    failure in a round of `live` workers: one fewer, unless that is below --min_workers,
+    when the failed slot's replacement starts at once (as torchrun restarts its group)."""
+    head = f"restart {restarts} of {options.max_restarts}: "
+    if live - 1 < options.min_workers:
+        return live, waiting, (
+            f"{head}{live - 1} worker(s) left, fewer than --min_workers={options.min_workers}:"
+            f" a replacement starts at once; continuing with {live} worker(s) from the last "
+            "complete checkpoint")
+    return live - 1, waiting + 1, (
+        f"{head}continuing with {live - 1} worker(s) from the last complete checkpoint; the "
+        "failed slot rejoins later")
+
+
+def round_record(workers: int, since: int, restarts: int) -> dict:
+    """The launcher's record of a round as it starts: its workers, the step of the newest
+    checkpoint it resumes from (0: none), the failures restarted from before it; "ended"
+    is added when it ends (what `_watch` said)."""
+    return {"workers": workers, "from_step": max(since, 0), "restarts": restarts}
 
 
 def _watch(workers: Workers, received: list[int], stop_seconds: float, say, options,
-           since: int, round_start: float, waiting: int) -> tuple[str, int]:
+           since: int, round_start: float, waiting: int) -> tuple[str, int, str]:
     """Watches one round: ("done", 0) all ended cleanly, ("failed", code) a worker failed
     (the others are killed), ("rejoin", 0) the round stopped to take a slot back, or
-    ("signal", 0) the launcher was signalled and the workers have ended."""
+    ("signal", 0) the launcher was signalled and the workers have ended; third, why the
+    round ended, in words (its record's "ended")."""
     stopping, deadline = None, None  # "signal" or "rejoin", once SIGTERM went out
     while workers.running():
         now = time.monotonic()
@@ -146,10 +194,11 @@ def _watch(workers: Workers, received: list[int], stop_seconds: float, say, opti
             stopping, deadline = "signal", now + stop_seconds
         failed = workers.first_failure()
         if failed is not None and stopping is None:
-            say(f"{workers.blame(*failed)}; the other workers are stopped")
+            blame = workers.blame(*failed)
+            say(f"{blame}; the other workers are stopped")
             workers.kill(workers.running())
             workers.running()
-            return "failed", failed[1] if failed[1] > 0 else 128 - failed[1]
+            return "failed", failed[1] if failed[1] > 0 else 128 - failed[1], f"failed: {blame}"
         if (stopping is None and waiting and now - round_start >= options.rejoin_seconds
                 and newest_checkpoint(options.logdir) > since):
             say(f"a replacement is ready to join: sent SIGTERM to every worker, which save "
@@ -164,11 +213,12 @@ def _watch(workers: Workers, received: list[int], stop_seconds: float, say, opti
                 workers.kill(workers.running())
         time.sleep(_POLL_SECONDS)
     if stopping == "signal":
-        return "signal", 0
+        return "signal", 0, f"stopped: the launcher received {signal.Signals(received[0]).name}"
     failed = workers.first_failure()
     if failed is None:
-        return "done", 0
+        return "done", 0, "done: every worker exited 0"
     if stopping == "rejoin" and all(p.returncode in (0, 128 + signal.SIGTERM)
                                     for p in workers.processes):
-        return "rejoin", 0
-    return "failed", failed[1] if failed[1] > 0 else 128 - failed[1]
+        return "rejoin", 0, "rejoin: stopped to take a replacement back"
+    return ("failed", failed[1] if failed[1] > 0 else 128 - failed[1],
+            f"failed: {workers.blame(*failed)}")
