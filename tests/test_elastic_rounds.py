@@ -1,14 +1,15 @@
-"""summary.json of an elastic job describes every round (runs/run_end.elastic_rounds): its
+"""summary.json of an elastic job describes every round (runs/elastic_summary.elastic_rounds): its
 workers, its steps, why it ended, and the bytes summed over the rounds as they ran, each
 round's steps times its own per-step traffic; never the last round's for the whole job."""
 
 import json
+import os
 
 import pytest
 
 import mgloop
 from mgloop.cluster import elastic
-from mgloop.runs import run_end
+from mgloop.runs import elastic_summary
 from tests import helpers
 
 JOB = "1234-5"
@@ -35,11 +36,11 @@ def _ring(workers):
 
 def test_a_3_then_2_worker_job_is_two_rounds_and_unknown_bytes_are_not_the_last_rounds():
     """Steps 0-120 on 3 workers (one killed), 120-600 on 2: the summary has both rounds,
-    start_step 0; the killed round's chief wrote nothing, so its bytes are unknown and the
-    totals say so (null), instead of 600 steps of a 2-node ring."""
+    start_step 0; with no count of the killed round (its chief's record lost) its bytes are
+    unknown and the totals say so (null), instead of 600 steps of a 2-node ring."""
     launched = _launched((3, 0, 0, "failed: worker 2 was killed by signal SIGKILL"),
                          (2, 120, 1, None))
-    keys = run_end.elastic_rounds(launched, {}, 120, 600, "done: trained to step 600",
+    keys = elastic_summary.elastic_rounds(launched, {}, 120, 600, "done: trained to step 600",
                                   _ring(2))
     rounds = keys["rounds"]
     assert [(r["workers"], r["first_step"], r["last_step"], r["steps"]) for r in rounds] == [
@@ -59,16 +60,16 @@ def test_the_bytes_are_each_rounds_steps_times_its_own_per_step_bytes():
     wrote summary.json, without traffic), 3 workers 100-300 (done). The last chief counts
     its own round and, with the same worker count, the killed round's; the 2-worker
     round's traffic comes from its own record when it has one."""
-    stopped = run_end.elastic_rounds(
+    stopped = elastic_summary.elastic_rounds(
         _launched((3, 0, 0, "failed: worker 2 was killed by signal SIGKILL"),
                   (2, 40, 1, None)), {}, 40, 100, "stopped by SIGTERM", None)
-    assert stopped["rounds"][1]["traffic"] is None  # no trainer at a stop
+    assert stopped["rounds"][1]["traffic"] is None  # not counted (its traffic_of: None)
     previous = {"elastic_job": JOB, **stopped}
     previous["rounds"][1].update(traffic=_ring(2)(40, 100), traffic_from="this round")
     launched = _launched((3, 0, 0, "failed: worker 2 was killed by signal SIGKILL"),
                          (2, 40, 1, "rejoin: stopped to take a replacement back"),
                          (3, 100, 1, None))
-    keys = run_end.elastic_rounds(launched, previous, 100, 300, "done", _ring(3))
+    keys = elastic_summary.elastic_rounds(launched, previous, 100, 300, "done", _ring(3))
     rounds = keys["rounds"]
     assert [(r["workers"], r["first_step"], r["last_step"]) for r in rounds] == [
         (3, 0, 40), (2, 40, 100), (3, 100, 300)]
@@ -84,7 +85,7 @@ def test_the_bytes_are_each_rounds_steps_times_its_own_per_step_bytes():
         (240 * 4 + 60 * 2) / 300)
     assert keys["rounds_total"]["traffic_unknown_rounds"] == []
     # a summary.json of another job (or of a plain run) gives nothing
-    other = run_end.elastic_rounds(launched, {**previous, "elastic_job": "other"}, 100, 300,
+    other = elastic_summary.elastic_rounds(launched, {**previous, "elastic_job": "other"}, 100, 300,
                                    "done", _ring(3))
     assert other["rounds"][1]["traffic"] is None
 
@@ -102,19 +103,22 @@ def _round(logdir, devices, train_steps, monkeypatch, launched=None):
 def test_a_real_resume_with_other_devices_sums_each_rounds_own_bytes(tmp_path, monkeypatch):
     """Two rounds of real runs on one logdir, the launcher's record in the environment as
     the launcher gives it: steps 0-6 with a 3-tower ring, then 6-15 with 2 towers. The
-    summary's totals are 6 steps of the first's bytes plus 9 of the second's, each as a
-    plain run of that layout counts per step."""
+    first round leaves no summary.json (as a killed round's chief writes none): its
+    bytes come from what its chief wrote at its checkpoints (RoundLedger). The summary's
+    totals are 6 steps of the first's bytes plus 9 of the second's, each as a plain run of
+    that layout counts per step."""
     plain3 = _round(tmp_path / "plain3", "cpu:3", 3, monkeypatch)["traffic_bytes_per_step"]
     plain2 = _round(tmp_path / "plain2", "cpu:2", 3, monkeypatch)["traffic_bytes_per_step"]
     first = _launched((1, 0, 0, None))
     _round(tmp_path / "job", "cpu:3", 6, monkeypatch, first)
+    os.remove(tmp_path / "job" / "summary.json")  # killed: its chief wrote no summary
     second = _launched((1, 0, 0, "failed: worker 0 was killed by signal SIGKILL"),
                        (1, 6, 1, None))
     summary = _round(tmp_path / "job", "cpu:2", 15, monkeypatch, second)
     with open(tmp_path / "job" / "summary.json") as handle:
         assert json.load(handle)["rounds"] == json.loads(json.dumps(summary["rounds"]))
     assert [(r["first_step"], r["last_step"], r["traffic_from"]) for r in summary["rounds"]
-            ] == [(0, 6, "this round"), (6, 15, "this round")]
+            ] == [(0, 6, "its chief, at its last checkpoint"), (6, 15, "this round")]
     assert summary["start_step"] == 0 and summary["rounds_total"]["steps"] == 15
     total = summary["rounds_total"]["traffic"]["bytes"]
     assert set(total) == set(plain3) and len(plain2) == 2

@@ -111,7 +111,7 @@ class _Round:
 def test_the_rounds_below_min_workers_and_what_each_worker_is_told(tmp_path):
     """elastic.run with rounds that end at once: one failure in 2 workers with
     --min_workers=2 restarts with 2, and says nothing contradictory; each round's workers
-    get the launcher's record of the rounds so far (run_end.elastic_rounds reads it)."""
+    get the launcher's record of the rounds so far (elastic_summary.elastic_rounds reads it)."""
     import json
     options = elastic.ElasticOptions(min_workers=2, max_restarts=1, rejoin_seconds=0.0,
                                      logdir=str(tmp_path))

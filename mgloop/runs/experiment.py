@@ -39,7 +39,7 @@ from mgloop.runs import checkpoint
 from mgloop.runs import controller
 from mgloop.runs import logdir_lock
 from mgloop.runs import monitor as monitor_lib
-from mgloop.runs import node_checkpoint
+from mgloop.runs import elastic_summary, node_checkpoint
 from mgloop.runs import preemption
 from mgloop.runs import run_dir
 from mgloop.runs import run_end
@@ -205,7 +205,9 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
                 config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
                 summary_every=config.summary_every, log_every=config.log_every,
                 checkpoint_every=config.checkpoint_every, summaries=train_writer,
-                checkpointer=saver,
+                checkpointer=elastic_summary.ledger(  # an elastic round's counts
+                    saver, config.logdir, trainer.aggregation.traffic, start_step,
+                    config.keep_checkpoints, chief),
                 learning_rate=learning_rate, monitor=monitor,
                 should_stop=preemption.stop_check(stop, trainer.aggregation),
                 callbacks=[history, *(given.callbacks or ())])
@@ -217,7 +219,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
             eval_writer.close()
             return run_result.RunResult(
                 run_end.stopped(config, result, stop, summary_path,
-                                checkpointer if chief else None, save_rescue, chief),
+                                checkpointer if chief else None, save_rescue, chief, trainer),
                 trainer, history)
         measured = run_end.measure(config, trainer, result, start_step, health, monitor,
                                    train_writer, eval_writer, chief,

@@ -8,15 +8,12 @@ resumed run does them); or with nothing left to train (`finished`: summary.json 
 as it is). `rescue_saver` saves the checkpoint into another folder when the logdir
 disappears during the run (monitor.logdir_guard).
 
-In an elastic job (cluster/elastic.py) each round of workers is one such run; the
-launcher gives every round its record of the rounds so far, and the chief writes them
-into summary.json as `rounds` with totals over them (`elastic_rounds`): each round's
-steps, and its bytes, its steps times its own per-step traffic.
+In an elastic job (cluster/elastic.py) each round of workers is one such run; its
+summary also holds every round of the job (elastic_summary.py).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
@@ -25,12 +22,10 @@ from typing import Callable
 
 from absl import logging
 
-from mgloop.aggregation.traffic import Traffic
-from mgloop.cluster import elastic
 from mgloop.observe import link_report, link_scalars
 from mgloop.observe import summaries
 from mgloop.runs import callbacks as callbacks_lib
-from mgloop.runs import checkpoint, controller, export
+from mgloop.runs import checkpoint, controller, elastic_summary, export
 from mgloop.runs import monitor as monitor_lib
 from mgloop.runs import preemption
 from mgloop.runs import step_flops
@@ -147,115 +142,10 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "node_failures": (trainer.aggregation.failures.as_records()  # None: no failures
                           if getattr(trainer.aggregation, "failures", None) else None),
     }
-    launched = launched_rounds()
-    if launched is not None:  # an elastic job: every round, and the totals over them
-        traffic = trainer.aggregation.traffic
-        own = (result.start_step, result.final_step)
-        summary.update(elastic_rounds(
-            launched, previous_summary(config), result.start_step, result.final_step,
-            f"done: trained to step {result.final_step}",
-            lambda first, last: traffic_over(traffic, first, last, own)))
+    summary.update(elastic_summary.keys_at_end(
+        config, trainer, result.start_step, result.final_step,
+        f"done: trained to step {result.final_step}"))
     return summary
-
-
-def launched_rounds() -> dict | None:
-    """The launcher's record of an elastic job's rounds so far, this one last
-    ({"job", "rounds": [{"workers", "from_step", "restarts", "ended"}]},
-    cluster/elastic.py), from this worker's environment; None outside an elastic job."""
-    text = os.environ.get(elastic.ROUNDS_VARIABLE)
-    return json.loads(text) if text else None
-
-
-def previous_summary(config: Config) -> dict:
-    """The summary.json already in the logdir ({} if none or unreadable)."""
-    try:
-        with open(os.path.join(config.logdir, "summary.json")) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return {}
-
-
-def traffic_over(traffic: Traffic, first: int, last: int,
-                 own: tuple[int, int]) -> dict:
-    """{"bytes", "messages"}: per device {"sent", "received"}, summed over the 0-based
-    steps first..last-1, each step what `traffic` says it moves (its occasions). Counts
-    measured as the steps ran (aggregation/measured.py) enter at their mean per occurrence
-    over the steps `own` = (start, end) this process ran."""
-    def counts(start, end):
-        return collections.Counter(map(traffic.occurring, range(start, end)))
-    ran = counts(*own)
-    measured = traffic.with_measured(lambda name: sum(
-        count for key, count in ran.items() if name in key))
-    total = Traffic(node_of=dict(traffic.node_of))
-    for key, count in counts(first, last).items():
-        total.add_scaled(measured.of_occasions(key), count)
-    return {"bytes": total.as_dict(), "messages": total.messages_as_dict()}
-
-
-def elastic_rounds(launched: dict, previous: dict, start_step: int, final_step: int,
-                   ended: str, traffic_of: Callable[[int, int], dict] | None) -> dict:
-    """The summary keys of an elastic job ending its current round, which ran steps
-    start_step..final_step-1 and `ended` so: `rounds`, `rounds_total`, and `start_step`,
-    `traffic_bytes_per_step`, `traffic_messages_per_step` over every round.
-
-    `launched`: the launcher's rounds (launched_rounds), this one last; `previous`: the
-    summary.json before this round (its rounds, when of the same job, give the first
-    steps their chiefs saw and the traffic they counted); `traffic_of(first, last)`: this
-    round's traffic over those steps (traffic_over), None if unknown. A round's steps run
-    from the step it resumed from to the one the next round resumed from (steps a failed
-    round ran past its last checkpoint are run again, and counted, in the next one); a
-    round without its own count (a failed round's chief writes nothing) takes this round's
-    traffic over its steps if it had the same worker count, else its bytes are unknown
-    (null) and so are the totals."""
-    job, launched = launched["job"], launched["rounds"]
-    kept = previous.get("rounds") or [] if previous.get("elastic_job") == job else []
-    rounds = []
-    for index, record in enumerate(launched):
-        saw = kept[index] if index < len(kept) else {}
-        rounds.append({"round": index, "workers": record["workers"],
-                       "first_step": saw.get("first_step", record["from_step"]),
-                       "restarts_before": record["restarts"],
-                       "ended": record.get("ended") or saw.get("ended"),
-                       "traffic": saw.get("traffic"),
-                       "traffic_from": saw.get("traffic_from")})
-    this = rounds[-1]
-    this.update(first_step=start_step, ended=ended)
-    for one, following in zip(rounds, rounds[1:]):
-        one["last_step"] = following["first_step"]
-    this["last_step"] = final_step
-    for one in rounds:
-        one["steps"] = one["last_step"] - one["first_step"]
-    if traffic_of is not None:
-        this.update(traffic=traffic_of(start_step, final_step), traffic_from="this round")
-        for one in rounds[:-1]:
-            if one["traffic"] is None and one["workers"] == this["workers"]:
-                one.update(traffic=traffic_of(one["first_step"], one["last_step"]),
-                           traffic_from=f"round {this['round']} (the same worker count)")
-    unknown = [one["round"] for one in rounds if one["traffic"] is None]
-    steps = sum(one["steps"] for one in rounds)
-    totals = ({kind: _summed([one["traffic"][kind] for one in rounds])
-               for kind in ("bytes", "messages")} if not unknown else None)
-    per_step = ({kind: {device: {way: count / steps for way, count in ways.items()}
-                        for device, ways in total.items()}
-                 for kind, total in totals.items()} if totals and steps else None)
-    return {"elastic_job": job, "rounds": rounds,
-            "rounds_total": {"rounds": len(rounds), "steps": steps,
-                             "restarts": this["restarts_before"], "traffic": totals,
-                             "traffic_unknown_rounds": unknown},
-            "start_step": rounds[0]["first_step"],
-            "traffic_bytes_per_step": per_step["bytes"] if per_step else None,
-            "traffic_messages_per_step": per_step["messages"] if per_step else None}
-
-
-def _summed(per_device: list[dict]) -> dict:
-    """{device: {"sent", "received"}} added up over the dicts (a device absent: 0)."""
-    total: dict = {}
-    for counts in per_device:
-        for device, ways in counts.items():
-            mine = total.setdefault(device, {"sent": 0, "received": 0})
-            for way, count in ways.items():
-                mine[way] += count
-    return total
 
 
 def write_summary(config: Config, summary_path: str, summary: dict, save_rescue) -> None:
@@ -283,7 +173,7 @@ def finished(config: Config, trainer: Trainer, step: int, summary_path: str,
 
 def stopped(config: Config, result: controller.FitResult, stop: preemption.StopOnSignal,
             summary_path: str, checkpointer: checkpoint.Checkpointer | None, save_rescue,
-            chief: bool) -> dict:
+            chief: bool, trainer: Trainer) -> dict:
     """The end of a run stopped by a signal: no final eval or export (the resumed run does
     them); summary.json says where it stopped; one log line (at DEBUG when an outer
     StopOnSignal owns the signals and reports the stop itself: a sweep's)."""
@@ -296,10 +186,9 @@ def stopped(config: Config, result: controller.FitResult, stop: preemption.StopO
                "examples_per_sec": result.examples_per_sec,
                "median_step_time": result.median_step_time,
                "preempted": {"signal": name, "step": result.final_step}}
-    launched = launched_rounds()
-    if launched is not None and chief:  # the rounds so far; no traffic (no trainer here)
-        summary.update(elastic_rounds(launched, previous_summary(config), result.start_step,
-                                      result.final_step, f"stopped by {name}", None))
+    if chief:  # an elastic round stopped to take a slot back: every round so far
+        summary.update(elastic_summary.keys_at_end(config, trainer, result.start_step,
+                                                   result.final_step, f"stopped by {name}"))
     level = logging.DEBUG if stop.nested else logging.WARNING
     if chief:
         write_summary(config, summary_path, summary, save_rescue)
