@@ -9,7 +9,8 @@
     --evals=K              evaluations over the budget (default 20)
     --target=METRIC>=V     time to target is recorded (steps, bytes, modelled seconds);
                            METRIC<=V for a metric to bring down (loss<=2.0,
-                           perplexity<=30: a language model's eval metrics);
+                           perplexity<=30: a language model's eval metrics); a metric
+                           a cell does not report is refused (plan.eval_metrics);
                            --stop_at_target ends a cell there
     --tune=KEY=V1,V2,...   per variant, a tuning grid run first on --tune_seeds=N seeds
                            (1000, 1001, ...), the final --seeds then at the best point
@@ -30,9 +31,11 @@ checkpoint (runner.py). SIGINT (Ctrl-C) or SIGTERM stops the running cells at th
 loop boundary with a checkpoint, stops every worker process, prints one line and exits
 with 128 + the signal number (130, 143); a second signal stops them at once, leaving their
 last checkpoints (processes.py). Bad settings (a flag's value, a --vary or --set item, a
-cell's Config) end the process with exit code 2 and one line on stderr, before any folder
-is made or any cell built. The workers' TensorFlow start-up lines are kept off stderr as
-`mgloop.train`'s are (quiet_start.py).
+cell's Config, a --target metric a cell does not report) end the process with exit code 2
+and one line on stderr, before any folder is made or any cell built. So does a variant's
+tuning grid none of whose points has a score (tune.py), once its tuning cells have run:
+its final seeds are not run at a point chosen without a value. The workers' TensorFlow
+start-up lines are kept off stderr as `mgloop.train`'s are (quiet_start.py).
 """
 
 from __future__ import annotations

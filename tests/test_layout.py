@@ -40,7 +40,9 @@ MAY_IMPORT = {
                    "runs.callbacks", "runs.preemption", "runs.quiet_start"},
 }
 LAZY = {"runs.sweep": {"runs.checkpoint_files", "runs.failures", "runs.run_dir",
-                       "observe.summaries", "cluster.devices", "data", "aggregation"}}
+                       "observe.summaries", "cluster.devices", "data", "aggregation",
+                       # the eval metrics a cell reports: its default loss and metrics
+                       "runs.experiment", "training.metrics", "training.perplexity"}}
 
 
 def _package(dotted: str) -> str:

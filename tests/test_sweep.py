@@ -161,6 +161,86 @@ def test_a_bad_cell_is_refused_before_any_cell_runs(tmp_path):
         unbounded.config(unbounded.cells()[0])
 
 
+def test_a_target_metric_a_cell_does_not_report_is_refused_before_any_folder(tmp_path):
+    """A --target metric that is a typo, or that the cell's model does not report (a
+    classifier has no perplexity), is refused in one line naming the cell and the metrics
+    it reports, before any cell runs or any folder is made: through the plan (runner.run)
+    and the command line (`python -m mgloop.sweep`, exit 2); a language model's perplexity
+    is taken."""
+    digits = ("model=mlp", "dataset=digits", "devices=cpu:2", "train_steps=2")
+    for target, sets in (("perplxity<=30", _plan(tmp_path).set), ("perplexity<=30", digits)):
+        plan = _plan(tmp_path, vary=("learning_rate=0.001,0.003",), set=sets,
+                     target=plan_lib.parse_target(target))
+        dataset = "digits" if sets is digits else "synthetic"
+        with pytest.raises(ConfigError, match=(
+                rf"^cell learning_rate=0.001 seed=0: --target={target}: --model=mlp on "
+                rf"--dataset={dataset} reports no eval {target[:-4]}; give METRIC>=V or "
+                r"METRIC<=V of one it reports: loss, accuracy$")):
+            runner.run(plan)
+        assert not os.path.exists(plan.output_dir)
+    lm = _plan(tmp_path, vary=(), target=plan_lib.parse_target("perplexity<=30"),
+               set=("model=transformer_lm", "dataset=python_text", "sequence_length=8",
+                    "lm_layers=1", "lm_width=8", "lm_heads=1", "devices=cpu:1",
+                    "train_steps=2"))
+    assert lm.config(lm.cells()[0]).model == "transformer_lm"
+    assert plan_lib.eval_metrics(lm.config(lm.cells()[0])) == ("loss", "accuracy",
+                                                               "perplexity")
+
+    from tests import test_refusals  # its helper: sweep rows in one process, one TF start
+    rows = [[f"--output_dir={tmp_path / name}", "--seeds=1", "--vary=learning_rate=0.001,0.003",
+             f"--target={target}", *[f"--set={item}" for item in digits]]
+            for name, target in (("typo", "perplxity<=30"), ("classifier", "perplexity<=30"))]
+    done = subprocess.run([sys.executable, "-m", "tests.test_refusals", json.dumps(rows)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for (code, stderr), metric in zip(results, ("perplxity", "perplexity")):
+        assert code == 2, stderr[-2000:]
+        assert test_refusals.error_line(stderr, "sweep") == (
+            f"cell learning_rate=0.001 seed=0: --target={metric}<=30: --model=mlp on "
+            f"--dataset=digits reports no eval {metric}; give METRIC>=V or METRIC<=V of one "
+            "it reports: loss, accuracy")
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "classifier").exists()
+
+
+def test_the_eval_metrics_a_cell_reports_are_its_trainers(tmp_path):
+    """plan.eval_metrics (what --target is checked against) names the metrics a built
+    Trainer of the cell's Config evaluates: a classifier's and a language model's; a cell
+    of a dataset without eval data is refused."""
+    from mgloop import data
+    from mgloop.runs import config as config_lib
+    from mgloop.runs import prepare
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("the quick brown fox jumps over the dog; " * 20)
+    for settings, reported in (
+            (dict(model="mlp", dataset="synthetic"), ("loss", "accuracy")),
+            (dict(model="transformer_lm", dataset="text", data_dir=str(tmp_path / "text"),
+                  sequence_length=8, lm_layers=1, lm_width=8, lm_heads=1),
+             ("loss", "accuracy", "perplexity"))):
+        config = config_lib.Config(devices="cpu:1", train_steps=2, global_batch_size=8,
+                                   logdir=str(tmp_path / "run"), **settings)
+        dataset = data.load(config.dataset, 0, config.data_dir,
+                            data.sequence_length_of(config.data))
+        trainer = prepare.trainer_for(config, dataset)  # validates it
+        assert plan_lib.eval_metrics(config) == reported
+        assert reported == ("loss", *[m.name for m in trainer.metrics])
+    # a --plugin dataset registered without eval data: its cells report nothing to compare
+    data.register("sweep_test_stream_without_eval", _no_stream, num_classes=3)
+    plan = _plan(tmp_path, vary=(), target=None, set=(
+        "dataset=sweep_test_stream_without_eval", f"data_dir={tmp_path}", "devices=cpu:1",
+        "train_steps=2"))
+    with pytest.raises(ConfigError, match="^cell default seed=0: --dataset=sweep_test_stream_"
+                                          "without_eval has no eval data, so the cell reports "
+                                          "no eval metric to compare; register the dataset "
+                                          "with eval="):
+        plan.config(plan.cells()[0])
+
+
+def _no_stream(data_dir, input_context):
+    return None  # never read: the plan is refused before
+
+
 def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     """4 cells in this process; no Trainer outlives its cell; TensorBoard shows each cell
     as an HParams session (a real server); a re-run skips the finished cells, takes a cell

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from mgloop.errors import ConfigError
 from mgloop.runs.sweep import grid
 from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import record
@@ -88,7 +89,46 @@ def test_the_score_is_the_mean_final_metric_and_the_best_point_is_chosen():
     assert [row["score"] for row in higher["tried"]] == [(0.6 + 0.7) / 2, (0.8 + 0.6) / 2, None]
     assert higher["chosen"] == {"learning_rate": "0.1"}
     nothing = tune.summarise([(a, [_rec(1.0, diverged=True)]), (b, [])], None, (1000,))
-    assert nothing["chosen"] == {"learning_rate": "0.01"}
+    assert nothing["chosen"] is None  # no point has a score: none is chosen
+
+
+def test_the_tuning_never_chooses_a_point_without_a_value(tmp_path):
+    """The choice is among the points with a value of the metric: a point whose seed
+    reported none (a metric absent from its evals) or diverged is never chosen over one
+    with a value, whatever its place in the grid; when no point has one, nothing is
+    chosen, the tuning table marks none, and the variant's final seeds are refused in one
+    line (the runner runs none of them)."""
+    a, b = ((("learning_rate", v),) for v in ("0.001", "0.003"))
+    absent = [{"seed": 1000, "curve": [{"step": 4, "eval/loss": 0.5, "eval/accuracy": 0.9}]}]
+    valued = [{"seed": 1000, "curve": [{"step": 4, "eval/loss": 4.3, "eval/perplexity": 77.4}]}]
+    for tried, target, chosen in (([(a, absent), (b, valued)], "perplexity<=30", dict(b)),
+                                  ([(a, valued), (b, absent)], "perplexity<=30", dict(a)),
+                                  ([(a, [_rec(0.1, diverged=True)]), (b, [_rec(9.0)])], None,
+                                   dict(b)),
+                                  ([(a, absent), (b, absent)], "perplexity<=30", None)):
+        assert tune.summarise(tried, target, (1000,))["chosen"] == chosen
+
+    plan = plan_lib.Plan(vary=("optimizer=adam",), set=(
+        "model=mlp", "dataset=synthetic", "devices=cpu:1", "global_batch_size=8",
+        "train_steps=2", "checkpoint_every=0"), seeds=(0,), output_dir=str(tmp_path / "sweep"),
+        evals=1, tune=("learning_rate=0.001,0.003",))
+    for index, cell in enumerate(plan.tuning_cells()):  # every tuning cell diverged
+        record.write(plan.result_path(cell), {
+            "variant": cell.variant.name, "seed": cell.seed, "phase": "tuning", "axes": [],
+            "tuned": dict(cell.point), "tune_index": index, "target": None, "diverged": "nan",
+            "curve": [{"step": 2, "eval/loss": float("nan")}]})
+    variant = plan.variants()[0]
+    says = (r"^--tune: no point of variant optimizer=adam's tuning grid has a final eval/loss "
+            r"on every tuning seed \[1000\] .* give --tune values that train")
+    with pytest.raises(ConfigError, match=says):
+        tune.chosen_point(plan, variant)
+    with pytest.raises(ConfigError, match=says):
+        runner.run(plan)
+    assert not [p for p in plan.cells() if os.path.exists(plan.result_path(p))]
+    assert not os.path.exists(plan.logdir(plan.cells()[0]))  # no final seed ran
+    table = tuning_report.section(plan.output_dir, [variant.name])
+    assert not [line for line in table if "**chosen**" in line]
+    assert "none chosen: no point has a score" in table[-3]
 
 
 TEXT = "the quick brown fox jumps over the lazy dog; " * 40

@@ -100,6 +100,19 @@ def _source(name: str) -> _Source:
     return _SOURCES[name]
 
 
+def streamed(name: str) -> bool:
+    """A registered (--plugin) dataset, read as a tf.data stream of unknown shapes until it
+    is read; every built-in one is held in memory."""
+    return _source(name).train is not None
+
+
+def has_eval_data(name: str) -> bool:
+    """False only for a registered dataset given no eval= (its runs evaluate nothing); a
+    built-in one always has eval examples (an empty eval split is refused when loaded)."""
+    source = _source(name)
+    return source.train is None or source.eval is not None
+
+
 def file_datasets() -> list[str]:
     return sorted(name for name, source in _SOURCES.items() if source.check_files)
 

@@ -15,9 +15,11 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
 May import: ground modules, observe/ (stats, plots, link_model, link_report) and runs/
 (config, callbacks, preemption, quiet_start), none of which loads TensorFlow; and only
 inside the functions that need them: runs/ (checkpoint_files, failures, run_dir and
-`mgloop.run`: a cell's run), observe/ (summaries: its record written), cluster/ (devices:
-the logical CPUs of a process), data/ (a dataset's size: --epochs) and aggregation/ (a
-method's options: --tune). So no module here loads TensorFlow when imported (the cells'
+`mgloop.run`: a cell's run; experiment: its default loss), training/ (the default
+metrics: the eval metrics a cell reports, plan.eval_metrics), observe/ (summaries: its
+record written), cluster/ (devices: the logical CPUs of a process), data/ (a dataset's
+size: --epochs; whether it has eval data and sequences) and aggregation/ (a method's
+options: --tune). So no module here loads TensorFlow when imported (the cells'
 runs and their Configs' checks do; a worker process loads it quietly first), and a plan
 unpickles in a fresh worker before TensorFlow loads.
 The CLI is `python -m mgloop.sweep` (mgloop/sweep.py).

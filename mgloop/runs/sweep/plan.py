@@ -8,10 +8,14 @@
                cell's dataset, B its global batch), or --set=train_steps=S
     evals      --evals=K evaluations spread over the budget (eval_every = ceil(steps / K));
                the last step is a multiple of eval_every, so the final eval is on the curve
-    target     --target=METRIC>=VALUE or METRIC<=VALUE (an eval metric: accuracy, loss,
-               perplexity, ...): the first eval at which it holds is the cell's time to
-               target, in steps, bytes and modelled seconds (record.py); with
-               --stop_at_target the cell stops there (its curve ends there too)
+    target     --target=METRIC>=VALUE or METRIC<=VALUE (an eval metric the cell reports,
+               `eval_metrics`: loss, accuracy, and perplexity for a language model): the
+               first eval at which it holds is the cell's time to target, in steps, bytes
+               and modelled seconds (record.py); with --stop_at_target the cell stops there
+               (its curve ends there too). A metric some cell does not report (a typo, or
+               perplexity of a classifier) is refused with the cell's Config, as is a cell
+               that evaluates nothing (a --plugin dataset registered without eval data):
+               the sweep compares eval metrics
     tuning     --tune=KEY=V1,V2,... and --tune_seeds=N (tune.py): each variant's tuning
                grid on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
                variant and point>, record results/tuning/<variant>/<point>/seed=<s>.json),
@@ -201,9 +205,48 @@ class Plan:
             steps = every * math.ceil(steps / every)  # the last step evaluates
             final = Config(**{**settings, "train_steps": steps, "eval_every": every})
             final.validated(on_disk=False)  # no folder made; mgloop.run validates it again
+            self._check_metrics(final)
             return final
         except ConfigError as error:
             raise ConfigError(f"cell {cell.name}: {error}") from None
+
+    def _check_metrics(self, config) -> None:
+        """The cell reports eval metrics, and the --target's among them (ConfigError)."""
+        from mgloop.errors import ConfigError
+        reported = eval_metrics(config)
+        if not reported:
+            raise ConfigError(f"--dataset={config.dataset} has no eval data, so the cell "
+                              "reports no eval metric to compare; register the dataset with "
+                              "eval= (docs/plugins.md)")
+        if self.target is not None and self.target.metric not in reported:
+            raise ConfigError(f"--target={self.target}: --model={config.model} on --dataset="
+                              f"{config.dataset} reports no eval {self.target.metric}; give "
+                              f"METRIC>=V or METRIC<=V of one it reports: {', '.join(reported)}")
+
+
+def eval_metrics(config) -> tuple[str, ...]:
+    """The eval metrics a cell's run reports (`eval/NAME` in its history and record). A
+    cell is `mgloop.run(config)`: --model with mgloop's default loss and metrics
+    (training_spec.resolve), so
+
+        loss        always
+        accuracy    the default cross-entropy defines one (metrics.default_metrics)
+        perplexity  where --dataset gives sequences of tokens: the labels are next tokens,
+                    so the model that trains on them outputs a sequence of token logits
+                    (perplexity.for_sequences; a --plugin dataset's shapes are not known
+                    before it is read, so it may report one too)
+
+    and none where --dataset has no eval data (a --plugin dataset registered without eval)."""
+    from mgloop import data
+    from mgloop.runs import experiment
+    from mgloop.training import metrics as metrics_lib
+    from mgloop.training import perplexity
+    if not data.has_eval_data(config.dataset):
+        return ()
+    names = ["loss"] + [m.name for m in metrics_lib.default_metrics(experiment.default_loss())]
+    if data.streamed(config.dataset) or data.sequence_length_of(config.data) is not None:
+        names.append(perplexity.Perplexity.name)
+    return tuple(names)
 
 
 @functools.cache

@@ -27,8 +27,12 @@ Score of a point: the mean over its tuning seeds of the metric at each cell's la
                                        is better, `>=` higher), else the eval loss, lowest
 
 A point one of whose seeds diverged (NaN or infinite loss) or has no such metric has no
-score, and is chosen only if no point has one (then the first). Tuning cells run their
-whole budget even with --stop_at_target, so their final metrics compare at equal steps.
+score, and is never chosen: the choice is among the points with a score. When no point of
+a variant's grid has one, nothing is chosen (`chosen` None) and the variant's final seeds
+are refused in one line (`chosen_point`), never run at a point picked without a value
+(the sweep refuses, before anything runs, a --target metric that a cell does not report:
+plan.eval_metrics). Tuning cells run their whole budget even with --stop_at_target, so
+their final metrics compare at equal steps.
 """
 
 from __future__ import annotations
@@ -185,7 +189,8 @@ def final_value(record: dict, metric: str):
 def summarise(tried: list[tuple[tuple, list[dict]]], target_text: str | None,
               seeds) -> dict:
     """From [(point, its tuning records)] in grid order: what was tried, each point's
-    score (module docstring) and the chosen point, as a record and the report hold it."""
+    score (module docstring) and the chosen point, as a record and the report hold it:
+    the best among the points with a score, None when none has one."""
     from mgloop.observe import stats
     metric, lower = direction(target_text)
     rows = []
@@ -196,11 +201,12 @@ def summarise(tried: list[tuple[tuple, list[dict]]], target_text: str | None,
         rows.append({"values": dict(point), "scores": values,
                      "score": stats.mean_sd(finite)[0] if complete else None})
     scored = [i for i, row in enumerate(rows) if row["score"] is not None]
-    best = 0
+    chosen = None
     if scored:
         best = min(scored, key=lambda i: (rows[i]["score"] if lower else -rows[i]["score"], i))
+        chosen = rows[best]["values"]
     return {"metric": metric, "lower_is_better": lower, "seeds": list(seeds), "tried": rows,
-            "chosen": rows[best]["values"] if rows else {}}
+            "chosen": chosen}
 
 
 def summary_for(plan, variant) -> dict | None:
@@ -218,8 +224,17 @@ def summary_for(plan, variant) -> dict | None:
 
 
 def chosen_point(plan, variant) -> tuple:
-    """The point the variant's final seeds run at (() with nothing to tune)."""
+    """The point the variant's final seeds run at (() with nothing to tune); ConfigError
+    (one line) when no point of its grid has a score."""
     summary = summary_for(plan, variant)
     if summary is None:
         return ()
+    if summary["chosen"] is None:
+        from mgloop.errors import ConfigError
+        raise ConfigError(
+            f"--tune: no point of variant {variant.name}'s tuning grid has a final "
+            f"{summary['metric']} on every tuning seed {summary['seeds']} (each point has a "
+            "seed that diverged or reported none), so none can be chosen and its final "
+            "seeds are not run; give --tune values that train (--report_only: the tuning "
+            "table)")
     return tuple(summary["chosen"].items())

@@ -4,7 +4,8 @@ Per variant, one row per point of its tuning grid (in grid order: the records'
 `tune_index`): the values tried ("—" for a key the variant does not tune), each tuning
 seed's final metric, the point's score (their mean, tune.summarise) and which point was
 chosen: the same function and records the runner chose with, so the section says what
-the final seeds ran at.
+the final seeds ran at. A point without a score is never chosen; a variant none of whose
+points has one has no chosen point (its final seeds were refused) and says so.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ def section(output_dir: str, order: list[str]) -> list[str]:
     lines = ["## Tuning", "",
              f"Each variant's tuning grid ran first ({len(records)} tuning cells) on the "
              f"tuning seeds {first['seeds']} (the final seeds are others); a point's score "
-             f"is the final eval {metric} averaged over them, {best} chosen (ties to the first; a point with a diverged seed is not "
-             "chosen); each variant's final seeds ran at its chosen values.", "",
+             f"is the final eval {metric} averaged over them, {best} chosen (ties to the "
+             "first); a point with a seed that diverged or reported no "
+             f"{metric} has no score and is never chosen; each variant's final seeds ran at "
+             "its chosen values.", "",
              "| variant | " + " | ".join(f"`{k}`" for k in keys)
              + f" | {metric} per tuning seed | score | |",
              "|" + "---|" * (len(keys) + 4)]
@@ -66,10 +69,13 @@ def section(output_dir: str, order: list[str]) -> list[str]:
             values = [row["values"].get(k, "—") for k in keys]
             per_seed = ", ".join("—" if v is None else f"{v:.4g}" for v in row["scores"])
             score = "—" if row["score"] is None else stats.text([row["score"]])
-            mark = "**chosen**" if row["values"] == summary["chosen"] else ""
+            mark = ("**chosen**" if row["values"] == summary["chosen"] else
+                    "none chosen: no point has a score" if summary["chosen"] is None
+                    and row is summary["tried"][0] else "")
             lines.append(f"| `{name}` | " + " | ".join(values)
                          + f" | {per_seed or '—'} | {score} | {mark} |")
-    untuned = [name for name, s in found.items() if set(s["chosen"]) != set(keys)]
+    untuned = [name for name, s in found.items()
+               if any(set(row["values"]) != set(keys) for row in s["tried"])]
     if untuned:
         lines += ["", "A key marked — is not an option of that variant's method: it is not "
                   "tuned there."]
