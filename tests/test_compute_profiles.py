@@ -108,7 +108,11 @@ def test_the_modelled_compute_is_flops_times_examples_over_peak_times_efficiency
     (dict(devices="cpu:2", nodes=2, aggregation="ring", node_speeds="1,0"),
      "every speed must be > 0"),
     (dict(devices="cpu:2", nodes=2, aggregation="ring", node_speeds="1,x"),
-     "speed 'x' is not a number"),
+     "speed 'x' is not a number (e.g. --node_speeds=1,1,0.5,1: node 2 at half speed"),
+    (dict(node_speeds=""), "--node_speeds is set but empty; give one speed factor per node "
+                           "(e.g. --node_speeds=1,1,0.5,1: node 2 at half speed"),
+    (dict(devices="cpu:2", nodes=2, aggregation="ring", node_speeds="1,"),
+     "speed '' is not a number (e.g. --node_speeds=1,1,0.5,1"),
 ])
 def test_bad_settings_are_refused_in_one_line_before_anything_is_built(logdir, overrides,
                                                                       message):
@@ -116,6 +120,8 @@ def test_bad_settings_are_refused_in_one_line_before_anything_is_built(logdir, o
         helpers.small_config(logdir, **overrides).validated(on_disk=False)
     assert "\n" not in str(refused.value) and ("--compute" in str(refused.value)
                                                or "--node_speeds" in str(refused.value))
+    if "node_speeds" in overrides:  # its own flag named, never --compute's
+        assert "--compute" not in str(refused.value)
     assert not os.path.exists(logdir)
 
 

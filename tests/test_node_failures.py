@@ -192,6 +192,9 @@ REFUSALS = [
     (dict(nodes=4, aggregation="ring", node_failures="2@1-3,2@2-4"), "overlap"),
     (dict(nodes=4, aggregation="ring", node_failures="2@1,2@3-4"), "overlap"),
     (dict(nodes=4, aggregation="ring", node_failures="2:1-3"), "is not n@a-b or n@a"),
+    (dict(nodes=4, aggregation="ring", node_failures=""),  # not "no failures": left out is
+     "--node_failures is set but empty; give n@a-b or n@a items"),
+    (dict(node_failures=" "), "or leave --node_failures out for no failures"),
     (dict(nodes=1, aggregation="ring", node_failures="1@1"), "needs simulated nodes"),
     (dict(nodes=4, method_at="towers", aggregation="ring", node_failures="1@1"),
      "needs simulated nodes"),

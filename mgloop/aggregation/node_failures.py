@@ -239,8 +239,11 @@ def check_schedule(options, train_steps: int, context) -> Schedule | None:
     refused in one line where it does not apply on the run of `context` (settings.Context);
     with its DeviceRequest, the method is checked on every live set too."""
     spec = options.node_failures
-    if not spec:
+    if spec is None:
         return None
+    if not spec.strip():  # the flag's default is None (not set); an empty value is a slip
+        raise ConfigError(f"--node_failures is set but empty; give n@a-b or n@a items, e.g. "
+                          f"{EXAMPLE}, or leave --node_failures out for no failures")
     from mgloop import aggregation as registry  # the registry imports this module's users
     from mgloop.aggregation import between_nodes as node_level
     if context.num_workers > 1:

@@ -50,6 +50,7 @@ DEFAULT_EFFICIENCY = 0.4
 PEAK_FLOPS = {"a100": 312e12, "h100": 989e12, "v100": 125e12, "t4": 65e12, "cpu": 1e12}
 MEASURED, PROFILE, GIVEN = "measured", "profile", "given"
 _EXAMPLE = "e.g. --compute=a100:efficiency=0.4, --compute=seconds=0.05 or --compute=measured"
+_SPEEDS_EXAMPLE = "e.g. --node_speeds=1,1,0.5,1: node 2 at half speed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +67,11 @@ class ComputeSetting:
         return PEAK_FLOPS[self.profile]
 
 
-def _number(text: str, what: str, flag: str) -> float:
+def _number(text: str, what: str, flag: str, example: str = _EXAMPLE) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"--{flag}: {what} {text!r} is not a number ({_EXAMPLE})") from None
+        raise ConfigError(f"--{flag}: {what} {text!r} is not a number ({example})") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ConfigError(f"--{flag}: {what} {text!r} is not a finite number")
     return value
@@ -108,10 +109,14 @@ def parse(text: str) -> ComputeSetting:
 
 
 def parse_speeds(text: str | None, num_nodes: int) -> tuple[float, ...]:
-    """--node_speeds as one factor > 0 per node; () when not set."""
+    """--node_speeds as one factor > 0 per node; () when not set (None; an empty value is
+    refused: the flag's default is None)."""
     if text is None:
         return ()
-    speeds = tuple(_number(part.strip(), "speed", f"node_speeds={text}")
+    if not text.strip():
+        raise ConfigError(f"--node_speeds is set but empty; give one speed factor per node "
+                          f"({_SPEEDS_EXAMPLE}), or leave --node_speeds out for equal nodes")
+    speeds = tuple(_number(part.strip(), "speed", f"node_speeds={text}", _SPEEDS_EXAMPLE)
                    for part in text.split(","))
     if len(speeds) != num_nodes:
         raise ConfigError(f"--node_speeds={text} gives {len(speeds)} speeds for {num_nodes} "
