@@ -94,15 +94,34 @@ class Site:
     device: str
     shape: tf.TensorShape  # the variable's shape; the method works on x flattened
     dtype: tf.DType
-    shared_seed: tf.Tensor  # [2] int64: the same on every tower this step, for variable index
-    tower_seed: tf.Tensor  # [2] int64: this tower's own stream this step, for variable index
+    # () -> (shared_seed, tower_seed), made on the site's device at the first read of either
+    # (most methods draw nothing: a dozen ops per tower and variable not traced)
+    seeds: object
     state: dict  # name -> this tower's tf.Variable of `extra_state` for this variable
     notes: dict = dataclasses.field(default_factory=dict)  # a method's scratch within a step
     agreed: object = None  # what `agree` gave this tower (e.g. a scale shared by the towers)
+    _seeds: tuple | None = dataclasses.field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return self.shape.num_elements()
+
+    @property
+    def shared_seed(self) -> tf.Tensor:
+        """[2] int64: the same on every tower this step, for variable `index`."""
+        return self._made_seeds()[0]
+
+    @property
+    def tower_seed(self) -> tf.Tensor:
+        """[2] int64: this tower's own stream this step, for variable `index`."""
+        return self._made_seeds()[1]
+
+    def _made_seeds(self) -> tuple:
+        graph = tf.compat.v1.get_default_graph()  # (a first read inside a branch's graph is
+        if self._seeds is None or self._seeds[0] is not graph:  # not reused outside it)
+            with tf.device(self.device):
+                self._seeds = (graph, self.seeds())
+        return self._seeds[1]
 
 
 class Compressed(Aggregation):
@@ -246,14 +265,15 @@ class Compressed(Aggregation):
             own.assign(tf.zeros_like(own))
 
     def site(self, tower: int, index: int, value: tf.Tensor) -> Site:
-        """Made on the tower's device (the seeds are computed there)."""
-        base = tf.stack([tf.constant(self.seed, tf.int64), self.steps[tower].read_value()])
-        shared = tf.random.experimental.stateless_fold_in(base, index)
-        return Site(tower, index, self.devices.towers[tower], value.shape, value.dtype,
-                    tf.random.experimental.stateless_fold_in(shared, 0),
+        """The seeds are computed on the tower's device, when first read."""
+        def seeds():
+            base = tf.stack([tf.constant(self.seed, tf.int64), self.steps[tower].read_value()])
+            shared = tf.random.experimental.stateless_fold_in(base, index)
+            return (tf.random.experimental.stateless_fold_in(shared, 0),
                     tf.random.experimental.stateless_fold_in(
-                        shared, _TOWER_DOMAIN + self.first_tower + tower),
-                    self.extra[tower][index])
+                        shared, _TOWER_DOMAIN + self.first_tower + tower))
+        return Site(tower, index, self.devices.towers[tower], value.shape, value.dtype,
+                    seeds, self.extra[tower][index])
 
     def wire_round(self, payload: tuple) -> tuple:
         """The payload as the receivers will see it: floats through --transport_dtype."""
@@ -306,10 +326,12 @@ class Compressed(Aggregation):
         encoded = [self.encode(tower_values, i) for i in range(len(variables))]
         per_var = []
         for e, totals in zip(encoded, self.exchange_encoded(encoded)):
-            outs = []
+            outs, scaled = [], {}  # towers of one device may share a total (transport.py)
             for device, total, site in zip(towers, totals, e.sites):
-                with tf.device(device):
-                    outs.append(tf.reshape(self.scale(total, average), site.shape))
+                if id(total) not in scaled:
+                    with tf.device(device):
+                        scaled[id(total)] = tf.reshape(self.scale(total, average), site.shape)
+                outs.append(scaled[id(total)])
             per_var.append(outs)
         for t, device in enumerate(towers):
             with tf.device(device):

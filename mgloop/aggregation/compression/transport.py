@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import bitpacking
 from mgloop.aggregation.ring import ring_all_reduce
+from mgloop.cluster.devices import canonical
 
 SUMMABLE = "summable"
 GATHER = "gather"
@@ -95,8 +96,10 @@ def gather_in_buckets(method, encoded: list, indices: list[int]) -> dict:
 
     sizes = [sum(on_wire(p).dtype.size * p.shape.num_elements() for p in encoded[i].wires[0])
              for i in indices]
+    # towers of one device (--towers_per_device) send nothing to each other: no buckets
+    one_device = method.peers is None and len({canonical(d) for d in towers}) == 1
     have = {}
-    for bucket in buckets_of(sizes, method.bucket_bytes):
+    for bucket in buckets_of(sizes, 0 if one_device else method.bucket_bytes):
         members = [indices[j] for j in bucket]
         if len(members) == 1:
             have[members[0]] = ring_all_gather(method, encoded[members[0]].wires, towers)
@@ -110,13 +113,17 @@ def gather_in_buckets(method, encoded: list, indices: list[int]) -> dict:
         got = ring_all_gather(method, fused, towers)
         for i in members:
             have[i] = [[None] * len(got[t]) for t in range(len(towers))]
-        for t, device in enumerate(towers):
+        split = {}  # a message received on a device is split once there (towers of one
+        for t, device in enumerate(towers):  # device hold the same messages)
             with tf.device(device):
                 for s, (raw,) in enumerate(got[t]):
-                    parts = iter(bitpacking.from_bytes(raw, likes))
-                    for i in members:
-                        have[i][t][s] = tuple(tf.cast(next(parts), p.dtype)
-                                              for p in encoded[i].wires[0])
+                    key = (canonical(device), id(raw))
+                    if key not in split:
+                        parts = iter(bitpacking.from_bytes(raw, likes))
+                        split[key] = [tuple(tf.cast(next(parts), p.dtype)
+                                            for p in encoded[i].wires[0]) for i in members]
+                    for i, wire in zip(members, split[key]):
+                        have[i][t][s] = wire
     return have
 
 
@@ -131,12 +138,30 @@ def gather_is_cheaper(method, payload: tuple, wire: tuple) -> bool:
             and method.num_towers * size(wire) < 2 * size(payload))
 
 
+def _shares_with(towers, have) -> list[int | None]:
+    """Per tower t: an earlier tower whose total t can take as it is (None: t forms its
+    own): one on the same device that received the very same tensors (towers of one
+    device, --towers_per_device, where `send` moves nothing). Its total is the same ops on
+    the same inputs, so the same bits; forming it once per device keeps the trace linear
+    in T (T towers forming T sums each is T^2 ops per variable)."""
+    first = {}
+    out = []
+    for t, device in enumerate(towers):
+        key = (canonical(device), tuple(id(part) for wire in have[t] for part in wire))
+        out.append(first.get(key))
+        first.setdefault(key, t)
+    return out
+
+
 def gathered_payload_sums(method, have, sites):
     """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order
     (have[t][s]: tower s's wire on tower t, `gather_in_buckets`)."""
     towers = list(method.devices.towers)
     totals = []
-    for t, device in enumerate(towers):
+    for t, (device, shared) in enumerate(zip(towers, _shares_with(towers, have))):
+        if shared is not None:
+            totals.append(totals[shared])
+            continue
         with tf.device(device):
             parts = [method.unpack(wire, sites[t]) for wire in have[t]]
             summed = tuple(tf.reduce_sum(tf.stack([p[j] for p in parts]), axis=0)
@@ -150,7 +175,10 @@ def gathered_sums(method, have, sent, sites):
     same values in the same order on every tower (replicas bit-identical)."""
     towers = list(method.devices.towers)
     totals = []
-    for t, device in enumerate(towers):
+    for t, (device, shared) in enumerate(zip(towers, _shares_with(towers, have))):
+        if shared is not None:  # (its own term is sent[t], the same bits as decompressing
+            totals.append(totals[shared])  # its wire: unpack(pack(p)) is p exactly)
+            continue
         with tf.device(device):
             if method.sparse_payload:  # (values, int32 indices): scattered in tower order
                 total = tf.zeros([sites[t].size], sites[t].dtype)
