@@ -13,16 +13,29 @@ with D = train_steps - warmup_steps. With warmup W > 0 the rate first rises
 linearly, lr(step) = LR * (step + 1) / W for step < W, then follows the
 schedule shifted by W. Weight decay is Keras's decoupled decay:
 v <- v - lr * weight_decay * v at every update.
+
+Which variables decay is copy 0's optimizer's decision, on copy 0's variables (the
+template's, named by their paths: "mlp/dense/bias:0"), by Keras's own rule
+(`exclude_from_weight_decay(var_list=..., var_names=...)`): every other copy's optimizer is
+told the same decision by identity, for its own corresponding variables
+(`build_optimizers`). Its variables are clones with other names ("replica_1/...") and
+identities, which a var_list or an anchored name pattern does not reach; decided on its
+own, copy 1 would decay what copy 0 does not, and the replicas would drift apart. Keras's
+own `fit` matches var_names against Keras 3's short names ("bias"); a pattern that decides
+a variable otherwise on its path is logged (a warning), as mgloop decides on the path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 
+from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
 from mgloop.training.options import OptimOptions
 from mgloop.training.variables import VariableCopy, backing
 
@@ -172,15 +185,77 @@ def fused_sgd(optimizer: keras.optimizers.Optimizer):
 
 def build_optimizers(copies: list[VariableCopy], optimizer_fn) -> None:
     """Creates each copy's optimizer (step counter on the copy's device, slots beside
-    their variables; Keras's SGD updating through `fused_sgd`) before tracing."""
+    their variables; Keras's SGD updating through `fused_sgd`) before tracing. Copy 0's
+    optimizer decides which variables decay (`decays`); every other copy's decays
+    exactly the corresponding ones (`decaying_like`: by identity, whatever the names)."""
+    decided = None
     for copy in copies:
         with tf.device(copy.device):
-            copy.optimizer = optimizer_fn()
+            optimizer = optimizer_fn()
+            if decided is None:  # copy 0: the template's variables, as the user named them
+                decided = decays(optimizer, copy.trainable)
+                _warn_if_names_decide_otherwise(optimizer, copy.trainable)
+            else:
+                decaying_like(optimizer, copy.trainable, decided)
+            copy.optimizer = optimizer
             fused = fused_sgd(copy.optimizer)
             if fused is not None:  # Keras's SGD: the same update in TensorFlow's kernels
                 copy.optimizer.update_step = fused
             colocate_with_variables(copy.optimizer)
             copy.optimizer.build(copy.trainable)
+
+
+def decays(optimizer: keras.optimizers.Optimizer, variables) -> list[bool]:
+    """Whether `optimizer` decays each of `variables`, by its own rule (Keras's
+    `_use_weight_decay`: False when the variable's id is among exclude_from_weight_decay's
+    var_list or a var_names pattern is found (re.search) in its name; Keras reads it only
+    when weight_decay is set)."""
+    return [bool(optimizer._use_weight_decay(v)) for v in variables]
+
+
+def _warn_if_names_decide_otherwise(optimizer, variables) -> None:
+    """Logs (a warning) the variables that a var_names pattern of `optimizer` decides
+    otherwise on their paths ("mlp/dense/bias:0": what mgloop's copy 0 holds) than on Keras
+    3's short names ("bias": what a Keras model's `fit` would match)."""
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    if (pattern is None or optimizer.weight_decay is None
+            or type(optimizer)._use_weight_decay
+            is not keras.optimizers.Optimizer._use_weight_decay):
+        return
+    listed = getattr(optimizer, "_exclude_from_weight_decay", None) or set()
+    otherwise = [v.name for v in variables if optimizer._var_key(v) not in listed
+                 and (re.search(pattern, v.name) is None)
+                 != (re.search(pattern, v.name.split(":")[0].rsplit("/", 1)[-1]) is None)]
+    if otherwise:
+        logging.warning(
+            "exclude_from_weight_decay(var_names=%r) is matched against the variables' paths; "
+            "it decides %d of them (%s) otherwise than on Keras's short names, which a "
+            "Keras model's fit matches", pattern.pattern, len(otherwise),
+            ", ".join(otherwise[:3]) + (", ..." if len(otherwise) > 3 else ""))
+
+
+def decaying_like(optimizer: keras.optimizers.Optimizer, variables, decided) -> None:
+    """Makes `optimizer` (not built) decay variables[i] exactly when decided[i], by identity
+    (`exclude_from_weight_decay(var_list=the others)`: its own var_list and var_names
+    replaced, so no name matters). Refuses (one line) an optimizer already built (a factory
+    returning one object for every copy) or one whose own `_use_weight_decay` still decides
+    otherwise (a rule of its own, not Keras's exclusions)."""
+    if getattr(optimizer, "built", False):
+        raise ConfigError(f"optimizer: the factory returned a {type(optimizer).__name__} "
+                          "already built (one object for every copy?); return a new "
+                          "optimizer from each call")
+    optimizer.exclude_from_weight_decay(
+        var_list=[v for v, decay in zip(variables, decided) if not decay])
+    if optimizer.weight_decay is None:
+        return
+    differs = [v.name for v, decay, now in zip(variables, decided, decays(optimizer, variables))
+               if decay != now]
+    if differs:
+        raise ConfigError(
+            f"optimizer: {type(optimizer).__name__}'s _use_weight_decay decides weight decay "
+            f"by its own rule, not Keras's exclusions, and decides {differs[0]} of a copy "
+            "unlike the template's variable; exclude variables with "
+            "exclude_from_weight_decay(var_list=..., var_names=...), or train on one device")
 
 
 def apply_updates(copies: list[VariableCopy], grads_per_copy: list[list[tf.Tensor]]) -> None:

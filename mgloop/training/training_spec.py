@@ -19,7 +19,12 @@ keras.optimizers.Optimizer object (its learning rate a float or a
 keras.optimizers.schedules.LearningRateSchedule), a Keras optimizer name, or a factory
 (no arguments, returns one): every variable copy gets its own optimizer, made from the
 object's config (`from_config(get_config())`) or by calling the factory, so the copies
-start from the same state and apply the same updates.
+start from the same state and apply the same updates. Keras's config leaves out an
+object's weight-decay exclusions (`exclude_from_weight_decay`), so they are carried to
+every optimizer made from it: its var_names patterns as they are, its var_list mapped to
+the template's variables (one that is not the template's is refused in one line, as is a
+factory's: no copy has it). Which variables decay is then copy 0's optimizer's decision,
+told to every other copy by identity (optim.build_optimizers).
 
 Compiled settings mgloop cannot honour (weighted_metrics) are refused in one line.
 """
@@ -152,14 +157,18 @@ def make_metrics(given, loss_fn, model: keras.Model) -> list:
     return made
 
 
-def optimizer_factory(optimizer) -> Callable[[], keras.optimizers.Optimizer]:
-    """A function making one fresh optimizer per variable copy (see the module docstring)."""
+def optimizer_factory(optimizer, model: keras.Model | None = None
+                      ) -> Callable[[], keras.optimizers.Optimizer]:
+    """A function making one fresh optimizer per variable copy (see the module docstring);
+    an object's weight-decay exclusions carried (`_exclusions`, against `model`'s
+    variables)."""
     if isinstance(optimizer, str):
         optimizer = keras.optimizers.get(optimizer)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer  # compile's auto_scale_loss: mgloop scales
     if isinstance(optimizer, keras.optimizers.Optimizer):
         kind = type(optimizer)
+        var_list, var_names = _exclusions(optimizer, model, "the optimizer object's")
         try:
             config = optimizer.get_config()
             schedule = getattr(optimizer, "_learning_rate", None)  # Keras keeps the object there
@@ -170,7 +179,13 @@ def optimizer_factory(optimizer) -> Callable[[], keras.optimizers.Optimizer]:
             raise ConfigError(f"optimizer: {kind.__name__} cannot be remade from its config "
                               f"({type(error).__name__}: {str(error).splitlines()[0][:120]}); "
                               "give a factory that returns a fresh optimizer") from None
-        return lambda: kind.from_config(dict(config))
+
+        def remake():
+            made = kind.from_config(dict(config))
+            if var_list or var_names:  # what get_config leaves out
+                made.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+            return made
+        return remake
 
     def make():
         made = optimizer()
@@ -180,6 +195,25 @@ def optimizer_factory(optimizer) -> Callable[[], keras.optimizers.Optimizer]:
                               "give a function that returns one")
         return made
     return make
+
+
+def _exclusions(optimizer: keras.optimizers.Optimizer, model: keras.Model | None,
+                whose: str) -> tuple[list, list[str] | None]:
+    """(var_list, var_names) of `optimizer`'s exclude_from_weight_decay: the template's
+    variables among its var_list (Keras keeps their ids only), its patterns as one. Refuses
+    (one line) a var_list variable that is not `model`'s: no copy has it, so it would
+    exclude nothing, silently."""
+    keys = set(getattr(optimizer, "_exclude_from_weight_decay", None) or ())
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    known = {optimizer._var_key(v): v for v in (model.variables if model is not None else ())}
+    foreign = keys - known.keys()
+    if foreign:
+        raise ConfigError(
+            f"optimizer: {whose} exclude_from_weight_decay(var_list=...) names {len(foreign)} "
+            "variable(s) that are not the template model's, which no copy has; exclude "
+            "them by name (var_names=...), or the template's own variables")
+    var_list = [v for key, v in known.items() if key in keys]
+    return var_list, ([pattern.pattern] if pattern is not None else None)
 
 
 def resolve(model: keras.Model, loss, metrics, optimizer, default_loss,
@@ -205,12 +239,14 @@ def resolve(model: keras.Model, loss, metrics, optimizer, default_loss,
         made = metrics_lib.default_metrics(loss_fn) + perplexity.for_sequences(loss_fn, model)
         sources["metrics"] = "default"
     if optimizer is not None:
-        optimizer_fn, sources["optimizer"] = optimizer_factory(optimizer), "run"
+        optimizer_fn, sources["optimizer"] = optimizer_factory(optimizer, model), "run"
     elif compiled.get("optimizer") is not None:
-        optimizer_fn = optimizer_factory(compiled["optimizer"])
+        optimizer_fn = optimizer_factory(compiled["optimizer"], model)
         sources["optimizer"] = "compiled model"
     else:
         optimizer_fn, sources["optimizer"] = default_optimizer_fn, "default (flags)"
+    if sources["optimizer"] != "default (flags)":  # a factory's var_list: before any copy
+        _exclusions(optimizer_fn(), model, "the optimizer's")
     logging.info("training with loss %r (%s), metrics %s (%s), optimizer from %s", loss_fn,
                  sources["loss"], [m.name for m in made], sources["metrics"],
                  sources["optimizer"])
