@@ -26,7 +26,7 @@ v <- v - lr wd v unless the variable is excluded (`exclude_from_weight_decay(var
 var_names=...)`: its id among var_list's, or a var_names pattern found in its name). A
 piece is a new variable (`owned_{c}_{i}`) that neither list names, so each piece's
 optimizer is told by identity alone what copy 0's whole optimizer decides for the piece's
-whole variable (`decays`, `excluding`): piece p of variable i is excluded exactly when
+whole variable (optim.decays, optim.build_optimizers): piece p of variable i is excluded exactly when
 variable i is, whatever the pieces' names and however a chunk mixes variables. An
 optimizer instance with a method replaced (its own `_use_weight_decay`, `update_step`,
 ...) may key on names no piece has, and is refused (`check_optimizer`).
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 
 import keras
 import tensorflow as tf
@@ -66,7 +65,7 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
     ratio), factored or matrix state (Adafactor, Muon), or a class it does not know; or
     one with a method replaced on the instance, which may key on a variable's name or
     identity where the pieces' own differ (the class's weight-decay exclusion is mapped
-    onto the pieces: `decays`)."""
+    onto the pieces: optim.decays)."""
     name = type(optimizer).__name__
     if type(optimizer) not in ELEMENT_WISE:
         raise ConfigError(
@@ -91,23 +90,6 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer) -> None:
             "instance) may read a variable's name or identity, which a copy's piece of the "
             f"variable does not share; use {name}'s own methods (exclusions through "
             "exclude_from_weight_decay), or leave out --shard_update")
-
-
-def decays(optimizer_fn, variables) -> list[bool]:
-    """Whether an optimizer from `optimizer_fn` decays each of `variables` (copy 0's whole
-    variables), by Keras's own rule (`_use_weight_decay`: False when the variable's id is
-    among exclude_from_weight_decay's var_list or a var_names pattern is found in its
-    name; Keras reads it only when weight_decay is set)."""
-    template = optimizer_fn()
-    return [template._use_weight_decay(v) for v in variables]
-
-
-def excluding(optimizer_fn, pieces) -> keras.optimizers.Optimizer:
-    """An optimizer from `optimizer_fn` that decays every variable but `pieces` (by
-    identity; its own var_list and var_names replaced, so no piece's name matters)."""
-    optimizer = optimizer_fn()
-    optimizer.exclude_from_weight_decay(var_list=pieces)
-    return optimizer
 
 
 def check_hooks(hooks) -> None:
@@ -200,11 +182,10 @@ class ShardedUpdate:
         self.shards = [VariableCopy(copy.device, [v for segment in owned for v in segment], [])
                        for copy, owned in zip(copies, self.owned)]
         # each piece decays exactly when copy 0's whole optimizer decays its variable
-        decayed = decays(optimizer_fn, copies[0].trainable)
-        for c, shard in enumerate(self.shards):
-            excluded = [v for v, p in zip(shard.trainable, self.layout.pieces_of(c))
-                        if not decayed[p.variable]]
-            optim.build_optimizers([shard], functools.partial(excluding, optimizer_fn, excluded))
+        decayed = optim.decays(optimizer_fn(), copies[0].trainable)
+        optim.build_optimizers(self.shards, optimizer_fn, [
+            [decayed[p.variable] for p in self.layout.pieces_of(c)]
+            for c in range(len(self.shards))])
         self.whole_state = WholeState(optimizer_fn, copies[0].trainable, method.devices.host)
         for copy, shard in zip(copies, self.shards):
             _check_slots(shard)

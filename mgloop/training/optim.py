@@ -183,20 +183,23 @@ def fused_sgd(optimizer: keras.optimizers.Optimizer):
     return update_step
 
 
-def build_optimizers(copies: list[VariableCopy], optimizer_fn) -> None:
+def build_optimizers(copies: list[VariableCopy], optimizer_fn, decided=None) -> None:
     """Creates each copy's optimizer (step counter on the copy's device, slots beside
     their variables; Keras's SGD updating through `fused_sgd`) before tracing. Copy 0's
     optimizer decides which variables decay (`decays`); every other copy's decays
-    exactly the corresponding ones (`decaying_like`: by identity, whatever the names)."""
-    decided = None
-    for copy in copies:
+    exactly the corresponding ones (`decaying_like`: by identity, whatever the names).
+    `decided[c][i]`, if given: whether copy c's optimizer decays its variable i (the
+    sharded update's pieces, each decided as copy 0 decides its whole variable)."""
+    for c, copy in enumerate(copies):
         with tf.device(copy.device):
             optimizer = optimizer_fn()
-            if decided is None:  # copy 0: the template's variables, as the user named them
-                decided = decays(optimizer, copy.trainable)
+            if decided is not None:
+                decaying_like(optimizer, copy.trainable, decided[c])
+            elif c == 0:  # copy 0: the template's variables, as the user named them
+                decided_0 = decays(optimizer, copy.trainable)
                 _warn_if_names_decide_otherwise(optimizer, copy.trainable)
             else:
-                decaying_like(optimizer, copy.trainable, decided)
+                decaying_like(optimizer, copy.trainable, decided_0)
             copy.optimizer = optimizer
             fused = fused_sgd(copy.optimizer)
             if fused is not None:  # Keras's SGD: the same update in TensorFlow's kernels
