@@ -210,6 +210,24 @@ class Aggregation(abc.ABC):
         """On a node joining a resumed run with node 0's state (runs/node_checkpoint.py):
         resets node 0's own memory (error feedback), not to count it twice. Default: none."""
 
+    # ---- the model the method produces: evaluated, exported, returned (runs/inference.py) ----
+    def global_model(self, copies) -> list[tf.Tensor]:
+        """The trainable values of the model this method produces, from `copies` (the copies
+        it holds, copy 0 first; a wrapper hands its inner method the ones that method holds),
+        read without changing any: what evaluation, prediction, the export and
+        `RunResult.model` use (runs/inference.py builds it into an evaluation copy on the
+        side). Default: copy 0's values, w = v_0, exact for a method whose copies are equal
+        (every copy applies the same mean update). A method whose copies differ between its
+        synchronisations (`copies_differ`) states its own: local SGD and SPARTA the nodes'
+        mean, the DiLoCo family its outer parameters x (local_steps.py)."""
+        return [tf.convert_to_tensor(v) for v in copies[0].trainable]
+
+    def global_model_name(self) -> str:
+        """What `global_model` is, in words (summary.json's "evaluated_model")."""
+        if self.copies_differ:  # a plugin's that states no model of its own: said, not hidden
+            return "copy 0 (node 0's replica: the method names no global model)"
+        return "copy 0 (every copy equal)"
+
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:
         """Devices of the variable copies: one for SHARED, one per tower for REPLICATED."""

@@ -207,6 +207,14 @@ class NodeLevel(Wrapper):
                     with tf.device(copies[c].device):
                         backing(target).assign(tf.identity(backing(source).read_value()))
 
+    def global_model(self, copies):
+        """The method's model from the copies it holds: the node leaders' (one per node;
+        a node's other copies equal its leader's, `_leaders_to_members`), or the shared one."""
+        if self.layout == SHARED:
+            return self.inner.global_model(copies)
+        return self.inner.global_model(
+            [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)])
+
     def _leaders_to_members(self, copies, indices, slots: bool) -> None:
         """Every copy of node n (one per device it holds) takes its leader's trainable
         variables `indices` (None: all) and, with `slots`, optimizer slots. Between syncs

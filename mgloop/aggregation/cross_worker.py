@@ -99,6 +99,14 @@ class CrossWorker(Aggregation):
     def rejoined(self, copies) -> None:
         self.local.rejoined(copies)
 
+    def global_model(self, copies):
+        """The local stage's model (this worker's copies: the methods whose copies differ run
+        at the nodes, NodeLevel, and say what they can build without a collective)."""
+        return self.local.global_model(copies)
+
+    def global_model_name(self) -> str:
+        return self.local.global_model_name()
+
     def error_bound(self, options, num_towers):
         return self.local.error_bound(options, num_towers)
 

@@ -5,7 +5,8 @@ several towers per device) each make the step see every tower while the method u
 study, `inner`, runs on fewer units. What does not change between them is here: the
 wrapper is the inner method as declared (name, options, capabilities, one set of traffic
 counts) and its state, error bounds, syncs and variable scope are the inner
-method's; a subclass says where the copies live and how the towers' gradients reach it.
+method's, and so is the model it produces (`global_model`); a subclass says where the
+copies live and how the towers' gradients reach it.
 """
 
 from __future__ import annotations
@@ -64,3 +65,12 @@ class Wrapper(Aggregation):
         """The inner method's rule on the copies it holds (a subclass whose inner method holds
         fewer copies than the step sees hands its result on: NodeLevel)."""
         self.inner.rejoined(copies)
+
+    # ---- the model the method produces (base.py `global_model`) ----
+    def global_model(self, copies):
+        """The inner method's model from the copies it holds (a subclass whose inner method
+        holds fewer copies than the step sees hands it those: NodeLevel)."""
+        return self.inner.global_model(copies)
+
+    def global_model_name(self) -> str:
+        return self.inner.global_model_name()

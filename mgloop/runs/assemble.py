@@ -148,8 +148,12 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     parts = StepParts(replicas, spec.loss_fn, spec.metrics, common, passes, streams, compiled)
     step, train_loop = (single_loss_loop(config, parts, staging) if aggregation.single_loss
                         else tower_loop(config, parts, staging))
+    # the method's model, evaluated and exported, on the side of the copies (inference.py)
+    evaluated = inference.evaluation_model(model, model_fn, aggregation, input_shape,
+                                           config.mixed_precision)
     return Trainer(replicas, step, train_loop,
-                   inference.TowerInference(replicas, spec.loss_fn, spec.metrics), streams, spec,
+                   inference.TowerInference(replicas, spec.loss_fn, spec.metrics, evaluated),
+                   streams, spec,
                    # one log line per leave and return
                    common.failures.logging_loop(train_loop.train_loop, replicas.global_step)
                    if common.failures else None)

@@ -8,16 +8,30 @@ mean loss times its example count) over all towers and batches and divides
 by the example count; each metric sums the towers' states (metrics.py; accuracy:
 [correct, compared], accuracy.py) and takes its value from the sums: the
 single-device answers. A metric undefined on what was seen is left out.
+
+The model evaluated is the one the method produces (`Aggregation.global_model`), on every
+tower: copy 0 (the template) for a method whose copies are equal; for one whose copies
+differ between its synchronisations (`copies_differ`: local SGD, the DiLoCo family, SPARTA)
+an evaluation copy, a second model of the template's architecture on copy 0's device
+(`evaluation_model`), assigned the method's model before each evaluation or prediction
+(`refresh`) and read by every tower. No training variable is written: a run's trajectory
+is the same bits whatever its eval interval. The export and `RunResult.model` are `model`
+(refreshed) too.
 """
 
 from __future__ import annotations
 
+import random
+
+import keras
 import numpy as np
 import tensorflow as tf
 
+from mgloop.errors import ConfigError
 from mgloop.runs.loop import tensor_branches_refused
 from mgloop.training import metrics as metrics_lib
-from mgloop.step import per_tower
+from mgloop.step import per_tower, precision
+from mgloop.training.variables import backing
 
 
 def uneven_shard_sizes(n: tf.Tensor, active: int) -> list[tf.Tensor]:
@@ -38,28 +52,94 @@ def _split(structure, sizes, active: int) -> list:
     return [tf.nest.pack_sequence_as(structure, [p[t] for p in parts]) for t in range(active)]
 
 
-class TowerInference:
-    """evaluate/predict of the template model's copies (replicas.py) on their towers, with
-    the training's loss and metrics (metrics.py)."""
+def evaluation_model(template: keras.Model, model_fn, aggregation, input_shape,
+                     mixed_precision: str) -> keras.Model | None:
+    """The evaluation copy of a method whose copies differ (`copies_differ`; else None: the
+    template is the method's model): a second model of the template's architecture, made
+    where the template is (the method's variable scope, the precision policy) by
+    `keras.models.clone_model`, or by `model_fn` where the template cannot be cloned (a
+    subclassed model without a config); its values are assigned before use (`refresh`).
+    Python's and NumPy's random states are kept as they were (Keras draws its initializers'
+    seeds from Python's), so a run's later draws do not depend on it."""
+    if not aggregation.copies_differ:
+        return None
+    states = random.getstate(), np.random.get_state()
+    try:
+        with aggregation.variable_scope(), precision.policy_scope(mixed_precision):
+            try:
+                model = keras.models.clone_model(template)
+            except Exception:  # noqa: BLE001 (Keras raises several kinds): rebuild it
+                model = model_fn()
+            if not model.built or not model.variables:
+                model(tf.zeros((1, *input_shape)))
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    shapes = lambda m: [(tuple(v.shape), v.dtype) for v in m.variables]  # noqa: E731
+    if model is template or shapes(model) != shapes(template):
+        raise ConfigError(
+            f"--aggregation={aggregation.name} evaluates the model it produces in a second "
+            "model of the template's architecture, and neither keras.models.clone_model nor "
+            "model_fn made one (model_fn must build a new model on each call)")
+    return model
 
-    def __init__(self, replicas, loss_fn, metrics):
+
+class TowerInference:
+    """evaluate/predict of the method's model (module top) on the towers, with the
+    training's loss and metrics (metrics.py). `evaluated`: the evaluation copy
+    (`evaluation_model`), or None when the method's model is copy 0 (the template)."""
+
+    def __init__(self, replicas, loss_fn, metrics, evaluated: keras.Model | None = None):
         self.replicas, self.loss_fn, self.metrics = replicas, loss_fn, list(metrics)
+        self.evaluated = evaluated
+
+    @property
+    def model(self) -> keras.Model:
+        """The Keras model holding the method's model once `refresh`ed: the evaluation copy,
+        or the template."""
+        return self.replicas.model if self.evaluated is None else self.evaluated
+
+    @property
+    def model_name(self) -> str:
+        """Which model is evaluated, in words (summary.json's "evaluated_model")."""
+        return self.replicas.aggregation.global_model_name()
+
+    def refresh(self) -> keras.Model:
+        """Assigns the method's model to the evaluation copy (trainable: `global_model` of
+        every copy; non-trainable: copy 0's, which every copy shares); writes no training
+        variable. Returns `model`."""
+        if self.evaluated is not None:
+            with tensor_branches_refused():
+                self._assign()
+        return self.model
+
+    @tf.function(autograph=False)  # as the step (loop.py)
+    def _assign(self):
+        copies = self.replicas.copies
+        values = self.replicas.aggregation.global_model(copies)
+        targets = [backing(v) for v in self.evaluated.trainable_variables]
+        states = [backing(v) for v in self.evaluated.non_trainable_variables]
+        for target, value in zip(targets + states, values + list(copies[0].non_trainable)):
+            with tf.device(target.device):
+                target.assign(tf.cast(value, target.dtype))
 
     def _tower_outputs(self, x, active: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Inference outputs of x split over the first `active` devices' first towers (with
         --towers_per_device=K one per device: inference has no per-tower statistics or
-        random draws to keep apart): [(rows, outputs)]."""
-        model, devices = self.replicas.model, self._devices()
+        random draws to keep apart), each computed with the values of `model` (the method's
+        model, read once where it lives): [(rows, outputs)]."""
+        model, devices = self.model, self._devices()
+        trainable = per_tower.read([backing(v) for v in model.trainable_variables])
+        non_trainable = per_tower.read([backing(v) for v in model.non_trainable_variables])
         sizes = uneven_shard_sizes(tf.shape(tf.nest.flatten(x)[0])[0], active)
         shards = _split(x, sizes, active)
         kwargs = per_tower.call_kwargs(model, training=False)
         results = []
         for t, x_t in enumerate(shards):
-            copy = self.replicas.copy_for_tower(t * self.replicas.towers_per_device)
             with tf.device(devices[t]):
                 outputs, _ = model.stateless_call(
-                    [tf.identity(v) for v in copy.trainable],
-                    [tf.identity(v) for v in copy.non_trainable],
+                    [tf.identity(v) for v in trainable],
+                    [tf.identity(v) for v in non_trainable],
                     tf.nest.map_structure(tf.identity, x_t), **kwargs)
             results.append((sizes[t], outputs))
         return results
@@ -93,13 +173,15 @@ class TowerInference:
         return max(1, min(batch_size, len(self._devices())))
 
     def evaluate(self, batches: tf.data.Dataset) -> dict[str, float]:
-        """Mean loss and the metrics over every example of `batches`, computed on the towers.
+        """Mean loss and the metrics of the method's model (module top) over every example of
+        `batches`, computed on the towers.
 
         loss = (1/N) * sum over examples of the per-example loss (a tower's mean
         loss times its example count); each metric from its states summed over every
         tower and batch (e.g. accuracy = correct / compared, accuracy.py), a key only
         where it is defined.
         """
+        self.refresh()
         loss_sum, count = 0.0, 0
         state_sum = np.zeros([metrics_lib.total_size(self.metrics)], np.float64)
         for x, y in batches:
@@ -115,7 +197,8 @@ class TowerInference:
                 **metrics_lib.results(self.metrics, metrics_lib.split(self.metrics, state_sum))}
 
     def predict(self, inputs, batch_size: int | None = None) -> np.ndarray:
-        """Model outputs (inference mode) for every example, in input order, on the towers.
+        """The method's model's outputs (inference mode) for every example, in input order,
+        on the towers.
 
         `inputs`: a tf.data.Dataset of batches (x, or tuples whose first item is
         x), or an array of examples with `batch_size`.
@@ -124,6 +207,7 @@ class TowerInference:
             if batch_size is None:
                 raise ValueError("predict() on an array needs batch_size")
             inputs = tf.data.Dataset.from_tensor_slices(inputs).batch(batch_size)
+        self.refresh()
         outputs = []
         for batch in inputs:
             x = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -94,9 +94,10 @@ def measure(config: Config, trainer: Trainer, result: controller.FitResult, star
 
 
 def export_model(config: Config, trainer: Trainer) -> str:
-    """The template model exported into --export_dir (export.py); one log line."""
-    path = export.export_model(trainer.model, config.export_dir)
-    logging.info("exported the template model to %s", path)
+    """The method's model (Trainer.global_model: the one evaluated) exported into
+    --export_dir (export.py); one log line."""
+    path = export.export_model(trainer.global_model(), config.export_dir)
+    logging.info("exported the method's model (%s) to %s", trainer.evaluated_model, path)
     return path
 
 
@@ -118,6 +119,7 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "eval_accuracy": eval_metrics.get("accuracy"),  # None: the loss defines none
         "train_metrics": metrics_lib.values_of(result.train, trainer.metrics),
         "eval_metrics": metrics_lib.values_of(eval_metrics, trainer.metrics),
+        "evaluated_model": trainer.evaluated_model,  # evaluated, exported (inference.py)
         "training": {"loss": trainer.spec.sources["loss"], "loss_fn": repr(trainer.loss_fn),
                      "metrics_from": trainer.spec.sources["metrics"],
                      "metrics": [m.name for m in trainer.metrics],

@@ -3,9 +3,16 @@
 `RunResult` reads like the summary dict it holds (`result["final_train_loss"]`, as
 summary.json), and adds
 
-    model      the trained template model (variable copy 0: every copy holds the same
-               values), a plain Keras model: `model.predict(x)`, `model.evaluate(...)`
-               after `model.compile(...)`, `model.save(...)` work in the same process
+    model      the model the method produces (summary["evaluated_model"] says which;
+               aggregation/base.py `global_model`): the template model (variable copy 0)
+               for a method whose copies are equal; for one whose copies differ between
+               its synchronisations, an evaluation copy holding the DiLoCo family's outer
+               parameters x or local SGD's and SPARTA's mean of the nodes' copies, never
+               one node's replica (runs/inference.py). The same model is evaluated,
+               predicted with and exported. A plain Keras model: `model.predict(x)`,
+               `model.evaluate(...)` after `model.compile(...)`, `model.save(...)` work
+               in the same process. The checkpoint keeps copy 0 as its main weights (with
+               every other copy and the method's state: a resume is exact)
     history    callbacks.History: the records {"step", "train/loss", "train/NAME", ...,
                and "eval/..." where it evaluated} of every eval and of the loops ending on
                --summary_every (else --log_every, else every loop); `history.of(name)`
@@ -28,7 +35,7 @@ class RunResult(Mapping):
     def __init__(self, summary: dict, trainer=None, history: callbacks_lib.History | None = None):
         self.summary = summary
         self.trainer = trainer
-        self.model = trainer.model if trainer is not None else None
+        self.model = trainer.global_model() if trainer is not None else None
         self.history = history if history is not None else callbacks_lib.History()
 
     def __getitem__(self, key):

@@ -3,7 +3,7 @@
     replicas   the variable copies, their optimizers, the global step (replicas.py)
     step       the training step with its hooks (step/training_step.py, single_loss_step.py)
     loop       the compiled multi-step loop and its input-wait clock (loop.py)
-    inference  evaluate and predict on the towers (inference.py)
+    inference  evaluate and predict the method's model on the towers (inference.py)
     spec       the loss, metrics and optimizer used, and where each came from
                (training_spec.py)
 
@@ -37,6 +37,17 @@ class Trainer:
         self.evaluate, self.predict = inference.evaluate, inference.predict
         self.sync_replicas = replicas.sync_replicas
         self.broadcast_from_chief = replicas.broadcast_from_chief
+
+    def global_model(self):
+        """The Keras model holding the model the method produces (aggregation/base.py
+        `global_model`), assigned now: the template (copy 0) for a method whose copies are
+        equal, else the evaluation copy (inference.py). What is exported and returned."""
+        return self.inference.refresh()
+
+    @property
+    def evaluated_model(self) -> str:
+        """Which model `global_model`, evaluate and predict use, in words."""
+        return self.inference.model_name
 
     @property
     def workers(self):
