@@ -52,7 +52,8 @@ def diloco(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def localsgd(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("localsgd") / "run", "localsgd:period=4")
+    return _run(tmp_path_factory.mktemp("localsgd") / "run", "localsgd:period=4",
+                eval_every=STEPS, eval_each_node=True)  # the last eval in the history
 
 
 def eval_by_hand(template, weights, eval_set):
@@ -119,6 +120,19 @@ def test_localsgd_evaluates_the_nodes_mean(localsgd, eval_set):
     replica, _, _ = eval_by_hand(trainer.model, copies[0], eval_set)
     assert abs(replica - localsgd["eval_loss"]) > bound
     assert localsgd["evaluated_model"] == "mean of the 2 nodes' copies"
+
+
+def test_each_nodes_copy_is_scored_beside_the_mean(localsgd, eval_set):
+    """--eval_each_node: eval/node_n/loss is node n's own copy's eval, the spread max - min
+    of them; the run's eval is still the mean's (the test above)."""
+    record = [r for r in localsgd.history.records if "eval/node_0/loss" in r][-1]
+    trainer = localsgd.trainer
+    losses = []
+    for n, weights in enumerate(helpers.copy_weights(trainer)):
+        assert_eval_of(record[f"eval/node_{n}/loss"], trainer.model, weights, eval_set)
+        losses.append(record[f"eval/node_{n}/loss"])
+    assert record["eval/node_spread/loss"] == max(losses) - min(losses) > 0
+    assert record["eval/loss"] == localsgd["eval_loss"]
 
 
 def test_training_is_bit_equal_whatever_the_eval_interval(diloco, tmp_path):

@@ -222,6 +222,12 @@ class Aggregation(abc.ABC):
         mean, the DiLoCo family its outer parameters x (local_steps.py)."""
         return [tf.convert_to_tensor(v) for v in copies[0].trainable]
 
+    def node_copies(self, copies) -> list:
+        """One copy per node (the node's own replica), in node order, from every copy the
+        step holds: what --eval_each_node scores beside `global_model`. Default: every copy
+        is a node's (the method made on the towers)."""
+        return list(copies)
+
     def global_model_name(self) -> str:
         """What `global_model` is, in words (summary.json's "evaluated_model")."""
         if self.copies_differ:  # a plugin's that states no model of its own: said, not hidden

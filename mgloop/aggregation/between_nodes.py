@@ -212,8 +212,13 @@ class NodeLevel(Wrapper):
         a node's other copies equal its leader's, `_leaders_to_members`), or the shared one."""
         if self.layout == SHARED:
             return self.inner.global_model(copies)
-        return self.inner.global_model(
-            [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)])
+        return self.inner.global_model(self.node_copies(copies))
+
+    def node_copies(self, copies):
+        """Every node's leader's copy (the node's own replica), or the shared one."""
+        if self.layout == SHARED:
+            return list(copies)
+        return [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
 
     def _leaders_to_members(self, copies, indices, slots: bool) -> None:
         """Every copy of node n (one per device it holds) takes its leader's trainable

@@ -107,6 +107,9 @@ class CrossWorker(Aggregation):
     def global_model_name(self) -> str:
         return self.local.global_model_name()
 
+    def node_copies(self, copies):
+        return self.local.node_copies(copies)
+
     def error_bound(self, options, num_towers):
         return self.local.error_bound(options, num_towers)
 

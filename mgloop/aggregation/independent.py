@@ -5,6 +5,9 @@ non-trainable state: T models trained side by side on different data. It is
 the no-communication upper bound on speed, and a sanity check that replicas
 do diverge when nothing keeps them equal. It is not mean semantics: it is the
 one mode that does not equal the single-device run (tested to differ).
+
+It produces no one model: what is evaluated, exported and returned (`global_model`) is copy
+0, tower 0's model with its own non-trainable state, and summary.json says so.
 """
 
 from __future__ import annotations
@@ -27,3 +30,6 @@ class Independent(Aggregation):
 
     def reduce(self, tower_values, variables, average=True):
         return [list(values) for values in tower_values]
+
+    def global_model_name(self) -> str:
+        return "copy 0 (tower 0's model: independent trains one model per tower)"

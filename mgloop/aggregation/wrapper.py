@@ -74,3 +74,6 @@ class Wrapper(Aggregation):
 
     def global_model_name(self) -> str:
         return self.inner.global_model_name()
+
+    def node_copies(self, copies):
+        return self.inner.node_copies(copies)

@@ -29,6 +29,12 @@ class ObserveOptions:
     eval_every: int = setting(
         0, "steps between evaluations on the held-out split (0: only at the end)",
         neutral=_WRITES)
+    eval_each_node: bool = setting(
+        False, "at every evaluation also score each node's own copy, beside the model the "
+        "method produces (local SGD, the DiLoCo family, SPARTA: their copies differ between "
+        "syncs): eval/node_N/... and the spread between replicas eval/node_spread/loss "
+        "(max - min of the nodes' losses) in TensorBoard; nothing for a method whose copies "
+        "are equal", neutral="evaluations only: no training variable is read differently")
     histogram_every: int = setting(
         0, "steps between weight and gradient histograms (0: none)", neutral=_WRITES)
     profile_steps: str | None = setting(

@@ -301,9 +301,14 @@ def _monitor(config: Config, trainer: Trainer, train_writer, eval_writer, evalua
     # time: building it per evaluation traced its map functions again and kept ~2 KiB of
     # TensorFlow's memory per evaluation for the rest of the run.
     eval_batches = functools.cache(evaluation.eval_batches) if evaluation else None
+
+    def evaluate():  # the method's model; with --eval_each_node every node's copy beside
+        metrics = trainer.evaluate(eval_batches())
+        if config.eval_each_node:
+            metrics.update(trainer.inference.evaluate_nodes(eval_batches()))
+        return metrics
     return monitor_lib.Monitor(
-        trainer, train_writer, eval_writer,
-        (lambda: trainer.evaluate(eval_batches())) if evaluation else dict,
+        trainer, train_writer, eval_writer, evaluate if evaluation else dict,
         eval_every=config.eval_every, histogram_every=config.histogram_every,
         profile_steps=(monitor_lib.parse_profile_steps(config.profile_steps, config.train_steps)
                        if config.profile_steps and chief else None),

@@ -114,14 +114,42 @@ class TowerInference:
         return self.model
 
     @tf.function(autograph=False)  # as the step (loop.py)
-    def _assign(self):
+    def _assign(self, node=None):
+        """The evaluation copy takes the method's model (node None) or node `node`'s own
+        copy (`evaluate_nodes`), with copy 0's non-trainable state (node's own: its)."""
         copies = self.replicas.copies
-        values = self.replicas.aggregation.global_model(copies)
-        targets = [backing(v) for v in self.evaluated.trainable_variables]
-        states = [backing(v) for v in self.evaluated.non_trainable_variables]
-        for target, value in zip(targets + states, values + list(copies[0].non_trainable)):
+        aggregation = self.replicas.aggregation
+        if node is None:
+            values, states = aggregation.global_model(copies), list(copies[0].non_trainable)
+        else:
+            own = aggregation.node_copies(copies)[node]
+            values, states = list(own.trainable), list(own.non_trainable)
+        targets = [backing(v) for v in (self.evaluated.trainable_variables
+                                        + self.evaluated.non_trainable_variables)]
+        for target, value in zip(targets, list(values) + states, strict=True):
             with tf.device(target.device):
                 target.assign(tf.cast(value, target.dtype))
+
+    def evaluate_nodes(self, batches: tf.data.Dataset) -> dict[str, float]:
+        """--eval_each_node, a diagnostic beside the method's model: every node's own copy
+        evaluated as `evaluate` does, {"node_n/loss", "node_n/NAME", ...}, and the spread
+        between the replicas, "node_spread/loss" = max_n - min_n of the nodes' losses.
+        Nothing (an empty dict) for a method whose copies are equal."""
+        if self.evaluated is None:
+            return {}
+        count = len(self.replicas.aggregation.node_copies(self.replicas.copies))
+        out, losses = {}, []
+        try:
+            for n in range(count):
+                with tensor_branches_refused():
+                    self._assign(n)
+                metrics = self._evaluate(batches)
+                losses.append(metrics["loss"])
+                out.update({f"node_{n}/{k}": v for k, v in metrics.items()})
+        finally:
+            self.refresh()  # the evaluation copy holds the method's model again
+        out["node_spread/loss"] = max(losses) - min(losses)
+        return out
 
     def _tower_outputs(self, x, active: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Inference outputs of x split over the first `active` devices' first towers (with
@@ -182,6 +210,10 @@ class TowerInference:
         where it is defined.
         """
         self.refresh()
+        return self._evaluate(batches)
+
+    def _evaluate(self, batches: tf.data.Dataset) -> dict[str, float]:
+        """`evaluate` of the values `model` holds now."""
         loss_sum, count = 0.0, 0
         state_sum = np.zeros([metrics_lib.total_size(self.metrics)], np.float64)
         for x, y in batches:
