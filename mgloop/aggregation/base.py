@@ -15,8 +15,8 @@ to `--transport_dtype` on the sending device and back to its own dtype on the re
 so sums are always accumulated in the gradient's dtype, and (b) counts the bytes each device
 sends and receives, while the step is traced: exactly what the algorithm moves per step.
 
-Longer than ~300 lines with no natural split: it is one class, the contract every method
-subclasses, each capability and hook documented where it is declared.
+Longer than ~300 lines: one class, the contract every method subclasses, each capability
+and hook documented where it is declared (the model it produces: global_models.py).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import ClassVar, Sequence
 
 import tensorflow as tf
 
+from mgloop.aggregation.global_models import ProducedModel
 from mgloop.aggregation.peers import Peers
 from mgloop.aggregation.traffic import Traffic
 from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 
-SHARED = "shared"
-REPLICATED = "replicated"
+SHARED, REPLICATED = "shared", "replicated"
 
 Gradients = list[tf.Tensor]
 # The class attributes of `Aggregation` that declare what a method can do.
@@ -59,7 +59,7 @@ def option(default, help: str, low=None, high=None, low_open: bool = False,
         choices=tuple(choices) if choices is not None else None))
 
 
-class Aggregation(abc.ABC):
+class Aggregation(ProducedModel, abc.ABC):
     """One gradient-aggregation method. Subclass, set `name` and `layout`, register.
 
     The contract (docs/concepts/aggregation-contract.md): `reduce` is handed the towers'
@@ -209,30 +209,6 @@ class Aggregation(abc.ABC):
     def rejoined(self, copies) -> None:
         """On a node joining a resumed run with node 0's state (runs/node_checkpoint.py):
         resets node 0's own memory (error feedback), not to count it twice. Default: none."""
-
-    # ---- the model the method produces: evaluated, exported, returned (runs/inference.py) ----
-    def global_model(self, copies) -> list[tf.Tensor]:
-        """The trainable values of the model this method produces, from `copies` (the copies
-        it holds, copy 0 first; a wrapper hands its inner method the ones that method holds),
-        read without changing any: what evaluation, prediction, the export and
-        `RunResult.model` use (runs/inference.py builds it into an evaluation copy on the
-        side). Default: copy 0's values, w = v_0, exact for a method whose copies are equal
-        (every copy applies the same mean update). A method whose copies differ between its
-        synchronisations (`copies_differ`) states its own: local SGD and SPARTA the nodes'
-        mean, the DiLoCo family its outer parameters x (local_steps.py)."""
-        return [tf.convert_to_tensor(v) for v in copies[0].trainable]
-
-    def node_copies(self, copies) -> list:
-        """One copy per node (the node's own replica), in node order, from every copy the
-        step holds: what --eval_each_node scores beside `global_model`. Default: every copy
-        is a node's (the method made on the towers)."""
-        return list(copies)
-
-    def global_model_name(self) -> str:
-        """What `global_model` is, in words (summary.json's "evaluated_model")."""
-        if self.copies_differ:  # a plugin's that states no model of its own: said, not hidden
-            return "copy 0 (node 0's replica: the method names no global model)"
-        return "copy 0 (every copy equal)"
 
     @abc.abstractmethod
     def parameter_devices(self) -> list[str]:

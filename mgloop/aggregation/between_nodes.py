@@ -208,17 +208,13 @@ class NodeLevel(Wrapper):
                         backing(target).assign(tf.identity(backing(source).read_value()))
 
     def global_model(self, copies):
-        """The method's model from the copies it holds: the node leaders' (one per node;
-        a node's other copies equal its leader's, `_leaders_to_members`), or the shared one."""
-        if self.layout == SHARED:
-            return self.inner.global_model(copies)
+        """The method's model of the copies it holds (`node_copies`)."""
         return self.inner.global_model(self.node_copies(copies))
 
     def node_copies(self, copies):
-        """Every node's leader's copy (the node's own replica), or the shared one."""
-        if self.layout == SHARED:
-            return list(copies)
-        return [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
+        """The leaders' copies (a node's others equal its leader's), or the shared one."""
+        return list(copies) if self.layout == SHARED else [
+            copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
 
     def _leaders_to_members(self, copies, indices, slots: bool) -> None:
         """Every copy of node n (one per device it holds) takes its leader's trainable

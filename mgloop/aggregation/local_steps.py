@@ -43,19 +43,8 @@ is recorded on the occasion "sync" (traffic.py: the steps s with s + 1 > W and
 a run's bytes per step average 1/H of a sync's after the warmup (observe/link_report.py).
 The copies' checkpoint (`copies_differ`) holds this worker's replicas.
 
-The model the method produces (`global_model`: evaluated, exported, returned; runs/
-inference.py builds it on the side, never changing a copy):
-
-    localsgd   the mean of the N nodes' copies, w = (1/N) sum_c v_c (summed in copy order on
-               copy 0's device, times fl(1/N)); right after a sync every copy holds it. A
-               down node's frozen copy (--node_failures) is in the mean too. Between worker
-               processes (each a node, peers.py) the mean would need a collective at every
-               evaluation, the final one included, which runs after the workers' collectives
-               have stopped: each worker evaluates its own node's copy, and says so.
-    diloco     the outer parameters x (`start`, the same bits on every copy, every worker
-               too): the model of the last outer step, as the paper evaluates, not the
-               replicas' progress since it. With one node nothing is synced and x is never
-               stepped: the model is the copy itself.
+The model it produces (`global_model`, global_models.py): localsgd the nodes' mean
+(1/N) sum_c v_c, diloco the outer parameters x (with one node the copy itself).
 
 Node failures (`live`, set by nodes.py with `--node_failures`: copy c is node c): the ring
 runs among the live copies only, a = (1/|L_s|) sum_{c in L_s} v_c (live_exchange.py), and
@@ -68,7 +57,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import live_exchange, register
+from mgloop.aggregation import global_models, live_exchange, register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 from mgloop.aggregation.traffic import Occasion, Sync
@@ -81,17 +70,6 @@ def slot_variables(optimizer) -> list:
     return [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32",
                                                           "float64")
             and v.path.split("/")[-1] not in ("iteration", "learning_rate")]
-
-
-def mean_of(per_copy: list[list], device: str) -> list[tf.Tensor]:
-    """(1/N) sum_c per_copy[c][i] for every i (variables or tensors, their own dtype), each
-    read where it lives and summed on `device` in copy order, then times fl(1/N): sent by
-    no `send` (nothing a step moves, so no bytes counted)."""
-    values = [[tf.convert_to_tensor(v) for v in values] for values in per_copy]
-    with tf.device(device):
-        return [tf.add_n([tf.identity(copy[i]) for copy in values])
-                * tf.constant(1.0 / len(values), values[0][i].dtype)
-                for i in range(len(values[0]))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,11 +196,11 @@ class LocalSGD(Aggregation):
         return []
 
     def global_model(self, copies):
-        """w = (1/N) sum_c v_c over the N copies it holds (module top), on copy 0's device;
-        between workers this node's own copy (module top: no collective at evaluation)."""
+        """w = (1/N) sum_c v_c over the N copies it holds, on copy 0's device; between
+        workers this node's own copy (global_models.py: no collective at evaluation)."""
         if self.peers is not None or len(copies) == 1:
             return super().global_model(copies)
-        return mean_of([list(c.trainable) for c in copies], copies[0].device)
+        return global_models.mean_of([list(c.trainable) for c in copies], copies[0].device)
 
     def global_model_name(self) -> str:
         if self.peers is not None:
@@ -308,13 +286,19 @@ class DiLoCo(LocalSGD):
     def copy_state(self, c: int) -> list:
         return self._start[c] + self._momentum[c]
 
+    outer_parameters_differ = False  # True: each copy's x_c its own (streaming's eager)
+
     def global_model(self, copies):
-        """x, the outer parameters (module top: copy 0's `start`, equal on every copy);
-        with one node the copy itself (nothing is synced)."""
+        """x, the outer parameters (copy 0's `start`, equal on every copy; where the copies'
+        x_c differ, their mean, but between workers this node's own); with one node the
+        copy itself (nothing is synced)."""
         if self.num_towers == 1:
             return Aggregation.global_model(self, copies)
+        starts = self._start[0]
+        if self.outer_parameters_differ and self.peers is None:
+            starts = global_models.mean_of(self._start, copies[0].device)
         return [tf.cast(tf.convert_to_tensor(x), v.dtype)
-                for x, v in zip(self._start[0], copies[0].trainable)]
+                for x, v in zip(starts, copies[0].trainable)]
 
     def global_model_name(self) -> str:
         return "copy 0 (one node)" if self.num_towers == 1 else "outer parameters x"

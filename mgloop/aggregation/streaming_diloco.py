@@ -61,15 +61,7 @@ State: x and m of every variable, one pair per copy on its device (`diloco`'s
 r per copy; the fragments are a function of the variables' shapes and the options, so
 nothing about them is saved.
 
-The model it produces (`global_model`: evaluated, exported, returned): the outer parameters
-x, as the paper evaluates its global model, each fragment's x as of that fragment's last
-outer step: the fragments are synced at different steps (fragment p last at the latest
-step s with (s + 1) mod H = o_p mod H), so x mixes outer steps up to H - H/P steps apart;
-with tau > 0 a fragment's x already holds the outer step computed at its send and not yet
-merged into the copies (overlap.py). With eager the copies' x_c differ (each holds its own
-fresh share of its last outer gradients): the model is their mean, w = (1/N) sum_c x_c,
-whose outer steps applied the mean of the copies' eager outer gradients (mgloop's choice:
-the paper names no one model between its workers' outer parameters).
+Its model (`global_model`, global_models.py): x, each fragment as of its last outer step.
 
 Identity: `period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0` (tau=0,
 eager=false, the defaults) is
@@ -83,7 +75,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import local_steps, outer_formats, overlap, register
+from mgloop.aggregation import outer_formats, overlap, register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
 from mgloop.aggregation.traffic import Occasion, Sync
@@ -213,22 +205,17 @@ class StreamingDiLoCo(DiLoCo):
         return ("eager's delayed shares r are each node's own part of a round in flight, "
                 "with no rule to re-deal them" if self.options.eager else None)
 
-    def global_model(self, copies):
-        """x (module top), or with eager the mean of the copies' x_c."""
-        if self.num_towers == 1 or not self.options.eager or self.peers is not None:
-            return super().global_model(copies)
-        means = local_steps.mean_of(self._start, copies[0].device)
-        return [tf.cast(x, v.dtype) for x, v in zip(means, copies[0].trainable)]
+    @property
+    def outer_parameters_differ(self) -> bool:
+        return self.options.eager  # (`diloco`'s global_model: then the mean of the x_c)
 
     def global_model_name(self) -> str:
-        if self.num_towers == 1:
-            return super().global_model_name()
-        if self.options.eager:
-            if self.peers is not None:
-                return (f"node {self.peers.index}'s own outer parameters x_c (eager: the mean "
-                        "of the nodes' x_c needs a collective between workers; not built)")
-            return f"mean of the {self.num_towers} nodes' outer parameters x_c (eager)"
-        return "outer parameters x (each fragment as of its last outer step)"
+        if self.num_towers == 1 or not self.options.eager:
+            return super().global_model_name() + (" (each fragment as of its last outer step)"
+                                                  if self.num_towers > 1 else "")
+        return (f"node {self.peers.index}'s own outer parameters x_c (eager: the mean needs a "
+                "collective between workers; not built)" if self.peers is not None else
+                f"mean of the {self.num_towers} nodes' outer parameters x_c (eager)")
 
     def fragment_occasions(self) -> list[Occasion]:
         """One occasion per fragment p ("fragment p"): the steps s with

@@ -3,7 +3,10 @@
 A checkpoint holds variable copy 0 only (the template model, copy 0's
 optimizer slots, the global step), so it does not depend on the tower count or
 the layout: a run saved with `ps_cpu` on 1 device resumes as `ring` on 4.
-After a restore the trainer copies copy 0 into every other replica. It also
+After a restore the trainer copies copy 0 into every other replica. Copy 0 is the main
+weights even where it is not the model the method produces (DiLoCo's outer parameters, local
+SGD's mean: runs/inference.py): that model is rebuilt from what the checkpoint holds (every
+copy and the method's state, below), so a resume stays bit-exact; the export is that model. It also
 holds the aggregation method's state (`Aggregation.state_variables`: residuals,
 counters), under `aggregation_state/<method name>/`: restored when the checkpoint
 holds the same method's state, left as `build` made it (a log line says so) when

@@ -96,6 +96,7 @@ def record_of(cell, result, target) -> dict:
             "seed": cell.seed, **_tuned(cell), "final_step": summary["final_step"],
             "stopped_by": summary["stopped_by"],
             "eval": summary["eval_metrics"],
+            "evaluated_model": summary.get("evaluated_model"),  # which model "eval" is of
             "traffic": traffic_of(summary),
             "compute_seconds": summary["link_model"]["compute_seconds"],
             "compute_source": summary["link_model"].get("compute_source", "measured"),
