@@ -80,6 +80,19 @@ def _unpack_fields(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:
                          axis=1)
 
 
+def _unpack_field_rows(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:
+    """[R, n] int32: `_unpack_fields` of each row of the [R, bytes] packed (each row packed
+    by itself), as one batched computation."""
+    packed = tf.convert_to_tensor(packed, tf.uint8)
+    rows = packed.shape[0]
+    shifts = tf.constant(list(range(8)), tf.uint8)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(packed[:, :, None], shifts), 1)
+    stream = tf.reshape(bits, [rows, -1])[:, :n * width]
+    by_field = tf.cast(tf.reshape(stream, [rows, n, width]), tf.int32)
+    return tf.reduce_sum(by_field * tf.constant([1 << b for b in range(width)], tf.int32),
+                         axis=2)
+
+
 def pack_signs(x: tf.Tensor) -> tf.Tensor:
     """1 bit per element: 1 where x >= 0 (zero packs as +1), 0 elsewhere (NaN too).
 
@@ -164,6 +177,18 @@ def unpack_bit_fields(packed: tf.Tensor, n: int, bits: int) -> tf.Tensor:
     return _unpack_fields(packed, n, bits)
 
 
+def unpack_bit_fields_rows(packed: tf.Tensor, n: int, bits: int) -> tf.Tensor:
+    """[R, n] int32: `unpack_bit_fields` of each row of [R, bytes] (R payloads at once)."""
+    _check_bits(bits, 1, 31)
+    return _unpack_field_rows(packed, n, bits)
+
+
+def unpack_levels_rows(packed: tf.Tensor, n: int, bits: int) -> tf.Tensor:
+    """[R, n] int32: `unpack_levels` of each row of [R, bytes] (R payloads at once)."""
+    _check_bits(bits, 1, 8)
+    return _unpack_field_rows(packed, n, bits)
+
+
 def index_dtype(n: int) -> tf.DType:
     """The narrowest integer dtype that holds the indices 0..n-1: uint8 for n <= 2^8, uint16
     for n <= 2^16, int32 for n <= 2^31, int64 beyond."""
@@ -209,4 +234,22 @@ def from_bytes(raw: tf.Tensor, likes) -> tuple:
         else:
             flat = tf.bitcast(tf.reshape(piece, [-1, like.dtype.size]), like.dtype)
         out.append(tf.reshape(flat, like.shape))
+    return tuple(out)
+
+
+def from_bytes_rows(raw: tf.Tensor, likes) -> tuple:
+    """`from_bytes` of each row of the [R, bytes] raw (R messages of one layout) at once:
+    per like, an [R, *like.shape] tensor."""
+    rows, out, start = raw.shape[0], [], 0
+    for like in likes:
+        size = like.shape.num_elements() * like.dtype.size
+        piece = raw[:, start:start + size]
+        start += size
+        if like.dtype == tf.uint8:
+            flat = piece
+        elif like.dtype.size == 1:
+            flat = tf.bitcast(piece, like.dtype)
+        else:
+            flat = tf.bitcast(tf.reshape(piece, [rows, -1, like.dtype.size]), like.dtype)
+        out.append(tf.reshape(flat, [rows, *like.shape]))
     return tuple(out)

@@ -117,6 +117,13 @@ class Geometry:
                                      self.height, self.width])
         return tf.reshape(tf.transpose(blocks, [0, 2, 1, 3]), self.shape)
 
+    def places_rows(self, index: tf.Tensor) -> tf.Tensor:
+        """[R, N, 2]: `places` of each of the R payloads' idx [R, chunks, k]."""
+        rows, k = index.shape[0], index.shape[2]
+        chunk = tf.broadcast_to(tf.range(self.chunks, dtype=tf.int32)[None, :, None],
+                                [rows, self.chunks, k])
+        return tf.reshape(tf.stack([chunk, index], axis=-1), [rows, -1, 2])
+
     def places(self, index: tf.Tensor) -> tf.Tensor:
         """[N, 2]: (chunk, place in chunk) of idx [chunks, k], for the scatters."""
         k = index.shape[1]
@@ -126,14 +133,33 @@ class Geometry:
 
 def tree_sum(x: tf.Tensor) -> tf.Tensor:
     """The sum of the 1-D x in a fixed order (module docstring)."""
-    n = x.shape[0]
-    size = 1 << max(0, n - 1).bit_length()
-    if size > n:
-        x = tf.concat([x, tf.zeros([size - n], x.dtype)], 0)
-    while size > 1:
-        size //= 2
-        x = x[:size] + x[size:]
-    return x[0]
+    return tree_sums([x[None]])[0][0]
+
+
+def tree_sums(xs: list) -> list:
+    """[r] per [r, n] x of `xs`: each row's `tree_sum`, the rows of every x whose padded
+    length is the same added as one batch (the same adds of the same values: the same bits),
+    so a trace holds one halving chain per padded length, not one per row."""
+    groups: dict[int, list[int]] = {}
+    for j, x in enumerate(xs):
+        n = x.shape[-1]
+        groups.setdefault(1 << max(0, n - 1).bit_length(), []).append(j)
+    out = [None] * len(xs)
+    for size, members in groups.items():
+        rows = []
+        for j in members:
+            x, n = xs[j], xs[j].shape[-1]
+            rows.append(x if size == n else
+                        tf.concat([x, tf.zeros([x.shape[0], size - n], x.dtype)], 1))
+        x = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
+        while size > 1:
+            size //= 2
+            x = x[:, :size] + x[:, size:]
+        sums, start = x[:, 0], 0
+        for j in members:
+            out[j] = sums[start:start + xs[j].shape[0]]
+            start += xs[j].shape[0]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,33 +176,52 @@ class ChunkedTopK:
     def encode(self, chunks: tf.Tensor, geometry: Geometry) -> tuple:
         """The wire parts of e's chunks [chunks, L]: (packed idx, packed codes, book), or
         (packed idx, float32 values) with value_bits = 0."""
-        _, index = tf.math.top_k(tf.abs(chunks), self.kept(geometry))
-        values = tf.reshape(tf.gather(chunks, index, batch_dims=1), [-1])
-        packed_index = bitpacking.pack_bit_fields(index, geometry.index_bits)
+        return self.encode_many([chunks], [geometry])[0]
+
+    def encode_many(self, chunks: list, geometries: list) -> list[tuple]:
+        """`encode` of several tensors, their quantisers' sums batched (`quantise_many`)."""
+        indices, values = [], []
+        for each, geometry in zip(chunks, geometries):
+            _, index = tf.math.top_k(tf.abs(each), self.kept(geometry))
+            indices.append(bitpacking.pack_bit_fields(index, geometry.index_bits))
+            values.append(tf.reshape(tf.gather(each, index, batch_dims=1), [-1]))
         if not self.value_bits:
-            return packed_index, values
-        codes, book = self.quantise(values)
-        return packed_index, bitpacking.pack_levels(codes, self.value_bits), book
+            return list(zip(indices, values))
+        return [(index, bitpacking.pack_levels(codes, self.value_bits), book)
+                for index, (codes, book) in zip(indices, self.quantise_many(values))]
 
     def quantise(self, val: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """(q int32 [N], book float32 [B + 1]) of the kept values (module docstring)."""
-        n, bins = val.shape[0], 2 ** self.value_bits
-        mu = tree_sum(val) * F32(1.0 / n)
-        c = val - mu
-        if n > 1:
-            sd = tf.sqrt(tree_sum(c * c)) * F32(1.0 / math.sqrt(n - 1))
-        else:
-            sd = tf.zeros([], tf.float32)
-        s = sd * F32(self.sigmas / bins)
-        s = tf.where((s > 0) & tf.math.is_finite(s), s, tf.ones_like(s))
-        q = tf.cast(tf.clip_by_value(tf.round(c / s + F32(bins // 2)), 0.0, F32(bins - 1)),
-                    tf.int32)
-        sums = tf.stack([tree_sum(tf.where(tf.equal(q, j), c, tf.zeros_like(c)))
-                         for j in range(bins)])
-        counts = tf.stack([tf.reduce_sum(tf.cast(tf.equal(q, j), tf.int32))
-                           for j in range(bins)])
-        lookup = tf.math.divide_no_nan(sums, tf.cast(counts, tf.float32))
-        return q, tf.concat([mu[None], lookup], 0)
+        return self.quantise_many([val])[0]
+
+    def quantise_many(self, vals: list) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """`quantise` of several tensors' kept values, each with its own N, mu, sd and book;
+        every tree_sum of a stage (the means, the deviations, the bins) in one `tree_sums`."""
+        bins = 2 ** self.value_bits
+        mus = [total[0] * F32(1.0 / val.shape[0])
+               for val, total in zip(vals, tree_sums([val[None] for val in vals]))]
+        cs = [val - mu for val, mu in zip(vals, mus)]
+        spread = [j for j, val in enumerate(vals) if val.shape[0] > 1]
+        squares = tree_sums([cs[j][None] * cs[j][None] for j in spread])
+        sds = [tf.zeros([], tf.float32)] * len(vals)
+        for j, total in zip(spread, squares):
+            sds[j] = tf.sqrt(total[0]) * F32(1.0 / math.sqrt(vals[j].shape[0] - 1))
+        qs, masks = [], []
+        for c, sd in zip(cs, sds):
+            s = sd * F32(self.sigmas / bins)
+            s = tf.where((s > 0) & tf.math.is_finite(s), s, tf.ones_like(s))
+            q = tf.cast(tf.clip_by_value(tf.round(c / s + F32(bins // 2)), 0.0,
+                                         F32(bins - 1)), tf.int32)
+            qs.append(q)
+            masks.append(tf.equal(q[None, :], tf.range(bins, dtype=tf.int32)[:, None]))
+        sums = tree_sums([tf.where(mask, c[None, :], tf.zeros_like(c)[None, :])
+                          for mask, c in zip(masks, cs)])
+        out = []
+        for q, mask, mu, total in zip(qs, masks, mus, sums):
+            counts = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+            lookup = tf.math.divide_no_nan(total, tf.cast(counts, tf.float32))
+            out.append((q, tf.concat([mu[None], lookup], 0)))
+        return out
 
     def decode(self, parts: tuple, geometry: Geometry) -> tuple[tf.Tensor, tf.Tensor]:
         """(idx int32 [chunks, k], C(val) float32 [N]) from the wire parts."""
@@ -189,6 +234,20 @@ class ChunkedTopK:
         codes = bitpacking.unpack_levels(parts[1], n, self.value_bits)
         book = parts[2]
         return index, tf.gather(book[1:], codes) + book[0]
+
+    def decode_rows(self, parts: tuple, geometry: Geometry) -> tuple[tf.Tensor, tf.Tensor]:
+        """`decode` of R payloads at once, each part with a leading axis of R: (idx int32
+        [R, chunks, k], C(val) float32 [R, N])."""
+        k = self.kept(geometry)
+        n = geometry.chunks * k
+        rows = parts[0].shape[0]
+        index = tf.reshape(bitpacking.unpack_bit_fields_rows(parts[0], n, geometry.index_bits),
+                           [rows, geometry.chunks, k])
+        if not self.value_bits:
+            return index, parts[1]
+        codes = bitpacking.unpack_levels_rows(parts[1], n, self.value_bits)
+        book = parts[2]
+        return index, tf.gather(book[:, 1:], codes, batch_dims=1) + book[:, :1]
 
     def wire_bytes(self, geometry: Geometry) -> int:
         """The bytes of one tensor's wire parts (module docstring)."""

@@ -131,46 +131,45 @@ class SparseLoCo(DiLoCo):
         accumulated, buffers, likes = [], [], []
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
-                per_variable, parts = [], []
+                per_variable = []
                 for target, x, e, geometry in zip(copy.trainable, self._start[c],
                                                   self._error[c], self.geometries):
                     delta = tf.cast(x.read_value() - backing(target).read_value(), tf.float32)
-                    chunks = geometry.chunk(decay * e.read_value() + delta)
-                    per_variable.append(chunks)
-                    parts.append(compressor.encode(chunks, geometry))
+                    per_variable.append(geometry.chunk(decay * e.read_value() + delta))
+                parts = compressor.encode_many(per_variable, self.geometries)
                 accumulated.append(per_variable)
                 likes = [p for wire in parts for p in wire]  # the same shapes on every copy
                 buffers.append((bitpacking.to_bytes(likes),))
         have = ring_all_gather(self, buffers, [copy.device for copy in copies], exact=True)
         first = self.tower_offset  # this process's copy 0 among all T
+        width = 2 if not self.options.value_bits else 3
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
-                decoded = [self.decode(raw, likes) for (raw,) in have[c]]
+                # the T received buffers decoded as one batch (each row by itself: the same
+                # values as one by one, and a trace that does not grow with T)
+                parts = iter(bitpacking.from_bytes_rows(tf.stack([raw for (raw,) in have[c]]),
+                                                        likes))
                 for i, geometry in enumerate(self.geometries):
-                    own_index, own_values = decoded[first + c][i]
+                    index, values = compressor.decode_rows(
+                        tuple(next(parts) for _ in range(width)), geometry)
+                    places = tf.unstack(geometry.places_rows(index))
+                    values = tf.unstack(values)
                     self._error[c][i].assign(geometry.unchunk(tf.tensor_scatter_nd_sub(
-                        accumulated[c][i], geometry.places(own_index), own_values)))
-                    delta = self.combine([d[i] for d in decoded], geometry)
+                        accumulated[c][i], places[first + c], values[first + c])))
+                    delta = self.combine(places, values, geometry)
                     x = self._start[c][i]
                     x.assign(x - F32(self.options.outer_lr) * tf.cast(delta, x.dtype))
                     copy.trainable[i].assign(x.read_value())
 
-    def decode(self, raw: tf.Tensor, likes: list) -> list[tuple]:
-        """(idx, C(val)) of every variable from one node's buffer."""
-        parts = iter(bitpacking.from_bytes(raw, likes))
-        width = 2 if not self.options.value_bits else 3
-        return [self.compressor.decode(tuple(next(parts) for _ in range(width)), geometry)
-                for geometry in self.geometries]
-
-    def combine(self, payloads: list[tuple], geometry: Geometry) -> tf.Tensor:
-        """Delta of one variable, shaped as it, from every node's (idx, C(val)), node order."""
+    def combine(self, places: list, values: list, geometry: Geometry) -> tf.Tensor:
+        """Delta of one variable, shaped as it, from every node's places ([N, 2]:
+        Geometry.places) and C(val), added in node order."""
         total = tf.zeros([geometry.chunks, geometry.length], tf.float32)
         counts = tf.zeros_like(total)
-        for index, values in payloads:
-            places = geometry.places(index)
-            total = tf.tensor_scatter_nd_add(total, places, values)
+        for placed, each in zip(places, values):
+            total = tf.tensor_scatter_nd_add(total, placed, each)
             if self.options.average == "contributors":
-                counts = tf.tensor_scatter_nd_add(counts, places, tf.ones_like(values))
+                counts = tf.tensor_scatter_nd_add(counts, placed, tf.ones_like(each))
         if self.options.average == "contributors":
             mean = tf.math.divide_no_nan(total, counts)
         else:
