@@ -113,17 +113,16 @@ def gather_in_buckets(method, encoded: list, indices: list[int]) -> dict:
         got = ring_all_gather(method, fused, towers)
         for i in members:
             have[i] = [[None] * len(got[t]) for t in range(len(towers))]
-        split = {}  # a message received on a device is split once there (towers of one
-        for t, device in enumerate(towers):  # device hold the same messages)
-            with tf.device(device):
-                for s, (raw,) in enumerate(got[t]):
-                    key = (canonical(device), id(raw))
-                    if key not in split:
-                        parts = iter(bitpacking.from_bytes(raw, likes))
-                        split[key] = [tuple(tf.cast(next(parts), p.dtype)
-                                            for p in encoded[i].wires[0]) for i in members]
-                    for i, wire in zip(members, split[key]):
-                        have[i][t][s] = wire
+        dtypes = [p.dtype for i in members for p in encoded[i].wires[0]]
+        for t, device in enumerate(towers):
+            with tf.device(device):  # the T messages a tower received split as one batch
+                rows = bitpacking.from_bytes_rows(tf.stack([raw for (raw,) in got[t]]), likes)
+                parts = iter([tf.unstack(tf.cast(part, dtype))
+                              for part, dtype in zip(rows, dtypes)])
+                for i in members:
+                    split = [next(parts) for _ in encoded[i].wires[0]]
+                    for s in range(len(got[t])):
+                        have[i][t][s] = tuple(part[s] for part in split)
     return have
 
 
