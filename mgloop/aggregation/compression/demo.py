@@ -59,7 +59,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import bitpacking, register
 from mgloop.aggregation.base import Options, option
-from mgloop.aggregation.compression import dct
+from mgloop.aggregation.compression import dct, transport
 from mgloop.aggregation.compression.base import Compressed
 from mgloop.aggregation.compression.transport import GATHER, gather_in_buckets
 from mgloop.errors import ConfigError
@@ -207,7 +207,11 @@ class Demo(Compressed):
         per_var = []
         for i, e in enumerate(encoded):
             outs = []
-            for t, device in enumerate(towers):
+            for t, (device, shared) in enumerate(zip(
+                    towers, transport.shares_with(towers, gathered[i]))):
+                if shared is not None:  # one device's towers: the same ops on the same inputs
+                    outs.append(outs[shared])
+                    continue
                 with tf.device(device):
                     q = self.combine([self.unpack(w, e.sites[t]) for w in gathered[i][t]],
                                      e.sites[t])

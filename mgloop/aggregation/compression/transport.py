@@ -137,7 +137,7 @@ def gather_is_cheaper(method, payload: tuple, wire: tuple) -> bool:
             and method.num_towers * size(wire) < 2 * size(payload))
 
 
-def _shares_with(towers, have) -> list[int | None]:
+def shares_with(towers, have) -> list[int | None]:
     """Per tower t: an earlier tower whose total t can take as it is (None: t forms its
     own): one on the same device that received the very same tensors (towers of one
     device, --towers_per_device, where `send` moves nothing). Its total is the same ops on
@@ -157,7 +157,7 @@ def gathered_payload_sums(method, have, sites):
     (have[t][s]: tower s's wire on tower t, `gather_in_buckets`)."""
     towers = list(method.devices.towers)
     totals = []
-    for t, (device, shared) in enumerate(zip(towers, _shares_with(towers, have))):
+    for t, (device, shared) in enumerate(zip(towers, shares_with(towers, have))):
         if shared is not None:
             totals.append(totals[shared])
             continue
@@ -174,7 +174,7 @@ def gathered_sums(method, have, sent, sites):
     same values in the same order on every tower (replicas bit-identical)."""
     towers = list(method.devices.towers)
     totals = []
-    for t, (device, shared) in enumerate(zip(towers, _shares_with(towers, have))):
+    for t, (device, shared) in enumerate(zip(towers, shares_with(towers, have))):
         if shared is not None:  # (its own term is sent[t], the same bits as decompressing
             totals.append(totals[shared])  # its wire: unpack(pack(p)) is p exactly)
             continue
