@@ -222,19 +222,8 @@ def to_bytes(parts) -> tf.Tensor:
 
 def from_bytes(raw: tf.Tensor, likes) -> tuple:
     """The tensors shaped and typed as `likes` whose bytes `to_bytes` put in `raw`, in order."""
-    out, start = [], 0
-    for like in likes:
-        size = like.shape.num_elements() * like.dtype.size
-        piece = raw[start:start + size]
-        start += size
-        if like.dtype == tf.uint8:
-            flat = piece
-        elif like.dtype.size == 1:
-            flat = tf.bitcast(piece, like.dtype)
-        else:
-            flat = tf.bitcast(tf.reshape(piece, [-1, like.dtype.size]), like.dtype)
-        out.append(tf.reshape(flat, like.shape))
-    return tuple(out)
+    return tuple(tf.reshape(rows, like.shape)
+                 for rows, like in zip(from_bytes_rows(raw[tf.newaxis], likes), likes))
 
 
 def from_bytes_rows(raw: tf.Tensor, likes) -> tuple:
