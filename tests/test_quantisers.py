@@ -137,13 +137,15 @@ def test_stochastic_levels_match_the_model(levels):
 def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variables):
     method = make(spec, device_set, variables)
     values = tower_values()
-    sites = [[method.site(t, i, tf.constant(values[t][i])) for i in range(len(SHAPES))]
-             for t in range(TOWERS)]  # the seeds of step 0, as the exchange draws them
+    # the seeds of step 0, as the exchange draws them (a site makes its seeds when first
+    # read: read them before the exchange counts its step)
+    seeds = [[method.site(t, i, tf.constant(values[t][i])).tower_seed
+              for i in range(len(SHAPES))] for t in range(TOWERS)]
     out = exchange(method, values, variables)
     norm = np.inf if spec.startswith("terngrad") else 2
     for i in range(len(SHAPES)):
         xs = [values[t][i].ravel() for t in range(TOWERS)]
-        uniform = [tf.random.stateless_uniform([xs[t].size], sites[t][i].tower_seed).numpy()
+        uniform = [tf.random.stateless_uniform([xs[t].size], seeds[t][i]).numpy()
                    for t in range(TOWERS)]
         expected, _, ls, scale = model.shared_scale_quantiser(
             xs, levels, uniform, norm, bucket, clip=2.5 if spec == "terngrad" else 0.0)
