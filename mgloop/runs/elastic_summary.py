@@ -49,19 +49,28 @@ def previous_summary(config) -> dict:
         return {}
 
 
+def occasion_counts(traffic: Traffic, start: int, end: int,
+                    into: collections.Counter | None = None) -> collections.Counter:
+    """{the occasions a step has: how many of the steps start..end-1 have them}, added to
+    `into` if given (a count kept up to `start` grows without counting again)."""
+    counts = collections.Counter() if into is None else into
+    counts.update(map(traffic.occurring, range(start, end)))
+    return counts
+
+
 def traffic_over(traffic: Traffic, first: int, last: int,
-                 own: tuple[int, int]) -> dict:
+                 own: tuple[int, int], counted: collections.Counter | None = None) -> dict:
     """{"bytes", "messages"}: per device {"sent", "received"}, summed over the 0-based
     steps first..last-1, each step what `traffic` says it moves (its occasions). Counts
     measured as the steps ran (aggregation/measured.py) enter at their mean per occurrence
-    over the steps `own` = (start, end) this process ran."""
-    def counts(start, end):
-        return collections.Counter(map(traffic.occurring, range(start, end)))
-    ran = counts(*own)
+    over the steps `own` = (start, end) this process ran. `counted`: the occasion counts of
+    first..last-1 when (first, last) is `own`, already made (occasion_counts)."""
+    ran = counted if counted is not None else occasion_counts(traffic, *own)
     measured = traffic.with_measured(lambda name: sum(
         count for key, count in ran.items() if name in key))
     total = Traffic(node_of=dict(traffic.node_of))
-    for key, count in counts(first, last).items():
+    steps = ran if (first, last) == tuple(own) else occasion_counts(traffic, first, last)
+    for key, count in steps.items():
         total.add_scaled(measured.of_occasions(key), count)
     return {"bytes": total.as_dict(), "messages": total.messages_as_dict()}
 
@@ -166,6 +175,7 @@ class RoundLedger:
         self.saver, self.traffic, self.start, self.keep = saver, traffic, start_step, keep
         self.path = _ledger_path(logdir, launched["job"], len(launched["rounds"]) - 1)
         self.saved: dict[int, dict] = {}
+        self.counted, self.counted_to = collections.Counter(), start_step  # grown per save
 
     @property
     def latest(self):
@@ -173,7 +183,10 @@ class RoundLedger:
 
     def save(self, step: int):
         path = self.saver.save(step)
-        self.saved[step] = traffic_over(self.traffic, self.start, step, (self.start, step))
+        occasion_counts(self.traffic, self.counted_to, step, into=self.counted)
+        self.counted_to = step  # each step's occasions counted once over the whole round
+        self.saved[step] = traffic_over(self.traffic, self.start, step, (self.start, step),
+                                        self.counted)
         for old in sorted(self.saved)[:-max(self.keep, 1)]:
             del self.saved[old]
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
