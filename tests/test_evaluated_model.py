@@ -73,6 +73,18 @@ def assert_eval_of(summary_loss, template, weights, eval_set):
     return loss, bound
 
 
+def assert_evaluates(result, produced, copies, eval_set, name):
+    """The run's model is `produced` bit for bit, its eval is that model's by hand (within
+    the bound), node 0's replica scores outside the bound, and the summary names it."""
+    for returned, expected in zip(result.model.get_weights(), produced):
+        np.testing.assert_array_equal(returned, expected)
+    template = result.trainer.model
+    _, bound = assert_eval_of(result["eval_loss"], template, produced, eval_set)
+    replica, _, _ = eval_by_hand(template, copies[0], eval_set)
+    assert abs(replica - result["eval_loss"]) > bound
+    assert result["evaluated_model"] == name
+
+
 def test_diloco_evaluates_its_outer_parameters(diloco, eval_set):
     result, _ = diloco
     trainer = result.trainer
@@ -81,13 +93,9 @@ def test_diloco_evaluates_its_outer_parameters(diloco, eval_set):
     # mid-period: both replicas have moved away from x (and from each other)
     assert min(np.abs(a - b).max() for a, b in zip(copies[0], x)) > 1e-4
     assert max(np.abs(a - b).max() for a, b in zip(copies[0], copies[1])) > 1e-4
-    for returned, expected in zip(result.model.get_weights(), x):  # result.model is x
-        np.testing.assert_array_equal(returned, expected)
-    _, bound = assert_eval_of(result["eval_loss"], trainer.model, x, eval_set)
-    # node 0's replica (what the export and result.model were) scores outside the bound
-    replica, _, _ = eval_by_hand(trainer.model, copies[0], eval_set)
-    assert abs(replica - result["eval_loss"]) > bound
-    assert result["evaluated_model"] == "outer parameters x"
+    # result.model is x; node 0's replica (what the export and result.model were) scores
+    # outside the bound
+    assert_evaluates(result, x, copies, eval_set, "outer parameters x")
 
 
 def test_diloco_export_is_the_evaluated_model(diloco, eval_set):
@@ -114,12 +122,8 @@ def test_localsgd_evaluates_the_nodes_mean(localsgd, eval_set):
     copies = helpers.copy_weights(trainer)
     assert max(np.abs(a - b).max() for a, b in zip(*copies)) > 1e-4  # mid-period
     mean = [((a.astype(np.float64) + b) / 2).astype(np.float32) for a, b in zip(*copies)]
-    for returned, expected in zip(localsgd.model.get_weights(), mean):  # correctly rounded
-        np.testing.assert_array_equal(returned, expected)
-    _, bound = assert_eval_of(localsgd["eval_loss"], trainer.model, mean, eval_set)
-    replica, _, _ = eval_by_hand(trainer.model, copies[0], eval_set)
-    assert abs(replica - localsgd["eval_loss"]) > bound
-    assert localsgd["evaluated_model"] == "mean of the 2 nodes' copies"
+    # the correctly rounded mean, bit for bit
+    assert_evaluates(localsgd, mean, copies, eval_set, "mean of the 2 nodes' copies")
 
 
 def test_each_nodes_copy_is_scored_beside_the_mean(localsgd, eval_set):
