@@ -84,7 +84,9 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         for phase in ("input", "compute", "aggregation", "apply"):  # --breakdown_every=200
             times = board.scalars("train", f"breakdown/{phase}")
             assert [s for _, s, _ in times] == [200, steps]
-            assert all(0 < t <= span for (_, _, t), (_, _, span) in
+            # (the input's get-next is asynchronous, traced with no duration: >= 0)
+            least = 0 if phase == "input" else 1e-9
+            assert all(least <= t <= span for (_, _, t), (_, _, span) in
                        zip(times, board.scalars("train", "breakdown/step")))
         if towers > 1:
             assert all(-1 <= c <= 1 for _, _, c in board.scalars("train", "grad/cosine_mean"))

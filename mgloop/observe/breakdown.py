@@ -27,7 +27,8 @@ computed; a later batch is staged during the compute), so their sum with
 The profiler adds its own cost per op: compare phases within a step and
 between runs, not with the unprofiled `step_time`. How long the towers wait for
 input is measured on every step without the profiler (`input_wait`, loop.py):
-`breakdown/input` is the input ops' busy time, overlapped or not.
+`breakdown/input` is the input ops' busy time, overlapped or not; the iterator's get-next
+is an asynchronous op recorded with no duration, so with a small batch it can read 0.
 
 CPU ops appear in the trace as events named `<op name>:<op type>`; GPU
 kernels as events carrying a `tf_op` stat of that form (read the same way;

@@ -83,13 +83,14 @@ class LoopResult:
 
 
 class Loop:
-    """Runs `step` (and, with --diagnostics, `sampled_step` with names `stat_names` for its
-    "stats" report) on the batches the `staging` hands the towers, in compiled loops."""
+    """Runs `step` on the batches the `staging` hands the towers, in compiled loops. With
+    --diagnostics, `stats` is the step's statistics hook (hooks/sampled_stats.py): the loop
+    sets its `sampling` flag for the step it samples and returns its "stats" report."""
 
-    def __init__(self, step, staging: staging_lib.HostStaging, metrics,
-                 sampled_step=None, stat_names=()):
-        self.step, self.sampled_step, self.staging = step, sampled_step, staging
-        self.metrics, self.stat_names = list(metrics), list(stat_names)
+    def __init__(self, step, staging: staging_lib.HostStaging, metrics, stats=None):
+        self.step, self.staging, self.stats = step, staging, stats
+        self.metrics = list(metrics)
+        self.stat_names = list(stats.names) if stats is not None else []
         self._input = None  # the iterator whose batches the staging holds
 
     def train_loop(self, iterator: Iterator, num_steps: int,
@@ -139,54 +140,46 @@ class Loop:
                       sample_stats: tf.Tensor) -> dict[str, tf.Tensor]:
         """The loop of `train_loop`: sums over the steps run, and their count.
 
-        With `sample_stats` (true only with --diagnostics), the last step runs
-        after the loop, if a batch may be left, traced a second time as the sampled
-        step: the loop's other steps are exactly the step without it (no per-step cost).
-        The sampled step's trace leaves the traffic counts as the ordinary step's.
+        With `sample_stats` (true only with --diagnostics), step `num_steps - 1`, the last
+        if the input lasts, is the sampled one: the step is traced once, its statistics
+        inside a `tf.cond` that only that step takes.
         """
         loss_sum = tf.constant(0.0)  # exact sums:
         metric_sums = tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64)
         stats_last, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
-        limit = num_steps - tf.cast(sample_stats, tf.int32)
         # the condition reads the staging's count after the last step's end (not a loop variable)
         if self.staging.knows_ahead:  # device staging: no `break`, so no conditional either
-            while tf.logical_and(steps < limit, self.staging.may_have_batch(after=end)):
+            while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
                 begin, _, take = self._next_batch(iterator, after=end)
-                loss_sum, metric_sums, wait, steps, end = self._counted_step(
-                    take, begin, loss_sum, metric_sums, wait, steps)
+                loss_sum, metric_sums, wait, steps, end, stats_last, sampled = (
+                    self._counted_step(take, begin, loss_sum, metric_sums, wait, steps,
+                                       sample_stats, num_steps, stats_last))
         else:
-            while tf.logical_and(steps < limit, self.staging.may_have_batch(after=end)):
+            while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
                 begin, has_batch, take = self._next_batch(iterator, after=end)
                 if not has_batch:  # a tensor: the staging cannot know ahead (host, none)
                     break
-                loss_sum, metric_sums, wait, steps, end = self._counted_step(
-                    take, begin, loss_sum, metric_sums, wait, steps)
-        more = self.staging.may_have_batch(after=end)
-        if self.sampled_step is not None:  # traced only with --diagnostics
-            if sample_stats and steps == num_steps - 1 and more:  # (a batch may be left)
-                begin, has_batch, take = self._next_batch(iterator, after=end)
-                if has_batch:
-                    traffic = self.sampled_step.replicas.aggregation.traffic
-                    ordinary = traffic.snapshot()
-                    result, step_wait, end = self._timed_step(self.sampled_step, take, begin)
-                    traffic.restore(ordinary)  # the counts stay the ordinary step's
-                    wait += step_wait
-                    loss_sum += result.loss
-                    metric_sums += tf.cast(result.metric_state, tf.float64)
-                    stats_last = result.report["stats"]
-                    sampled = tf.constant(True)
-                    steps += 1
+                loss_sum, metric_sums, wait, steps, end, stats_last, sampled = (
+                    self._counted_step(take, begin, loss_sum, metric_sums, wait, steps,
+                                       sample_stats, num_steps, stats_last))
         return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
                 "input_wait": wait, "stats": stats_last, "sampled": sampled}
 
-    def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps):
+    def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps,
+                      sample_stats, num_steps, stats_last):
         """The loop's step on the batch `take()` gives, added to the loop's sums: (loss_sum,
-        metric_sums, wait, steps, the step's end time)."""
+        metric_sums, wait, steps, the step's end time, the statistics of the loop's last
+        step, sampled?). The step samples its statistics if it is step `num_steps - 1`."""
+        sampling = tf.logical_and(sample_stats, tf.equal(steps, num_steps - 1))
+        if self.stats is not None:
+            self.stats.sampling.assign(sampling)
         result, step_wait, end = self._timed_step(self.step, take, begin)
+        stats = result.report.get("stats", stats_last)
         return (loss_sum + result.loss, metric_sums + tf.cast(result.metric_state, tf.float64),
-                wait + step_wait, steps + 1, end)
+                wait + step_wait, steps + 1, end, stats,
+                tf.logical_and(sampling, self.stats is not None))
 
     def _next_batch(self, iterator, after: tf.Tensor):
         """(the step's begin time, read once `after` has run; has a batch?; take)."""
