@@ -20,7 +20,9 @@ process's towers, the simulated nodes' leaders, or one leader per worker: peers.
      indices of each variable (the padding never enters a sum) and scatter-adds them into
      one zero accumulator per variable in global sender order 0 .. S-1: the same
      operations on the same bits on every tower, so the replicas are bit-identical, and
-     two real workers bit-equal to two simulated nodes.
+     two real workers bit-equal to two simulated nodes. Towers of one device
+     (--towers_per_device) receive the very same tensors: the first forms M and the sums,
+     the others take them (transport.shares_with; the trace stays linear in T).
 
 Bytes. What travels is counted, padding included. Per participant and step, sent and
 received alike (S-1 hops of each message in a ring all-gather):
@@ -40,7 +42,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mgloop.aggregation import bitpacking
-from mgloop.aggregation.compression.transport import ring_all_gather
+from mgloop.aggregation.compression.transport import ring_all_gather, shares_with
 
 SIZES_FIRST = "sizes first"
 
@@ -128,13 +130,19 @@ def combine(method, encoded) -> list[list[tf.Tensor]]:
     have_counts = ring_all_gather(method, counts, towers, exact=True)
     dtypes = _wire_dtypes(method, encoded)
     mosts, buffers = [], []
-    for t, device in enumerate(towers):
+    for t, (device, shared) in enumerate(zip(towers, shares_with(towers, have_counts))):
         with tf.device(device):
-            mosts.append(tf.reduce_max(tf.stack([c[0] for c in have_counts[t]]), axis=0))
+            mosts.append(mosts[shared] if shared is not None else
+                         tf.reduce_max(tf.stack([c[0] for c in have_counts[t]]), axis=0))
             buffers.append(padded_buffer(method, encoded, t, mosts[t]))
     have = _gather_buffers(method, buffers, towers)
     totals = [[None] * len(towers) for _ in encoded]
-    for t, device in enumerate(towers):
+    shared_by = shares_with(towers, [[(raw,) for raw in row] for row in have])
+    for t, (device, shared) in enumerate(zip(towers, shared_by)):
+        if shared is not None:  # a tower of the same device, the same received tensors
+            for i in range(len(encoded)):
+                totals[i][t] = totals[i][shared]
+            continue
         with tf.device(device):
             sums = [tf.zeros([e.sites[t].size], e.sites[t].dtype) for e in encoded]
             for (sender_counts,), raw in zip(have_counts[t], have[t]):
