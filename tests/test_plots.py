@@ -141,7 +141,8 @@ def test_the_report_draws_bytes_and_seconds_on_log_axes_with_readable_links(
         tmp_path, monkeypatch):
     """report.write's figures: steps linear; bytes and seconds log (symlog when a method
     has sent 0 bytes by its first eval, the 0 kept); no raw link key in any text of a
-    figure; the baseline in every panel of every figure."""
+    figure; the baseline in every panel of every figure; the legends under the x labels,
+    inside the figure."""
     out = tmp_path / "study"
     groups = _one_axis(GRID)
     groups["aggregation=diloco:period=32"] = _recs(
@@ -177,6 +178,12 @@ def test_the_report_draws_bytes_and_seconds_on_log_axes_with_readable_links(
                                               [a.get_title(), a.get_xlabel(), *_legend(a)]]
         assert not [t for t in texts if any(tag in t for tag in LINKS)]
         assert all("ring (baseline)" in _legend(a) for a in fig.axes)
+        fig.draw_without_rendering()  # each legend under its x label, inside the figure
+        whole = fig.bbox
+        for axes in fig.axes:
+            box = axes.get_legend().get_window_extent()
+            assert box.y1 <= axes.xaxis.label.get_window_extent().y0
+            assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0
     text = (out / "report.md").read_text()
     assert "metric_vs_seconds_between_1gbit_1us.png" in text  # the file names stay
 

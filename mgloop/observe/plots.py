@@ -21,9 +21,10 @@ band are over the seeds that did not diverge; when every seed diverged, over the
 diverged seeds' finite points. Each diverged seed is an 'x' at its last finite point
 (at its own x, or the line's x at that step where its record knows none: a diverged
 record has no bytes or seconds), and the curve's legend entry reads
-"LABEL (diverged: k/n seeds)" with the 'x' on it. Every curve has a legend entry: one
-with nothing to draw on this axis (no finite point with an x) reads
-"LABEL (diverged: k/n seeds; nothing to plot)" or "LABEL (no points)", never dropped.
+"LABEL (diverged: k/n seeds)" with the 'x' on it. Every curve has an entry in its
+panel's legend (under the panel's x label, off the curves): one with nothing to draw on
+this axis (no finite point with an x) reads "LABEL (diverged: k/n seeds; nothing to
+plot)" or "LABEL (no points)", never dropped.
 
 Styles. `styles` gives each curve label its colour and line style ({label: matplotlib
 keywords}, `palette`): the caller passes the same map to every figure of a report, so a
@@ -170,6 +171,7 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.transforms import ScaledTranslation
     styles = {**palette(label for curves in panels.values() for label in curves),
               **(styles or {})}
     drawn = {heading: {label: curve(recs, metric, x_of) for label, recs in curves.items()}
@@ -178,10 +180,13 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
     columns = min(COLUMNS, count)
     rows = math.ceil(count / columns)
     width = max(7.0, 4.6 * columns + 0.6)
+    xlabel = textwrap.fill(xlabel, width=int(4.4 * 13))  # ~13 characters an inch at 8 pt
+    under = 0.3 + 0.14 * (xlabel.count("\n") + 1)  # inches of tick labels and x label
     entries = max((len(curves) for curves in panels.values()), default=0)  # legend lines
-    fig, grid = plt.subplots(rows, columns, figsize=(width, (3.4 + 0.13 * entries) * rows
-                                                     + 0.9), dpi=110,
-                             sharey=True, squeeze=False)
+    title = textwrap.fill(title, width=int(width * 11))  # ~11 characters an inch at 10 pt
+    fig, grid = plt.subplots(rows, columns, figsize=(
+        width, (2.8 + under + 0.12 * entries) * rows + 0.2 * (title.count("\n") + 2) + 0.2),
+        dpi=110, sharey=True, squeeze=False, layout="constrained")  # room for the legends
     cells = [axes for row in grid for axes in row]
     for axes in cells[count:]:
         fig.delaxes(axes)
@@ -215,18 +220,15 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
         axes.grid(alpha=0.3)
         axes.tick_params(labelsize=7)
         if handles:
-            axes.legend(handles, texts, fontsize=6.5, loc="upper center",  # below the axes
-                        bbox_to_anchor=(0.5, -0.16), frameon=False)
+            below = axes.transAxes + ScaledTranslation(0, -under, fig.dpi_scale_trans)
+            axes.legend(handles, texts, fontsize=6.5, loc="upper center", frameon=False,
+                        bbox_to_anchor=(0.5, 0), bbox_transform=below)  # under the x label
     for row in grid:
         row[0].set_ylabel(metric.removeprefix("eval/") + " (eval)")
-    heading = textwrap.fill(title, width=int(width * 11))  # ~11 characters an inch at 10 pt
     note = "mean over seeds; band: min to max over seeds"
     if any_diverged:
         note += f"; {DIVERGED_MARKER}: a diverged seed's last finite eval (not in the mean)"
-    text = f"{heading}\n{note}"
-    fig.suptitle(text, fontsize=10)
-    top = (0.2 * (text.count("\n") + 1) + 0.15) / fig.get_figheight()  # the title's room
-    fig.tight_layout(rect=(0, 0, 1, 1 - top))
+    fig.suptitle(f"{title}\n{note}", fontsize=10)
     return fig
 
 
