@@ -155,7 +155,7 @@ class Loop:
                 begin, _, take = self._next_batch(iterator, after=end)
                 loss_sum, metric_sums, wait, steps, end, stats_last, sampled = (
                     self._counted_step(take, begin, loss_sum, metric_sums, wait, steps,
-                                       sample_stats, num_steps, stats_last))
+                                       sample_stats, num_steps, stats_last, sampled))
         else:
             while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
                 begin, has_batch, take = self._next_batch(iterator, after=end)
@@ -163,23 +163,23 @@ class Loop:
                     break
                 loss_sum, metric_sums, wait, steps, end, stats_last, sampled = (
                     self._counted_step(take, begin, loss_sum, metric_sums, wait, steps,
-                                       sample_stats, num_steps, stats_last))
+                                       sample_stats, num_steps, stats_last, sampled))
         return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
                 "input_wait": wait, "stats": stats_last, "sampled": sampled}
 
     def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps,
-                      sample_stats, num_steps, stats_last):
+                      sample_stats, num_steps, stats_last, sampled):
         """The loop's step on the batch `take()` gives, added to the loop's sums: (loss_sum,
         metric_sums, wait, steps, the step's end time, the statistics of the loop's last
-        step, sampled?). The step samples its statistics if it is step `num_steps - 1`."""
-        sampling = tf.logical_and(sample_stats, tf.equal(steps, num_steps - 1))
+        step, sampled?). With the statistics' hook, the step samples them if it is step
+        `num_steps - 1`; without it the last two pass through unchanged."""
         if self.stats is not None:
-            self.stats.sampling.assign(sampling)
+            sampled = tf.logical_and(sample_stats, tf.equal(steps, num_steps - 1))
+            self.stats.sampling.assign(sampled)
         result, step_wait, end = self._timed_step(self.step, take, begin)
-        stats = result.report.get("stats", stats_last)
         return (loss_sum + result.loss, metric_sums + tf.cast(result.metric_state, tf.float64),
-                wait + step_wait, steps + 1, end, stats,
-                tf.logical_and(sampling, self.stats is not None))
+                wait + step_wait, steps + 1, end, result.report.get("stats", stats_last),
+                sampled)
 
     def _next_batch(self, iterator, after: tf.Tensor):
         """(the step's begin time, read once `after` has run; has a batch?; take)."""
