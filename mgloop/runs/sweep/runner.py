@@ -234,6 +234,13 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
 
     def final_cells():
         chosen = {v.name: tune.chosen_point(plan, v) for v in variants}
+        for variant in variants:
+            edges = (tune.summary_for(plan, variant) or {}).get("at_edge")
+            if edges:
+                logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the "
+                                "best may be outside it; widen --tune on that side",
+                                variant.name, tune.text_of(chosen[variant.name]),
+                                ", ".join(f"{side} {key}" for key, side in edges.items()))
         cells = plan.cells(chosen)
         _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
         return cells

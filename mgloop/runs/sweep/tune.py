@@ -33,6 +33,10 @@ are refused in one line (`chosen_point`), never run at a point picked without a 
 (the sweep refuses, before anything runs, a --target metric that a cell does not report:
 plan.eval_metrics). Tuning cells run their whole budget even with --stop_at_target, so
 their final metrics compare at equal steps.
+
+A chosen value at the lowest or highest value of its numeric axis is marked (`at_edge`:
+in the record, the report's tuning table and the sweep's log): the best may lie outside
+the grid, and the grid should be widened on that side.
 """
 
 from __future__ import annotations
@@ -206,7 +210,28 @@ def summarise(tried: list[tuple[tuple, list[dict]]], target_text: str | None,
         best = min(scored, key=lambda i: (rows[i]["score"] if lower else -rows[i]["score"], i))
         chosen = rows[best]["values"]
     return {"metric": metric, "lower_is_better": lower, "seeds": list(seeds), "tried": rows,
-            "chosen": chosen}
+            "chosen": chosen, "at_edge": at_edge(rows, chosen)}
+
+
+def at_edge(rows: list[dict], chosen: dict | None) -> dict[str, str]:
+    """{key: "lowest" | "highest"} for each numeric axis of 2+ values whose chosen value is
+    the lowest or highest the grid tried: the best may lie outside the grid, so a reviewer
+    asks for it widened (the report and the sweep's log say so). Axes whose values are not
+    all numbers (a method's name, a format) have no edge."""
+    if chosen is None:
+        return {}
+    edges = {}
+    for key, value in chosen.items():
+        numbers = []
+        for text in dict.fromkeys(row["values"][key] for row in rows if key in row["values"]):
+            try:
+                numbers.append(float(text))
+            except (TypeError, ValueError):
+                break
+        else:
+            if len(numbers) >= 2 and float(value) in (min(numbers), max(numbers)):
+                edges[key] = "lowest" if float(value) == min(numbers) else "highest"
+    return edges
 
 
 def summary_for(plan, variant) -> dict | None:

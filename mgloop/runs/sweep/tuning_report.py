@@ -69,11 +69,19 @@ def section(output_dir: str, order: list[str]) -> list[str]:
             values = [row["values"].get(k, "—") for k in keys]
             per_seed = ", ".join("—" if v is None else f"{v:.4g}" for v in row["scores"])
             score = "—" if row["score"] is None else stats.text([row["score"]])
-            mark = ("**chosen**" if row["values"] == summary["chosen"] else
+            edges = summary.get("at_edge") or {}
+            edge = ("" if not edges else " (at the grid's " + ", ".join(
+                f"{side} `{key}`: widen" for key, side in edges.items()) + ")")
+            mark = ("**chosen**" + edge if row["values"] == summary["chosen"] else
                     "none chosen: no point has a score" if summary["chosen"] is None
                     and row is summary["tried"][0] else "")
             lines.append(f"| `{name}` | " + " | ".join(values)
                          + f" | {per_seed or '—'} | {score} | {mark} |")
+    edged = [name for name, s in found.items() if s.get("at_edge")]
+    lines += ["", (f"At a grid's edge: {', '.join(f'`{n}`' for n in edged)} (the best may lie "
+                   "outside the grid tried; widen it on that side)." if edged else
+                   "Every chosen value lies inside its grid (none at the lowest or highest "
+                   "value of a numeric axis).")]
     untuned = [name for name, s in found.items()
                if any(set(row["values"]) != set(keys) for row in s["tried"])]
     if untuned:
