@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from mgloop.observe import plots
 from mgloop.runs.sweep import plan as plan_lib
+from mgloop.runs.sweep import plot_panels
 from mgloop.runs.sweep import record
 from mgloop.runs.sweep import report
 
@@ -64,11 +65,11 @@ def test_panels_group_by_family_with_the_baseline_in_each():
     """One panel per family in FAMILIES' order, not the grid's; a family of 7 local-update
     variants in two panels of at most 6, one method's variants together; `ring` the
     baseline, first in every panel; a tied axis names the method too."""
-    split = report.panels(_one_axis(GRID))
+    split = plot_panels.panels(_one_axis(GRID))
     assert list(split) == ["dense", "local updates (1/2)", "local updates (2/2)",
                            "compressed every step", "robust"]
     assert all(list(curves)[0] == "ring (baseline)" for curves in split.values())
-    assert all(len(curves) - 1 <= report.MAX_CURVES for curves in split.values())
+    assert all(len(curves) - 1 <= plot_panels.MAX_CURVES for curves in split.values())
     assert list(split["dense"]) == ["ring (baseline)", "ps_cpu"]
     assert list(split["compressed every step"])[1:] == ["topk:ratio=0.01", "powersgd:rank=2"]
     local = list(split["local updates (1/2)"])[1:] + list(split["local updates (2/2)"])[1:]
@@ -77,24 +78,24 @@ def test_panels_group_by_family_with_the_baseline_in_each():
                      "streaming_diloco:period=4,fragments=2", "sparta_diloco:period=4"]
     assert list(split["local updates (1/2)"])[1:] == local[:4]  # cut after the diloco's
     # no ring: the first dense variant is the baseline; at most 6 besides it: one panel
-    few = report.panels(_one_axis(["diloco:period=4", "ps_cpu", "topk:ratio=0.01"]))
+    few = plot_panels.panels(_one_axis(["diloco:period=4", "ps_cpu", "topk:ratio=0.01"]))
     assert list(few) == ["local updates, compressed every step"]  # the curves studied
     assert list(few[list(few)[0]]) == ["ps_cpu (baseline)", "diloco:period=4",
                                        "topk:ratio=0.01"]
     tied = {f"aggregation/optimizer={s}/adam": _recs(s, [["aggregation/optimizer",
                                                            f"{s}/adam"]])
             for s in ("diloco:period=4", "sparseloco:period=4")}
-    assert [report.family_of(report.method_of(recs[0])) for recs in tied.values()] == [
+    assert [plot_panels.family_of(plot_panels.method_of(recs[0])) for recs in tied.values()] == [
         "local updates", "sparse averaging"]
-    assert report.baseline(tied) is None
+    assert plot_panels.baseline(tied) is None
     # with a KEY: the baseline's label (the other axes' values) first in each panel
     crossed = {f"aggregation={a},nodes={n}": _recs("x", [["aggregation", a], ["nodes", n]])
                for a in ("topk:ratio=0.01", "ring", "median") for n in ("2", "4")}
-    by_nodes = report.panels(crossed, "nodes")
+    by_nodes = plot_panels.panels(crossed, "nodes")
     assert list(by_nodes) == ["nodes=2", "nodes=4"]
     assert all(list(c) == ["aggregation=ring (baseline)", "aggregation=topk:ratio=0.01",
                            "aggregation=median"] for c in by_nodes.values())
-    assert not any("baseline" in label for c in report.panels(crossed, "aggregation").values()
+    assert not any("baseline" in label for c in plot_panels.panels(crossed, "aggregation").values()
                    for label in c)
 
 
@@ -102,8 +103,8 @@ def test_a_curve_keeps_its_colour_in_every_panel_and_figure():
     """The baseline black in every panel; every other variant one colour and line style,
     the same in the steps and the bytes figure; with a KEY, one label (one attack) the
     same colour in every panel though its tuned values differ."""
-    split = report.panels(_one_axis(GRID))
-    styles = report.curve_styles(split)
+    split = plot_panels.panels(_one_axis(GRID))
+    styles = plot_panels.curve_styles(split)
     figures = [plots.figure(split, "eval/loss", lambda p: p["step"], "steps", "t",
                             styles=styles),
                plots.figure(split, "eval/loss", lambda p: p["gradient_bytes"], "bytes", "t",
@@ -127,9 +128,9 @@ def test_a_curve_keeps_its_colour_in_every_panel_and_figure():
             name = f"aggregation={agg},attack={attack}"
             crossed[name] = _recs(name, [["aggregation", agg], ["attack", attack]],
                                   tuned={"learning_rate": tuned if agg == "median" else lr})
-    by_rule = report.panels(crossed, "aggregation")
+    by_rule = plot_panels.panels(crossed, "aggregation")
     fig = plots.figure(by_rule, "eval/loss", lambda p: p["step"], "steps", "t",
-                       styles=report.curve_styles(by_rule))
+                       styles=plot_panels.curve_styles(by_rule))
     colours = [{text.split(" [")[0]: to_rgba(h.get_color()) for text, h in _legend(a).items()}
                for a in fig.axes]
     assert list(_legend(fig.axes[0])) == ["attack=none [learning_rate=0.1]",
@@ -189,11 +190,11 @@ def test_the_report_draws_bytes_and_seconds_on_log_axes_with_readable_links(
 
 
 def test_link_text_reads_the_tags_back():
-    assert report.link_text("between_1gbit_1us") == "1 Gbit/s, 1 µs between nodes"
-    assert report.link_text("between_100mbit_50us") == "100 Mbit/s, 50 µs between nodes"
-    assert report.link_text("within_100gbit_2us") == "100 Gbit/s, 2 µs within a node"
-    assert report.link_text("1.5gbit_s_2ms") == "1.5 Gbit/s, 2 ms"  # from 1.5gbit/s,2ms
-    assert report.link_text("not_a_link") == "not_a_link"
+    assert plot_panels.link_text("between_1gbit_1us") == "1 Gbit/s, 1 µs between nodes"
+    assert plot_panels.link_text("between_100mbit_50us") == "100 Mbit/s, 50 µs between nodes"
+    assert plot_panels.link_text("within_100gbit_2us") == "100 Gbit/s, 2 µs within a node"
+    assert plot_panels.link_text("1.5gbit_s_2ms") == "1.5 Gbit/s, 2 ms"  # from 1.5gbit/s,2ms
+    assert plot_panels.link_text("not_a_link") == "not_a_link"
 
 
 def test_diverged_seeds_are_marked_and_never_dropped():
@@ -210,10 +211,10 @@ def test_diverged_seeds_are_marked_and_never_dropped():
                                                                  2: "diverged"})],
               "signsgd": [dict(r, curve=[dict(p, gradient_bytes=None) for p in r["curve"]])
                           for r in _recs("signsgd", axes_of("signsgd"))]}
-    split = report.panels(groups)
+    split = plot_panels.panels(groups)
     for x_of, log_x in ((lambda p: p["step"], False), (lambda p: p["gradient_bytes"], True)):
         fig = plots.figure(split, "eval/loss", x_of, "x", "t", log_x=log_x,
-                           styles=report.curve_styles(split))
+                           styles=plot_panels.curve_styles(split))
         (axes,) = fig.axes
         legend = _legend(axes)
         assert list(legend) == ["ring (baseline)", "topk (diverged: 1/3 seeds)",

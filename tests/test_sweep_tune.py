@@ -16,6 +16,7 @@ import pytest
 from mgloop.errors import ConfigError
 from mgloop.runs.sweep import grid
 from mgloop.runs.sweep import plan as plan_lib
+from mgloop.runs.sweep import plot_panels
 from mgloop.runs.sweep import record
 from mgloop.runs.sweep import report
 from mgloop.runs.sweep import runner
@@ -90,6 +91,26 @@ def test_the_score_is_the_mean_final_metric_and_the_best_point_is_chosen():
     assert higher["chosen"] == {"learning_rate": "0.1"}
     nothing = tune.summarise([(a, [_rec(1.0, diverged=True)]), (b, [])], None, (1000,))
     assert nothing["chosen"] is None  # no point has a score: none is chosen
+    assert nothing["at_edge"] == {}
+
+
+def test_a_winner_at_the_edge_of_a_numeric_axis_is_marked():
+    """The lowest or highest value of a numeric axis is an edge (given in any order); the
+    middle is not; a non-numeric axis has none; the report's table and its note say so."""
+    def point(lr, outer, name="adam"):
+        return (("learning_rate", lr), ("aggregation.outer_lr", outer), ("optimizer", name))
+    grid_points = [point(lr, outer, name) for lr in ("0.003", "0.001", "0.01")
+                   for outer in ("0.7", "1.0") for name in ("adam", "sgd")]
+    def summary(best):
+        return tune.summarise([(p, [_rec(0.5 if p == best else 1.0)]) for p in grid_points],
+                              None, (1000,))
+    assert summary(point("0.003", "0.7"))["at_edge"] == {"aggregation.outer_lr": "lowest"}
+    assert summary(point("0.001", "1.0", "sgd"))["at_edge"] == {
+        "learning_rate": "lowest", "aggregation.outer_lr": "highest"}
+    inside = tune.summarise([(p, [_rec(0.5 if p[0][1] == "0.003" else 1.0)])
+                             for p in [(("learning_rate", v),) for v in ("0.001", "0.003", "0.01")]],
+                            None, (1000,))
+    assert inside["chosen"] == {"learning_rate": "0.003"} and inside["at_edge"] == {}
 
 
 def test_the_tuning_never_chooses_a_point_without_a_value(tmp_path):
@@ -128,7 +149,8 @@ def test_the_tuning_never_chooses_a_point_without_a_value(tmp_path):
     assert not os.path.exists(plan.logdir(plan.cells()[0]))  # no final seed ran
     table = tuning_report.section(plan.output_dir, [variant.name])
     assert not [line for line in table if "**chosen**" in line]
-    assert "none chosen: no point has a score" in table[-3]
+    rows = [line for line in table if line.startswith("| `")]
+    assert "none chosen: no point has a score" in rows[0]
 
 
 TEXT = "the quick brown fox jumps over the lazy dog; " * 40
@@ -206,6 +228,8 @@ def test_a_tuning_sweep_of_a_language_model_to_a_perplexity_target(tmp_path):
 
     text = open(report.write(plan.output_dir, ["optimizer=adam", "optimizer=sgd"], "t")).read()
     assert "## Tuning" in text and text.count("**chosen**") == 2
+    # two values a grid: every winner is at an edge, and the report says to widen it
+    assert text.count(": widen)") == 2 and "At a grid's edge:" in text
     rows = [line for line in text.splitlines() if line.startswith("| `optimizer=")]
     assert len(rows) == 2 + 4  # the table's rows, then one per point tried
     for row, final in zip(rows, finals):
@@ -268,15 +292,15 @@ def test_plots_split_into_panels(tmp_path, monkeypatch):
              (crossed, None, 2, ["b=p", "b=q"]),
              (crossed, "a", 4, ["a=x", "a=y", "a=z", "a=w"])]
     for groups, key, count, titles in cases:
-        split = report.panels(groups, key)
+        split = plot_panels.panels(groups, key)
         assert len(split) == count and all(len(c) <= 6 for c in split.values())
         saved.clear()
         plots.plot(split, "eval/loss", lambda p: p["step"], "steps",
                    str(tmp_path / "p.png"), "t")
         assert saved == [titles]  # one Axes per panel, none empty
-    assert list(report.panels(crossed, "a")["a=x"]) == ["b=p", "b=q"]
+    assert list(plot_panels.panels(crossed, "a")["a=x"]) == ["b=p", "b=q"]
     with pytest.raises(ValueError, match="--panels=c: not a --vary axis; one of: a, b"):
-        report.panels(crossed, "c")
+        plot_panels.panels(crossed, "c")
     # records written before records held their axes are given them when loaded
     for name, recs in one.items():
         for rec in recs:
@@ -285,8 +309,8 @@ def test_plots_split_into_panels(tmp_path, monkeypatch):
             path.write_text(json.dumps(rec if name != "lr=0" else
                                        {k: v for k, v in rec.items() if k != "axes"}))
     older = report.by_variant(report.load(str(tmp_path / "older")), list(one))
-    assert list(report.panels(older)["1 of 2"]) == list(report.panels(one)["1 of 2"])
-    assert list(report.panels(older)["1 of 2"])[:2] == ["0", "1"]
+    assert list(plot_panels.panels(older)["1 of 2"]) == list(plot_panels.panels(one)["1 of 2"])
+    assert list(plot_panels.panels(older)["1 of 2"])[:2] == ["0", "1"]
     xs, means, lows, highs = plots.series(one["lr=1"], "eval/loss", lambda p: p["step"])
     assert xs == [2, 4] and lows == [1.5, 1.0] and highs == [1.7, 1.2]
     assert means == pytest.approx([1.6, 1.1], rel=1e-15)

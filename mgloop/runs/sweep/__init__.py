@@ -8,8 +8,10 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
     processes.py   the cells in worker processes; the parent forwards signals, waits for them
     tune.py     --tune: per variant a tuning grid on its own seeds, the best point chosen
     record.py   one JSON record per finished cell: eval curve, bytes, modelled seconds
-    report.py   report.md (tables), the plots' panels; the plots and the mean ± sd are
+    report.py   report.md (tables) and its plots; the plots and the mean ± sd are
                 observe/plots.py and observe/stats.py
+    plot_panels.py  which curves share a panel (method families, the baseline), their
+                styles, the links written out
     tuning_report.py  the report's Tuning section
 
 May import: ground modules, observe/ (stats, plots, link_model, link_report) and runs/
