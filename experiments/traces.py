@@ -351,7 +351,8 @@ def count(args) -> None:
     dataset = data.synthetic.make(seed=7, num_train=256, num_eval=64)
     trainer = prepare.trainer_for(Config(**dict(settings, **extra)), dataset)
     batches = [(x.numpy(), y.numpy())
-               for x, y in dataset.train_batches(COUNT_BATCH, 3).take(2)]
+               for x, y in dataset.train_batches(extra.get("global_batch_size", COUNT_BATCH),
+                                                 3).take(2)]
     prepare.train_on(trainer, batches)
     loop = trainer.loop.compiled_loop
     total = 0
