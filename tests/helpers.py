@@ -23,7 +23,7 @@ GLOBAL_BATCH = 16
 
 
 def small_config(logdir: str, **overrides) -> Config:
-    # diagnostics off: its sampled step doubles what each test traces (test_diagnostics sets it)
+    # diagnostics off: its statistics add ops to every trace (test_diagnostics sets it)
     settings = dict(devices="cpu:1", aggregation="ps_cpu", model="mlp", diagnostics=False,
                     global_batch_size=GLOBAL_BATCH, optimizer="momentum", learning_rate=0.1,
                     train_steps=5, steps_per_loop=5, seed=3, deterministic=True,
