@@ -23,8 +23,11 @@ GLOBAL_BATCH = 16
 
 
 def small_config(logdir: str, **overrides) -> Config:
-    # diagnostics off: its statistics add ops to every trace (test_diagnostics sets it)
+    # diagnostics off: its statistics add ops to every trace (test_diagnostics sets it);
+    # the exchange not timed apart after training (a second trace of it; the tests of
+    # exchange_seconds and the measured compute set time_exchange=True)
     settings = dict(devices="cpu:1", aggregation="ps_cpu", model="mlp", diagnostics=False,
+                    time_exchange=False,
                     global_batch_size=GLOBAL_BATCH, optimizer="momentum", learning_rate=0.1,
                     train_steps=5, steps_per_loop=5, seed=3, deterministic=True,
                     logdir=logdir, summary_every=0, log_every=0)

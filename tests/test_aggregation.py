@@ -158,7 +158,7 @@ def test_independent_moves_nothing(logdir):
 def test_run_reports_traffic_and_exchange_time(logdir):
     import mgloop
     summary = mgloop.run(helpers.small_config(logdir, devices="cpu:4", aggregation="ring",
-                                              train_steps=3))
+                                              train_steps=3, time_exchange=True))
     trainer, traffic = traffic_after_one_step(logdir + "_2", devices="cpu:4", aggregation="ring")
     assert summary["traffic_bytes_per_step"] == traffic.as_dict()
     assert summary["exchange_seconds"] > 0
@@ -168,5 +168,6 @@ def test_run_reports_traffic_and_exchange_time(logdir):
     assert state == {"state": {device: 8 + p for device in trainer.aggregation.devices.towers},
                      "owned_weights": {}}
     colocated = mgloop.run(helpers.small_config(logdir + "_3", devices="cpu:2",
-                                                aggregation="colocate", train_steps=3))
+                                                aggregation="colocate", train_steps=3,
+                                                time_exchange=True))
     assert colocated["exchange_seconds"] is None  # one loss: no exchange of its own

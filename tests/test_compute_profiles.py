@@ -138,12 +138,15 @@ def test_a_profile_changes_the_modelled_time_and_not_the_training(tmp_path):
     """Two nodes, the second at half speed: the same weights and loss bit for bit with and
     without --compute (the step is traced for its FLOPs, never run); the modelled compute
     is F b / (P E) / 0.5 with F the mlp's count (above) and b the 8 examples per tower,
-    and every modelled step time uses it."""
+    and every modelled step time uses it. The profiled run does not time its exchange apart
+    (--time_exchange=false): no exchange_seconds, its measured compute the whole step."""
     base = dict(devices="cpu:2", nodes=2, aggregation="ring", train_steps=4, steps_per_loop=2,
                 links=("10gbit,10us",))
-    plain = mgloop.run(helpers.small_config(str(tmp_path / "plain"), **base))
+    plain = mgloop.run(helpers.small_config(str(tmp_path / "plain"), time_exchange=True,
+                                            **base))
     profiled = mgloop.run(helpers.small_config(
-        str(tmp_path / "a100"), compute="a100:efficiency=0.5", node_speeds="1,0.5", **base))
+        str(tmp_path / "a100"), compute="a100:efficiency=0.5", node_speeds="1,0.5",
+        time_exchange=False, **base))
     for a, b in zip(plain.trainer.model.get_weights(), profiled.trainer.model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert plain["final_train_loss"] == profiled["final_train_loss"]
@@ -158,7 +161,9 @@ def test_a_profile_changes_the_modelled_time_and_not_the_training(tmp_path):
     assert modelled["compute_source"] == (
         "profile a100 at 0.5 of 312e12 FLOP/s, 204288 FLOPs per example, 8 examples per "
         "tower step; waits for the slowest node (speed 0.5)")
-    assert modelled["measured_compute_seconds"] > 0
+    assert plain["exchange_seconds"] > 0 and profiled["exchange_seconds"] is None
+    assert modelled["measured_compute_seconds"] == pytest.approx(
+        profiled["median_step_time"], rel=1e-12) and modelled["measured_compute_seconds"] > 0
     figures = modelled["links"]["10gbit_10us"]
     assert figures["exchange_seconds"] == measured["links"]["10gbit_10us"]["exchange_seconds"]
     assert figures["step_seconds_no_overlap"] == pytest.approx(

@@ -157,7 +157,7 @@ def test_summary_and_tensorboard_report_the_model_of_the_counted_traffic(logdir)
     links = ("1gbit,50us", "100gbit,2us")
     summary = mgloop.run(helpers.small_config(
         logdir, devices="cpu:2", aggregation="ring", train_steps=4, steps_per_loop=4,
-        links=links))
+        links=links, time_exchange=True))
     # one loop: its first step (the trace) is timed apart, the median from the other three
     assert summary["examples_per_sec"] > 0
     assert 0 < summary["median_step_time"] < summary["traced_step_seconds"] / 3

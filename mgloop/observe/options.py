@@ -58,6 +58,11 @@ class ObserveOptions:
         "utilisation, 0 < E <= 1, default 0.4) | seconds=X (one tower's step, given); "
         "observe/hardware.py", neutral="a model computed after training; the step is traced "
         "for its FLOPs, never run")
+    time_exchange: bool = setting(
+        True, "after training, time the exchange alone (traced apart: seconds for a "
+        "compressor) for summary.json's exchange_seconds and the measured compute (the median "
+        "step less it); false: exchange_seconds is null and the measured compute keeps the "
+        "exchange", neutral="a measurement after training")
     node_speeds: str | None = setting(
         None, "S1,S2,...: one speed factor per node (--nodes, or the workers), e.g. 1,1,0.5,1; "
         "every step waits for the slowest node, so the modelled compute per step is "

@@ -21,10 +21,11 @@ from mgloop.runs.config import Config
 
 # The small deterministic run of `method_config`: the MLP, momentum SGD, 4 steps in one
 # loop, nothing written between loops; what the comparisons of a method between real
-# workers and simulated nodes train (tests/workers/, experiments/methods_between_nodes.py).
+# workers and simulated nodes train (tests/workers/, experiments/methods_between_nodes.py);
+# its exchange is not timed apart after training (the comparisons read bytes, not seconds).
 SMALL_RUN = dict(model="mlp", global_batch_size=64, optimizer="momentum", learning_rate=0.1,
                  train_steps=4, steps_per_loop=4, seed=3, deterministic=True, summary_every=0,
-                 log_every=0, diagnostics=False, collective_timeout=60)
+                 log_every=0, diagnostics=False, collective_timeout=60, time_exchange=False)
 
 
 def method_settings(spec: str) -> tuple[str, dict]:

@@ -64,13 +64,15 @@ def rescue_saver(trainer: Trainer, node_saver=None, chief: bool = True) -> Calla
 def measure(config: Config, trainer: Trainer, result: controller.FitResult, start_step: int,
             health, monitor: monitor_lib.Monitor, train_writer, eval_writer,
             chief: bool, example_spec=(None, None)) -> Measured:
-    """After training: the exchange timed alone (if any step was trained), then the peers'
-    health checks stop (no collective between workers from here on), the compute per step
+    """After training: the exchange timed alone (if any step was trained, and
+    --time_exchange), then the peers' health checks stop (no collective between workers
+    from here on), the compute per step
     of --compute (step_flops.py: traces the step for its FLOPs with a profile, from the
     input's `example_spec`, its (features, labels) specs of one example), the link model,
     the final scalars and the final eval; closes both writers; the chief writes the final
     metrics (HParams) and the compute's source (TensorBoard text)."""
-    exchange_seconds = trainer.time_exchange() if result.final_step > start_step else None
+    exchange_seconds = (trainer.time_exchange()
+                        if config.time_exchange and result.final_step > start_step else None)
     health.stop()  # no collective between workers from here on: a peer may now exit
     schedule = link_report.Schedule(trainer.aggregation.traffic, result.final_step)
     mean = schedule.mean_traffic()  # per device, averaged over the run's steps
