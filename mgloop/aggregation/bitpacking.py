@@ -72,12 +72,7 @@ def _pack_fields(fields: tf.Tensor, width: int) -> tf.Tensor:
 def _unpack_fields(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:
     """[n] int32 in [0, 2^width): the inverse of `_pack_fields` for its first n fields."""
     packed = tf.reshape(tf.convert_to_tensor(packed, tf.uint8), [-1])
-    shifts = tf.constant(list(range(8)), tf.uint8)
-    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(packed[:, None], shifts), 1)
-    stream = tf.reshape(bits, [-1])[:n * width]
-    by_field = tf.cast(tf.reshape(stream, [n, width]), tf.int32)
-    return tf.reduce_sum(by_field * tf.constant([1 << b for b in range(width)], tf.int32),
-                         axis=1)
+    return _unpack_field_rows(packed[tf.newaxis], n, width)[0]
 
 
 def _unpack_field_rows(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:

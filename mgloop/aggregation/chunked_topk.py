@@ -33,14 +33,14 @@ Quantiser (value_bits = b >= 1; the reference's "statistical quantization" with 
     book  = [mu, l_0 .. l_{B-1}],  l_j = S(c where q = j) / #{q = j}  (0 if none)
     C(val) = l_q + mu                                     what every node decodes
 
-S(.) is a sum in a fixed order (`tree_sum`: padded with zeros to a power of two and
+S(.) is a sum in a fixed order (`tree_sums`: padded with zeros to a power of two and
 halved, x[:n/2] + x[n/2:], until one value is left), so every node and the numpy model in
 tests/test_sparseloco.py add in the same order on any CPU. The reference divides by N,
 sqrt(N - 1) and B where mgloop multiplies by the float32 constants above (TensorFlow's
 graph optimiser would rewrite a division by a constant so anyway): the last bit may differ.
 value_bits = 0: the kept values travel as float32, C(val) = val.
 
-Wire of one tensor (`encode`, then `wire_bytes`): idx at w = max(1, ceil(log2 L)) bits each
+Wire of one tensor (`encode_many`, then `wire_bytes`): idx at w = max(1, ceil(log2 L)) bits each
 (bitpacking.pack_bit_fields: 12 bits for L = 4096), ceil(N w / 8) bytes; then the codes at b
 bits (bitpacking.pack_levels), ceil(N b / 8) bytes, and the book, 4 (B + 1) bytes; or with
 b = 0 the values, 4 N bytes. (The reference sends int64 indices and uint8 codes; its own
@@ -118,26 +118,16 @@ class Geometry:
         return tf.reshape(tf.transpose(blocks, [0, 2, 1, 3]), self.shape)
 
     def places_rows(self, index: tf.Tensor) -> tf.Tensor:
-        """[R, N, 2]: `places` of each of the R payloads' idx [R, chunks, k]."""
+        """[R, N, 2]: (chunk, place in chunk) of each of the R payloads' idx [R, chunks, k],
+        for the scatters."""
         rows, k = index.shape[0], index.shape[2]
         chunk = tf.broadcast_to(tf.range(self.chunks, dtype=tf.int32)[None, :, None],
                                 [rows, self.chunks, k])
         return tf.reshape(tf.stack([chunk, index], axis=-1), [rows, -1, 2])
 
-    def places(self, index: tf.Tensor) -> tf.Tensor:
-        """[N, 2]: (chunk, place in chunk) of idx [chunks, k], for the scatters."""
-        k = index.shape[1]
-        rows = tf.tile(tf.range(self.chunks, dtype=tf.int32)[:, None], [1, k])
-        return tf.reshape(tf.stack([rows, index], axis=-1), [-1, 2])
-
-
-def tree_sum(x: tf.Tensor) -> tf.Tensor:
-    """The sum of the 1-D x in a fixed order (module docstring)."""
-    return tree_sums([x[None]])[0][0]
-
 
 def tree_sums(xs: list) -> list:
-    """[r] per [r, n] x of `xs`: each row's `tree_sum`, the rows of every x whose padded
+    """[r] per [r, n] x of `xs`: each row's sum S in a fixed order (module docstring), the rows of every x whose padded
     length is the same added as one batch (the same adds of the same values: the same bits),
     so a trace holds one halving chain per padded length, not one per row."""
     groups: dict[int, list[int]] = {}
@@ -173,13 +163,10 @@ class ChunkedTopK:
     def kept(self, geometry: Geometry) -> int:
         return kept(self.density, geometry.length)
 
-    def encode(self, chunks: tf.Tensor, geometry: Geometry) -> tuple:
-        """The wire parts of e's chunks [chunks, L]: (packed idx, packed codes, book), or
-        (packed idx, float32 values) with value_bits = 0."""
-        return self.encode_many([chunks], [geometry])[0]
-
     def encode_many(self, chunks: list, geometries: list) -> list[tuple]:
-        """`encode` of several tensors, their quantisers' sums batched (`quantise_many`)."""
+        """The wire parts of each tensor's chunks [chunks, L]: (packed idx, packed codes,
+        book), or (packed idx, float32 values) with value_bits = 0; the quantisers' sums of
+        every tensor batched (`quantise_many`)."""
         indices, values = [], []
         for each, geometry in zip(chunks, geometries):
             _, index = tf.math.top_k(tf.abs(each), self.kept(geometry))
@@ -190,13 +177,10 @@ class ChunkedTopK:
         return [(index, bitpacking.pack_levels(codes, self.value_bits), book)
                 for index, (codes, book) in zip(indices, self.quantise_many(values))]
 
-    def quantise(self, val: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """(q int32 [N], book float32 [B + 1]) of the kept values (module docstring)."""
-        return self.quantise_many([val])[0]
-
     def quantise_many(self, vals: list) -> list[tuple[tf.Tensor, tf.Tensor]]:
-        """`quantise` of several tensors' kept values, each with its own N, mu, sd and book;
-        every tree_sum of a stage (the means, the deviations, the bins) in one `tree_sums`."""
+        """(q int32 [N], book float32 [B + 1]) of each tensor's kept values (module
+        docstring), each with its own N, mu, sd and book; every sum S of a stage (the means,
+        the deviations, the bins) in one `tree_sums`."""
         bins = 2 ** self.value_bits
         mus = [total[0] * F32(1.0 / val.shape[0])
                for val, total in zip(vals, tree_sums([val[None] for val in vals]))]
@@ -223,21 +207,9 @@ class ChunkedTopK:
             out.append((q, tf.concat([mu[None], lookup], 0)))
         return out
 
-    def decode(self, parts: tuple, geometry: Geometry) -> tuple[tf.Tensor, tf.Tensor]:
-        """(idx int32 [chunks, k], C(val) float32 [N]) from the wire parts."""
-        k = self.kept(geometry)
-        n = geometry.chunks * k
-        index = tf.reshape(bitpacking.unpack_bit_fields(parts[0], n, geometry.index_bits),
-                           [geometry.chunks, k])
-        if not self.value_bits:
-            return index, parts[1]
-        codes = bitpacking.unpack_levels(parts[1], n, self.value_bits)
-        book = parts[2]
-        return index, tf.gather(book[1:], codes) + book[0]
-
     def decode_rows(self, parts: tuple, geometry: Geometry) -> tuple[tf.Tensor, tf.Tensor]:
-        """`decode` of R payloads at once, each part with a leading axis of R: (idx int32
-        [R, chunks, k], C(val) float32 [R, N])."""
+        """(idx int32 [R, chunks, k], C(val) float32 [R, N]) of R payloads' wire parts at
+        once, each part with a leading axis of R."""
         k = self.kept(geometry)
         n = geometry.chunks * k
         rows = parts[0].shape[0]

@@ -67,6 +67,12 @@ def _gather_from_peers(method, payloads, devices, exact: bool) -> list:
         return [tuple(tf.cast(p, o.dtype) for p, o in zip(parts, own)) for parts in have]
 
 
+def on_one_device(method, towers) -> bool:
+    """Whether every tower of this process is on one device and no peer process takes
+    part: `send` then moves nothing, and every tower receives the very same tensors."""
+    return method.peers is None and len({canonical(d) for d in towers}) == 1
+
+
 def buckets_of(sizes: list[int], limit: int) -> list[list[int]]:
     """Consecutive positions grouped so that each group's sizes sum to at most `limit`
     (a size above it alone; limit 0: every position alone), as DDP's buckets."""
@@ -97,7 +103,7 @@ def gather_in_buckets(method, encoded: list, indices: list[int]) -> dict:
     sizes = [sum(on_wire(p).dtype.size * p.shape.num_elements() for p in encoded[i].wires[0])
              for i in indices]
     # towers of one device (--towers_per_device) send nothing to each other: no buckets
-    one_device = method.peers is None and len({canonical(d) for d in towers}) == 1
+    one_device = on_one_device(method, towers)
     have = {}
     for bucket in buckets_of(sizes, 0 if one_device else method.bucket_bytes):
         members = [indices[j] for j in bucket]
@@ -202,8 +208,7 @@ def summed(method, payloads, sites):
     """Every tower: decompress(sum_t p_t), each part summed by the ring all-reduce."""
     towers = list(method.devices.towers)
     sums = [[] for _ in towers]
-    one_device = (method.peers is None and len(towers) > 1
-                  and len({canonical(d) for d in towers}) == 1)
+    one_device = len(towers) > 1 and on_one_device(method, towers)
     for j in range(len(payloads[0])):
         if one_device and payloads[0][j].dtype.is_integer:
             # towers of one device send nothing, and integers add exactly in any order: one
