@@ -188,8 +188,8 @@ def large_gradient_config(logdir, **overrides):
 
 
 def test_traffic_is_the_ordinary_steps_with_diagnostics(logdir):
-    """With the statistics' hook in the step (sampled on the loop's last step), the
-    recorded traffic is the plain step's, and the large-gradient sums still factor."""
+    """The sampled step (no factoring: its statistics need every tower's gradient) moves
+    other bytes; the recorded traffic stays the ordinary step's."""
     plain = helpers.build_trainer(large_gradient_config(logdir))
     run_steps(plain)
     sampled = helpers.build_trainer(large_gradient_config(logdir, diagnostics=True,

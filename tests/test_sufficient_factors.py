@@ -181,8 +181,8 @@ def test_diagnostics_keep_factoring_on_the_sampled_step(logdir):
                                   diagnostics=True, summary_every=STEPS)
     trainer = helpers.build_trainer(config)
     factors = trainer.step.hooks.find(SufficientFactorsHook)
-    stats_hook = trainer.step.hooks.find(GradientStats)
-    assert trainer.loop.stats is stats_hook
+    assert trainer.loop.sampled_step.hooks.find(SufficientFactorsHook) is factors
+    stats_hook = trainer.loop.sampled_step.hooks.find(GradientStats)
     assert factors.candidates and stats_hook.leave_out == set(factors.candidates)
     steps_batches = helpers.batches(STEPS)
     stream = tf.data.Dataset.from_tensor_slices((np.stack([x for x, _ in steps_batches]),

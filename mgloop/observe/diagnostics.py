@@ -25,10 +25,10 @@ about 1/sqrt(T) when they are independent noise (the signal-to-noise view of
 large-batch studies). All gradient statistics come from the towers' Gram
 matrix, formed on the host: each tower sends its flattened gradient there
 (P bytes per tower, outside the traffic counts, which are the aggregation's).
-They are a sample: computed on the last step of each summary window only (the
-hook of hooks/sampled_stats.py computes them inside a `tf.cond` on a flag that the
-compiled loop, `loop.Loop.compiled_loop`, sets for that step alone: the step is traced
-once, and the window's other steps skip them) and written as they are.
+They are a sample: computed on the last step of each summary window only (the loop
+runs that step apart, `loop.Loop.sampled_once`, as a step with the hook of
+hooks/sampled_stats.py in a compiled call of its own, traced at the first sample: the
+window's other steps are the step without them) and written as they are.
 
 At summary time, outside the step: `memory_scalars`.
 """

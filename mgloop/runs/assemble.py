@@ -3,9 +3,9 @@
 Every choice about what the step does is made here, once, from the settings:
 which hooks (hooks/__init__.py) the step gets, whether its pass accumulates
 micro-batches, which exchange it runs (exchange.py), and which kind of step it is
-(`TowerStep`, or `SingleLossStep` for a single-loss method). With --diagnostics the step
-also gets the gradient statistics' hook, computed only on the step the loop samples
-(leaving out the variables the large-gradient hooks sum at their homes).
+(`TowerStep`, or `SingleLossStep` for a single-loss method). With --diagnostics a
+second step, the sampled one, gets the gradient statistics' hook besides the others (the
+loop runs it apart on the last step of a summary window: loop.py).
 """
 
 from __future__ import annotations
@@ -268,27 +268,30 @@ def single_loss_loop(config: Config, parts: StepParts, staging) -> tuple:
 
 def tower_loop(config: Config, parts: StepParts, staging) -> tuple:
     """(the TowerStep, its loop): the large-gradient hooks where they apply, the exchange,
-    and with --diagnostics the statistics' hook (computed on the step the loop samples)."""
+    and with --diagnostics the same step with its statistics added (sampled by the loop)."""
     replicas, loss_fn, metrics = parts.replicas, parts.loss_fn, parts.metrics
     common, passes, streams = parts.common.hooks, parts.passes, parts.streams
     aggregation = replicas.aggregation
     average = config.grad_reduce == "mean"
     large = large_gradient_hooks(config, replicas, parts.common.loss_scaling)
     factors = next((h for h in large if isinstance(h, SufficientFactorsHook)), None)
-    stats = None
-    if config.diagnostics:  # the statistics, sampled by the loop (one step of a loop)
-        stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
-                              replicas.copies, leave_out=summed_at_home(large),
-                              byzantine=parts.common.byzantine)
-    step_hooks = Hooks(common + large + ([stats] if stats else []),
-                       factors.gradients if factors else tape_gradients)
+    step_hooks = Hooks(common + large, factors.gradients if factors else tape_gradients)
     step = TowerStep(replicas, loss_fn, metrics, step_hooks, passes,
                      exchange_lib.make(aggregation, replicas.copies, average,
                                        config.pack_bytes, bool(large),
                                        config.sparse_as_dense,
                                        replicas.update if config.shard_update else None),
                      streams, parts.compiled)
-    return step, loop.Loop(step, staging, metrics, stats)
+    sampled, names = None, []
+    if config.diagnostics:  # the same step, its statistics added (and sampled)
+        stats = GradientStats(replicas.tower_devices, aggregation.devices.host,
+                              replicas.copies, leave_out=summed_at_home(large),
+                              byzantine=parts.common.byzantine)
+        sampled = TowerStep(replicas, loss_fn, metrics,
+                            Hooks(common + large + [stats], step_hooks.gradients), passes,
+                            step.exchange, streams, parts.compiled)
+        names = stats.names
+    return step, loop.Loop(step, staging, metrics, sampled, names)
 
 
 def _towers_per_node(aggregation) -> int:

@@ -83,27 +83,28 @@ class LoopResult:
 
 
 class Loop:
-    """Runs `step` on the batches the `staging` hands the towers, in compiled loops. With
-    --diagnostics, `stats` is the step's statistics hook (hooks/sampled_stats.py): the loop
-    sets its `sampling` flag for the step it samples and returns its "stats" report."""
+    """Runs `step` (and, with --diagnostics, `sampled_step` with names `stat_names` for its
+    "stats" report) on the batches the `staging` hands the towers, in compiled loops."""
 
-    def __init__(self, step, staging: staging_lib.HostStaging, metrics, stats=None):
-        self.step, self.staging, self.stats = step, staging, stats
-        self.metrics = list(metrics)
-        self.stat_names = list(stats.names) if stats is not None else []
+    def __init__(self, step, staging: staging_lib.HostStaging, metrics,
+                 sampled_step=None, stat_names=()):
+        self.step, self.sampled_step, self.staging = step, sampled_step, staging
+        self.metrics, self.stat_names = list(metrics), list(stat_names)
         self._input = None  # the iterator whose batches the staging holds
 
     def train_loop(self, iterator: Iterator, num_steps: int,
                    sample_stats: bool = True) -> LoopResult:
-        """Up to `num_steps` steps on the iterator's global batches, in one compiled call.
+        """Up to `num_steps` steps on the iterator's global batches, in compiled calls.
 
         Fewer steps run only if the iterator ends (then every batch it gave has
         been trained on). Batches staged ahead stay staged for the next call
         with the same iterator; given another iterator, the staging first drops
         what the previous one staged. With --diagnostics and `sample_stats`, the
         gradient statistics are computed on the loop's last step alone (a
-        sample, as summaries are: the other steps skip them, so their cost is
-        one step's per loop) and returned in `stats`.
+        sample, as summaries are): the loop runs `num_steps - 1` steps of the
+        step without them, then that last step in a compiled call of its own,
+        `sampled_once` (traced at the first sample, not with the loop: the first
+        step traces the step once), and returns them in `stats`.
         """
         if iterator is not self._input:
             self.staging.clear()
@@ -111,18 +112,29 @@ class Loop:
         began = time.perf_counter()
         self.staging.prime(iterator)
         primed = time.perf_counter() - began
-        # the first call traces (minutes for some methods): logged, not silent
-        tracing = (logged_trace(self._traced_what())
-                   if self.compiled_loop.experimental_get_tracing_count() == 0
-                   else contextlib.nullcontext())
-        with tracing, tensor_branches_refused():
-            out = self.compiled_loop(iterator, tf.constant(num_steps, tf.int32),
-                                     tf.constant(sample_stats and bool(self.stat_names)))
+        sampled = sample_stats and self.sampled_step is not None
+        out = self._call(self.compiled_loop, self._traced_what(), iterator,
+                         tf.constant(num_steps - int(sampled), tf.int32))
+        out = {key: value.numpy() for key, value in out.items()}
+        stats = {}
+        if sampled and int(out["steps"]) == num_steps - 1:
+            last = self._call(self.sampled_once, "the sampled step (--diagnostics) of "
+                              + self._traced_what(), iterator)
+            last = {key: value.numpy() for key, value in last.items()}
+            if last["sampled"]:
+                out = {key: out[key] + last[key] for key in out}
+                stats = dict(zip(self.stat_names, last["stats"].tolist()))
         return LoopResult(steps=int(out["steps"]), loss_sum=float(out["loss_sum"]),
                           metric_sums=metrics_lib.split(self.metrics, out["metric_sums"]),
-                          input_wait=float(out["input_wait"]) + primed,
-                          stats=(dict(zip(self.stat_names, out["stats"].numpy().tolist()))
-                                 if bool(out["sampled"]) else {}))
+                          input_wait=float(out["input_wait"]) + primed, stats=stats)
+
+    @staticmethod
+    def _call(function, what: str, *args) -> dict:
+        """`function(*args)`; its first call traces (minutes for some methods): logged."""
+        tracing = (logged_trace(what) if function.experimental_get_tracing_count() == 0
+                   else contextlib.nullcontext())
+        with tracing, tensor_branches_refused():
+            return function(*args)
 
     def _traced_what(self) -> str:
         """What the trace builds, for its log line."""
@@ -136,50 +148,60 @@ class Loop:
         self._input = None
 
     @tf.function
-    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor,
-                      sample_stats: tf.Tensor) -> dict[str, tf.Tensor]:
-        """The loop of `train_loop`: sums over the steps run, and their count.
-
-        With `sample_stats` (true only with --diagnostics), step `num_steps - 1`, the last
-        if the input lasts, is the sampled one: the step is traced once, its statistics
-        inside a `tf.cond` that only that step takes.
-        """
+    def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The loop of `train_loop`: sums over the steps run, and their count."""
         loss_sum = tf.constant(0.0)  # exact sums:
         metric_sums = tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64)
-        stats_last, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
         steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
         end = staging_lib.clock()
         # the condition reads the staging's count after the last step's end (not a loop variable)
         if self.staging.knows_ahead:  # device staging: no `break`, so no conditional either
             while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
                 begin, _, take = self._next_batch(iterator, after=end)
-                loss_sum, metric_sums, wait, steps, end, stats_last, sampled = (
-                    self._counted_step(take, begin, loss_sum, metric_sums, wait, steps,
-                                       sample_stats, num_steps, stats_last, sampled))
+                loss_sum, metric_sums, wait, steps, end = self._counted_step(
+                    take, begin, loss_sum, metric_sums, wait, steps)
         else:
             while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
                 begin, has_batch, take = self._next_batch(iterator, after=end)
                 if not has_batch:  # a tensor: the staging cannot know ahead (host, none)
                     break
-                loss_sum, metric_sums, wait, steps, end, stats_last, sampled = (
-                    self._counted_step(take, begin, loss_sum, metric_sums, wait, steps,
-                                       sample_stats, num_steps, stats_last, sampled))
+                loss_sum, metric_sums, wait, steps, end = self._counted_step(
+                    take, begin, loss_sum, metric_sums, wait, steps)
         return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
-                "input_wait": wait, "stats": stats_last, "sampled": sampled}
+                "input_wait": wait}
 
-    def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps,
-                      sample_stats, num_steps, stats_last, sampled):
+    @tf.function
+    def sampled_once(self, iterator: Iterator) -> dict[str, tf.Tensor]:
+        """The sampled step (--diagnostics: the step with its statistics' hook) on the next
+        batch, if one is left: the sums of `compiled_loop` over it (0 or 1 step), its
+        statistics and whether it ran. A function of its own, so that the loop's steps are
+        exactly the step without the statistics (no per-step cost) and the first call of
+        the loop traces the step once. Its trace leaves the traffic counts as the ordinary
+        step's."""
+        loss_sum = tf.constant(0.0)
+        metric_sums = tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64)
+        steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
+        stats, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
+        end = staging_lib.clock()
+        if self.staging.may_have_batch(after=end):
+            begin, has_batch, take = self._next_batch(iterator, after=end)
+            if has_batch:
+                traffic = self.sampled_step.replicas.aggregation.traffic
+                ordinary = traffic.snapshot()
+                result, wait, end = self._timed_step(self.sampled_step, take, begin)
+                traffic.restore(ordinary)  # the counts stay the ordinary step's
+                loss_sum = result.loss
+                metric_sums = tf.cast(result.metric_state, tf.float64)
+                stats, sampled, steps = result.report["stats"], tf.constant(True), tf.constant(1)
+        return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
+                "input_wait": wait, "stats": stats, "sampled": sampled}
+
+    def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps):
         """The loop's step on the batch `take()` gives, added to the loop's sums: (loss_sum,
-        metric_sums, wait, steps, the step's end time, the statistics of the loop's last
-        step, sampled?). With the statistics' hook, the step samples them if it is step
-        `num_steps - 1`; without it the last two pass through unchanged."""
-        if self.stats is not None:
-            sampled = tf.logical_and(sample_stats, tf.equal(steps, num_steps - 1))
-            self.stats.sampling.assign(sampled)
+        metric_sums, wait, steps, the step's end time)."""
         result, step_wait, end = self._timed_step(self.step, take, begin)
         return (loss_sum + result.loss, metric_sums + tf.cast(result.metric_state, tf.float64),
-                wait + step_wait, steps + 1, end, result.report.get("stats", stats_last),
-                sampled)
+                wait + step_wait, steps + 1, end)
 
     def _next_batch(self, iterator, after: tf.Tensor):
         """(the step's begin time, read once `after` has run; has a batch?; take)."""

@@ -1,12 +1,7 @@
-"""`--diagnostics` as a hook of the step (diagnostics.py): the towers' gradient statistics
-from what they hand the exchange (`observe`), and the replica divergence once every copy
-holds the step's update (`report`: {"stats": float32 [len(stat_names)]}); with
---byzantine_towers, then `tower_<t>/byzantine` of this worker's towers (1: altered).
-
-Sampled: the step is traced once, with the statistics inside a `tf.cond` on `sampling` (a
-boolean variable the loop sets true for the step it samples, loop.py), so the other steps
-skip them (their cost is a predicate read) and the trace is not built twice. The branch
-holds no collective: every worker samples its own statistics."""
+"""`--diagnostics` as a hook of the sampled step (diagnostics.py): the towers' gradient
+statistics from what they hand the exchange (`observe`), and the replica divergence once
+every copy holds the step's update (`report`: {"stats": float32 [len(stat_names)]});
+with --byzantine_towers, then `tower_<t>/byzantine` of this worker's towers (1: altered)."""
 
 from __future__ import annotations
 
@@ -26,32 +21,19 @@ class GradientStats(Hook):
         self.leave_out = set(leave_out)
         self.byzantine = byzantine  # hooks/attack_hook.py's hook, or None
         self.names = diagnostics.stat_names(len(self.tower_devices), byzantine is not None)
-        with tf.device(host):  # set by the loop before each step: sample this one?
-            self.sampling = tf.Variable(False, trainable=False, name="sample_stats")
         self._stats = None
 
     def observe(self, losses, grads):
         kept = [[g for i, g in enumerate(tower) if i not in self.leave_out and g is not None]
                 for tower in grads]
-        size = len(diagnostics.stat_names(len(self.tower_devices))) - 1  # but the divergence
-        with tf.device(self.host):
-            self._stats = tf.cond(
-                self.sampling,
-                lambda: diagnostics.gradient_stats(losses, kept, self.tower_devices,
-                                                   self.host),
-                lambda: tf.zeros([size]))
+        self._stats = diagnostics.gradient_stats(losses, kept, self.tower_devices, self.host)
 
     def report(self, done):
-        def sampled():
-            with tf.control_dependencies([done]):  # after every copy's update
-                divergence = diagnostics.replica_divergence(self.copies)
-            with tf.device(self.host):
-                parts = [self._stats, divergence[None]]
-                if self.byzantine is not None:  # this worker's towers' entries
-                    first = self.byzantine.first_tower
-                    parts.append(self.byzantine.flags()[first:first + len(self.tower_devices)])
-                return tf.concat(parts, 0)
-
+        with tf.control_dependencies([done]):  # after every copy's update
+            divergence = diagnostics.replica_divergence(self.copies)
         with tf.device(self.host):
-            return {"stats": tf.cond(self.sampling, sampled,
-                                     lambda: tf.zeros([len(self.names)]))}
+            parts = [self._stats, divergence[None]]
+            if self.byzantine is not None:  # this worker's towers' entries
+                first = self.byzantine.first_tower
+                parts.append(self.byzantine.flags()[first:first + len(self.tower_devices)])
+            return {"stats": tf.concat(parts, 0)}
