@@ -16,6 +16,10 @@
                            (1000, 1001, ...), the final --seeds then at the best point
                            (repeatable; KEY a Config field or aggregation.OPTION, an
                            option of the variant's spec: runs/sweep/tune.py)
+    --tune_search=grid|coordinate   every point of the tuning grid, or one axis at a
+                           time from the middle of each (the sum of the axes' lengths)
+    --tune_widen=W         an axis whose best is at its edge gets a value one geometric
+                           step past it, up to W times per side (default 0)
     --panels=KEY           the plots' small multiples: one panel per value of this --vary
                            axis (default: split when a panel would hold over 6 curves)
     --link=[between:]BANDWIDTH,LATENCY   links to model (repeatable; link_model.py)
@@ -63,6 +67,11 @@ flags.DEFINE_multi_string("tune", [], "KEY=V1,V2,...: a tuning axis (KEY a Confi
                           "or aggregation.OPTION)")
 flags.DEFINE_integer("tune_seeds", 1, "tuning seeds per point (1000, 1001, ...)",
                      lower_bound=1)
+flags.DEFINE_enum("tune_search", "grid", ["grid", "coordinate"],
+                  "grid: every point of the --tune axes' product; coordinate: one axis at a "
+                  "time, the others at their best so far")
+flags.DEFINE_integer("tune_widen", 0, "values added past a tuning axis's edge when its best "
+                     "lies there, per axis and side", lower_bound=0)
 flags.DEFINE_string("panels", None, "a --vary axis: one plot panel per value of it")
 flags.DEFINE_bool("stop_at_target", False, "end a cell at its first eval meeting --target")
 flags.DEFINE_multi_string("link", [], "[within:|between:]BANDWIDTH,LATENCY to model")
@@ -85,7 +94,8 @@ def plan_from_flags():
                          target=plan_lib.parse_target(FLAGS.target),
                          stop_at_target=FLAGS.stop_at_target, links=tuple(FLAGS.link),
                          plugins=tuple(FLAGS.plugin), tune=tuple(FLAGS.tune),
-                         tune_seeds=tune.tuning_seeds(FLAGS.tune_seeds))
+                         tune_seeds=tune.tuning_seeds(FLAGS.tune_seeds),
+                         tune_search=FLAGS.tune_search, tune_widen=FLAGS.tune_widen)
 
 
 class _Interrupted(Exception):

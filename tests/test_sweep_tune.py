@@ -315,3 +315,129 @@ def test_plots_split_into_panels(tmp_path, monkeypatch):
     assert xs == [2, 4] and lows == [1.5, 1.0] and highs == [1.7, 1.2]
     assert means == pytest.approx([1.6, 1.1], rel=1e-15)
     assert not math.isnan(sum(means))
+
+
+def _point(**values):
+    return tuple(values.items())
+
+
+def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
+    """`tune.walk` replayed from scores: the coordinate search runs the first axis's line
+    from the middle of every axis, then each next axis at the best so far; an edge winner
+    gets one more value a geometric step past it (at most W a side, a refused value
+    ends it); the grid search runs the product, and a widened axis adds its slice."""
+    lr = tune.Axis("learning_rate", ("0.001", "0.003", "0.01"))
+    outer = tune.Axis("aggregation.outer_lr", ("0.5", "0.7", "1.0"))
+    momentum = tune.Axis("aggregation.outer_momentum", ("0.8", "0.9"))
+
+    def loss(point):  # best at lr 0.05 (past the grid), outer 0.7, momentum 0.8, adam
+        v = {k: float(x) if k != "optimizer" else x for k, x in point}
+        return (0.1 * (v.get("optimizer") == "sgd") + (math.log10(v["learning_rate"] / 0.05)) ** 2
+                + (v.get("aggregation.outer_lr", 0.7) - 0.7) ** 2
+                + (v.get("aggregation.outer_momentum", 0.8) - 0.8) ** 2)
+
+    def replay(axes, search, widen, allowed=lambda p: True, broken=()):
+        """Runs each walk's pending points (as the runner's rounds) until it chooses."""
+        done, rounds = {}, []
+        while True:
+            found = tune.walk(axes, lambda p: done.get(p, tune.MISSING), True, search,
+                              widen, allowed)
+            if not found.pending:
+                return found, rounds
+            rounds.append(found.pending)
+            done.update({p: None if p in broken else loss(p) for p in found.pending})
+
+    found, rounds = replay([lr, outer, momentum], "coordinate", 2)
+    mid = dict(learning_rate="0.003", **{"aggregation.outer_lr": "0.7",
+                                        "aggregation.outer_momentum": "0.9"})
+    at = lambda **kw: _point(**{**mid, **kw})
+    assert rounds == [
+        [at(learning_rate=v) for v in ("0.001", "0.003", "0.01")],
+        [at(learning_rate="0.0333")],  # 0.01 at the edge: 0.01 * 0.01 / 0.003
+        [at(learning_rate="0.111")],  # 0.0333 at the edge again: the second widening
+        [at(learning_rate="0.0333", **{"aggregation.outer_lr": v}) for v in ("0.5", "1.0")],
+        [at(learning_rate="0.0333", **{"aggregation.outer_momentum": "0.8"})],
+        [at(learning_rate="0.0333", **{"aggregation.outer_momentum": "0.711"})]]
+    assert found.chosen == at(learning_rate="0.0333", **{"aggregation.outer_momentum": "0.8"})
+    assert len(found.tried) == 9 == len(set(found.tried))  # against 18 in the product
+    assert min(found.tried, key=loss) == found.chosen
+    rows = [{"values": dict(p)} for p in found.tried]
+    assert tune.at_edge(rows, dict(found.chosen)) == {}
+
+    once, _ = replay([lr], "coordinate", 1)  # one widening: 0.0333 stays at the edge
+    assert once.chosen == _point(learning_rate="0.0333")
+    assert tune.at_edge([{"values": dict(p)} for p in once.tried],
+                        dict(once.chosen)) == {"learning_rate": "highest"}
+    refused, rounds = replay([lr], "coordinate", 2,
+                             allowed=lambda p: float(p[0][1]) < 0.02)
+    assert len(rounds) == 1 and refused.chosen == _point(learning_rate="0.01")
+    diverged, rounds = replay([lr], "coordinate", 2, broken={_point(learning_rate="0.0333")})
+    assert len(rounds) == 2 and diverged.chosen == _point(learning_rate="0.01")
+
+    name = tune.Axis("optimizer", ("adam", "sgd"))  # not numeric: never widened
+    product, rounds = replay([lr, name], "grid", 1)
+    assert [len(r) for r in rounds] == [6, 2]  # the grid, then the slice at lr 0.0333
+    assert product.chosen == _point(learning_rate="0.0333", optimizer="adam")
+    assert tune.walk([lr], lambda p: tune.MISSING, True).pending == [
+        _point(learning_rate=v) for v in lr.values]
+
+
+def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monkeypatch):
+    """runner.run with --tune_search=coordinate and --tune_widen: each round runs the
+    points the search needs (the cells stubbed: a record whose eval loss is a function of
+    the point), a re-run runs nothing, and the records, the final cells' tuning summary
+    and the report's table follow the search."""
+    plan = plan_lib.Plan(
+        vary=("aggregation=ring,diloco:period=2",),
+        set=("model=mlp", "dataset=synthetic", "devices=cpu:2", "global_batch_size=8",
+             "train_steps=2", "checkpoint_every=0"), seeds=(0,),
+        output_dir=str(tmp_path / "sweep"), evals=1,
+        tune=("learning_rate=0.01,0.03,0.1", "aggregation.outer_lr=0.5,0.7,1.0"),
+        tune_search="coordinate", tune_widen=1)
+
+    def loss(cell):  # best at learning rate 0.03, outer rate 1.0 (an edge: widened once)
+        v = {k: float(x) for k, x in cell.point}
+        return (abs(math.log10(v["learning_rate"] / 0.03))
+                + abs(v.get("aggregation.outer_lr", 1.0) - 1.5))
+
+    rounds = []
+
+    def run_chunk(plan, cells, towers, stop):
+        rounds.extend([[(c.variant.name, c.point) for c in cells]] if cells else [])
+        for cell in cells:
+            rec = {"variant": cell.variant.name, "seed": cell.seed, "axes": [],
+                   "tuned": dict(cell.point), "phase": "tuning" if cell.tuning else "final",
+                   "target": None, "diverged": None, "curve": [{"step": 2,
+                                                                "eval/loss": loss(cell)}]}
+            runner._add_tuning(plan, cell, rec)
+            record.write(plan.result_path(cell), rec)
+
+    monkeypatch.setattr(runner, "run_chunk", run_chunk)
+    paths = runner.run(plan)
+    lr = lambda v: ("learning_rate", v)
+    olr = lambda v: ("aggregation.outer_lr", v)
+    diloco = "aggregation=diloco:period=2"
+    assert rounds[:3] == [
+        [("aggregation=ring", (lr(v),)) for v in ("0.01", "0.03", "0.1")]
+        + [(diloco, (lr(v), olr("0.7"))) for v in ("0.01", "0.03", "0.1")],
+        [(diloco, (lr("0.03"), olr(v))) for v in ("0.5", "1.0")],
+        [(diloco, (lr("0.03"), olr("1.43")))]]  # 1.0 at the edge: 1.0 * 1.0 / 0.7
+    finals = [record.read(p) for p in paths]
+    assert [f["tuned"] for f in finals] == [{"learning_rate": "0.03"},
+                                            {"learning_rate": "0.03",
+                                             "aggregation.outer_lr": "1.43"}]
+    assert finals[1]["tuning"]["search"] == "coordinate"
+    assert finals[1]["tuning"]["at_edge"] == {"aggregation.outer_lr": "highest"}
+    assert [row["values"]["aggregation.outer_lr"] for row in finals[1]["tuning"]["tried"]] == [
+        "0.7", "0.7", "0.7", "0.5", "1.0", "1.43"]
+    indices = sorted(record.read(plan.result_path(c))["tune_index"]
+                     for v in plan.variants() if v.name == diloco
+                     for c in [plan_lib.Cell(v, 1000, p, tuning=True)
+                               for p in tune.order_of(plan, v)])
+    assert indices == list(range(6))
+    count = len(rounds)
+    runner.run(plan)  # nothing left
+    assert len(rounds) == count
+    text = "\n".join(tuning_report.section(plan.output_dir, [v.name for v in plan.variants()]))
+    assert "one axis at a time" in text and "up to 1 times a side" in text
+    assert text.count("**chosen**") == 2 and "`aggregation.outer_lr`: widen" in text

@@ -16,8 +16,8 @@
                perplexity of a classifier) is refused with the cell's Config, as is a cell
                that evaluates nothing (a --plugin dataset registered without eval data):
                the sweep compares eval metrics
-    tuning     --tune=KEY=V1,V2,... and --tune_seeds=N (tune.py): each variant's tuning
-               grid on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
+    tuning     --tune=KEY=V1,V2,..., --tune_seeds=N, --tune_search, --tune_widen
+               (tune.py): each variant's tuning search on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
                variant and point>, record results/tuning/<variant>/<point>/seed=<s>.json),
                then the final seeds at the variant's chosen point (`cells(chosen)`)
 
@@ -132,6 +132,8 @@ class Plan:
     plugins: tuple[str, ...] = ()
     tune: tuple[str, ...] = ()  # --tune items (tune.py)
     tune_seeds: tuple[int, ...] = tune_lib.tuning_seeds(1)
+    tune_search: str = "grid"  # --tune_search: grid or coordinate (tune.py)
+    tune_widen: int = 0  # --tune_widen: values added past an edge, per axis and side
 
     def variants(self) -> list[grid.Variant]:
         """The grid's variants, checked (and the --tune axes against them)."""
@@ -142,6 +144,9 @@ class Plan:
             if "seed" in variant.settings or "logdir" in variant.settings:
                 raise grid.SpecError("--vary/--set seed or logdir: the sweep sets them "
                                      "(--seeds, --output_dir)")
+        if self.tune_search not in tune_lib.SEARCHES:
+            raise grid.SpecError(f"--tune_search={self.tune_search}: give one of "
+                                 f"{', '.join(tune_lib.SEARCHES)}")
         if self.tune:
             if set(self.tune_seeds) & set(self.seeds):
                 raise grid.SpecError(f"--seeds: the final seeds reach the tuning seeds "
@@ -156,7 +161,9 @@ class Plan:
         return tune_lib.parse(self.tune, grid.field_types())
 
     def tune_points(self, variant: grid.Variant) -> list[tuple]:
-        """The variant's tuning grid (tune.points); [()] without --tune."""
+        """The variant's tuning grid as given (tune.points: the cross product of the --tune
+        values, every one checked before anything runs; the search runs all of it, or a
+        line of it at a time, plus any widened values); [()] without --tune."""
         return tune_lib.points(self._axes(), variant) if self.tune else [()]
 
     def tuning_cells_of(self, variant: grid.Variant, point: tuple) -> list[Cell]:

@@ -128,7 +128,8 @@ def _add_tuning(plan: plan_lib.Plan, cell, record: dict) -> None:
     its variant's tuning (tune.summary_for: what was tried, the scores, the choice)."""
     from mgloop.runs.sweep import tune
     if cell.tuning:
-        record["tune_index"] = plan.tune_points(cell.variant).index(cell.point)
+        record["tune_index"] = tune.order_of(plan, cell.variant).index(cell.point)
+        record["tune_search"] = {"search": plan.tune_search, "widen": plan.tune_widen}
     elif plan.tune:
         record["tuning"] = tune.summary_for(plan, cell.variant)
 
@@ -211,11 +212,13 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
         last_words: Callable[[str], None] | None = None) -> list[str]:
     """Validates every cell (a stopped one also against the settings of its checkpoints:
     run_dir.check_resumable), then runs the pending ones; returns every final cell's record
-    path. With --tune, in two phases: every variant's tuning cells, then the final cells
-    at each variant's chosen point (tune.py; the final cells' settings are checked again
-    once chosen). Raises Stopped if a signal stopped the sweep (module docstring). With the
-    cells in this process, a second signal ends it at once: `last_words(line)` says where
-    first (default: the line is logged as a warning)."""
+    path. With --tune, in two phases: every variant's tuning search, in rounds (each the
+    points every variant's search needs next, run together: the whole grid at once, a
+    line of one axis at a time, a widened value; tune.next_points), then the final cells
+    at each variant's chosen point (tune.py; the cells of a round and the final cells are
+    checked again once known). Raises Stopped if a signal stopped the sweep (module
+    docstring). With the cells in this process, a second signal ends it at once:
+    `last_words(line)` says where first (default: the line is logged as a warning)."""
     from mgloop.runs import preemption
     from mgloop.runs.sweep import processes as processes_lib
     from mgloop.runs.sweep import tune
@@ -227,10 +230,19 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     configs = [plan.config(cell) for cell in everything]  # every cell checked before any runs
     _check_resumable(plan, tuning, configs[:len(tuning)])
     todo = pending(plan, everything)
-    logging.info("sweep: %d cells (%d tuning), %d done before, %d to run on %d process(es)",
-                 len(everything), len(tuning), len(everything) - len(todo), len(todo),
-                 processes)
+    logging.info("sweep: %d cells (%d tuning%s), %d done before, %d to run on %d "
+                 "process(es)", len(everything), len(tuning),
+                 "" if plan.tune_search == "grid" and not plan.tune_widen else
+                 f" in the grid given; the {plan.tune_search} search runs what it needs",
+                 len(everything) - len(todo), len(todo), processes)
     towers = plan_lib.towers_needed(configs)
+
+    def tuning_round():
+        cells = [cell for v in variants for point in tune.next_points(plan, v)
+                 for cell in plan.tuning_cells_of(v, point)]
+        cells = pending(plan, cells)
+        _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
+        return cells
 
     def final_cells():
         chosen = {v.name: tune.chosen_point(plan, v) for v in variants}
@@ -250,18 +262,18 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
         say = last_words or (lambda line: logging.warning("%s", line))
         with preemption.StopOnSignal(announce=False, last_words=lambda signum: say(
                 stopped_message(plan, everything, signum, at_once=True))) as stop:
-            run_chunk(plan, pending(plan, tuning), towers, stop)
+            while not stop.requested and (cells := tuning_round()):
+                run_chunk(plan, cells, towers, stop)
             if not stop.requested:
                 run_chunk(plan, pending(plan, final_cells()), towers, stop)
         signum = stop.signum
     else:
-        for phase in (lambda: tuning, final_cells):
-            todo = pending(plan, phase())
-            if todo:
-                signum, at_once = processes_lib.run(plan, todo, towers, processes,
-                                                    cells_per_process)
-            if signum is not None:
-                break
+        while signum is None and (cells := tuning_round()):
+            signum, at_once = processes_lib.run(plan, cells, towers, processes,
+                                                cells_per_process)
+        if signum is None and (cells := pending(plan, final_cells())):
+            signum, at_once = processes_lib.run(plan, cells, towers, processes,
+                                                cells_per_process)
     if signum is not None:
         raise Stopped(stopped_message(plan, everything, signum, at_once), signum)
     return [plan.result_path(cell) for cell in finals]

@@ -1,7 +1,7 @@
 """The report's "Tuning" section, from the tuning cells' records (results/tuning/...).
 
-Per variant, one row per point of its tuning grid (in grid order: the records'
-`tune_index`): the values tried ("—" for a key the variant does not tune), each tuning
+Per variant, one row per point its tuning search tried (in the order the search reached
+them: the records' `tune_index`): the values tried ("—" for a key the variant does not tune), each tuning
 seed's final metric, the point's score (their mean, tune.summarise) and which point was
 chosen: the same function and records the runner chose with, so the section says what
 the final seeds ran at. A point without a score is never chosen; a variant none of whose
@@ -54,9 +54,17 @@ def section(output_dir: str, order: list[str]) -> list[str]:
     first = next(iter(found.values()))
     metric = first["metric"].removeprefix("eval/")
     best = "lowest" if first["lower_is_better"] else "highest"
+    search = next((r["tune_search"] for r in records if r.get("tune_search")),
+                  {"search": "grid", "widen": 0})
+    how = ("one axis at a time in the order given, from the middle value of each, the "
+           "others at their best so far" if search["search"] == "coordinate" else
+           "every point of its grid")
+    if search["widen"]:
+        how += (f"; an axis whose best lay at its edge got one more value a geometric step "
+                f"past it, up to {search['widen']} times a side")
     lines = ["## Tuning", "",
-             f"Each variant's tuning grid ran first ({len(records)} tuning cells) on the "
-             f"tuning seeds {first['seeds']} (the final seeds are others); a point's score "
+             f"Each variant's tuning search ran first ({how}; {len(records)} tuning cells) on "
+             f"the tuning seeds {first['seeds']} (the final seeds are others); a point's score "
              f"is the final eval {metric} averaged over them, {best} chosen (ties to the "
              "first); a point with a seed that diverged or reported no "
              f"{metric} has no score and is never chosen; each variant's final seeds ran at "
