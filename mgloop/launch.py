@@ -22,8 +22,14 @@ SIGINT), as a shell reports a process ended by it.
 
 `--elastic --min_workers=M --max_restarts=R --rejoin_seconds=S`: a failed worker does not
 end the job; the others continue from the last complete checkpoint and the failed slot
-rejoins later (mgloop/cluster/elastic.py). For a real cluster, set
-TF_CONFIG on each host and run `python -m mgloop.train` there (docs/multi-worker.md).
+rejoins later (mgloop/cluster/elastic.py).
+
+`--netns` (root): each worker runs in a network namespace of its own, on a link shaped to the
+train flags' `--link=between:BANDWIDTH,LATENCY` (mgloop/cluster/netns.py); TF_CONFIG names
+the namespaces' addresses, and the namespaces are removed whatever ends the job.
+
+For a real cluster, set TF_CONFIG on each host and run `python -m mgloop.train` there
+(docs/multi-worker.md).
 """
 
 from __future__ import annotations
@@ -39,9 +45,12 @@ from absl import flags
 
 from mgloop import errors  # imports no TensorFlow
 from mgloop.cluster import elastic as elastic_lib  # imports no TensorFlow
+from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.cluster import worker_processes  # imports no TensorFlow
 from mgloop.cluster.worker_processes import FORWARDED, free_ports, how_it_ended, is_stopped
 from mgloop.cluster.worker_processes import tf_config
+from mgloop.errors import ConfigError
+from mgloop.observe import link_model  # imports no TensorFlow
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")
@@ -63,6 +72,10 @@ flags.DEFINE_integer("max_restarts", 3, "--elastic: restarts after failures befo
 flags.DEFINE_float("rejoin_seconds", 60.0,
                    "--elastic: a failed worker's replacement joins once the workers left "
                    "have run this long and saved a newer checkpoint")
+flags.DEFINE_bool("netns", False,
+                  "as root: run each worker in a network namespace of its own, its link "
+                  "shaped (tc tbf) to the --link=between:BANDWIDTH,LATENCY of the train flags; "
+                  "the namespaces are removed when the job ends (mgloop/cluster/netns.py)")
 
 _POLL_SECONDS = 0.2
 __all__ = ["free_ports", "how_it_ended", "launch", "tf_config"]
@@ -70,14 +83,17 @@ __all__ = ["free_ports", "how_it_ended", "launch", "tf_config"]
 
 def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
            stop_seconds: float = 60.0, out=sys.stdout, command: list[str] | None = None,
-           elastic: elastic_lib.ElasticOptions | None = None) -> int:
+           elastic: elastic_lib.ElasticOptions | None = None,
+           netns: netns_lib.Shaping | None = None) -> int:
     """Runs the workers to the end; returns 0, the first failure's exit code, or 128 + the
     number of the signal that stopped the launcher. `command` replaces
     `python -m mgloop.train` (tests). `elastic`: rounds that restart from failures
-    (cluster/elastic.py)."""
+    (cluster/elastic.py). `netns`: the workers in namespaces on links shaped so
+    (cluster/netns.py; 1 if they cannot be made), removed before this returns."""
     command = command or [sys.executable, "-m", "mgloop.train"]
     received: list[int] = []
     current: list = [None]  # the running round's Workers
+    network: list = [None]  # the run's netns_lib.Network
 
     def on_signal(signum, frame):
         received.append(signum)
@@ -89,9 +105,13 @@ def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
             current[0].kill(range(len(current[0].processes)))
 
     def start(count: int, env: dict | None = None) -> worker_processes.Workers:
-        addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+        hosts = ([network[0].address(i) for i in range(count)] if network[0]
+                 else ["127.0.0.1"] * count)
+        addresses = [f"{host}:{port}" for host, port in zip(hosts, free_ports(count))]
+        prefixes = [network[0].exec_prefix(i) if network[0] else [] for i in range(count)]
         workers = current[0] = worker_processes.Workers(
-            [[*command, f"--devices={devices}", *train_flags]] * count,
+            [[*prefixes[i], *command, f"--devices={devices}", *train_flags]
+             for i in range(count)],
             [dict(os.environ, **(env or {}), TF_CONFIG=tf_config(addresses, i))
              for i in range(count)],
             addresses, out)
@@ -103,6 +123,15 @@ def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
     try:
+        if netns is not None:
+            try:
+                network[0] = netns_lib.Network.create(
+                    num_workers, netns, lambda text: worker_processes.say(out, text))
+            except netns_lib.NetnsError as error:
+                worker_processes.say(out, f"error: {error}")
+                return 1
+            if received:  # a signal came while the namespaces were made
+                return 128 + received[0]
         if elastic is not None:
             return elastic_lib.run(
                 start, num_workers, elastic, received, stop_seconds,
@@ -111,6 +140,9 @@ def launch(num_workers: int, devices: str, train_flags: list[str], grace: float,
     finally:
         if current[0] is not None:
             current[0].finish()
+            current[0] = None  # a signal during the removal below finds no workers to signal
+        if network[0] is not None:
+            network[0].remove()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
@@ -196,12 +228,49 @@ def towers_per_worker(devices: str, train_flags: list[str]) -> int | None:
     return count * (int(per_device) if per_device and per_device.isdigit() else 1)
 
 
+def link_values(train_flags: list[str]) -> list[str]:
+    """Every --link among the train flags as absl reads them (repeatable; --link VALUE and
+    --flagfile too, up to a `--`). A flagfile that cannot be read raises flags.Error."""
+    argv = flags.FlagValues().read_flags_from_files(list(train_flags))
+    values, index = [], 0
+    while index < len(argv) and argv[index] != "--":
+        bare = argv[index].lstrip("-") if argv[index].startswith("-") else None
+        if bare == "link" and index + 1 < len(argv):
+            values.append(argv[index + 1])
+            index += 1
+        elif bare is not None and bare.startswith("link="):
+            values.append(bare.split("=", 1)[1])
+        index += 1
+    return values
+
+
+def netns_shaping(num_workers: int, train_flags: list[str]
+                  ) -> tuple[netns_lib.Shaping | None, str | None]:
+    """(the shaping of --netns, None) from the train flags' one --link=between:, or
+    (None, the one line that refuses --netns here: settings or machine)."""
+    try:
+        between = [link for link in map(link_model.parse, link_values(train_flags))
+                   if link.tier == "between"]
+    except (ConfigError, flags.Error) as error:
+        return None, str(error)
+    if len(between) != 1:
+        return None, (
+            "--netns shapes the workers' links to the train flags' --link=between:BANDWIDTH,"
+            f"LATENCY, given {len(between)} times: give it once after -- (with its "
+            "--link=within:), e.g. -- --link=within:100gbit,2us --link=between:100mbit,50us")
+    shaping = netns_lib.Shaping(between[0].bytes_per_second * 8, between[0].latency_seconds)
+    return shaping, netns_lib.refusal(num_workers, shaping)
+
+
 def main(argv):
     train_flags = argv[1:]
     problem = (elastic_only_refusal(_FLAGS.elastic, [n for n in ELASTIC_ONLY
                                                      if _FLAGS[n].present])
                or refusal(_FLAGS.num_workers, _FLAGS.grace_seconds, _FLAGS.stop_seconds,
                           train_flags))
+    shaping = None
+    if _FLAGS.netns and problem is None:
+        shaping, problem = netns_shaping(_FLAGS.num_workers, train_flags)
     options = None
     if _FLAGS.elastic and problem is None:
         try:  # --logdir as mgloop.train reads it: --logdir DIR, in a --flagfile too
@@ -217,7 +286,8 @@ def main(argv):
         print(f"mgloop.launch: error: {problem}", file=sys.stderr)
         sys.exit(2)
     sys.exit(launch(_FLAGS.num_workers, _FLAGS.devices_per_worker, train_flags,
-                    _FLAGS.grace_seconds, _FLAGS.stop_seconds, elastic=options))
+                    _FLAGS.grace_seconds, _FLAGS.stop_seconds, elastic=options,
+                    netns=shaping))
 
 
 if __name__ == "__main__":
