@@ -5,6 +5,8 @@
     workers.py      the worker processes of a job (TF_CONFIG): Cluster, its rank and size
     nodes.py        Nodes: which towers each node holds, its leader, device -> node
     peer_health.py  heartbeats between workers: a lost peer stops the job with one line
+    netns.py        `mgloop.launch --netns`: each worker in a network namespace of its own on
+                    a link shaped with tc tbf; the namespaces removed whatever ends the job
 
 May import: mgloop's ground modules (errors, settings, phases) only. Everything else
 imports this package, never the other way round.
