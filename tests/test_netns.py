@@ -401,7 +401,8 @@ def test_two_workers_train_a_ring_on_a_shaped_link(tmp_path):
     text = process.stdout
     assert process.returncode == 0, text[-4000:]
     assert re.search(r"\[launch\] worker 1 at 10\.\d+\.\d+\.2:\d+ started", text), text[-4000:]
-    assert "the 50 us of --link=between: is modelled only" in text or "(netem)" in text
+    assert ("the 50 us of --link=between: is modelled only" in text
+            or "netem delays what each worker sends by 50 us" in text), text[:2000]
     assert len(re.findall(r"^\[worker \d\] .*final: ", text, re.M)) == 2, text[-4000:]
     summary = json.loads((logdir / "summary.json").read_text())
     link = summary["link_model"]
