@@ -20,6 +20,7 @@ from mgloop.runs.sweep import plot_panels
 from mgloop.runs.sweep import record
 from mgloop.runs.sweep import report
 from mgloop.runs.sweep import runner
+from mgloop.runs.sweep import search
 from mgloop.runs.sweep import tune
 from mgloop.runs.sweep import tuning_report
 
@@ -142,7 +143,7 @@ def test_the_tuning_never_chooses_a_point_without_a_value(tmp_path):
     says = (r"^--tune: no point of variant optimizer=adam's tuning grid has a final eval/loss "
             r"on every tuning seed \[1000\] .* give --tune values that train")
     with pytest.raises(ConfigError, match=says):
-        tune.chosen_point(plan, variant)
+        search.chosen_point(plan, variant)
     with pytest.raises(ConfigError, match=says):
         runner.run(plan)
     assert not [p for p in plan.cells() if os.path.exists(plan.result_path(p))]
@@ -322,7 +323,7 @@ def _point(**values):
 
 
 def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
-    """`tune.walk` replayed from scores: the coordinate search runs the first axis's line
+    """`search.walk` replayed from scores: the coordinate search runs the first axis's line
     from the middle of every axis, then each next axis at the best so far; an edge winner
     gets one more value a geometric step past it (at most W a side, a refused value
     ends it); the grid search runs the product, and a widened axis adds its slice."""
@@ -336,12 +337,12 @@ def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
                 + (v.get("aggregation.outer_lr", 0.7) - 0.7) ** 2
                 + (v.get("aggregation.outer_momentum", 0.8) - 0.8) ** 2)
 
-    def replay(axes, search, widen, allowed=lambda p: True, broken=()):
+    def replay(axes, kind, widen, allowed=lambda p: True, broken=()):
         """Runs each walk's pending points (as the runner's rounds) until it chooses."""
         done, rounds = {}, []
         while True:
-            found = tune.walk(axes, lambda p: done.get(p, tune.MISSING), True, search,
-                              widen, allowed)
+            found = search.walk(axes, lambda p: done.get(p, tune.MISSING), True, kind,
+                                widen, allowed)
             if not found.pending:
                 return found, rounds
             rounds.append(found.pending)
@@ -378,7 +379,7 @@ def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
     product, rounds = replay([lr, name], "grid", 1)
     assert [len(r) for r in rounds] == [6, 2]  # the grid, then the slice at lr 0.0333
     assert product.chosen == _point(learning_rate="0.0333", optimizer="adam")
-    assert tune.walk([lr], lambda p: tune.MISSING, True).pending == [
+    assert search.walk([lr], lambda p: tune.MISSING, True).pending == [
         _point(learning_rate=v) for v in lr.values]
 
 
@@ -433,7 +434,7 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
     indices = sorted(record.read(plan.result_path(c))["tune_index"]
                      for v in plan.variants() if v.name == diloco
                      for c in [plan_lib.Cell(v, 1000, p, tuning=True)
-                               for p in tune.order_of(plan, v)])
+                               for p in search.order_of(plan, v)])
     assert indices == list(range(6))
     count = len(rounds)
     runner.run(plan)  # nothing left

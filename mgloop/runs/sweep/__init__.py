@@ -6,7 +6,9 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
     runner.py   runs the cells one build at a time, resumable, stopped by SIGINT/SIGTERM
     kept_evals.py  a cell's evals kept in its logdir: a stopped cell resumes to its whole curve
     processes.py   the cells in worker processes; the parent forwards signals, waits for them
-    tune.py     --tune: per variant a tuning grid on its own seeds, the best point chosen
+    tune.py     --tune: per variant a tuning grid on its own seeds, each point's score
+    search.py   which points run (--tune_search: the grid, or one axis at a time;
+                --tune_widen past an edge) and the point chosen, from the records on disk
     record.py   one JSON record per finished cell: eval curve, bytes, modelled seconds
     report.py   report.md (tables) and its plots; the plots and the mean ± sd are
                 observe/plots.py and observe/stats.py

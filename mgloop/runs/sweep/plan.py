@@ -17,7 +17,7 @@
                that evaluates nothing (a --plugin dataset registered without eval data):
                the sweep compares eval metrics
     tuning     --tune=KEY=V1,V2,..., --tune_seeds=N, --tune_search, --tune_widen
-               (tune.py): each variant's tuning search on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
+               (tune.py, search.py): each variant's tuning search on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
                variant and point>, record results/tuning/<variant>/<point>/seed=<s>.json),
                then the final seeds at the variant's chosen point (`cells(chosen)`)
 
@@ -144,9 +144,10 @@ class Plan:
             if "seed" in variant.settings or "logdir" in variant.settings:
                 raise grid.SpecError("--vary/--set seed or logdir: the sweep sets them "
                                      "(--seeds, --output_dir)")
-        if self.tune_search not in tune_lib.SEARCHES:
+        from mgloop.runs.sweep import search
+        if self.tune_search not in search.SEARCHES:
             raise grid.SpecError(f"--tune_search={self.tune_search}: give one of "
-                                 f"{', '.join(tune_lib.SEARCHES)}")
+                                 f"{', '.join(search.SEARCHES)}")
         if self.tune:
             if set(self.tune_seeds) & set(self.seeds):
                 raise grid.SpecError(f"--seeds: the final seeds reach the tuning seeds "
@@ -178,7 +179,7 @@ class Plan:
 
     def cells(self, chosen: dict | None = None) -> list[Cell]:
         """Every variant with every final seed: variants in grid order, seeds within each;
-        each at its chosen point ({variant name: point}: tune.chosen_point), if given."""
+        each at its chosen point ({variant name: point}: search.chosen_point), if given."""
         chosen = chosen or {}
         return [Cell(variant, seed, chosen.get(variant.name, ()))
                 for variant in self.variants() for seed in self.seeds]

@@ -7,7 +7,7 @@ A re-run of the same sweep skips every cell whose record exists (saying nothing 
 cell) and resumes a cell that was stopped from its checkpoint: its evals before the stop
 are kept in its logdir (kept_evals.py), so its record equals that of a cell never
 stopped. A cell with no checkpoint yet starts again from step 0 in a fresh logdir.
-With --tune (tune.py) every variant's tuning cells run first, then the final cells at
+With --tune (tune.py, search.py) every variant's tuning cells run first, then the final cells at
 each variant's chosen point, chosen from the tuning records: a re-run skips the finished
 tuning cells and chooses the same.
 
@@ -125,13 +125,13 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
 
 def _add_tuning(plan: plan_lib.Plan, cell, record: dict) -> None:
     """A tuning cell's record: its point's place in the variant's grid; a final cell's:
-    its variant's tuning (tune.summary_for: what was tried, the scores, the choice)."""
-    from mgloop.runs.sweep import tune
+    its variant's tuning (search.summary_for: what was tried, the scores, the choice)."""
+    from mgloop.runs.sweep import search
     if cell.tuning:
-        record["tune_index"] = tune.order_of(plan, cell.variant).index(cell.point)
+        record["tune_index"] = search.order_of(plan, cell.variant).index(cell.point)
         record["tune_search"] = {"search": plan.tune_search, "widen": plan.tune_widen}
     elif plan.tune:
-        record["tuning"] = tune.summary_for(plan, cell.variant)
+        record["tuning"] = search.summary_for(plan, cell.variant)
 
 
 def _stop_at(target):
@@ -214,13 +214,14 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     run_dir.check_resumable), then runs the pending ones; returns every final cell's record
     path. With --tune, in two phases: every variant's tuning search, in rounds (each the
     points every variant's search needs next, run together: the whole grid at once, a
-    line of one axis at a time, a widened value; tune.next_points), then the final cells
+    line of one axis at a time, a widened value; search.next_points), then the final cells
     at each variant's chosen point (tune.py; the cells of a round and the final cells are
     checked again once known). Raises Stopped if a signal stopped the sweep (module
     docstring). With the cells in this process, a second signal ends it at once:
     `last_words(line)` says where first (default: the line is logged as a warning)."""
     from mgloop.runs import preemption
     from mgloop.runs.sweep import processes as processes_lib
+    from mgloop.runs.sweep import search
     from mgloop.runs.sweep import tune
     tuning = plan.tuning_cells()
     variants = plan.variants()
@@ -238,16 +239,16 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     towers = plan_lib.towers_needed(configs)
 
     def tuning_round():
-        cells = [cell for v in variants for point in tune.next_points(plan, v)
+        cells = [cell for v in variants for point in search.next_points(plan, v)
                  for cell in plan.tuning_cells_of(v, point)]
         cells = pending(plan, cells)
         _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
         return cells
 
     def final_cells():
-        chosen = {v.name: tune.chosen_point(plan, v) for v in variants}
+        chosen = {v.name: search.chosen_point(plan, v) for v in variants}
         for variant in variants:
-            edges = (tune.summary_for(plan, variant) or {}).get("at_edge")
+            edges = (search.summary_for(plan, variant) or {}).get("at_edge")
             if edges:
                 logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the "
                                 "best may be outside it; widen --tune on that side",
