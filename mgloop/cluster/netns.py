@@ -26,7 +26,7 @@ t = max(sent, received) / B), whatever the number of workers.
                    frame larger than the bucket is never sent): tbf cannot hold back less.
                    A message of M bytes that finds the link idle passes in (M - 1600) / B,
                    not M / B: 0.64 ms early at 20 Mbit/s, 0.13 ms at 100 Mbit/s (a burst of
-                   many frames let a 2.6 KB message through at line rate: issue 54).
+                   many frames let a 2.6 KB message through at line rate).
     limit L        B x 1 s of bytes queued, at least 64 KiB: TCP's bursts wait in the
                    queue instead of being dropped (a drop costs a retransmission, up to a
                    200 ms timeout, that the model knows nothing of), and a health check
