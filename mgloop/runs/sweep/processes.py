@@ -28,6 +28,7 @@ and stops as above.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -88,7 +89,10 @@ def run(plan: plan_lib.Plan, todo: list, towers: int, processes: int,
     from mgloop.runs import quiet_start
     from mgloop.runs.sweep import runner
     context = multiprocessing.get_context("spawn")
-    waiting = runner.chunks(todo, cells_per_process)
+    # at most cells_per_process cells a process, and no fewer chunks than processes: a
+    # round of the tuning search smaller than one chunk still uses every process
+    share = math.ceil(len(todo) / processes)
+    waiting = runner.chunks(todo, min(cells_per_process or share, share))
     running: list = []
     failed: list[int] = []
     received: list[int] = []

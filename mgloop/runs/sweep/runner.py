@@ -227,7 +227,7 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     variants = plan.variants()
     firsts = {v.name: plan.tune_points(v)[0] for v in variants}
     finals = plan.cells(firsts)  # each variant at its first point: checked with the rest
-    everything = tuning + finals  # what the stop message counts
+    everything = tuning + finals
     configs = [plan.config(cell) for cell in everything]  # every cell checked before any runs
     _check_resumable(plan, tuning, configs[:len(tuning)])
     todo = pending(plan, everything)
@@ -237,6 +237,13 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
                  f" in the grid given; the {plan.tune_search} search runs what it needs",
                  len(everything) - len(todo), len(todo), processes)
     towers = plan_lib.towers_needed(configs)
+
+    def reached():
+        """What the stop message counts: the grid given, every point a search has reached
+        besides (a widened value), and the final cells."""
+        extra = [cell for v in variants for point in search.order_of(plan, v)
+                 for cell in plan.tuning_cells_of(v, point) if cell not in tuning]
+        return tuning + extra + finals
 
     def tuning_round():
         cells = [cell for v in variants for point in search.next_points(plan, v)
@@ -262,7 +269,7 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     if processes <= 1 and not cells_per_process:
         say = last_words or (lambda line: logging.warning("%s", line))
         with preemption.StopOnSignal(announce=False, last_words=lambda signum: say(
-                stopped_message(plan, everything, signum, at_once=True))) as stop:
+                stopped_message(plan, reached(), signum, at_once=True))) as stop:
             while not stop.requested and (cells := tuning_round()):
                 run_chunk(plan, cells, towers, stop)
             if not stop.requested:
@@ -276,5 +283,5 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
             signum, at_once = processes_lib.run(plan, cells, towers, processes,
                                                 cells_per_process)
     if signum is not None:
-        raise Stopped(stopped_message(plan, everything, signum, at_once), signum)
+        raise Stopped(stopped_message(plan, reached(), signum, at_once), signum)
     return [plan.result_path(cell) for cell in finals]
