@@ -381,6 +381,10 @@ def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
     assert product.chosen == _point(learning_rate="0.0333", optimizer="adam")
     assert search.walk([lr], lambda p: tune.MISSING, True).pending == [
         _point(learning_rate=v) for v in lr.values]
+    last_first = search.walk([lr], lambda p: 1.0 if p[0][1] == "0.01" else tune.MISSING,
+                             True, "coordinate")  # a line's cells finished out of order
+    assert last_first.tried == [_point(learning_rate="0.01")]
+    assert last_first.reached == [_point(learning_rate=v) for v in lr.values]
 
 
 def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monkeypatch):

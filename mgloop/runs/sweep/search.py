@@ -39,6 +39,8 @@ class Walk:
     tried: list  # the points whose every tuning seed has a record, in the order reached
     pending: list  # the points the search needs next (a tuning seed without a record)
     chosen: tuple | None  # once nothing is pending: the point chosen (None: none scored)
+    reached: list = dataclasses.field(default_factory=list)  # every point of the lines
+    # formed so far, in line order: stable while the points' cells finish in any order
 
 
 def _widened(values: list[str], side: str) -> str | None:
@@ -64,17 +66,22 @@ def walk(mine: list[Axis], score, lower: bool, search: str = "grid", widen: int 
     Config is valid. Deterministic: the same records give the same walk."""
     values = {axis.key: list(axis.values) for axis in mine}
     widenings: dict[tuple, int] = {}
-    tried: list[tuple] = []
+    known: dict[tuple, object] = {}
+    reached: list[tuple] = []
+
+    def stands(pending, chosen) -> Walk:
+        tried = [p for p in reached if known[p] is not MISSING]
+        return Walk(tried, pending, chosen, list(reached))
 
     def point_at(current: dict) -> tuple:
         return tuple((axis.key, current[axis.key]) for axis in mine)
 
     def best_of(line: list[tuple]):
         """(pending points, best point or None) of one set of points run together."""
-        known = {p: score(p) for p in line}
         for p in line:
-            if known[p] is not MISSING and p not in tried:
-                tried.append(p)
+            if p not in known:
+                known[p] = score(p)
+                reached.append(p)
         pending = [p for p in line if known[p] is MISSING]
         scored = [p for p in line if known[p] is not MISSING and known[p] is not None]
         if pending or not scored:
@@ -103,18 +110,18 @@ def walk(mine: list[Axis], score, lower: bool, search: str = "grid", widen: int 
                 line = [point_at({**current, axis.key: v}) for v in values[axis.key]]
                 pending, best = best_of(line)
                 if best is None:
-                    return Walk(tried, pending, None)
+                    return stands(pending, None)
                 current = dict(best)
                 if not grow(axis.key, best):
                     break
-        return Walk(tried, [], point_at(current))
+        return stands([], point_at(current))
     while True:
         line = [tuple(zip(values, combo)) for combo in itertools.product(*values.values())]
         pending, best = best_of(line)
         if best is None:
-            return Walk(tried, pending, None)
+            return stands(pending, None)
         if not [key for key in values if grow(key, best)]:
-            return Walk(tried, [], best)
+            return stands([], best)
 
 
 def _records(plan, variant, point) -> list[dict]:
@@ -155,10 +162,11 @@ def next_points(plan, variant) -> list[tuple]:
 
 
 def order_of(plan, variant) -> list[tuple]:
-    """The variant's points in the order its search reached them (a record's
-    `tune_index` is its point's place here)."""
+    """The variant's points in the order its search reached them, each line in its own
+    order whatever order its cells finish in (a record's `tune_index` is its point's
+    place here)."""
     found = walk_for(plan, variant)
-    return [] if found is None else found.tried + found.pending
+    return [] if found is None else found.reached
 
 
 def summary_for(plan, variant) -> dict | None:

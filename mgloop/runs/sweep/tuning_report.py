@@ -29,15 +29,15 @@ def summaries(records: list[dict], order: list[str]) -> dict[str, dict]:
     """{variant: tune.summarise of its tuning records}, variants in `order` then by name."""
     seeds = sorted({r["seed"] for r in records})
     target = next((r["target"] for r in records if r.get("target")), None)
-    points: dict[str, dict[int, tuple]] = {}
-    for rec in records:
+    points: dict[str, dict[tuple, list]] = {}
+    for rec in records:  # a point's records, however its seeds' tune_index came out
         mine = points.setdefault(rec["variant"], {})
-        index = rec.get("tune_index", 0)
-        mine.setdefault(index, (tuple(rec["tuned"].items()), []))[1].append(rec)
+        mine.setdefault(tuple(rec["tuned"].items()), []).append(rec)
     rank = {name: i for i, name in enumerate(order)}
     out = {}
     for name in sorted(points, key=lambda n: (rank.get(n, len(rank)), n)):
-        tried = [points[name][i] for i in sorted(points[name])]
+        tried = sorted(points[name].items(),
+                       key=lambda item: min(r.get("tune_index", 0) for r in item[1]))
         out[name] = tune.summarise([(p, sorted(rs, key=lambda r: r["seed"]))
                                     for p, rs in tried], target, seeds)
     return out
