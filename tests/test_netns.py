@@ -125,7 +125,7 @@ def ran_in_namespaces(text: str, workers: int) -> None:
 
 @pytest.mark.parametrize("settings, expected", [
     (dict(euid=1000), "--netns needs root"),
-    (dict(config=dict(ALL_OF_IT, CONFIG_VETH="n")), "--netns needs veth pairs, which this "
+    (dict(kernel=dict(ALL_OF_IT, CONFIG_VETH="n")), "--netns needs veth pairs, which this "
                                                      "kernel lacks"),
     (dict(num_workers=0), "--num_workers=0 must be 1..253"),
     (dict(num_workers=254), "--num_workers=254 must be 1..253"),
@@ -137,14 +137,14 @@ def test_what_the_machine_or_the_settings_cannot_serve_is_refused_in_one_line(
     monkeypatch.setattr(netns.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
     problem = netns.refusal(settings.get("num_workers", 2),
                             netns.Shaping(settings.get("rate", RATE), 0.0),
-                            euid=settings.get("euid", 0), config=settings.get("config", ALL_OF_IT))
+                            euid=settings.get("euid", 0), kernel=settings.get("kernel", ALL_OF_IT))
     assert problem is not None and expected in problem and "\n" not in problem, problem
-    assert netns.refusal(2, SHAPING, euid=0, config=ALL_OF_IT) is None
+    assert netns.refusal(2, SHAPING, euid=0, kernel=ALL_OF_IT) is None
 
 
 def test_no_ip_or_tc_is_refused(monkeypatch):
     monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else tool)
-    assert netns.refusal(2, SHAPING, euid=0, config=ALL_OF_IT).startswith(
+    assert netns.refusal(2, SHAPING, euid=0, kernel=ALL_OF_IT).startswith(
         "--netns needs iproute2's tc command(s), not found on PATH")
 
 

@@ -107,9 +107,9 @@ def kernel_config() -> dict[str, str] | None:
 
 
 def refusal(num_workers: int, shaping: Shaping, euid: int | None = None,
-            config: dict[str, str] | None = None) -> str | None:
+            kernel: dict[str, str] | None = None) -> str | None:
     """The one line that refuses --netns on this machine or with these settings, or None.
-    Reads only (nothing is created). `euid`, `config` (tests): instead of os.geteuid() and
+    Reads only (nothing is created). `euid`, `kernel` (tests): instead of os.geteuid() and
     kernel_config() (None: the kernel does not say)."""
     euid = os.geteuid() if euid is None else euid
     if euid != 0:
@@ -119,12 +119,12 @@ def refusal(num_workers: int, shaping: Shaping, euid: int | None = None,
     if missing:
         return (f"--netns needs iproute2's {' and '.join(missing)} command(s), not found on "
                 "PATH; install iproute2, or drop --netns")
-    config = kernel_config() if config is None else config
+    kernel = kernel_config() if kernel is None else kernel
     if not os.path.exists("/proc/self/ns/net"):
         return "--netns needs network namespaces, which this kernel lacks; drop --netns"
-    if config is not None:
+    if kernel is not None:
         absent = [what for option, what in KERNEL_NEEDS.items()
-                  if config.get(option, "n") not in ("y", "m")]
+                  if kernel.get(option, "n") not in ("y", "m")]
         if absent:
             return (f"--netns needs {', '.join(absent)}, which this kernel lacks "
                     f"(/proc/config.gz); drop --netns")
