@@ -14,6 +14,7 @@ import pytest
 from mgloop import launch
 from mgloop.cluster import workers as cluster
 from mgloop.errors import ConfigError
+from tests.launcher_output import Lines
 
 
 def config(workers, index, **extra):
@@ -133,31 +134,6 @@ def test_this_machines_own_free_address_passes(host):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cluster.check_own_address(cluster.Cluster((f"{host}:{port}", "127.0.0.1:1"), 0))
-
-
-class Lines:
-    """The launcher's output, collected; `wait_for` a line (another thread writes)."""
-
-    def __init__(self):
-        self.text = ""
-        self._changed = threading.Condition()
-
-    def write(self, text):
-        with self._changed:
-            self.text += text
-            self._changed.notify_all()
-
-    def flush(self):
-        pass
-
-    def wait_for(self, pattern, timeout=120.0):
-        with self._changed:
-            self._changed.wait_for(lambda: re.search(pattern, self.text, re.M), timeout)
-            return re.search(pattern, self.text, re.M)
-
-    def pids(self):
-        return [int(p) for p in re.findall(r"^\[launch\] worker \d .*\(pid (\d+)\)", self.text,
-                                           re.M)]
 
 
 # A stand-in worker: reports its pid and a child's (same process group), then waits;

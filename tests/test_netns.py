@@ -24,6 +24,7 @@ import pytest
 from mgloop import launch
 from mgloop.cluster import elastic as elastic_lib
 from mgloop.cluster import netns
+from tests.launcher_output import Lines
 
 pytestmark = pytest.mark.xdist_group("netns")
 
@@ -87,26 +88,6 @@ def leftovers(pid: int) -> list[str]:
     shown = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     shown += subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     return [line for line in shown.splitlines() if re.search(rf"\bmgl{pid}(-|br|[hw]\d)", line)]
-
-
-class Lines:
-    """The launcher's output, collected; `wait_for` a line (another thread writes)."""
-
-    def __init__(self):
-        self.text, self._changed = "", threading.Condition()
-
-    def write(self, text):
-        with self._changed:
-            self.text += text
-            self._changed.notify_all()
-
-    def flush(self):
-        pass
-
-    def wait_for(self, pattern, timeout=60.0):
-        with self._changed:
-            self._changed.wait_for(lambda: re.search(pattern, self.text, re.M), timeout)
-            return re.search(pattern, self.text, re.M)
 
 
 def ran_in_namespaces(text: str, workers: int) -> None:
