@@ -440,6 +440,9 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
                      for c in [plan_lib.Cell(v, 1000, p, tuning=True)
                                for p in search.order_of(plan, v)])
     assert indices == list(range(6))
+    with pytest.raises(grid.SpecError, match=r"^--tune_search=random: give one of grid, "
+                                              r"coordinate$"):
+        dataclasses.replace(plan, tune_search="random").variants()
     count = len(rounds)
     runner.run(plan)  # nothing left
     assert len(rounds) == count
