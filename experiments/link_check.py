@@ -2,6 +2,7 @@
 
     python experiments/link_check.py --json_out=/tmp/link_check.json     (as root)
     python experiments/link_check.py --methods=ring --workers=2 --bandwidths=50mbit --steps=40
+    python experiments/link_check.py --from_json=/tmp/link_check.json   (the table again)
 
 For every method of `--methods` (and `--method`) and every worker count of `--workers`, one
 job on loopback (`python -m mgloop.launch`, no --netns: the unshaped job) and, per bandwidth
@@ -52,6 +53,14 @@ Reported per cell (method, workers, bandwidth), in ms:
                      averaged exchange; weighted over the sync groups as the measured sync
                      step; sync ratio = sync step / sync modelled
 
+    calibrated       the claimed step at the calibrated link of the cell's bandwidth
+                     (link_calibration.py: S / (eta B) + S / P + alpha m fitted by least
+                     squares over every cell), composed as the model composes
+                     (modelled_step); ratio, and `held out`: the ratio to the calibration
+                     fitted on the other worker counts' cells, `ok` within --tolerance;
+                     for a method that claims an overlap also the ratio to its calibrated
+                     step without it (JSON: calibrated_no_overlap_ratio)
+
 The latency of --link=between: is `--latency` (default 0us): on a kernel without netem the
 shaped links add none (the launcher says so in one line), so the model is given none
 either; the measured per-message cost is then what exceeds the model. JSON (`--json_out`):
@@ -85,6 +94,7 @@ from absl import app
 from absl import flags
 
 import benchlib  # experiments/benchlib.py (this script's folder is first on sys.path)
+import link_calibration  # experiments/link_calibration.py
 from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.observe import link_model  # imports no TensorFlow
 
@@ -129,6 +139,8 @@ def define_flags() -> None:
     flags.DEFINE_string("output_dir", None, "the jobs' logdirs and logs (default: a new "
                         "temporary folder)")
     flags.DEFINE_string("json_out", None, "also write the results here as JSON")
+    flags.DEFINE_string("from_json", None, "run no job: the table and the calibration again "
+                        "from an earlier run's --json_out (its settings, not these flags)")
 
 
 # --- which steps sync: the methods' own schedules (aggregation/traffic.py's occasions) ----
@@ -270,6 +282,74 @@ def one_exchange(sync: dict, link: link_model.Link) -> float:
     return link_model.exchange_seconds(link_model.traffic_of(device, messages), link)
 
 
+def modelled_step(traffic: dict, compute: float, link: link_model.Link, rule: SyncRule,
+                  groups: dict[str, dict]) -> dict:
+    """The step the method claims at `link`, composed from a run's traffic (summary.json's
+    link_model: the busiest device's bytes and messages per step, and per scheduled
+    occasion) as link_report.py composes it: without overlap C + X; with an overlap of k
+    steps (1/S) [sum_o n_o (max(C, X_e) + max(0, X_o - k C)) + (S - sum_o n_o) max(C, X_e)],
+    X_e the per-step rest (max(X - sum_o n_o X_o / S, 0)). And the sync step, the sync
+    occasions' sync_modelled weighted by the measured `groups`' steps (None without)."""
+    exchange = one_exchange(traffic, link)
+    syncs, steps = traffic.get("syncs") or {}, traffic["steps"]
+    one = {name: one_exchange(sync, link) for name, sync in syncs.items()}
+    every_step = max(exchange - sum(sync["occurrences"] * one[name]
+                                    for name, sync in syncs.items()) / steps, 0.0)
+    kind = "overlap" if rule.overlap else "no_overlap"
+    per_sync = {name: sync_modelled(compute, every_step, one[name],
+                                    rule.overlap if is_sync(name) else 0)
+                for name in syncs}
+    if rule.overlap:
+        synced = sum(sync["occurrences"] for sync in syncs.values())
+        step = (sum(syncs[name]["occurrences"] * per_sync[name]["overlap"] for name in syncs)
+                + (steps - synced) * max(compute, every_step)) / steps
+    else:
+        step = compute + exchange
+    sync = composed({name: figures[kind] for name, figures in per_sync.items()}, groups,
+                    is_sync)
+    return {"step": step, "sync": sync}
+
+
+def calibrate(rows: list[dict], rules: dict[str, SyncRule], tolerance: float) -> dict | None:
+    """Fits link_calibration's calibration on every usable row, and per worker count on the
+    others' rows (held out); adds to each row its calibrated step and sync step
+    (modelled_step at the calibrated link of its bandwidth) and their ratios, the held-out
+    ratio (`calibrated_within` its verdict) and, for a method that claims an overlap, the
+    ratio to its calibrated step without it (`calibrated_no_overlap_ratio`). Returns {"all": ..., "held_out": {count: ...},
+    "links": {bandwidth: the calibrated --link}} (None: too few usable rows)."""
+    try:
+        overall = link_calibration.fit(rows)
+    except ValueError:
+        return None
+    held = link_calibration.held_out(rows)
+    for row in rows:
+        if not link_calibration.usable(row):
+            continue
+        compute, traffic = row["modelled"]["compute"], row["shaped_link_model"]
+        bandwidth = link_calibration.bandwidth(row)
+        rule, groups = rules[row["spec"]], row["groups"]
+        fitted = modelled_step(traffic, compute, overall.link(bandwidth), rule, groups)
+        row.update(calibrated=fitted["step"], calibrated_ratio=ratio(row["step"], fitted["step"]),
+                   calibrated_sync=fitted["sync"],
+                   calibrated_sync_ratio=ratio(row["sync_step"], fitted["sync"]))
+        if rule.overlap:  # what the step would be if the overlap bought nothing
+            plain = modelled_step(traffic, compute, overall.link(bandwidth),
+                                  dataclasses.replace(rule, overlap=0), groups)
+            row["calibrated_no_overlap_ratio"] = ratio(row["step"], plain["step"])
+        if row["workers"] in held:
+            unseen = modelled_step(traffic, compute, held[row["workers"]].link(bandwidth),
+                                   rule, groups)
+            row["held_out_ratio"] = ratio(row["step"], unseen["step"])
+        row["calibrated_within"] = within(row.get("held_out_ratio"), tolerance)
+        row["calibrated_ms"] = fitted["step"] * SECONDS
+    links = sorted({row["bandwidth"] for row in rows}, key=lambda b: link_calibration.bandwidth(
+        {"bandwidth": b}))
+    return {"all": overall.as_dict(), "described": overall.describe(),
+            "held_out": {count: calibration.as_dict() for count, calibration in held.items()},
+            "links": {b: "between:" + overall.link(link_calibration.bandwidth(
+                {"bandwidth": b})).name for b in links}}
+
+
 def cell_row(label: str, spec: str, workers: int, bandwidth: str, rule: SyncRule,
              unshaped: dict, shaped: dict, modelled: dict, tolerance: float) -> dict:
     """One table row (ms) and its JSON (seconds): `unshaped`, `shaped` the jobs' records
@@ -312,7 +392,10 @@ COLUMNS = [("method", "method", ""), ("workers", "workers", "d"), ("bandwidth", 
            ("step_ms", "step", ".2f"), ("modelled_no_overlap_ms", "modelled", ".2f"),
            ("modelled_overlap_ms", "modelled, overlap", ".2f"), ("ratio", "ratio", ".2f"),
            ("within", "≤ 15%", ""), ("sync_modelled_ms", "sync modelled", ".2f"),
-           ("sync_ratio", "sync ratio", ".2f")]
+           ("sync_ratio", "sync ratio", ".2f"), ("calibrated_ms", "calibrated", ".2f"),
+           ("calibrated_ratio", "ratio", ".2f"), ("held_out_ratio", "held out", ".2f"),
+           ("calibrated_within", "≤ 15%", ""), ("calibrated_sync_ratio", "sync ratio", ".2f"),
+           ("calibrated_no_overlap_ratio", "ratio without the overlap", ".2f")]
 
 
 # --- the jobs --------------------------------------------------------------------------------
@@ -425,8 +508,39 @@ def refusal(workers: list[int], bandwidths: list[str]) -> str | None:
     return None
 
 
+def retable(path: str) -> int:
+    """--from_json: the table and calibration of an earlier run's JSON, no job run."""
+    with open(path) as handle:
+        payload = json.load(handle)
+    rows, settings = payload["rows"], payload["settings"]
+    calibration = calibrate(rows, {row["spec"]: sync_rule(row["spec"]) for row in rows},
+                            settings.get("tolerance", FLAGS.tolerance))
+    header = (f"from {path} (made by: {payload['command']}); {settings['model']}, global batch "
+              f"{settings['global_batch']}, {settings['steps']} steps; latency modelled: "
+              f"{settings['latency']}; times in ms")
+    benchlib.publish(header, rows, COLUMNS, FLAGS.json_out,
+                     settings=dict(settings, calibration=calibration, from_json=path))
+    print_calibration(calibration)
+    return 0
+
+
+def print_calibration(calibration: dict | None) -> None:
+    """The calibration's lines under the table."""
+    if calibration is None:
+        print("calibration: too few cells with a measured step")
+        return
+    print(f"calibration (link_calibration.py): {calibration['described']}; calibrated links: "
+          + ", ".join(f"{b} -> --link={link}" for b, link in calibration["links"].items()))
+    for count, held in calibration["held_out"].items():
+        fitted = link_calibration.Calibration(**held)
+        print(f"held out: the {count}-worker cells modelled with the calibration of the "
+              f"others: {fitted.describe()}")
+
+
 def main(argv):
     del argv
+    if FLAGS.from_json:
+        return retable(FLAGS.from_json)
     unknown = [label for label in FLAGS.methods if label not in METHODS]
     if unknown:
         raise app.UsageError(f"--methods: {', '.join(unknown)} not among {', '.join(METHODS)}; "
@@ -468,6 +582,7 @@ def main(argv):
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     left = [name for job in jobs for name in job["left_behind"]]
     minutes = (time.monotonic() - began) / 60
+    calibration = calibrate(rows, rules, FLAGS.tolerance)
     header = (f"{FLAGS.model}, global batch {FLAGS.global_batch}, {FLAGS.steps} steps, one "
               f"device per worker; links shaped by tbf (latency modelled: {FLAGS.latency}); "
               f"{len(jobs)} jobs in {minutes:.1f} min; times in ms")
@@ -477,7 +592,8 @@ def main(argv):
         "model": FLAGS.model, "devices_per_worker": FLAGS.devices_per_worker,
         "train_flags": FLAGS.train_flag, "tolerance": FLAGS.tolerance,
         "output_dir": output, "minutes": minutes, "netns_left": left,
-        "ip_netns_list_after": listed})
+        "ip_netns_list_after": listed, "calibration": calibration})
+    print_calibration(calibration)
     for note in notes:
         print(f"note: {note}")
     print("namespaces left by these jobs: " + (", ".join(left) if left else "none")

@@ -81,3 +81,85 @@ def test_a_row_against_the_unshaped_jobs_model():
     assert row["step"] == pytest.approx((29 * 0.004 + 2 * 0.029) / 31)
     assert row["ratio"] == pytest.approx(row["step"] / 0.003)
     assert (row["within"], row["unshaped_step_ms"], row["merge_step"]) == ("off", 2.0, None)
+
+
+# The calibration (experiments/link_calibration.py), on steps made by a known link.
+
+import math  # noqa: E402
+
+import link_calibration  # noqa: E402
+
+from mgloop.observe import link_model  # noqa: E402
+
+LINK = (0.95, 40e6, 0.0004)  # eta, the processing rate P (bytes/s), alpha (s per message)
+
+
+def made_row(workers, bandwidth, sent, messages, compute, link=LINK, steps=100):
+    """A cell whose step is exactly C + S / (eta B) + S / P + alpha m."""
+    eta, rate, alpha = link
+    shaped = link_model.parse(f"between:{bandwidth},0us").bytes_per_second
+    step = compute + sent / (eta * shaped) + sent / rate + alpha * messages
+    return {"method": "ring", "spec": "ring", "workers": workers, "bandwidth": bandwidth,
+            "step": step, "sync_step": None, "groups": {"other": {"median": step, "steps": steps}},
+            "modelled": {"compute": compute},
+            "shaped_link_model": {"bytes_per_device": sent, "messages_per_device": messages,
+                                  "steps": steps, "syncs": {}}}
+
+
+def made_rows(link=LINK):
+    return [made_row(w, b, sent, messages, compute, link) for w in (2, 4)
+            for b in ("10mbit", "50mbit", "200mbit")
+            for sent, messages, compute in ((170_000, 2 * (w - 1), 0.003),
+                                            (5_000, 3 * (w - 1), 0.004))]
+
+
+def test_the_calibration_recovers_the_link_that_made_the_steps():
+    fitted = link_calibration.fit(made_rows())
+    assert (fitted.efficiency, fitted.processing_bytes_per_second,
+            fitted.per_message_seconds) == pytest.approx(LINK, rel=1e-6)
+    assert fitted.cells == 12
+    link = fitted.link(50e6 / 8)
+    assert 1 / link.bytes_per_second == pytest.approx(1 / (0.95 * 50e6 / 8) + 1 / 40e6)
+    assert link.latency_seconds == pytest.approx(0.0004)
+    parsed = link_model.parse("between:" + link.name)  # a --link a study can be given
+    assert parsed.bytes_per_second == pytest.approx(link.bytes_per_second, rel=1e-3)
+    held = link_calibration.held_out(made_rows())
+    assert sorted(held) == [2, 4] and [h.cells for h in held.values()] == [6, 6]
+
+
+def test_a_cost_the_steps_do_not_show_is_held_at_zero():
+    fitted = link_calibration.fit(made_rows((0.9, math.inf, 0.001)))
+    assert math.isinf(fitted.processing_bytes_per_second)
+    assert fitted.efficiency == pytest.approx(0.9) and fitted.per_message_seconds == \
+        pytest.approx(0.001)
+    assert fitted.link(1e6).bytes_per_second == pytest.approx(0.9e6)
+    with pytest.raises(ValueError, match="3 or more"):
+        link_calibration.fit(made_rows()[:2])
+
+
+def test_the_modelled_step_composes_an_overlapped_sync_as_the_link_model():
+    """One fragment of 16,000 B in 2 messages every 16 steps, hidden behind 2 steps of
+    C = 2 ms, on 1 MB/s with 1 ms a message: its step 2 + (18 - 4) ms, the others C."""
+    traffic = {"bytes_per_device": 1000.0, "messages_per_device": 0.125, "steps": 16,
+               "syncs": {"fragment 0": {"bytes_per_device": 16_000, "messages_per_device": 2,
+                                        "occurrences": 1}}}
+    groups = {"fragment 0": {"median": 0.02, "steps": 1}, "other": {"median": 0.002, "steps": 15}}
+    link = link_model.Link("8mbit,1ms", 1e6, 0.001)
+    overlapped = link_check.SyncRule(16, 0, (16,), overlap=2, merges=True)
+    figures = link_check.modelled_step(traffic, 0.002, link, overlapped, groups)
+    assert figures["sync"] == pytest.approx(0.002 + 0.014)
+    assert figures["step"] == pytest.approx((0.016 + 15 * 0.002) / 16)
+    plain = link_check.modelled_step(traffic, 0.002, link, link_check.SyncRule(16), {})
+    assert plain["step"] == pytest.approx(0.002 + 1000 / 1e6 + 0.001 * 0.125)
+
+
+def test_calibrate_adds_the_calibrated_and_held_out_columns():
+    rows = made_rows()
+    calibration = link_check.calibrate(rows, {"ring": link_check.SyncRule()}, 0.15)
+    assert calibration["all"]["cells"] == 12 and sorted(calibration["held_out"]) == [2, 4]
+    assert set(calibration["links"]) == {"10mbit", "50mbit", "200mbit"}
+    for row in rows:
+        assert row["calibrated_ratio"] == pytest.approx(1.0)
+        assert row["held_out_ratio"] == pytest.approx(1.0)
+        assert row["calibrated_within"] == "ok"
+    assert link_check.calibrate(rows[:2], {"ring": link_check.SyncRule()}, 0.15) is None
