@@ -74,6 +74,20 @@ def test_finished_run_says_so_and_leaves_its_summary_alone(resumable, train_step
                      rf"and --train_steps={train_steps}, so nothing is trained", caplog.text)
 
 
+def test_a_stopped_runs_summary_is_not_an_end(tmp_path):
+    """A summary.json of a run stopped by a signal, with a checkpoint at --train_steps from
+    a later run that failed before its end (an elastic round lost in its final eval):
+    resuming trains nothing, evaluates and writes the end's summary (it had returned the
+    stale summary, so mgloop.train exited 143 at every restart)."""
+    run(tmp_path, "run", train_steps=2)
+    path = tmp_path / "run" / "summary.json"
+    path.write_text('{"final_step": 1, "preempted": {"signal": "SIGTERM", "step": 1}}')
+    again = run(tmp_path, "run", train_steps=2)
+    assert not again.get("preempted") and again["final_step"] == 2, again
+    assert again["eval_accuracy"] is not None
+    assert '"preempted"' not in path.read_text()
+
+
 @pytest.mark.parametrize("setting, value, previous", [
     ("seed", 4, 3), ("global_batch_size", 32, 16), ("drop_remainder", False, True)])
 def test_resume_that_changes_the_data_is_refused_before_building(

@@ -180,7 +180,7 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
     checkpointer, saver, restored = _restore(config, trainer, workers, chief)
     start_step = int(trainer.global_step.numpy())
     summary_path = os.path.join(config.logdir, SUMMARY_FILENAME)
-    if restored and start_step >= config.train_steps and os.path.exists(summary_path):
+    if restored and start_step >= config.train_steps and run_end.ended(summary_path):
         return run_result.RunResult(
             run_end.finished(config, trainer, start_step, summary_path, chief), trainer)
     if chief:  # the settings the checkpoints of this logdir are made with (run_dir.check_resumable)

@@ -5,7 +5,7 @@ A run ends one of three ways: trained to --train_steps (`measure`: the exchange 
 alone, the link model, the final scalars and eval; then `trained`, the summary of every
 figure); stopped by a signal (`stopped`: where it stopped, no final eval or export, the
 resumed run does them); or with nothing left to train (`finished`: summary.json is left
-as it is). `rescue_saver` saves the checkpoint into another folder when the logdir
+as it is; a summary of a stopped run is not an end: `ended`). `rescue_saver` saves the checkpoint into another folder when the logdir
 disappears during the run (monitor.logdir_guard).
 
 In an elastic job (cluster/elastic.py) each round of workers is one such run; its
@@ -157,6 +157,16 @@ def write_summary(config: Config, summary_path: str, summary: dict, save_rescue)
     (monitor.logdir_guard)."""
     with monitor_lib.logdir_guard(config.logdir, save_rescue):
         summaries.write_json_atomically(summary_path, summary)
+
+
+def ended(summary_path: str) -> bool:
+    """Whether summary.json is a run's end (`trained`'s); not one stopped by a signal, which
+    a later round or run may have trained past before it failed (an elastic round lost at
+    the last step): that run ends again, with the final eval and summary, training nothing."""
+    if not os.path.exists(summary_path):
+        return False
+    with open(summary_path) as handle:
+        return not json.load(handle).get("preempted")
 
 
 def finished(config: Config, trainer: Trainer, step: int, summary_path: str,
