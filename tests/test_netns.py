@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 import link_calibration  # noqa: E402  (experiments/link_calibration.py)
+import link_faults  # noqa: E402  (experiments/link_faults.py)
 
 pytestmark = pytest.mark.xdist_group("netns")
 
@@ -277,6 +278,38 @@ def test_a_namespace_of_the_same_name_is_left_alone():
     finally:
         subprocess.run(["ip", "netns", "del", f"{prefix}-w1"], check=True)
     assert not leftovers(os.getpid())
+
+
+@needs_netns
+def test_the_faults_of_link_faults_act_on_the_runs_links_and_undo():
+    """experiments/link_faults.py's faults on a launch's names: the cut shapes both ends of
+    a worker's link to the new rate; while worker 1's link is down nothing reaches it, and
+    once it is up again a connection is made; the removal leaves nothing."""
+    network = netns.Network.create(2, SHAPING, lambda text: None)
+    prefix = network.prefix
+    try:
+        assert link_faults.shape(prefix, 1, 2e6) == ""
+        for where, device in ((f"{prefix}-w1", f"{prefix}w1"), (network.hub, f"{prefix}h1")):
+            shown = subprocess.run(["tc", "-n", where, "qdisc", "show", "dev", device],
+                                   capture_output=True, text=True).stdout
+            assert re.search(r"qdisc tbf .* rate 2Mbit burst 1600b", shown), shown
+        assert "rate 2Mbit" not in subprocess.run(
+            ["tc", "-n", f"{prefix}-w0", "qdisc", "show"], capture_output=True, text=True).stdout
+        reach = [*network.exec_prefix(0), sys.executable, "-c",
+                 "import socket, sys; socket.create_connection((sys.argv[1], 9), timeout=2)",
+                 network.address(1)]  # port 9 is closed: refused when reached, else a timeout
+        assert link_faults.ip("ip", "-n", f"{prefix}-w1", "link", "set", f"{prefix}w1",
+                              "down") == ""
+        down = subprocess.run(reach, capture_output=True, text=True).stderr
+        assert re.search(r"timed out|No route to host", down), down
+        assert link_faults.ip("ip", "-n", f"{prefix}-w1", "link", "set", f"{prefix}w1",
+                              "up") == ""
+        time.sleep(0.5)
+        assert "ConnectionRefusedError" in subprocess.run(reach, capture_output=True,
+                                                          text=True).stderr
+    finally:
+        network.remove()
+    assert not leftovers(os.getpid()) and link_faults.left_behind(prefix) == []
 
 
 # The endings of a job: nothing of the run is left after any of them.
