@@ -281,7 +281,8 @@ def timeline(job: Job, fault_at: float | None) -> dict:
                           r"answered no health check", 0, since=fault_at)
     out["to_failure"] = failed[0] - fault_at if failed else None
     # a worker that finished first and exited, declared lost by one still ending its run
-    out["after_last_step"] = bool(failed and steps and failed[0] > steps[-1][0])
+    out["after_last_step"] = bool(failed and steps and failed[0] > steps[-1][0]
+                                  and job.process.returncode == 0)
     restart = job.wait_for(r"^\[launch\] round of (\d+) worker\(s\) from the checkpoint of "
                            r"step (\d+)", 0, since=fault_at)
     out["to_restart"] = restart[0] - fault_at if restart else None
