@@ -5,8 +5,9 @@ A run ends one of three ways: trained to --train_steps (`measure`: the exchange 
 alone, the link model, the final scalars and eval; then `trained`, the summary of every
 figure); stopped by a signal (`stopped`: where it stopped, no final eval or export, the
 resumed run does them); or with nothing left to train (`finished`: summary.json is left
-as it is; a summary of a stopped run is not an end: `ended`). `rescue_saver` saves the checkpoint into another folder when the logdir
-disappears during the run (monitor.logdir_guard).
+as it is; a summary of a stopped run is not an end: `ended`). `rescue_saver` saves the
+checkpoint into another folder when the logdir disappears during the run
+(monitor.logdir_guard).
 
 In an elastic job (cluster/elastic.py) each round of workers is one such run; its
 summary also holds every round of the job (elastic_summary.py).
