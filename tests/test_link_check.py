@@ -163,3 +163,21 @@ def test_calibrate_adds_the_calibrated_and_held_out_columns():
         assert row["held_out_ratio"] == pytest.approx(1.0)
         assert row["calibrated_within"] == "ok"
     assert link_check.calibrate(rows[:2], {"ring": link_check.SyncRule()}, 0.15) is None
+
+
+# experiments/time_to_target.py's reading of a run.
+
+import time_to_target  # noqa: E402
+
+
+def test_the_target_step_and_the_training_seconds_to_it():
+    points = {32: 0.85, 64: 0.91, 96: 0.89, 128: 0.95}
+    assert time_to_target.reached(points, ">=", 0.9) == 64
+    assert time_to_target.reached(points, "<=", 0.86) == 32
+    assert time_to_target.reached(points, ">=", 0.99) is None
+    times = {g: 0.010 for g in range(2, 65)}
+    times[40] = 0.200  # one slow step: in the sum, not in the median standing for step 1
+    assert time_to_target.seconds_to(32, times) == pytest.approx(0.010 + 31 * 0.010)
+    assert time_to_target.seconds_to(64, times) == pytest.approx(0.010 + 62 * 0.010 + 0.200)
+    assert time_to_target.mean_sd([1.0, 3.0]) == "2.00 ± 1.41"
+    assert time_to_target.mean_sd([96], 0) == "96 ± 0" and time_to_target.mean_sd([]) == "—"
