@@ -83,6 +83,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -410,12 +411,13 @@ def train_flags(spec: str, logdir: str, links: list[str]) -> list[str]:
             *FLAGS.train_flag]
 
 
-def run_job(workers: int, netns: bool, train: list[str], folder: str) -> dict:
-    """One launch to its end (or --timeout: SIGINT, then a second): its command, exit code,
-    wall seconds, the chief's summary.json and per-step times, and any namespace of its
-    launcher left behind."""
+def run_job(workers: int, netns: bool, train: list[str], folder: str,
+            devices_per_worker: str, timeout: float) -> dict:
+    """One launch to its end (or `timeout` seconds: SIGINT, then a second): its command,
+    exit code, wall seconds, the chief's summary.json and per-step times, and what of its
+    launcher's names is left behind."""
     command = [sys.executable, "-m", "mgloop.launch", f"--num_workers={workers}",
-               f"--devices_per_worker={FLAGS.devices_per_worker}",
+               f"--devices_per_worker={devices_per_worker}",
                *(["--netns"] if netns else []), "--", *train]
     os.makedirs(folder, exist_ok=True)
     log_path = os.path.join(folder, "launch.log")
@@ -424,7 +426,7 @@ def run_job(workers: int, netns: bool, train: list[str], folder: str) -> dict:
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            code = process.wait(timeout=FLAGS.timeout)
+            code = process.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
             code = stop_launcher(process)
             if isinstance(stop, KeyboardInterrupt):
@@ -455,10 +457,13 @@ def stop_launcher(process: subprocess.Popen) -> int:
 
 
 def left_behind(launcher_pid: int) -> list[str]:
-    """The namespaces of the launcher `launcher_pid` still listed by `ip netns list`."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    prefix = f"mgl{launcher_pid}-"
-    return [line.split()[0] for line in listed.splitlines() if line.startswith(prefix)]
+    """What `ip netns list` and `ip link` still show of the launcher `launcher_pid`'s names
+    (netns.py's: namespaces mgl<pid>-..., links mgl<pid>br, mgl<pid>h<i>, mgl<pid>w<i>)."""
+    shown = "".join(subprocess.run(["ip", *what], capture_output=True, text=True).stdout
+                    for what in (("netns", "list"), ("link",)))
+    names = re.compile(rf"\bmgl{launcher_pid}(?:-\w+|br|[hw]\d+)\b")
+    return sorted({match.group(0) for line in shown.splitlines()
+                   for match in [names.search(line)] if match})
 
 
 def step_times(folder: str) -> dict[int, float]:
@@ -510,9 +515,14 @@ def refusal(workers: list[int], bandwidths: list[str]) -> str | None:
 
 def retable(path: str) -> int:
     """--from_json: the table and calibration of an earlier run's JSON, no job run."""
-    with open(path) as handle:
-        payload = json.load(handle)
-    rows, settings = payload["rows"], payload["settings"]
+    try:
+        with open(path) as handle:
+            payload = json.load(handle)
+        rows, settings = payload["rows"], payload["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"link_check: error: --from_json={path} is not a link_check JSON with rows and "
+              f"settings ({type(error).__name__}: {error})", file=sys.stderr)
+        return 2
     calibration = calibrate(rows, {row["spec"]: sync_rule(row["spec"]) for row in rows},
                             settings.get("tolerance", FLAGS.tolerance))
     header = (f"from {path} (made by: {payload['command']}); {settings['model']}, global batch "
@@ -564,14 +574,16 @@ def main(argv):
             folder = os.path.join(output, name, "unshaped")
             unshaped = run_job(count, False, train_flags(
                 spec, os.path.join(folder, "logdir"),
-                [link.name for link in links.values()]), folder)
+                [link.name for link in links.values()]), folder, FLAGS.devices_per_worker,
+                FLAGS.timeout)
             print(f"{label}, {count} workers, unshaped: exit {unshaped['exit_code']}, "
                   f"{unshaped['seconds']:.0f} s", flush=True)
             jobs.append(unshaped)
             for bandwidth, link in links.items():
                 folder = os.path.join(output, name, bandwidth)
                 shaped = run_job(count, True, train_flags(
-                    spec, os.path.join(folder, "logdir"), [link.name]), folder)
+                    spec, os.path.join(folder, "logdir"), [link.name]), folder,
+                    FLAGS.devices_per_worker, FLAGS.timeout)
                 print(f"{label}, {count} workers, {bandwidth}: exit {shaped['exit_code']}, "
                       f"{shaped['seconds']:.0f} s", flush=True)
                 jobs.append(shaped)

@@ -62,6 +62,7 @@ from absl import app
 from absl import flags
 
 import benchlib  # experiments/benchlib.py (this script's folder is first on sys.path)
+import link_check  # experiments/link_check.py: left_behind
 from mgloop.cluster import elastic as elastic_lib  # imports no TensorFlow
 from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.observe import link_model  # imports no TensorFlow
@@ -183,17 +184,6 @@ def shape(prefix: str, index: int, bits_per_second: float) -> str:
     return "; ".join(filter(None, said))
 
 
-def left_behind(prefix: str) -> list[str]:
-    """What `ip netns list` and `ip link` still show of the launcher's names."""
-    shown = ip_show("netns", "list") + ip_show("link")
-    return [line.split()[0] if "netns" not in line else line
-            for line in shown.splitlines() if re.search(rf"\b{prefix}(-|br|[hw]\d)", line)]
-
-
-def ip_show(*what: str) -> str:
-    return subprocess.run(["ip", *what], capture_output=True, text=True).stdout
-
-
 def checkpoints(logdir: str) -> tuple[list[int], str]:
     """(the checkpoints' steps, 'intact' or what is wrong): every index has its data, and
     the newest reads (tf.train.load_checkpoint)."""
@@ -301,7 +291,8 @@ def run_one(scenario: str, mode: str, output: str) -> dict:
     fault = inject(job, scenario, rate, logdir)
     code, hung = job.finish(FLAGS.timeout)
     row = {"scenario": scenario, "mode": mode, **fault, "exit_code": code, "hung": hung,
-           **timeline(job, fault["fault_at"]), "left_behind": left_behind(job.prefix),
+           **timeline(job, fault["fault_at"]),
+           "left_behind": link_check.left_behind(job.process.pid),
            "command": job.command, "log": os.path.join(folder, "launch.log")}
     if code != 0 and mode == "plain" and FLAGS.resume and not hung:
         again = Job(job.command, os.path.join(folder, "resume.log"))
@@ -309,7 +300,7 @@ def run_one(scenario: str, mode: str, output: str) -> dict:
         found = re.search(r"resumed from \S+ at step (\d+)", again.text())
         row["resumed_from"] = int(found.group(1)) if found else None
         row["rerun_reached"] = max((s for _, s in again.steps()), default=0)
-        row["left_behind"] += left_behind(again.prefix)
+        row["left_behind"] += link_check.left_behind(again.process.pid)
     row["checkpoints"], row["checkpoints_state"] = checkpoints(logdir)
     row.update(summary_figures(logdir, rate, scenario == "slow"))
     return row

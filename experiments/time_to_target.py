@@ -35,20 +35,22 @@ the link model rank them as the wall clock does? Jobs run one after another; run
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
 
 import benchlib  # experiments/benchlib.py (this script's folder is first on sys.path)
 import link_calibration  # experiments/link_calibration.py
-import link_check  # experiments/link_check.py: step_times, left_behind, one_exchange
+import link_check  # experiments/link_check.py: run_job, one_exchange, sync_rule
+from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
+from mgloop.errors import ConfigError
+from mgloop.observe import link_model  # imports no TensorFlow
 
 FLAGS = flags.FLAGS
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,24 +95,8 @@ def train_flags(spec: str, seed: int, logdir: str) -> list[str]:
 
 
 def run_job(netns: bool, train: list[str], folder: str) -> dict:
-    """One launch to its end (SIGINT at --timeout: the launcher stops its workers and removes
-    its namespaces): exit code, seconds, summary.json, and namespaces left behind."""
-    command = [sys.executable, "-m", "mgloop.launch", f"--num_workers={FLAGS.workers}",
-               "--devices_per_worker=cpu:1", *(["--netns"] if netns else []), "--", *train]
-    os.makedirs(folder, exist_ok=True)
-    began = time.monotonic()
-    with open(os.path.join(folder, "launch.log"), "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            code = process.wait(timeout=FLAGS.timeout)
-        except subprocess.TimeoutExpired:
-            code = link_check.stop_launcher(process)
-    logdir = train[[f.startswith("--logdir=") for f in train].index(True)].split("=", 1)[1]
-    path = os.path.join(logdir, "summary.json")
-    summary = json.load(open(path)) if code == 0 and os.path.exists(path) else None
-    return {"command": command, "exit_code": code, "seconds": time.monotonic() - began,
-            "logdir": logdir, "summary": summary,
-            "left_behind": link_check.left_behind(process.pid) if netns else []}
+    """One launch of --workers workers of one CPU device (link_check.run_job)."""
+    return link_check.run_job(FLAGS.workers, netns, train, folder, "cpu:1", FLAGS.timeout)
 
 
 def evals(folder: str, metric: str) -> dict[int, float]:
@@ -156,6 +142,27 @@ def mean_sd(values: list[float], digits: int = 2) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
+def refusal(bandwidth: str, methods: list[str], eval_every: int, numbers: dict,
+            workers: int) -> str | None:
+    """One line refusing the run before any job starts, or None: a bandwidth the link model
+    or --netns refuses (not root, no ip/tc, ...), a value of `numbers` ({flag: value}) that
+    is not finite and positive, or an --eval_every that is not a multiple of a method's
+    period (the modelled seconds at an eval step are exact only over whole periods)."""
+    try:
+        link = link_model.parse(f"between:{bandwidth},0us")
+    except ConfigError as error:
+        return str(error)
+    for name, number in numbers.items():
+        if not math.isfinite(number) or number <= 0:
+            return f"{name}={number}: give a finite number > 0"
+    for label in methods:
+        period = link_check.sync_rule(METHODS[label]).period
+        if period and eval_every % period:
+            return (f"--eval_every={eval_every} is not a multiple of {label}'s period "
+                    f"{period}: give a multiple of every method's period")
+    return netns_lib.refusal(workers, netns_lib.Shaping(link.bytes_per_second * 8, 0.0))
+
+
 def main(argv):
     del argv
     match = TARGET.match(FLAGS.target)
@@ -164,7 +171,13 @@ def main(argv):
         raise app.UsageError(f"--target={FLAGS.target} is not METRIC>=VALUE or METRIC<=VALUE"
                              if not match else f"--methods: {unknown} not among {list(METHODS)}")
     metric, op, value = match.group(1), match.group(2), float(match.group(3))
-    from mgloop.observe import link_model
+    problem = refusal(FLAGS.bandwidth, FLAGS.methods, FLAGS.eval_every, {
+        "--learning_rate": FLAGS.learning_rate, "--timeout": FLAGS.timeout,
+        "--steps": FLAGS.steps, "--eval_every": FLAGS.eval_every, "--workers": FLAGS.workers,
+        "--global_batch": FLAGS.global_batch}, FLAGS.workers)
+    if problem:
+        print(f"time_to_target: error: {problem}", file=sys.stderr)
+        return 2
     nominal = link_model.parse(f"between:{FLAGS.bandwidth},0us")
     with open(FLAGS.calibration) as handle:
         fitted = link_calibration.fit(json.load(handle)["rows"])
@@ -184,7 +197,7 @@ def main(argv):
             run = {"method": label, "spec": spec, "seed": seed, "job": job, "compute": compute}
             if job["summary"] and compute is not None:
                 points = evals(os.path.join(job["logdir"], "eval"), metric)
-                times = link_check.step_times(os.path.join(job["logdir"], "train"))
+                times = job["step_times"]
                 step = reached(points, op, value)
                 run.update(evals=points, target_step=step)
                 if step:

@@ -181,3 +181,18 @@ def test_the_target_step_and_the_training_seconds_to_it():
     assert time_to_target.seconds_to(64, times) == pytest.approx(0.010 + 62 * 0.010 + 0.200)
     assert time_to_target.mean_sd([1.0, 3.0]) == "2.00 ± 1.41"
     assert time_to_target.mean_sd([96], 0) == "96 ± 0" and time_to_target.mean_sd([]) == "—"
+
+
+def test_time_to_target_refuses_bad_settings_before_any_job():
+    """Each in one line: a bandwidth the link model cannot read, a rate that is NaN, inf
+    or 0, an eval interval that splits a period (the modelled seconds would be wrong)."""
+    good = {"--learning_rate": 0.1, "--steps": 256}
+    refused = time_to_target.refusal
+    assert "bandwidth 'fast'" in refused("fast", ["ring"], 32, good, 4)
+    for bad in (float("nan"), float("inf"), 0.0):
+        assert refused("10mbit", ["ring"], 32, dict(good, **{"--learning_rate": bad}),
+                       4) == f"--learning_rate={bad}: give a finite number > 0"
+    assert "not a multiple of diloco's period 16" in refused("10mbit", ["ring", "diloco"],
+                                                            24, good, 4)
+    answer = refused("10mbit", list(time_to_target.METHODS), 32, good, 4)
+    assert answer is None or "--netns" in answer  # here: None as root; else netns's line

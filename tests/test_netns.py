@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 import link_calibration  # noqa: E402  (experiments/link_calibration.py)
+import link_check  # noqa: E402  (experiments/link_check.py)
 import link_faults  # noqa: E402  (experiments/link_faults.py)
 
 pytestmark = pytest.mark.xdist_group("netns")
@@ -313,7 +314,7 @@ def test_the_faults_of_link_faults_act_on_the_runs_links_and_undo():
         assert "ConnectionRefusedError" in up, up
     finally:
         network.remove()
-    assert not leftovers(os.getpid()) and link_faults.left_behind(prefix) == []
+    assert not leftovers(os.getpid()) and link_check.left_behind(os.getpid()) == []
 
 
 # The endings of a job: nothing of the run is left after any of them.
