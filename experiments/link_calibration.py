@@ -72,9 +72,9 @@ class Calibration:
         return dataclasses.asdict(self)
 
 
-def bandwidth(row: dict) -> float:
-    """A cell's shaped bandwidth in bytes/s (its `bandwidth`, e.g. "50mbit")."""
-    return link_model.parse(f"between:{row['bandwidth']},0us").bytes_per_second
+def rate(bandwidth: str) -> float:
+    """A shaped bandwidth (link_check's `bandwidth`, e.g. "50mbit") in bytes/s."""
+    return link_model.parse(f"between:{bandwidth},0us").bytes_per_second
 
 
 def features(row: dict) -> tuple[list[float], float]:
@@ -82,7 +82,7 @@ def features(row: dict) -> tuple[list[float], float]:
     messages per step (the shaped job's summary.json link_model), C the cell's compute."""
     traffic = row["shaped_link_model"]
     sent, messages = traffic["bytes_per_device"], traffic["messages_per_device"]
-    return ([sent / bandwidth(row), float(sent), float(messages)],
+    return ([sent / rate(row['bandwidth']), float(sent), float(messages)],
             row["step"] - row["modelled"]["compute"])
 
 

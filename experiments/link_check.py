@@ -327,7 +327,7 @@ def calibrate(rows: list[dict], rules: dict[str, SyncRule], tolerance: float) ->
         if not link_calibration.usable(row):
             continue
         compute, traffic = row["modelled"]["compute"], row["shaped_link_model"]
-        bandwidth = link_calibration.bandwidth(row)
+        bandwidth = link_calibration.rate(row["bandwidth"])
         rule, groups = rules[row["spec"]], row["groups"]
         fitted = modelled_step(traffic, compute, overall.link(bandwidth), rule, groups)
         row.update(calibrated=fitted["step"], calibrated_ratio=ratio(row["step"], fitted["step"]),
@@ -343,12 +343,11 @@ def calibrate(rows: list[dict], rules: dict[str, SyncRule], tolerance: float) ->
             row["held_out_ratio"] = ratio(row["step"], unseen["step"])
         row["calibrated_within"] = within(row.get("held_out_ratio"), tolerance)
         row["calibrated_ms"] = fitted["step"] * SECONDS
-    links = sorted({row["bandwidth"] for row in rows}, key=lambda b: link_calibration.bandwidth(
-        {"bandwidth": b}))
+    links = sorted({row["bandwidth"] for row in rows}, key=link_calibration.rate)
     return {"all": overall.as_dict(), "described": overall.describe(),
             "held_out": {count: calibration.as_dict() for count, calibration in held.items()},
-            "links": {b: "between:" + overall.link(link_calibration.bandwidth(
-                {"bandwidth": b})).name for b in links}}
+            "links": {b: "between:" + overall.link(link_calibration.rate(b)).name
+                      for b in links}}
 
 
 def cell_row(label: str, spec: str, workers: int, bandwidth: str, rule: SyncRule,
