@@ -32,7 +32,7 @@ def reference():
 
     def get(config):
         key = (config.model, config.optimizer, config.lr_schedule, config.weight_decay,
-               config.learning_rate)
+               config.learning_rate, config.adam_epsilon)
         if key not in cache:  # (weights, loss sum, tolerance.StepBound)
             cache[key] = helpers.train_reference_bounded(config, helpers.batches(STEPS))
         return cache[key]
@@ -154,6 +154,7 @@ def test_optimizers_and_schedules_equal_single_device(optimizer, schedule, weigh
     config = helpers.small_config(logdir, devices="cpu:4", aggregation="ps_spread",
                                   optimizer=optimizer, lr_schedule=schedule,
                                   learning_rate=0.01 if optimizer == "adam" else 0.1,
+                                  adam_epsilon=1e-3,  # tests/tolerance.py 3.: Adam's gain
                                   weight_decay=weight_decay, train_steps=8)
     trainer, _ = helpers.train_mgloop(config, helpers.batches(STEPS))
     for weights in helpers.copy_weights(trainer):

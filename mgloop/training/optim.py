@@ -114,7 +114,7 @@ def make_optimizer(options: OptimOptions, train_steps: int) -> keras.optimizers.
     schedule = make_schedule(options, train_steps)
     decay = options.weight_decay or None
     if options.optimizer == "adam":
-        return keras.optimizers.Adam(schedule, weight_decay=decay)
+        return keras.optimizers.Adam(schedule, epsilon=options.adam_epsilon, weight_decay=decay)
     momentum = options.momentum if options.optimizer == "momentum" else 0.0
     return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
 

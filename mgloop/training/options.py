@@ -29,6 +29,8 @@ class OptimOptions:
     warmup_steps: int = setting(0, "steps of linear warm-up before the schedule", hparam=True)
     weight_decay: float = setting(0.0, "decoupled weight decay (v -= lr * wd * v each update)",
                                   hparam=True)
+    adam_epsilon: float = setting(1e-7, "epsilon of --optimizer=adam, added to sqrt(v) "
+                                  "(Keras's default 1e-7)", hparam=True)
 
 
 def check(options: OptimOptions, context: Context) -> OptimOptions:
@@ -40,6 +42,7 @@ def check(options: OptimOptions, context: Context) -> OptimOptions:
     in_range("momentum", options.momentum, low=0.0, high=1.0, high_open=True)
     in_range("lr_power", options.lr_power, low=0.0, low_open=True)
     in_range("weight_decay", options.weight_decay, low=0.0)
+    in_range("adam_epsilon", options.adam_epsilon, low=0.0, low_open=True)
     in_range("warmup_steps", options.warmup_steps, low=0)
     return options
 
