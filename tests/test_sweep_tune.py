@@ -387,6 +387,27 @@ def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
     assert last_first.reached == [_point(learning_rate=v) for v in lr.values]
 
 
+def test_a_momentum_at_its_top_edge_widens_toward_1_geometrically_in_1_minus_m():
+    """A step past 0.95 of (0.8, 0.9, 0.95) would be 1.003, which a momentum's Config
+    refuses: the widening steps in 1 - m instead (0.05 -> 0.025 -> 0.0125), while an axis
+    that may pass 1 (an outer rate of 0.3, 0.6) keeps its plain geometric step."""
+    momentum = tune.Axis("aggregation.outer_momentum", ("0.8", "0.9", "0.95"))
+    below_one = lambda p: float(p[0][1]) < 1  # noqa: E731  (as OptimOptions' range check)
+    done, rounds = {}, []
+    while True:
+        found = search.walk([momentum], lambda p: done.get(p, tune.MISSING), True,
+                            "coordinate", 2, below_one)
+        if not found.pending:
+            break
+        rounds.append([p[0][1] for p in found.pending])
+        done.update({p: abs(float(p[0][1]) - 0.99) for p in found.pending})
+    assert rounds == [["0.8", "0.9", "0.95"], ["0.975"], ["0.9875"]]
+    assert found.chosen == _point(**{"aggregation.outer_momentum": "0.9875"})
+    rate = tune.Axis("aggregation.outer_lr", ("0.3", "0.6"))
+    grown = search.walk([rate], lambda p: -float(p[0][1]), True, "coordinate", 1)
+    assert grown.chosen == _point(**{"aggregation.outer_lr": "1.2"})
+
+
 def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monkeypatch):
     """runner.run with --tune_search=coordinate and --tune_widen: each round runs the
     points the search needs (the cells stubbed: a record whose eval loss is a function of

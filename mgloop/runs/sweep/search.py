@@ -12,9 +12,12 @@ the points' settings and the score are tune.py's).
     widening    (either search) an axis whose best lies at its lowest or highest value
                 gets one more value on that side, a geometric step beyond it,
                 v_edge * (v_edge / v_next) (0.003, 0.01 -> 0.0333), and runs again, at most
-                W times per axis and side; a value the cell's Config refuses (a momentum of
-                1.01) ends the widening there, as does a value without a score. What stays at
-                an edge after W widenings is marked (tune.at_edge)
+                W times per axis and side. Where the cell's Config refuses that step up
+                and the axis lies in (0, 1) (a momentum or a decay below 1: 0.9, 0.95 ->
+                1.003), the step is geometric in 1 - v instead (0.9, 0.95 -> 0.975, then
+                0.9875). A value the Config refuses ends the widening there, as does a
+                value without a score. What stays at an edge after W widenings is marked
+                (tune.at_edge)
 
 The points a search needs next are decided from the records on disk (`next_points`), so
 a stopped sweep resumes where it stood and a re-run with a larger W runs only the new
@@ -43,19 +46,23 @@ class Walk:
     # formed so far, in line order: stable while the points' cells finish in any order
 
 
-def _widened(values: list[str], side: str) -> str | None:
-    """One geometric step past the `side` edge of an axis of positive numbers,
-    v_edge^2 / v_next as 3 significant digits (None: not positive numbers, fewer than two,
-    or a step that rounds onto a value given)."""
+def _widened(values: list[str], side: str) -> list[str]:
+    """The values one step past the `side` edge of an axis of positive numbers, in the
+    order to try: v_edge^2 / v_next, and on the highest side of an axis in (0, 1) where
+    that reaches 1, 1 - (1 - v_edge)^2 / (1 - v_next) (geometric in 1 - v); each as 3
+    significant digits (of 1 - v for the second). None of them: not positive numbers,
+    fewer than two, or a step that rounds onto a value given."""
     try:
         numbers = sorted(float(v) for v in values)
     except ValueError:
-        return None
+        return []
     if len(numbers) < 2 or numbers[0] <= 0:
-        return None
+        return []
     edge, nxt = (numbers[-1], numbers[-2]) if side == "highest" else (numbers[0], numbers[1])
-    text = f"{edge * edge / nxt:.3g}"
-    return None if float(text) in numbers else text
+    texts = [f"{edge * edge / nxt:.3g}"]
+    if side == "highest" and numbers[-1] < 1 <= edge * edge / nxt:
+        texts.append(f"{1 - float(f'{(1 - edge) ** 2 / (1 - nxt):.3g}'):.10g}")
+    return [text for text in texts if float(text) not in numbers]
 
 
 def walk(mine: list[Axis], score, lower: bool, search: str = "grid", widen: int = 0,
@@ -96,8 +103,9 @@ def walk(mine: list[Axis], score, lower: bool, search: str = "grid", widen: int 
         side = at.get(key)
         if side is None or widenings.get((key, side), 0) >= widen:
             return False
-        text = _widened(values[key], side)
-        if text is None or not allowed(point_at({**dict(best), key: text})):
+        text = next((t for t in _widened(values[key], side)
+                     if allowed(point_at({**dict(best), key: t}))), None)
+        if text is None:
             return False
         widenings[(key, side)] = widenings.get((key, side), 0) + 1
         values[key].append(text)
