@@ -448,6 +448,8 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
         + [(diloco, (lr(v), olr("0.7"))) for v in ("0.01", "0.03", "0.1")],
         [(diloco, (lr("0.03"), olr(v))) for v in ("0.5", "1.0")],
         [(diloco, (lr("0.03"), olr("1.43")))]]  # 1.0 at the edge: 1.0 * 1.0 / 0.7
+    # the least the search runs (the start line's count): ring's line 3, diloco's 3 + 2
+    assert search.least_tuning_cells(plan) == 8 == sum(map(len, rounds[:2]))
     finals = [record.read(p) for p in paths]
     assert [f["tuned"] for f in finals] == [{"learning_rate": "0.03"},
                                             {"learning_rate": "0.03",

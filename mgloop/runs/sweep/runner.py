@@ -231,11 +231,16 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     configs = [plan.config(cell) for cell in everything]  # every cell checked before any runs
     _check_resumable(plan, tuning, configs[:len(tuning)])
     todo = pending(plan, everything)
-    logging.info("sweep: %d cells (%d tuning%s), %d done before, %d to run on %d "
-                 "process(es)", len(everything), len(tuning),
-                 "" if plan.tune_search == "grid" and not plan.tune_widen else
-                 f" in the grid given; the {plan.tune_search} search runs what it needs",
-                 len(everything) - len(todo), len(todo), processes)
+    if plan.tune_search == "grid" and not plan.tune_widen:
+        logging.info("sweep: %d cells (%d tuning), %d done before, %d to run on %d "
+                     "process(es)", len(everything), len(tuning),
+                     len(everything) - len(todo), len(todo), processes)
+    else:  # the search decides its cells as it goes: the least it runs, and the grid's
+        least = search.least_tuning_cells(plan)
+        logging.info("sweep: %d final cells after a %s search of %d tuning cells or more "
+                     "(%d in the grid given; each widening adds a point), %d of the grid's "
+                     "cells done before, on %d process(es)", len(finals), plan.tune_search,
+                     least, len(tuning), len(everything) - len(todo), processes)
     towers = plan_lib.towers_needed(configs)
 
     def reached():

@@ -163,6 +163,17 @@ def walk_for(plan, variant) -> Walk | None:
     return walk(mine, score, lower, plan.tune_search, plan.tune_widen, allowed)
 
 
+def least_tuning_cells(plan) -> int:
+    """The fewest tuning cells the search runs before any widening: the grid's; for the
+    coordinate search, per variant, sum of its axes' lengths - (axes - 1) points (each
+    line after the first holds the best point of the one before) on every tuning seed."""
+    if plan.tune_search == "grid":
+        return len(plan.tuning_cells())
+    lines = [axes_of(plan._axes(), v) for v in plan.variants()] if plan.tune else []
+    return len(plan.tune_seeds) * sum(sum(len(a.values) for a in axes) - len(axes) + 1
+                                      for axes in lines if axes)
+
+
 def next_points(plan, variant) -> list[tuple]:
     """The points the variant's search needs run next ([] once it has chosen)."""
     found = walk_for(plan, variant)
