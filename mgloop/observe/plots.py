@@ -22,7 +22,8 @@ diverged seeds' finite points. Each diverged seed is an 'x' at its last finite p
 (at its own x, or the line's x at that step where its record knows none: a diverged
 record has no bytes or seconds), and the curve's legend entry reads
 "LABEL (diverged: k/n seeds)" with the 'x' on it. Every curve has an entry in its
-panel's legend (under the panel's x label, off the curves): one with nothing to draw on
+panel's legend (under the panel's x label, off the curves; a long label wrapped to the
+panel's width, and the saved figure grown to hold it): one with nothing to draw on
 this axis (no finite point with an x) reads "LABEL (diverged: k/n seeds; nothing to
 plot)" or "LABEL (no points)", never dropped.
 
@@ -182,7 +183,12 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
     width = max(7.0, 4.6 * columns + 0.6)
     xlabel = textwrap.fill(xlabel, width=int(4.4 * 13))  # ~13 characters an inch at 8 pt
     under = 0.3 + 0.14 * (xlabel.count("\n") + 1)  # inches of tick labels and x label
-    entries = max((len(curves) for curves in panels.values()), default=0)  # legend lines
+    chars = int((width / columns - 0.6) * 15)  # ~15 characters an inch at 6.5 pt
+    texts = {heading: [textwrap.fill(legend_text(label, one), width=chars,
+                                     subsequent_indent="    ")
+                       for label, one in curves.items()] for heading, curves in drawn.items()}
+    entries = max((sum(t.count("\n") + 1 for t in lines) for lines in texts.values()),
+                  default=0)  # legend lines, each long label wrapped to the panel's width
     title = textwrap.fill(title, width=int(width * 11))  # ~11 characters an inch at 10 pt
     fig, grid = plt.subplots(rows, columns, figsize=(
         width, (2.8 + under + 0.12 * entries) * rows + 0.2 * (title.count("\n") + 2) + 0.2),
@@ -195,7 +201,7 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
     scale, scale_keywords = x_scale(every_x) if log_x else ("linear", {})
     any_diverged = False
     for axes, (heading, curves) in zip(cells, drawn.items()):
-        handles, texts = [], []
+        handles = []
         for label, one in curves.items():
             style = styles[label]
             if one["x"]:
@@ -213,7 +219,6 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
             handles.append(Line2D([], [], **style,
                                   marker=DIVERGED_MARKER if one["diverged"] else None,
                                   markersize=7, markeredgewidth=1.8))
-            texts.append(legend_text(label, one))
         axes.set_xscale(scale, **scale_keywords)
         axes.set_xlabel(xlabel, fontsize=8)
         axes.set_title(heading, fontsize=9)
@@ -221,7 +226,7 @@ def figure(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: 
         axes.tick_params(labelsize=7)
         if handles:
             below = axes.transAxes + ScaledTranslation(0, -under, fig.dpi_scale_trans)
-            axes.legend(handles, texts, fontsize=6.5, loc="upper center", frameon=False,
+            axes.legend(handles, texts[heading], fontsize=6.5, loc="upper center", frameon=False,
                         bbox_to_anchor=(0.5, 0), bbox_transform=below)  # under the x label
     for row in grid:
         row[0].set_ylabel(metric.removeprefix("eval/") + " (eval)")
@@ -238,6 +243,6 @@ def plot(panels: dict[str, dict[str, list[dict]]], metric: str, x_of, xlabel: st
     fig = figure(panels, metric, x_of, xlabel, title, log_x, styles)  # selects Agg first
     from matplotlib import pyplot as plt
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight", pad_inches=0.1)  # the legends under the axes
     plt.close(fig)
     return path
