@@ -70,7 +70,7 @@ OWN_CHECKS = [
     (model_check, dict(model="resnet9000"), r"^--model='resnet9000' is not one of: big_mlp, "),
     (loop_check, dict(steps_per_loop=0), r"^--steps_per_loop=0 is out of range: must be >= 1$"),
     (optim_check, dict(optimizer="lion"),
-     r"^--optimizer='lion' is not one of: adam, momentum, sgd$"),
+     r"^--optimizer='lion' is not one of: adam, momentum, muon, sgd$"),
     (warmup_check, dict(warmup_steps=500), r"^--warmup_steps=500 is longer than --train_steps=400"),
     (data_check, dict(staging_depth=0), r"^--staging_depth=0 is out of range: must be >= 1$"),
     (step_check, dict(accumulation_steps=0), r"^--accumulation_steps=0 is out of range"),

@@ -109,6 +109,7 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
         byzantine.check_units(step, context.num_towers, "towers", exchange.aggregation,
                               context.num_workers)
     optim_options.check_warmup(parts["optim"], config.train_steps)  # after --train_steps
+    optim_options.check_shard_update(parts["optim"], exchange.shard_update)  # muon: whole
     data_part, model_part = parts["data"], parts["models"]
     data.check_model(data_part, model_part.model)  # the dataset feeds the model
     models.check_data(model_part, data_part.dataset, data_part.sequence_length)

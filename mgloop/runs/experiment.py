@@ -101,7 +101,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     method = between_nodes.make(config.exchange, device_set, aggregation.make, workers,
                                 node_failures.schedule_of(config.exchange, config.train_steps),
                                 replicas.global_step_on(device_set.host))
-    optimizer_fn = functools.partial(optim.make_optimizer, config.optim, config.train_steps)
+    optimizer_fn = optim.FlagOptimizer(config.optim, config.train_steps)
     return assemble.build(model_fn, loss_fn, method, optimizer_fn, input_shape, config,
                           staging.make(config.staging, config.staging_depth, device_set.towers,
                                        config.accumulation_steps),

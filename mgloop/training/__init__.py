@@ -7,6 +7,7 @@ optimizers.
     losses.py, heads.py, perplexity.py   the built-in losses and what an output means
     metrics.py, accuracy.py              metric states summed over towers; accuracy by loss
     optim.py          the flag-driven optimizer, one per copy, and applying updates
+    muon.py           --optimizer=muon: Keras's Muon, its AdamW part the same on every copy
 
 May import: ground modules (errors, settings, phases). Below aggregation/, data/, step/:
 nothing here knows how gradients travel.

@@ -23,11 +23,13 @@ identities, which a var_list or an anchored name pattern does not reach; decided
 own, copy 1 would decay what copy 0 does not, and the replicas would drift apart. Keras's
 own `fit` matches var_names against Keras 3's short names ("bias"); a pattern that decides
 a variable otherwise on its path is logged (a warning), as mgloop decides on the path.
+--optimizer=muon is Keras's Muon (muon.py), whose AdamW part is decided and told alike.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 
 from absl import logging
@@ -36,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.errors import ConfigError
+from mgloop.training import muon
 from mgloop.training.options import OptimOptions
 from mgloop.training.variables import VariableCopy, backing
 
@@ -109,14 +112,37 @@ def compiled_schedule(schedule: schedules.LearningRateSchedule):
     return lambda step: float(compiled(np.asarray(step, np.int64)))
 
 
-def make_optimizer(options: OptimOptions, train_steps: int) -> keras.optimizers.Optimizer:
-    """A fresh optimizer for one variable copy, its rate `make_schedule`'s."""
+def make_optimizer(options: OptimOptions, train_steps: int,
+                   output_kernels: tuple[str, ...] = ()) -> keras.optimizers.Optimizer:
+    """A fresh optimizer for one variable copy, its rate `make_schedule`'s; muon's AdamW
+    part also takes the weights whose paths are `output_kernels` (muon.py)."""
     schedule = make_schedule(options, train_steps)
+    if options.optimizer == "muon":
+        return muon.make(options, schedule, output_kernels)
     decay = options.weight_decay or None
     if options.optimizer == "adam":
         return keras.optimizers.Adam(schedule, epsilon=options.adam_epsilon, weight_decay=decay)
     momentum = options.momentum if options.optimizer == "momentum" else 0.0
     return keras.optimizers.SGD(schedule, momentum=momentum, weight_decay=decay)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagOptimizer:
+    """The flags' optimizer factory: each call a fresh `make_optimizer`; `for_model(model)`
+    the same knowing the model's output layer (muon's AdamW part takes it: muon.py;
+    training_spec.resolve calls it on the template)."""
+
+    options: OptimOptions
+    train_steps: int
+    output_kernels: tuple[str, ...] = ()
+
+    def __call__(self) -> keras.optimizers.Optimizer:
+        return make_optimizer(self.options, self.train_steps, self.output_kernels)
+
+    def for_model(self, model: keras.Model) -> "FlagOptimizer":
+        if self.options.optimizer != "muon":
+            return self
+        return dataclasses.replace(self, output_kernels=muon.output_kernels(model))
 
 
 def colocate_with_variables(optimizer: keras.optimizers.Optimizer, place: bool = True) -> None:
@@ -189,23 +215,30 @@ def build_optimizers(copies: list[VariableCopy], optimizer_fn, decided=None) -> 
     optimizer decides which variables decay (`decays`); every other copy's decays
     exactly the corresponding ones (`decaying_like`: by identity, whatever the names).
     `decided[c][i]`, if given: whether copy c's optimizer decays its variable i (the
-    sharded update's pieces, each decided as copy 0 decides its whole variable)."""
+    sharded update's pieces, each decided as copy 0 decides its whole variable). A Muon's
+    AdamW part likewise: copy 0's decides (muon.adamw_part), every copy is told it."""
+    split = None  # Muon: whether copy 0's optimizer gives each variable to its AdamW part
     for c, copy in enumerate(copies):
         with tf.device(copy.device):
             optimizer = optimizer_fn()
-            if decided is not None:
+            if decided is not None:  # (not a Muon: sharded_update.check_optimizer)
                 decaying_like(optimizer, copy.trainable, decided[c])
             elif c == 0:  # copy 0: the template's variables, as the user named them
                 decided_0 = decays(optimizer, copy.trainable)
                 _warn_if_names_decide_otherwise(optimizer, copy.trainable)
+                split = muon.adamw_part(optimizer, copy.trainable)
             else:
                 decaying_like(optimizer, copy.trainable, decided_0)
+            if split is not None:
+                muon.splitting_like(optimizer, copy.trainable, split)
             copy.optimizer = optimizer
             fused = fused_sgd(copy.optimizer)
             if fused is not None:  # Keras's SGD: the same update in TensorFlow's kernels
                 copy.optimizer.update_step = fused
             colocate_with_variables(copy.optimizer)
             copy.optimizer.build(copy.trainable)
+            if split is not None:
+                muon.check_split(copy.optimizer, copy.trainable, split)
 
 
 def decays(optimizer: keras.optimizers.Optimizer, variables) -> list[bool]:

@@ -7,7 +7,8 @@ Each of the three is taken from the first place that gives it:
        metrics=, optimizer=)`);
     3. mgloop's default: the cross-entropy matched to the output (losses.py), accuracy
        where that loss defines one (metrics.py), and the flag-driven optimizer
-       (--optimizer, --learning_rate, --lr_schedule, ...: optim.py);
+       (--optimizer, --learning_rate, --lr_schedule, ...: optim.py; muon's AdamW part
+       given the template's output layer: muon.py);
 
 and one log line per run says which was used. A loss is a callable (y, outputs) -> loss
 per example (or already a mean), a Keras loss name, or, for a model with several
@@ -40,6 +41,7 @@ import keras
 from mgloop.errors import ConfigError
 from mgloop.training import losses
 from mgloop.training import metrics as metrics_lib
+from mgloop.training import optim
 from mgloop.training import perplexity
 
 _ACCURACY_NAMES = ("accuracy", "acc")
@@ -245,6 +247,8 @@ def resolve(model: keras.Model, loss, metrics, optimizer, default_loss,
         sources["optimizer"] = "compiled model"
     else:
         optimizer_fn, sources["optimizer"] = default_optimizer_fn, "default (flags)"
+        if isinstance(optimizer_fn, optim.FlagOptimizer):  # muon: its AdamW part takes
+            optimizer_fn = optimizer_fn.for_model(model)  # the output layer (muon.py)
     if sources["optimizer"] != "default (flags)":  # a factory's var_list: before any copy
         _exclusions(optimizer_fn(), model, "the optimizer's")
     logging.info("training with loss %r (%s), metrics %s (%s), optimizer from %s", loss_fn,
