@@ -14,6 +14,9 @@ small MLP of tests/helpers.py, 5 steps under --deterministic:
   trains on shard t alone;
 - a method whose updates are by design not the synchronous one (stale reads, local
   steps) declares `identity` options, with which it equals one device as an exact one;
+  one with no such options (`SAME_AS`: des_loc, local Adam) equals, with its degenerate
+  options, another method bit for bit on 2 towers (des_loc's every period 1 is localsgd
+  averaging its slots);
 - its state (`state_variables`, made by `build`) survives a checkpoint and a restore
   into a second trainer, whose next step is then bit-identical to the first's (every
   copy's, when the method's copies differ between syncs: `copies_differ`);
@@ -59,7 +62,14 @@ SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          # outer steps after steps 2 and 5 (the step after the restore)
          "sparta_diloco": "sparta_diloco:fraction=0.1,period=3",
          # outer steps after steps 2 and 5 (the step after the restore), 2-bit payloads
-         "sparseloco": "sparseloco:period=3,density=0.1"}
+         "sparseloco": "sparseloco:period=3,density=0.1",
+         # x, m, v synced after steps (1, 3), (2), (4) and x, m in the step after the restore
+         "des_loc": "des_loc:period=2,momentum_period=3,variance_period=5"}
+# Methods with no identity with one device whose degenerate options are another method's,
+# bit for bit on 2 towers (each ring sum one addition, whatever the vector it is cut from):
+# every period of des_loc 1 is localsgd averaging Adam's slots too (tests/test_des_loc.py).
+SAME_AS = {"des_loc": ("des_loc:period=1,momentum_period=1,variance_period=1",
+                       "localsgd:period=1,slots=average")}
 
 
 @dataclasses.dataclass
@@ -76,6 +86,9 @@ def config_for(directory, name, towers, **overrides):
     method, options = aggregation.parse(settings["aggregation"])
     if method.applies_momentum(options):  # momentum inside the method: plain SGD outside
         settings.setdefault("optimizer", "sgd")
+    if method.needs_optimizer:  # des_loc: Adam, at the eps of the bound's premise (tolerance.py)
+        settings.setdefault("optimizer", method.needs_optimizer)
+        settings.setdefault("adam_epsilon", 1e-3)
     return helpers.small_config(str(directory), devices=f"cpu:{towers}", **settings)
 
 
@@ -156,6 +169,9 @@ def test_aggregate_is_what_the_method_declares(name, towers, trained, reference,
     if refused_here(name, tmp_path, towers):
         return
     method = aggregation.get(name)
+    if name in SAME_AS:
+        assert_same_as(name, towers, tmp_path)
+        return
     identity = method.identity is not None  # its identity options: as an exact method
     run = trained(name, towers, identity)
     copies = helpers.copy_weights(run.trainer)
@@ -174,6 +190,26 @@ def test_aggregate_is_what_the_method_declares(name, towers, trained, reference,
         for t, weights in enumerate(copies):
             batches = shard(helpers.batches(STEPS), t, towers)
             tolerance.assert_matches_reference(weights, None, reference((towers, t), batches))
+
+
+def assert_same_as(name, towers, tmp_path):
+    """SAME_AS's pair trained side by side: equal bit for bit on 2 towers; on 4 (the ring
+    sums its chunks in an order that depends on the vector) both train and stay finite."""
+    runs, own = [], config_for(tmp_path, name, towers)  # the named method's optimizer
+    for spec in SAME_AS[name]:
+        config = dataclasses.replace(own, aggregation=spec,
+                                     logdir=str(tmp_path / spec.split(":")[0]))
+        trainer = helpers.build_trainer(config)
+        start = helpers.copy_weights(trainer)[0]
+        helpers.run_batches(trainer, helpers.batches(STEPS))
+        copies = helpers.copy_weights(trainer)
+        assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(copies[-1], start))
+        assert all(np.isfinite(w).all() for weights in copies for w in weights)
+        runs.append(copies)
+    if towers == 2:
+        for a, b in zip(*runs):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
 
 
 def assert_within_declared_bound(run, towers):

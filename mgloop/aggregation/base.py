@@ -40,7 +40,7 @@ Gradients = list[tf.Tensor]
 CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
                 "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
                 "averages_non_trainable", "copies_differ", "identity", "buckets_payloads",
-                "runs_between_processes", "copies_per_device")
+                "runs_between_processes", "copies_per_device", "needs_optimizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +121,10 @@ class Aggregation(ProducedModel, abc.ABC):
     # synchronous training, e.g. "period=1": the contract test checks that against one
     # device. None: the method is `exact`, lossy within `error_bound`, or has no exchange.
     identity: ClassVar[str | None] = None
+    needs_optimizer: ClassVar[str | None] = None  # the --optimizer it needs (des_loc: adam)
     # The workers whose towers it also combines (cross_worker.py); None: one process.
     cluster = None
-    # The other workers' copies of this method (peers.py; from `between_workers`), at the nodes
-    # between processes (one tower per worker): its transports use collectives between them.
+    # The other workers' copies of it at the nodes (peers.py): its transports' collectives.
     peers = None
 
     @classmethod

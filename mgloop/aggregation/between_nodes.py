@@ -225,7 +225,7 @@ class NodeLevel(Wrapper):
         def chosen(copy):
             trainable = list(copy.trainable)
             picked = trainable if indices is None else [trainable[i] for i in indices]
-            return picked + (local_steps.slot_variables(copy.optimizer) if slots else [])
+            return picked + (local_steps.slot_variables(copy.optimizer, slots) if slots else [])
         for n in range(self.nodes.count):
             first = self._copy_of(self.nodes.leader(n))
             leader = copies[first]

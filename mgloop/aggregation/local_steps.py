@@ -64,9 +64,12 @@ from mgloop.aggregation.traffic import Occasion, Sync
 from mgloop.training.variables import backing
 
 
-def slot_variables(optimizer) -> list:
+def slot_variables(optimizer, which=True) -> list:
     """The optimizer's float slots (momenta, velocities): its variables but the step
-    counter and the learning rate."""
+    counter and the learning rate; `which` "momentums" or "velocities": Keras Adam's first
+    or second moments alone (des_loc.py checks the optimizer is Adam)."""
+    if which is not True:
+        return list(getattr(getattr(optimizer, "inner_optimizer", optimizer), f"_{which}"))
     return [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32",
                                                           "float64")
             and v.path.split("/")[-1] not in ("iteration", "learning_rate")]
@@ -180,6 +183,10 @@ class LocalSGD(Aggregation):
         groups = [list(c.trainable) for c in copies]
         if self.averages_slots:
             groups = [g + slot_variables(c.optimizer) for g, c in zip(groups, copies)]
+        self.take_mean(groups)
+
+    def take_mean(self, groups: list[list]) -> None:
+        """Copy c's variables groups[c] take the copies' mean (a down node's keep theirs)."""
         for c, (variables, means) in enumerate(zip(groups, self.average(groups))):
             for variable, mean in zip(map(backing, variables), means):
                 with tf.device(variable.device):

@@ -22,7 +22,7 @@ heals loads a healthy peer's state dict before it takes part again):
   (live_exchange.py), so every live copy gets
       g_s = (1/|L_s|) sum_{n in L_s} m_n ,
   the mean over the live nodes of their node means m_n (nodes.py, stage 1).
-- localsgd and DiLoCo (local_steps.py; Douillard et al. 2023, "DiLoCo: Distributed
+- localsgd, des_loc and DiLoCo (local_steps.py; Douillard et al. 2023, "DiLoCo: Distributed
   Low-Communication Training of Language Models", arXiv 2311.08105): a down node takes
   no inner step; a sync's ring runs among the live copies only,
       a = (1/|L_s|) sum_{n in L_s} v_n ,
@@ -69,6 +69,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
+from mgloop.aggregation.des_loc import DesLoc
 from mgloop.aggregation.local_steps import DiLoCo, LocalSGD
 from mgloop.aggregation.traffic import EVERY_STEP, Occasion
 from mgloop.errors import ConfigError
@@ -76,7 +77,7 @@ from mgloop.training.variables import backing
 
 EXAMPLE = "--node_failures=2@30-60,1@80 (node 2 down for steps [30, 60), node 1 from step 80)"
 _ITEM = re.compile(r"^(\d+)@(\d+)(?:-(\d+))?$")
-LOCAL = (LocalSGD, DiLoCo)  # exactly these classes: their subclasses sync otherwise
+LOCAL = (LocalSGD, DiLoCo, DesLoc)  # exactly these: their subclasses sync otherwise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,6 +83,7 @@ _BUILTINS = (
     "mgloop.aggregation.collective",
     "mgloop.aggregation.independent",
     "mgloop.aggregation.local_steps",
+    "mgloop.aggregation.des_loc",
     "mgloop.aggregation.streaming_diloco",
     "mgloop.aggregation.sparta",
     "mgloop.aggregation.sparseloco",

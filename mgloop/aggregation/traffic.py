@@ -61,12 +61,13 @@ EVERY_STEP = Occasion("every step", lambda step: True)
 class Sync:
     """One synchronisation a local method runs after the update: on `occasion`'s steps,
     when the tensor `due()` is true; it changes the trainable `variables` (indices; None:
-    all of them) and, with `slots`, the optimizer's slots."""
+    all of them) and, with `slots`, the optimizer's slots (True: all; "momentums" or
+    "velocities": Adam's first or second moments alone, local_steps.slot_variables)."""
 
     occasion: Occasion
     due: Callable
     variables: tuple[int, ...] | None = None
-    slots: bool = False
+    slots: bool | str = False
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ ConfigError line naming the flag and what would be valid.
                                    exchange (--diagnostics with a single-loss method writes
                                    nothing per tower: assemble.build logs it)
     `applies_momentum(options)`    needs --optimizer=sgd (DGC's momentum correction)
+    `needs_optimizer`              that --optimizer (des_loc: adam, whose m and v it averages)
     several workers, at towers     need `across_workers` (at the nodes every method runs
                                    between the workers: nodes.py, peers.py)
     tower devices                  must be of a kind in `device_kinds`
@@ -110,9 +111,14 @@ def check_batch_norm(options: ExchangeOptions, batch_norm: str) -> None:
 
 
 def check_optimizer(options: ExchangeOptions, optimizer) -> None:
-    """A method that applies momentum itself needs --optimizer=sgd (`optimizer`: its name,
-    or a Keras optimizer a user gives, which is not checked)."""
+    """A method that applies momentum itself needs --optimizer=sgd, one that `needs_optimizer`
+    that one (`optimizer`: its name, or a Keras optimizer a user gives, not checked here)."""
     method, method_options = registry.parse(options.aggregation)
+    needed = method.needs_optimizer
+    if needed and isinstance(optimizer, str) and optimizer != needed:
+        raise ConfigError(f"--aggregation={options.aggregation} averages the moments of "
+                          f"--optimizer={needed}, which --optimizer={optimizer} does not "
+                          f"keep; use --optimizer={needed}")
     if (method.applies_momentum(method_options) and isinstance(optimizer, str)
             and optimizer != "sgd"):
         raise ConfigError(f"--aggregation={options.aggregation} applies momentum itself, so "

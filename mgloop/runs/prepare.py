@@ -47,7 +47,7 @@ def method_settings(spec: str) -> tuple[str, dict]:
 def method_config(spec: str, logdir: str, **settings) -> Config:
     """`SMALL_RUN` of the method `spec` (`METHOD [--key=value ...]`: settings after the
     method) in `logdir`, exported to `logdir`/export; then `settings` over them. A method
-    that applies momentum itself gets plain SGD outside it."""
+    that applies momentum itself gets plain SGD outside it, one that `needs_optimizer` that."""
     from mgloop import aggregation
     method, own = method_settings(spec)
     values = dict(SMALL_RUN, aggregation=method, logdir=logdir,
@@ -56,6 +56,8 @@ def method_config(spec: str, logdir: str, **settings) -> Config:
     kind, options = aggregation.parse(method)
     if kind.applies_momentum(options):
         values["optimizer"] = "sgd"
+    if kind.needs_optimizer:  # des_loc: adam
+        values["optimizer"] = kind.needs_optimizer
     return Config(**values)
 
 
