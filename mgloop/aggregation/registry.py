@@ -86,6 +86,7 @@ _BUILTINS = (
     "mgloop.aggregation.des_loc",
     "mgloop.aggregation.streaming_diloco",
     "mgloop.aggregation.sparta",
+    "mgloop.aggregation.noloco",
     "mgloop.aggregation.sparseloco",
     "mgloop.aggregation.stale",
     "mgloop.aggregation.colocate",
