@@ -10,7 +10,7 @@
     the gradients the copies received, bit for bit (replayed from the same start), and each
     step's mean gradient lies within tolerance.py's gradient bound (1.) of the one-device
     gradient at the same weights, its terms' magnitudes taken from the mlp's absolute
-    backward pass (`MlpTerms`: tolerance.gradient_bound's |g_i| understates them).
+    passes (tolerance.dense_chain_terms: |g_i| understates them).
 (c) The AdamW part is the same on every copy (copy 1's variables are "replica_1/..."), for
     the mlp, cnn and transformer_lm: Keras's rule plus the output layer; a user's Muon
     anchored to the template's paths holds on every copy; a build that splits by its own
@@ -103,38 +103,6 @@ class KeepExchanged(Hook):
         return [k.assign(g) for kept, copy in zip(self.kept, grads) for k, g in zip(kept, copy)]
 
 
-class MlpTerms(tolerance.StepBound):
-    """tolerance.py's gradient bound (1.) with the mlp's terms' magnitudes A from its absolute
-    passes, not |g_i|: a hidden kernel's h (x) delta has delta = mask W^T delta' summed from
-    terms of both signs inside one example (measured: an element of the second kernel 1.6e-10
-    apart, 2.8x the |g_i|-based bound). Per example: a_0 = |x|, a_(l+1) = mask_l (a_l |W_l| +
-    |b_l|) >= |h_(l+1)|, logits' L = a_2 |W_2| + |b_2|; on the logits p - onehot(y), p moved
-    by at most 2 p max_k |dz_k| <= 2 p gamma(n) max_k L_k: t_L = p + onehot(y) + 2 p max_k L_k;
-    t_l = mask_l (t_(l+1) |W_(l+1)|^T); a kernel's terms a_l (x) t_(l+1), a bias's t_(l+1),
-    over the B examples. Premise: no pre-activation within its rounding of 0 (a flipped ReLU
-    moves a whole term)."""
-
-    def term_magnitudes(self, model, x, y):
-        w = [v.numpy().astype(np.float64) for v in model.trainable_variables]
-        a = [np.abs(np.reshape(x.numpy(), (x.shape[0], -1)).astype(np.float64))]
-        h, masks = np.reshape(x.numpy(), (x.shape[0], -1)).astype(np.float64), []
-        for layer in range(2):  # the two ReLU layers: exact pre-activations decide the masks
-            z = h @ w[2 * layer] + w[2 * layer + 1]
-            masks.append(z > 0)
-            h = np.maximum(z, 0)
-            a.append(masks[-1] * (a[-1] @ np.abs(w[2 * layer]) + np.abs(w[2 * layer + 1])))
-        logits = h @ w[4] + w[5]
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        top = (a[2] @ np.abs(w[4]) + np.abs(w[5])).max(-1, keepdims=True)
-        t = [p + np.eye(p.shape[-1])[y.numpy()] + 2 * p * top]
-        for layer in (1, 0):
-            t.insert(0, masks[layer] * (t[0] @ np.abs(w[2 * layer + 2]).T))
-        batch = len(p)
-        return {index: (a[index // 2].T @ t[index // 2] if index % 2 == 0
-                        else t[index // 2].sum(0)) / batch for index in range(6)}
-
-
 def test_two_towers_apply_keras_muon_to_their_mean_gradient_within_its_bound(logdir):
     kept = KeepExchanged()
     trainer = trainer_of(muon_config(logdir, devices="cpu:2", aggregation="ring"), hooks=[kept])
@@ -147,7 +115,7 @@ def test_two_towers_apply_keras_muon_to_their_mean_gradient_within_its_bound(log
             loss = tf.reduce_mean(loss_fn(tf.constant(y), reference(tf.constant(x))))
         one_device = np.concatenate([g.numpy().ravel() for g in
                                      tape.gradient(loss, reference.trainable_variables)])
-        terms = MlpTerms()
+        terms = tolerance.StepBound()  # the mlp's absolute passes (tolerance.py 1.)
         terms.before(reference, None, loss_fn, tf.constant(x), tf.constant(y))
         bound = np.concatenate([d.ravel() for d in terms.last[0]])
         helpers.run_batches(trainer, [(x, y)])

@@ -14,9 +14,14 @@ gamma(n) = n u / (1 - n u) (Higham, Accuracy and Stability, ch. 3):
    as |g_i|, each computation is within gamma(n) * A of the exact value, with
    A = (1/B) sum_i |g_i| (elementwise); so any two orders differ by at most
        dg_t = 2 gamma(n) A_t.
-   Where a gradient cancels inside every example (a bias in front of a batch norm:
-   0 in exact arithmetic), |g_i| is no measure of its terms: a test states their
-   bound itself (StepBound.term_magnitudes, test_batch_norm.py).
+   Where a gradient's terms cancel inside an example, |g_i| is no measure of them: a
+   hidden kernel's h (x) delta has delta = mask W^T delta' summed from terms of both
+   signs (measured on the mlp: an element of its second kernel 1.6e-10 apart between
+   two orders, 2.8x a |g_i|-based bound). For a chain of Dense layers (ReLU, then
+   logits under softmax cross-entropy with integer labels: the mlp) A is at least the
+   absolute backward pass's (`dense_chain_terms`); a bias in front of a batch norm (0 in exact
+   arithmetic) gets its bound from its test (StepBound.term_magnitudes,
+   test_batch_norm.py).
 2. Update. dg is carried through the optimizer's update map at the one-device
    run's state (Keras's update rules, first order):
      SGD                 dw_t = lr_t dg_t
@@ -97,6 +102,59 @@ def path_sums(model, batch: int) -> int:
     return batch * positions + n + int(shape[-1])  # the last kernel's outputs: the logits
 
 
+def _dense_chain(model) -> list | None:
+    """The Dense layers of a Sequential of [Flatten,] Dense(relu)..., Dense(linear), else None."""
+    if not isinstance(model, keras.Sequential):
+        return None
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.Flatten)]
+    if not layers or not all(isinstance(layer, keras.layers.Dense) for layer in layers):
+        return None
+    activations = [layer.activation for layer in layers]
+    if (any(a is not keras.activations.relu for a in activations[:-1])
+            or activations[-1] is not keras.activations.linear):
+        return None
+    return layers
+
+
+def dense_chain_terms(model, x, y) -> dict[int, np.ndarray]:
+    """{variable index: (1/B) sum_i |terms| of its gradient} for a chain of Dense layers
+    (`_dense_chain`) on softmax cross-entropy with integer labels (else {}): the backward
+    pass taken in absolute values, so terms that cancel inside an example count. Per
+    example, with h_l the layer inputs and masks the pre-activations' signs (exact):
+    t_L = p + onehot(y) (the logits' gradient p - onehot(y), term by term),
+    t_l = mask_l (t_(l+1) |W_(l+1)|^T); a kernel's terms |h_l| (x) t_(l+1), a bias's
+    t_(l+1). The forward pass's roundings enter through n (path_sums), as for any model.
+    Premise: no pre-activation within its rounding of 0 (a flipped ReLU moves a whole
+    term)."""
+    layers = _dense_chain(model)
+    labels = np.asarray(y)
+    if layers is None or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        return {}
+    h = np.reshape(np.asarray(x), (len(labels), -1)).astype(np.float64)
+    kernels = [layer.kernel.numpy().astype(np.float64) for layer in layers]
+    biases = [layer.bias.numpy().astype(np.float64) for layer in layers]
+    a, masks = [np.abs(h)], []
+    for kernel, bias in zip(kernels[:-1], biases[:-1]):
+        z = h @ kernel + bias
+        masks.append(z > 0)
+        h = np.maximum(z, 0)
+        a.append(h)
+    logits = h @ kernels[-1] + biases[-1]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    t = [p + np.eye(p.shape[-1])[labels]]
+    for layer in range(len(layers) - 2, -1, -1):
+        t.insert(0, masks[layer] * (t[0] @ np.abs(kernels[layer + 1]).T))
+    batch = len(labels)
+    terms = {}
+    for layer_index, layer in enumerate(layers):
+        kernel_index = next(i for i, v in enumerate(model.trainable_variables)
+                            if v is layer.kernel)
+        terms[kernel_index] = a[layer_index].T @ t[layer_index] / batch
+        terms[kernel_index + 1] = t[layer_index].sum(0) / batch
+    return terms
+
+
 class StepBound:
     """Accumulates tol (3. above) while the one-device reference trains: the reference calls
     `before(model, optimizer, loss_fn, x, y)` before each step and `after()` after it."""
@@ -154,9 +212,10 @@ class StepBound:
 
     def term_magnitudes(self, model, x, y) -> dict[int, np.ndarray]:
         """Variable index -> a bound on (1/B) sum |terms| of its gradient where the
-        example's own |g_i| is not one: a gradient that cancels inside every example
-        (e.g. a bias in front of a batch norm: 0 in exact arithmetic). None here."""
-        return {}
+        example's own |g_i| is not one (1. above): a chain of Dense layers'
+        (`dense_chain_terms`), else none; a test overrides it for what it knows (e.g. a
+        bias in front of a batch norm: 0 in exact arithmetic)."""
+        return dense_chain_terms(model, x, y)
 
     def after(self) -> None:
         model, optimizer, lr, dg, before = self._step
