@@ -59,6 +59,8 @@ import tensorflow as tf
 
 from mgloop.aggregation import global_models, live_exchange, register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.outer_schedule import (OuterMomentumOptions, momentum, warmup_ops,
+                                               warmup_steps)
 from mgloop.aggregation.ring import sharded_ring_all_reduce
 from mgloop.aggregation.traffic import Occasion, Sync
 from mgloop.training.variables import backing
@@ -229,7 +231,7 @@ class LocalSGD(Aggregation):
 
 
 @dataclasses.dataclass(frozen=True)
-class DiLoCoOptions(Options):
+class DiLoCoOptions(OuterMomentumOptions):
     period: int = option(16, "H: inner steps between outer steps", low=1)
     outer_lr: float = option(0.7, "the outer SGD's learning rate", low=0.0, low_open=True)
     outer_momentum: float = option(0.9, "the outer SGD's momentum mu", low=0.0, high=1.0,
@@ -242,8 +244,11 @@ class DiLoCo(LocalSGD):
     name = "diloco"
     options_type = DiLoCoOptions
     identity = "period=1,outer_lr=1,outer_momentum=0"
-    warmup = 0
     averages_slots = False  # each replica keeps its inner optimizer's state
+
+    @property
+    def warmup(self) -> int:  # Pier's momentum warmup (outer_schedule.py; 0: none)
+        return warmup_steps(self.options)
 
     def build(self, variables):
         """x (`start`, the parameters at the last sync) and the outer momentum m, one pair
@@ -279,7 +284,7 @@ class DiLoCo(LocalSGD):
         """The outer step on the mean a of the copies (every copy has the same bits of a, x
         and m), on every copy's device; every copy takes the new x."""
         means = self.average([list(c.trainable) for c in copies])
-        lr, mu = self.options.outer_lr, self.options.outer_momentum
+        lr, mu = self.options.outer_lr, momentum(self)  # outer_schedule.py: mu of this step
         for c, (copy, starts, momenta, averages) in enumerate(
                 zip(copies, self._start, self._momentum, means)):
             with tf.device(copy.device):
@@ -292,6 +297,9 @@ class DiLoCo(LocalSGD):
 
     def copy_state(self, c: int) -> list:
         return self._start[c] + self._momentum[c]
+
+    def after_update(self, copies):  # in Pier's warmup, m filled (outer_schedule.py)
+        return super().after_update(copies) + warmup_ops(self, copies)
 
     outer_parameters_differ = False  # True: each copy's x_c its own (streaming's eager)
 
@@ -309,6 +317,3 @@ class DiLoCo(LocalSGD):
 
     def global_model_name(self) -> str:
         return "copy 0 (one node)" if self.num_towers == 1 else "outer parameters x"
-
-    def reduce(self, tower_values, variables, average=True):
-        return [list(values) for values in tower_values]

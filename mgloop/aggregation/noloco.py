@@ -50,8 +50,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import global_models, register
-from mgloop.aggregation.base import Options, canonical, option
+from mgloop.aggregation import global_models, outer_schedule, register
+from mgloop.aggregation.base import canonical, option
 from mgloop.aggregation.local_steps import DiLoCo
 from mgloop.errors import ConfigError
 from mgloop.training.variables import backing
@@ -71,7 +71,7 @@ def groups_at(seed: int, outer_step: tf.Tensor, nodes: int, size: int) -> tf.Ten
 
 
 @dataclasses.dataclass(frozen=True)
-class NoLoCoOptions(Options):
+class NoLoCoOptions(outer_schedule.OuterMomentumOptions):
     period: int = option(16, "H: inner steps between outer steps", low=1)
     group: int = option(2, "n: nodes per group at an outer step (2: one random peer; 0: "
                            "every node, one group)", low=0)
@@ -90,6 +90,7 @@ class NoLoCo(DiLoCo):
     identity = "period=1,group=0,outer_lr=1,outer_momentum=0,gamma=0"  # module top
     runs_between_processes = False
     outer_parameters_differ = True
+    momentum_is_velocity = True  # v = -b m: Pier's warmup fills v <- a v - b delta
     resize_refusal = ("each node's outer parameters and velocity are its own (NoLoCo: no "
                       "node holds another's); resume on the same number of workers")
 
@@ -120,7 +121,7 @@ class NoLoCo(DiLoCo):
     def synchronise(self, copies) -> None:
         """Every node's outer step on its group's means (module top), on its own device."""
         size, nodes = self.group_size, len(copies)
-        b, a, g = self.options.outer_lr, self.options.outer_momentum, self.options.gamma
+        b, a, g = self.options.outer_lr, outer_schedule.momentum(self), self.options.gamma
         groups = self.groups()
         inner = [[backing(v).read_value() for v in c.trainable] for c in copies]
         outer = [[x.read_value() for x in starts] for starts in self._start]

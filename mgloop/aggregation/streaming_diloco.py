@@ -75,7 +75,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import outer_formats, overlap, register
+from mgloop.aggregation import outer_formats, outer_schedule, overlap, register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.local_steps import DiLoCo, DiLoCoOptions
 from mgloop.aggregation.traffic import Occasion, Sync
@@ -221,10 +221,10 @@ class StreamingDiLoCo(DiLoCo):
         """One occasion per fragment p ("fragment p"): the steps s with
         (s + 1) mod H = o_p mod H (`fragment_due`), its exchange overlapping tau (eager:
         H) steps of compute."""
-        period = self.options.period
+        period, warmup = self.options.period, self.warmup  # none in Pier's warmup
         hidden = period if self.options.eager else self.options.tau
-        return [Occasion(f"fragment {p}", lambda step, o=offset: (step + 1) % period == o % period,
-                         hidden) for p, offset in enumerate(self.offsets)]
+        return [Occasion(f"fragment {p}", lambda step, o=offset: (step + 1 > warmup) & (
+            (step + 1) % period == o % period), hidden) for p, offset in enumerate(self.offsets)]
 
     def change_occasions(self) -> list[Occasion]:
         """Per fragment, the steps that change its variables: its sends, or with tau > 0
@@ -264,7 +264,7 @@ class StreamingDiLoCo(DiLoCo):
                     overlap.merge(copies, self._start, fragment, self.options.alpha)
                     return tf.constant(True)
                 ops.append(tf.cond(sync.due(), merge, lambda: tf.constant(False)))
-        return ops
+        return ops + outer_schedule.warmup_ops(self, copies)  # Pier's warmup: m filled
 
     def synchronise_fragment(self, copies, fragment: list[int]) -> None:
         """The outer step of the variables `fragment` (indices) on every copy (top); every
@@ -274,7 +274,7 @@ class StreamingDiLoCo(DiLoCo):
         else:
             means = self.average([[c.trainable[i] for i in fragment] for c in copies])
             deltas = None
-        lr, mu = self.options.outer_lr, self.options.outer_momentum
+        lr, mu = self.options.outer_lr, outer_schedule.momentum(self)
         for c, copy in enumerate(copies):
             with tf.device(copy.device):
                 for k, i in enumerate(fragment):

@@ -21,6 +21,7 @@ from mgloop import data
 from mgloop import models
 from mgloop.aggregation import exchange_options
 from mgloop.aggregation import node_failures
+from mgloop.aggregation import outer_schedule
 from mgloop.aggregation import shard_settings
 from mgloop.aggregation import between_nodes as node_level
 from mgloop.aggregation import validation as exchange_checks
@@ -97,6 +98,7 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     shard_settings.check_combinations(exchange, parts["cluster"].towers_per_device,
                                       step.mixed_precision, parts["observe"].histogram_every)
     node_failures.check_schedule(exchange, config.train_steps, context)  # over the run's steps
+    outer_schedule.check_run(exchange, config.train_steps)  # Pier's decay within the run
     at_nodes = node_level.method_at_nodes(exchange, context.num_workers)  # each worker a node
     num_nodes = context.num_workers if context.num_workers > 1 else exchange.nodes
     vectorized_towers.check_method(exchange.aggregation, context.request, at_nodes,
