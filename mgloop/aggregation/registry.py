@@ -87,6 +87,7 @@ _BUILTINS = (
     "mgloop.aggregation.streaming_diloco",
     "mgloop.aggregation.sparta",
     "mgloop.aggregation.noloco",
+    "mgloop.aggregation.async_diloco",
     "mgloop.aggregation.sparseloco",
     "mgloop.aggregation.stale",
     "mgloop.aggregation.colocate",

@@ -37,7 +37,8 @@ meet at its sync, and their steps in between are charged at the same C per step,
     modelled compute per step = C / min_n s_n
 
 for every method (the simplest model: it does not let a fast node run ahead between
-syncs, nor a method drop a straggler).
+syncs, nor a method drop a straggler), but async_diloco, whose nodes step on their own
+clocks and whose global step is the fastest node's: C / max_n s_n (`fastest`).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class Compute:
 
 
 def source_of(setting: ComputeSetting, flops_per_example: float | None,
-              examples_per_tower: int | None, speeds: tuple[float, ...]) -> str:
+              examples_per_tower: int | None, speeds: tuple[float, ...],
+              fastest: bool = False) -> str:
     """compute_source: which C, in words."""
     if setting.kind == PROFILE:
         text = (f"profile {setting.profile} at {setting.efficiency:g} of "
@@ -157,16 +159,19 @@ def source_of(setting: ComputeSetting, flops_per_example: float | None,
                    else "FLOPs per example not counted"))
     else:
         text = setting.kind
-    if speeds:
+    if speeds and fastest:
+        text += f"; paced by the fastest node (speed {max(speeds):g}; async_diloco)"
+    elif speeds:
         text += f"; waits for the slowest node (speed {min(speeds):g})"
     return text
 
 
 def modelled(setting: ComputeSetting, measured: float | None,
              flops_per_example: float | None = None, examples_per_tower: int | None = None,
-             speeds: tuple[float, ...] = ()) -> Compute:
+             speeds: tuple[float, ...] = (), fastest: bool = False) -> Compute:
     """C (module top) for a parsed --compute: the measured C, F * b / (P * E), or the given
-    seconds; divided by the slowest node's speed."""
+    seconds; divided by the slowest node's speed (`fastest`: the fastest's, for a method
+    whose global step is the fastest node's, async_diloco)."""
     if setting.kind == MEASURED:
         seconds = measured
     elif setting.kind == GIVEN:
@@ -176,6 +181,6 @@ def modelled(setting: ComputeSetting, measured: float | None,
     else:
         seconds = flops_per_example * examples_per_tower / (setting.peak * setting.efficiency)
     if seconds is not None and speeds:
-        seconds /= min(speeds)
-    return Compute(seconds, source_of(setting, flops_per_example, examples_per_tower, speeds),
-                   measured, flops_per_example, tuple(speeds))
+        seconds /= max(speeds) if fastest else min(speeds)
+    return Compute(seconds, source_of(setting, flops_per_example, examples_per_tower, speeds,
+                                      fastest), measured, flops_per_example, tuple(speeds))

@@ -66,7 +66,8 @@ class ObserveOptions:
     node_speeds: str | None = setting(
         None, "S1,S2,...: one speed factor per node (--nodes, or the workers), e.g. 1,1,0.5,1; "
         "every step waits for the slowest node, so the modelled compute per step is "
-        "C / min(speed)", neutral="a model computed after training")
+        "C / min(speed); async_diloco also takes its nodes' inner steps on these clocks",
+        hparam=True)
 
 
 def check(options: ObserveOptions, context: Context) -> ObserveOptions:

@@ -43,6 +43,7 @@ from mgloop.step.hooks.attack_hook import ByzantineTowers
 from mgloop.step.hooks.histograms import KeepLastGradients
 from mgloop.step.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
 from mgloop.step.hooks.loss_scaling import LossScaling
+from mgloop.step.hooks.inner_turns import hook_for as inner_turns_hook
 from mgloop.step.hooks.node_failures import hook_for as node_failures_hook
 from mgloop.step.hooks.sampled_stats import GradientStats
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
@@ -220,6 +221,7 @@ def common_hooks(config: Config, model, replicas: Replicas, attack, classes, fir
         common.append(KeepLastGradients(replicas.copies[0]))
     failures = aggregation.failures if isinstance(aggregation, NodeLevel) else None
     common += [node_failures_hook(failures, replicas)] if failures else []  # down: frozen
+    common += [h for h in [inner_turns_hook(replicas)] if h]  # async_diloco's clock
     common += list(hooks)
     if replicas.towers_per_device > 1:
         vectorized_towers.check_hooks(common)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from mgloop import data
 from mgloop import models
+from mgloop.aggregation import async_clock
 from mgloop.aggregation import exchange_options
 from mgloop.aggregation import node_failures
 from mgloop.aggregation import outer_schedule
@@ -116,6 +117,7 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     data.check_model(data_part, model_part.model)  # the dataset feeds the model
     models.check_data(model_part, data_part.dataset, data_part.sequence_length)
     hardware.parse_speeds(parts["observe"].node_speeds, num_nodes)  # one factor per node
+    async_clock.check_speeds(exchange, parts["observe"].node_speeds, at_nodes)
     if parts["observe"].profile_steps is not None:  # steps A+1 .. B of the run
         monitor.parse_profile_steps(parts["observe"].profile_steps, config.train_steps)
     _check_cluster(step, context.workers)

@@ -25,7 +25,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import between_nodes, node_failures
+from mgloop.aggregation import async_clock, between_nodes, node_failures
 from mgloop.cluster import devices
 from mgloop.cluster import peer_health
 from mgloop.cluster import workers as cluster
@@ -98,7 +98,8 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                          f"asks for {asked} per process: make it with devices.setup("
                          "devices.parse(config.devices, config.towers_per_device))")
     seed_everything(config.seed, config.deterministic)
-    method = between_nodes.make(config.exchange, device_set, aggregation.make, workers,
+    make = async_clock.with_node_speeds(aggregation.make, config.node_speeds)  # its clock
+    method = between_nodes.make(config.exchange, device_set, make, workers,
                                 node_failures.schedule_of(config.exchange, config.train_steps),
                                 replicas.global_step_on(device_set.host))
     optimizer_fn = optim.FlagOptimizer(config.optim, config.train_steps)

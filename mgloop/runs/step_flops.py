@@ -17,6 +17,7 @@ from __future__ import annotations
 from absl import logging
 import tensorflow as tf
 
+from mgloop.aggregation import async_clock
 from mgloop.observe import flops as flops_lib
 from mgloop.observe import hardware
 from mgloop.observe import link_model
@@ -66,8 +67,9 @@ def of_run(config, trainer, median_step_time: float | None, exchange_alone: floa
     setting = hardware.parse(config.compute)
     speeds = hardware.parse_speeds(config.node_speeds, _nodes(config, trainer))
     measured = link_model.compute_seconds(median_step_time, exchange_alone)
+    fastest = async_clock.staleness_of(trainer.aggregation) is not None  # no node waits
     if setting.kind != hardware.PROFILE:
-        return hardware.modelled(setting, measured, speeds=speeds)
+        return hardware.modelled(setting, measured, speeds=speeds, fastest=fastest)
     per_tower = config.batch_size_per_tower * config.accumulation_steps
     try:
         count = flops_per_example(trainer.model, trainer.loss_fn, *example_spec,
@@ -76,12 +78,12 @@ def of_run(config, trainer, median_step_time: float | None, exchange_alone: floa
         logging.warning("--compute=%s: the training step could not be traced to count its "
                         "FLOPs (%s: %s); compute_seconds is null", config.compute,
                         type(error).__name__, error)
-        return hardware.modelled(setting, measured, None, per_tower, speeds)
+        return hardware.modelled(setting, measured, None, per_tower, speeds, fastest)
     if count.uncounted:
         logging.warning("--compute=%s: FLOPs of %d ops not counted (%s): the modelled compute "
                         "leaves them out", config.compute, len(count.uncounted),
                         ", ".join(sorted(set(count.uncounted))))
-    return hardware.modelled(setting, measured, count.flops, per_tower, speeds)
+    return hardware.modelled(setting, measured, count.flops, per_tower, speeds, fastest)
 
 
 def _nodes(config, trainer) -> int:

@@ -1,0 +1,110 @@
+"""The schedule of `async_diloco` (async_diloco.py, whose docstring states it): each node's
+inner steps on its own clock, its rounds (DyLU), its arrivals and the merges of a quorum, as
+a function of the global step alone, in Python (what the link report counts) and, for `turn`,
+on an int64 tensor too (what the step's guard and the method's state machine read); and the
+run's glue: --node_speeds handed to the method, and refused at the towers."""
+
+from __future__ import annotations
+
+import fractions
+import math
+
+from mgloop.errors import ConfigError
+
+
+class Clock:
+    """The schedule (async_diloco.py) of `nodes` nodes at `speeds` (() : all 1): rates r_i = a_i /
+    b_i, rounds H_i, quorum q; `turn` and `steps_by` take a Python int or an int64 tensor."""
+
+    def __init__(self, speeds, nodes: int, period: int, dynamic: bool, quorum: int):
+        speeds = [fractions.Fraction(str(s)) for s in (speeds or (1,) * nodes)]
+        self.rates = [s / max(speeds) for s in speeds]
+        self.rounds = [max(1, math.ceil(period * r)) if dynamic else period for r in self.rates]
+        self.quorum = quorum or nodes
+        self.nodes = nodes
+        self._events = []  # (stepped, arrived, merges) per step from 0 (`events`)
+        self._state = ([0] * nodes, [False] * nodes, [])
+
+    def steps_by(self, i: int, step):
+        """n_i(step): node i's inner steps by the end of `step`."""
+        r = self.rates[i]
+        return ((step + 1) * r.numerator) // r.denominator
+
+    def turn(self, i: int, step):
+        return self.steps_by(i, step) > self.steps_by(i, step - 1)
+
+    def events(self, step: int):
+        """(stepped[i], arrived[i], merges) of `step` (the nodes of each merge, in arrival
+        order): the state machine of `after_update`, in Python, from step 0 (cached)."""
+        done, waiting, pending = self._state
+        while len(self._events) <= step:
+            s = len(self._events)
+            stepped = [bool(self.turn(i, s)) and not waiting[i] for i in range(self.nodes)]
+            arrived = [False] * self.nodes
+            merges = []
+            for i in range(self.nodes):
+                done[i] += stepped[i]
+                if stepped[i] and done[i] == self.rounds[i]:
+                    arrived[i], waiting[i] = True, True
+                    pending.append(i)
+                    if len(pending) == self.quorum:
+                        merges.append(tuple(pending))
+                        for j in pending:
+                            done[j], waiting[j] = 0, False
+                        pending.clear()
+            self._events.append((tuple(stepped), tuple(arrived), merges))
+        return self._events[step]
+
+    def arrives(self, i: int, step: int) -> bool:
+        return self.events(step)[1][i]
+
+    def restarts(self, i: int, step: int) -> bool:
+        return any(i in merge for merge in self.events(step)[2])
+
+
+def with_node_speeds(make, text: str | None):
+    """`make` (registry.make) that gives async_diloco the --node_speeds `text` (checked
+    before: observe/hardware.parse_speeds, `check_speeds`); other methods as they were."""
+    speeds = tuple(float(part) for part in text.split(",")) if text else None
+
+    def made(spec, devices, transport_dtype="float32", **construction):
+        if speeds and _is_async(spec):
+            construction["node_speeds"] = speeds
+        return make(spec, devices, transport_dtype, **construction)
+    return made
+
+
+def check_speeds(exchange, node_speeds: str | None, at_nodes: bool) -> None:
+    """Refuses (one line) --node_speeds for async_diloco at the towers (a speed per node)."""
+    if node_speeds and not at_nodes and _is_async(exchange.aggregation):
+        raise ConfigError(f"--aggregation={exchange.aggregation} with --node_speeds="
+                          f"{node_speeds} needs the method at the nodes (--nodes=N, one "
+                          "speed per node), not at the towers")
+
+
+
+def _is_async(spec: str) -> bool:
+    from mgloop import aggregation  # the registry loads the methods
+    from mgloop.aggregation.async_diloco import AsyncDiLoCo
+    return issubclass(aggregation.get(spec), AsyncDiLoCo)
+
+
+def staleness_of(level) -> dict | None:
+    """async_diloco's `staleness()` in a run's aggregation `level` (the method, or a NodeLevel
+    around it), as summary.json's "async_staleness"; None for any other method."""
+    from mgloop.aggregation.async_diloco import AsyncDiLoCo
+    method = getattr(level, "inner", level)
+    if not isinstance(method, AsyncDiLoCo) or method.num_towers == 1:
+        return None
+    return method.staleness()
+
+
+def scalars(level) -> dict[str, float]:
+    """The staleness as TensorBoard scalars (async/...): merges, mean and maximum."""
+    stats = staleness_of(level)
+    if not stats:
+        return {}
+    merges = stats["merges"]
+    return {"async/merges": float(merges), "async/staleness_max": float(stats["staleness_max"]),
+            "async/staleness_mean": stats["staleness_sum"] / merges if merges else 0.0}
+
