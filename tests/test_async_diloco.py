@@ -49,18 +49,31 @@ def test_schedule_by_hand():
         3: [(0, 1, 2)], 7: [(3, 0, 1)], 11: [(2, 0, 1)]}
     assert not quorum.events(7)[0][3]  # waiting: no inner step on its turn
     assert quorum.events(11)[1] == (True, True, False, True)  # node 3 pending at 11
+    # quorum 2 with a grace window of 2 steps, rounds of 4: nodes 0, 1 arrive at 3 and wait
+    # to 5 for more; node 2 (at 7) is merged with their next arrivals (9) at 11; node 3 (at
+    # 15) with theirs (15) at 17; with DyLU every node arrives together: one merge of all.
+    grace = Clock(SPEEDS, 4, 4, False, 2, 2)
+    assert {s: grace.events(s)[2] for s in range(20) if grace.events(s)[2]} == {
+        5: [(0, 1)], 11: [(2, 0, 1)], 17: [(0, 1, 3)]}
+    assert not any(grace.events(4)[0][:2]) and all(grace.events(6)[0][:2])
+    aligned = Clock(SPEEDS, 4, 4, True, 2, 2)
+    assert {s: aligned.events(s)[2] for s in range(8) if aligned.events(s)[2]} == {
+        3: [(0, 1, 2, 3)], 7: [(0, 1, 2, 3)]}
 
 
 class NumpyAsync:
     """The schedule (turns from exact fractions, rounds, arrivals in node order, a quorum
-    with waiting) and the delayed Nesterov merges in float32 numpy, in the module's order."""
+    with waiting and a grace window) and the delayed Nesterov merges in float32 numpy, in the
+    module's order."""
 
-    def __init__(self, init, speeds, period, lr, beta, delay, c, quorum):
+    def __init__(self, init, speeds, period, lr, beta, delay, c, quorum, grace=0,
+                 dynamic=True):
         n = len(speeds)
         rates = [fractions.Fraction(str(s)) / max(fractions.Fraction(str(v)) for v in speeds)
                  for s in speeds]
         self.rates, self.rounds = rates, [max(1, -(-period * r.numerator // r.denominator))
-                                          for r in rates]
+                                          if dynamic else period for r in rates]
+        self.grace, self.reached = grace, 0
         self.lr, self.beta, self.delay, self.c, self.quorum = lr, beta, delay, c, quorum or n
         self.x = [w.copy() for w in init]
         self.m = [np.zeros_like(w) for w in init]
@@ -81,7 +94,7 @@ class NumpyAsync:
             if not (stepped[i] and self.done[i] == self.rounds[i]):
                 continue
             delta = [a - t for a, t in zip(self.start[i], self.theta[i])]
-            if self.quorum == 1:
+            if self.quorum == 1 and not self.grace:
                 self.outer_step(delta)
                 self.restart(i)
                 continue
@@ -91,11 +104,19 @@ class NumpyAsync:
             self.tokens += self.rounds[i]
             self.waiting[i] = True
             if sum(self.waiting) == self.quorum:
-                self.outer_step([p / F32(self.tokens) for p in self.pending])
-                self.pending, self.tokens = None, 0
-                for j in range(len(self.theta)):
-                    if self.waiting[j]:
-                        self.restart(j)
+                self.reached = s
+            if sum(self.waiting) == len(self.theta) or (
+                    sum(self.waiting) >= self.quorum and not self.grace):
+                self.merge()
+        if self.grace and sum(self.waiting) >= self.quorum and s >= self.reached + self.grace:
+            self.merge()
+
+    def merge(self):
+        self.outer_step([p / F32(self.tokens) for p in self.pending])
+        self.pending, self.tokens = None, 0
+        for j in range(len(self.theta)):
+            if self.waiting[j]:
+                self.restart(j)
 
     def outer_step(self, delta):
         n, c, beta = self.delay, self.c, F32(self.beta)
@@ -153,13 +174,15 @@ def drive(method, copies, after_update, model, steps, rng, bound=0.0):
                     np.testing.assert_allclose(np.asarray(x.numpy()), y, rtol=0, atol=bound)
 
 
-@pytest.mark.parametrize("quorum", [1, 3])
-def test_equals_numpy_model_at_speeds_1_1_2_4_slower(quorum):
-    """16 steps of hand-made progress at H = 4, N = 2, c = 0.25, quorum 1 and 3: every node's
-    theta and x_start, x, m and b equal the model's bit for bit (the same float32 operations
-    in the same order; measured), and the staleness of each merge is the model's."""
+@pytest.mark.parametrize("quorum, grace, dynamic", [(1, 0, True), (3, 0, True),
+                                                   (2, 2, False)])
+def test_equals_numpy_model_at_speeds_1_1_2_4_slower(quorum, grace, dynamic):
+    """20 steps of hand-made progress at H = 4, N = 2, c = 0.25; quorum 1, 3, and 2 with a
+    grace window of 2 (rounds of 4): every node's theta and x_start, x, m and b equal the
+    model's bit for bit (element-wise float32 operations in the same order: nothing to
+    reassociate), and so do the staleness of each merge and the traced bytes."""
     spec = (f"async_diloco:period=4,delay=2,activation=0.25,quorum={quorum},outer_lr=0.6,"
-            "outer_momentum=0.8")
+            f"outer_momentum=0.8,grace={grace},dynamic={str(dynamic).lower()}")
     rng = np.random.default_rng(5)
     init = [rng.standard_normal(shape).astype(F32) for shape in SHAPES]
     method, copies, after_update = method_on_hand(spec, SPEEDS, init)
@@ -168,14 +191,18 @@ def test_equals_numpy_model_at_speeds_1_1_2_4_slower(quorum):
         down = method.traffic.of_occasion(f"async down, node {i}")
         assert (sum(up.sent.values()), sum(up.received.values())) == (84, 0)
         assert (sum(down.received.values()), sum(down.sent.values())) == (84, 0)
-    model = NumpyAsync(init, SPEEDS, 4, 0.6, 0.8, 2, 0.25, quorum)
-    drive(method, copies, after_update, model, 16, rng)
-    assert model.merges == int(method._merges.numpy()) >= 4
+    model = NumpyAsync(init, SPEEDS, 4, 0.6, 0.8, 2, 0.25, quorum, grace, dynamic)
+    drive(method, copies, after_update, model, 20, rng)
+    assert model.merges == int(method._merges.numpy()) >= 3
     last = {}
     for j, stale in model.staleness:
         last[j] = stale
     assert [int(v.numpy()) for v in method._last_staleness] == [last[j] for j in range(4)]
     assert int(method._stale_sum.numpy()) == sum(s for _, s in model.staleness)
+    if grace:  # test_schedule_by_hand's merges (0, 1), (2, 0, 1), (0, 1, 3), restarted in
+        # node order: node 2 started before merge 0, node 3 before merges 0 and 1
+        assert model.staleness == [(0, 0), (1, 0), (0, 0), (1, 0), (2, 1), (0, 0), (1, 0),
+                                   (3, 2)]
     if quorum == 1:  # DyLU: all four arrive together, taken in node order: 0, 1, 2, 3 stale
         assert model.staleness[:4] == [(0, 0), (1, 1), (2, 2), (3, 3)]
         assert {s for _, s in model.staleness[4:]} == {3}

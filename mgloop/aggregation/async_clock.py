@@ -16,14 +16,15 @@ class Clock:
     """The schedule (async_diloco.py) of `nodes` nodes at `speeds` (() : all 1): rates r_i = a_i /
     b_i, rounds H_i, quorum q; `turn` and `steps_by` take a Python int or an int64 tensor."""
 
-    def __init__(self, speeds, nodes: int, period: int, dynamic: bool, quorum: int):
+    def __init__(self, speeds, nodes: int, period: int, dynamic: bool, quorum: int,
+                 grace: int = 0):
         speeds = [fractions.Fraction(str(s)) for s in (speeds or (1,) * nodes)]
         self.rates = [s / max(speeds) for s in speeds]
         self.rounds = [max(1, math.ceil(period * r)) if dynamic else period for r in self.rates]
-        self.quorum = quorum or nodes
+        self.quorum, self.grace = quorum or nodes, grace
         self.nodes = nodes
         self._events = []  # (stepped, arrived, merges) per step from 0 (`events`)
-        self._state = ([0] * nodes, [False] * nodes, [])
+        self._state = ([0] * nodes, [False] * nodes, [], [0])
 
     def steps_by(self, i: int, step):
         """n_i(step): node i's inner steps by the end of `step`."""
@@ -36,7 +37,13 @@ class Clock:
     def events(self, step: int):
         """(stepped[i], arrived[i], merges) of `step` (the nodes of each merge, in arrival
         order): the state machine of `after_update`, in Python, from step 0 (cached)."""
-        done, waiting, pending = self._state
+        done, waiting, pending, reached = self._state  # reached: the step q were pending
+
+        def merge(merges):
+            merges.append(tuple(pending))
+            for j in pending:
+                done[j], waiting[j] = 0, False
+            pending.clear()
         while len(self._events) <= step:
             s = len(self._events)
             stepped = [bool(self.turn(i, s)) and not waiting[i] for i in range(self.nodes)]
@@ -47,11 +54,12 @@ class Clock:
                 if stepped[i] and done[i] == self.rounds[i]:
                     arrived[i], waiting[i] = True, True
                     pending.append(i)
-                    if len(pending) == self.quorum:
-                        merges.append(tuple(pending))
-                        for j in pending:
-                            done[j], waiting[j] = 0, False
-                        pending.clear()
+                    reached[0] = s if len(pending) == self.quorum else reached[0]
+                    if len(pending) == self.nodes or (
+                            len(pending) >= self.quorum and not self.grace):
+                        merge(merges)
+            if len(pending) >= self.quorum and s >= reached[0] + self.grace:
+                merge(merges)  # the grace window after the quorum has passed
             self._events.append((tuple(stepped), tuple(arrived), merges))
         return self._events[step]
 

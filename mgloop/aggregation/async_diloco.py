@@ -1,8 +1,8 @@
-"""`async_diloco:period=H,delay=N,activation=c,quorum=q,dynamic=true`: asynchronous DiLoCo for
-nodes of different speeds, between simulated nodes of one process (Liu, Chhaparia, Douillard
-et al. 2024, "Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135: the
-delayed Nesterov outer step (DN) and dynamic local updates (DyLU); with q > 1, a quorum as in
-Decoupled DiLoCo, arXiv 2604.21428, merged by tokens processed).
+"""`async_diloco:period=H,delay=N,activation=c,quorum=q,grace=G,dynamic=true`: asynchronous
+DiLoCo for nodes of different speeds, between simulated nodes of one process (Liu, Chhaparia,
+Douillard et al. 2024, "Asynchronous Local-SGD Training for Language Modeling", arXiv
+2401.09135: delayed Nesterov (DN), dynamic local updates (DyLU); with q > 1 or G > 0 a quorum,
+a grace window and a merge by tokens as in Decoupled DiLoCo, arXiv 2604.21428).
 
 Time. mgloop's step is lock-step: every tower computes a gradient at every global step s. The
 asynchrony is modelled, deterministically, in the link model's time: node i of speed s_i
@@ -24,12 +24,13 @@ github:utnslab/halos `rescale_num_local_steps`, rounds up). A round starts from 
 outer parameters x when the node (re)started, and ends with its arrival: its pseudo-gradient
 Delta_i = x_start_i - theta_i goes up to the syncer, which holds x.
 
-Merges. With q = 1 (the default, Liu et al.) each arrival is a merge of its own; with q > 1
-an arrived node waits (takes no inner step) until q arrivals are pending, which the syncer
-merges weighted by the tokens processed (equal batches per node step: w_i = H_i / sum H_j):
-Delta = (sum_j H_j Delta_j) / (sum_j H_j) (`quorum=0`: every node). Arrivals within one step
-are taken in node order; a merge ends when its q-th arrives. Each merge is one outer step
-k = 0, 1, ... (t = k), the delayed Nesterov step of Liu et al.'s Algorithm (as
+Merges. With q = 1 (the default, Liu et al.) each arrival is merged on arrival. Otherwise
+an arrived node waits (no inner steps) for its merge: when q arrivals are pending and G more
+steps have passed (`grace`, Decoupled DiLoCo's window for late arrivals; 0: at the q-th),
+or at once when every node is, the syncer merges the pending ones by the tokens processed
+(equal batches per inner step): Delta = (sum_j H_j Delta_j) / (sum_j H_j) (`quorum=0`:
+every node). Arrivals within one step are taken in node order, a window's end after them.
+Merge k = 0, 1, ... is one outer step, the delayed Nesterov step of Liu et al.'s algorithm (as
 github:utnslab/halos opt.py DelayedNesterovOptimizer), with buffer b (0 at start):
 
     b <- b + Delta
@@ -43,22 +44,18 @@ x_start_j <- x. Its staleness is the number of outer steps since its x_start (`s
 the last per node, their sum and maximum, and the merges, as state; summary.json's
 "async_staleness" and the async/... scalars: async_clock.py).
 
-Degenerate setting: equal speeds, q = 0 (every node), N = 1: all nodes arrive after H steps,
-Delta = x - (weighted mean), m <- beta m + Delta, x <- x - lr (beta m + Delta): DiLoCo
-with Nesterov on the same operations but the mean's (x - theta_j weighted here, the ring's
-mean of theta there): tests/test_async_diloco.py bounds the difference.
+Degenerate setting: equal speeds, q = 0, N = 1: DiLoCo with Nesterov but for the mean (the
+weighted mean of x - theta_j here, x - the ring's mean of theta_j there): tests bound it.
 
 Traffic: a merge moves, per merged node, Delta_i up (P values of --transport_dtype, one
 message, on the occasion "async up, node i") and x down (as many, "async down, node i"), on
-the steps `schedule` says (Python, from step 0: the same state machine as the graph's).
-The syncer's own link is not modelled (it is taken to be as fast as needed).
+the steps async_clock.Clock gives (the graph's state machine in Python). The syncer's own
+link is not modelled.
 
-The model it produces (`global_model`): x. State (checkpointed): x, m, b, the pending
-weighted sum, each node's x_start_i, inner steps done, waiting flag and version; the merge
-counter. Refused: between workers (it would need an asynchronous collective or a
-parameter-server variable on a chief that each worker reads and writes on its own clock;
-TensorFlow's collectives are lock-step; not built), --node_failures, an elastic resize, and
---node_speeds with the method at the towers (one speed per node).
+The model it produces (`global_model`): x. State (checkpointed): x, m, b, the pending sum,
+per node x_start_i, inner steps done, waiting, version. Refused: between workers (it needs an
+asynchronous collective or a parameter-server variable on a chief; not built),
+--node_failures, a resize, --node_speeds at the towers; docs/methods/async-diloco.md.
 """
 
 from __future__ import annotations
@@ -90,6 +87,8 @@ class AsyncDiLoCoOptions(Options):
                                     "updates", low=0.0, high=1.0)
     quorum: int = option(1, "q: arrivals merged at once (1: each on arrival; 0: every "
                             "node); an arrived node waits for its merge", low=0)
+    grace: int = option(0, "G: steps the syncer waits after q arrivals for more (every node "
+                           "pending merges at once)", low=0)
     dynamic: bool = option(True, "DyLU: node i's round is ceil(H r_i) inner steps (false: H)")
 
 
@@ -110,7 +109,7 @@ class AsyncDiLoCo(DiLoCo):
             raise ConfigError(f"--aggregation=async_diloco: --node_speeds gives "
                               f"{len(node_speeds)} speeds for the method's {nodes} units; "
                               "use --nodes=N with one speed per node")
-        self.clock = Clock(node_speeds, nodes, o.period, o.dynamic, o.quorum)
+        self.clock = Clock(node_speeds, nodes, o.period, o.dynamic, o.quorum, o.grace)
         self.delay = o.delay or nodes
 
     @classmethod
@@ -142,6 +141,7 @@ class AsyncDiLoCo(DiLoCo):
             self._last_staleness = [ints(name=f"async_staleness_{i}")
                                     for i in range(len(devices))]
             self._merges, self._tokens = ints(name="async_merges"), ints(name="async_tokens")
+            self._reached = ints(name="async_quorum_reached")
             self._stale_sum, self._stale_max = ints(name="async_stale_sum"), ints(
                 name="async_stale_max")
         self._start = []
@@ -153,15 +153,12 @@ class AsyncDiLoCo(DiLoCo):
     @property
     def state_variables(self):
         ints = (self._done + self._waiting + self._version_at + self._last_staleness
-                + [self._merges, self._tokens, self._stale_sum, self._stale_max])
+                + [self._merges, self._tokens, self._stale_sum, self._stale_max, self._reached])
         return (self._x + self._m + self._b + self._pending
                 + [v for vs in self._start for v in vs] + ints)
 
     def rejoined(self, copies) -> None:  # never: a resize is refused (resize_refusal)
         raise ConfigError(f"--aggregation=async_diloco: {self.resize_refusal}")
-
-    def copy_state(self, c: int) -> list:
-        return self._start[c]
 
     def applies(self, i: int, step) -> tf.Tensor:
         """Whether node i applies its inner update at `step` (the guard's and the clock's)."""
@@ -200,6 +197,11 @@ class AsyncDiLoCo(DiLoCo):
                 self.arrive(i, delta, copies)
                 return tf.constant(True)
             restarted.append(tf.cond(arrived[i], arrive, lambda: tf.constant(False)))
+        if self.clock.grace:  # the window after the quorum has passed: merge what is pending
+            late = tf.logical_and(self.pending_count() >= self.clock.quorum,
+                                  step >= self._reached + self.clock.grace)
+            restarted.append(tf.cond(late, lambda: self.merge_pending(copies),
+                                     lambda: tf.constant(False)))
         self._restarted = tf.reduce_any(tf.stack(restarted))
         return restarted
 
@@ -230,7 +232,7 @@ class AsyncDiLoCo(DiLoCo):
     def arrive(self, i: int, delta, copies) -> None:
         """Node i's arrival (module top): merged alone (q = 1), or pending until q are."""
         with tf.device(self.devices.host):
-            if self.clock.quorum == 1:
+            if self.clock.quorum == 1 and not self.clock.grace:
                 self.outer_step(delta)
                 self.restart(i, copies[i])
                 return
@@ -239,20 +241,31 @@ class AsyncDiLoCo(DiLoCo):
                 p.assign_add(weight * d)
             self._tokens.assign_add(self.clock.rounds[i])
             self._waiting[i].assign(1)
-            count = tf.add_n([tf.identity(w) for w in self._waiting])
+            count = self.pending_count()
+            self._reached.assign(tf.where(tf.equal(count, self.clock.quorum),
+                                          tf.cast(self.step_counter, tf.int64), self._reached))
+            now = tf.equal(count, self.num_towers)
+            if not self.clock.grace:
+                now = tf.logical_or(now, count >= self.clock.quorum)
+            tf.cond(now, lambda: self.merge_pending(copies), lambda: tf.constant(False))
 
-            def merge():
-                tokens = tf.cast(self._tokens, self._pending[0].dtype)
-                self.outer_step([p / tokens for p in self._pending])
-                for p in self._pending:
-                    p.assign(tf.zeros_like(p))
-                self._tokens.assign(0)
-                for j, copy in enumerate(copies):
-                    tf.cond(tf.equal(self._waiting[j], 1),
-                            lambda j=j, copy=copy: self.restart(j, copy) or tf.constant(True),
-                            lambda: tf.constant(False))
-                return tf.constant(True)
-            tf.cond(tf.equal(count, self.clock.quorum), merge, lambda: tf.constant(False))
+    def pending_count(self) -> tf.Tensor:
+        with tf.device(self.devices.host):
+            return tf.add_n([tf.identity(w) for w in self._waiting])
+
+    def merge_pending(self, copies) -> tf.Tensor:
+        """The pending arrivals' token-weighted merge (module top); the waiting restart."""
+        with tf.device(self.devices.host):
+            tokens = tf.cast(self._tokens, self._pending[0].dtype)
+            self.outer_step([p / tokens for p in self._pending])
+            for p in self._pending:
+                p.assign(tf.zeros_like(p))
+            self._tokens.assign(0)
+        for j, copy in enumerate(copies):
+            tf.cond(tf.equal(self._waiting[j], 1),
+                    lambda j=j, copy=copy: self.restart(j, copy) or tf.constant(True),
+                    lambda: tf.constant(False))
+        return tf.constant(True)
 
     def outer_step(self, delta) -> None:
         """The delayed Nesterov step (module top) on the host; counts the merge."""
@@ -289,7 +302,8 @@ class AsyncDiLoCo(DiLoCo):
 
     def staleness(self) -> dict:
         """The merges' staleness so far (module top)."""
-        return {"merges": int(self._merges.numpy()), "staleness_sum": int(self._stale_sum.numpy()),
+        return {"merges": int(self._merges.numpy()),
+                "staleness_sum": int(self._stale_sum.numpy()),
                 "staleness_max": int(self._stale_max.numpy()),
                 "last_staleness": [int(v.numpy()) for v in self._last_staleness]}
 

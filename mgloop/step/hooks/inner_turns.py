@@ -5,7 +5,7 @@ Node n's copies run `update` inside `tf.cond(method.applies(n, s), update, nothi
 step counter s (the clock's turn, and not waiting for a quorum): on the other steps its
 parameters, optimizer slots and step count stay as they were (node failures' guard,
 node_failures.py, with the clock for the schedule). Nodes at the fastest speed that never
-wait (quorum 1) are not guarded.
+wait (quorum 1, no grace window) are not guarded.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class _Turns:
 
     def fails(self, node: int) -> bool:
         clock = self.method.clock
-        return clock.rates[node] < 1 or clock.quorum > 1
+        return clock.rates[node] < 1 or clock.quorum > 1 or clock.grace > 0  # may skip
 
     def alive(self, node: int, step):
         return self.method.applies(node, step)
