@@ -160,10 +160,12 @@ def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir)
     resolved = config.validated()
     # the method by name, each of its options apart (aggregation.describe); a setting of
     # another model or dataset (None once resolved, e.g. --lm_layers), or one left unset
-    # (--node_failures: none), is not recorded
+    # (--node_failures: none; --node_speeds: equal nodes, a result of async_diloco's), is
+    # not recorded
     hparams = settings.hparam_names(config_lib.setting_fields())
     unused = {name for name in hparams if getattr(resolved, name) is None}
-    assert unused == {"sequence_length", "lm_layers", "lm_width", "lm_heads", "node_failures"}
+    assert unused == {"sequence_length", "lm_layers", "lm_width", "lm_heads", "node_failures",
+                      "node_speeds"}
     assert set(recorded) == set(hparams) - unused | {
         "num_towers", "aggregation/shards"}
     assert recorded["num_towers"] == 2 and recorded["aggregation/shards"] == 2
