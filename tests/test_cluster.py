@@ -274,3 +274,27 @@ def test_a_slurm_job_step_is_a_cluster(monkeypatch, nodes, tasks_per_node, rank,
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "1")
     monkeypatch.setenv("SLURM_PROCID", "0")
     assert cluster.from_environment() is None  # one task: one process
+
+
+def test_free_ports_lie_outside_the_kernels_ephemeral_range_and_bind(monkeypatch, tmp_path):
+    """The launcher's ports are free, distinct, and never in the range the kernel hands to
+    clients (a suite's other jobs' gRPC channels took a worker's port there, between its
+    choice and the worker's listen); a port held by another socket is passed over."""
+    import random
+    from mgloop.cluster import worker_processes
+    low, high = worker_processes._ephemeral()
+    ports = worker_processes.free_ports(8)
+    assert len(set(ports)) == 8
+    assert all(worker_processes.LOWEST_PORT <= p < low or high < p <= 65535 for p in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free indeed
+    with socket.socket() as held:  # the first port a seeded draw would pick, taken
+        first = worker_processes.free_ports(1, random.Random(7))[0]
+        held.bind(("127.0.0.1", first))
+        assert first not in worker_processes.free_ports(3, random.Random(7))
+    narrow = tmp_path / "range"
+    narrow.write_text("10000\t65535\n")  # no port outside the range: refused in one line
+    monkeypatch.setattr(worker_processes, "EPHEMERAL_RANGE", str(narrow))
+    with pytest.raises(OSError, match="outside the ephemeral range 10000-65535"):
+        worker_processes.free_ports(1)

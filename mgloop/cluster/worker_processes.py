@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,15 +24,42 @@ FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT,
              signal.SIGHUP: signal.SIGTERM}
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000  # below: well-known and registered services
+
+
+def _ephemeral() -> tuple[int, int]:
+    """The kernel's range for ports it hands out itself (bind to 0, a client's connect)."""
     try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        with open(EPHEMERAL_RANGE) as handle:
+            low, high = map(int, handle.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """`count` distinct ports that are free on 127.0.0.1 now, outside the kernel's ephemeral
+    range: a port the kernel hands out (bind to 0) is free when chosen but may be taken by
+    any client's connect (another job's gRPC channel) before the worker listens on it; a
+    port outside that range is taken only by an explicit bind (tried here at random among
+    the ports from LOWEST_PORT up to the range, then above it, until `count` bind)."""
+    rng = rng or random.Random()
+    low, high = _ephemeral()
+    candidates = list(range(LOWEST_PORT, low)) + list(range(high + 1, 65536))
+    rng.shuffle(candidates)
+    ports: list[int] = []
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise OSError(f"no {count} free ports on 127.0.0.1 outside the ephemeral range "
+                  f"{low}-{high}")
 
 
 def tf_config(addresses: list[str], index: int) -> str:
