@@ -16,12 +16,13 @@ from tests import helpers
 F32 = np.float32
 
 
-def method_on_copies(spec: str, towers: int, init, values=None, step_fn=True):
-    """The method `spec` on cpu:`towers`, one copy per tower holding `values[c]` (default
-    `init` on every copy), its state built from `init`; with `step_fn`, also its
-    `after_update` traced once (a concrete function)."""
+def method_on_copies(spec: str, towers: int, init, values=None, step_fn=True,
+                     **construction):
+    """The method `spec` on cpu:`towers` (made with `construction`, e.g. node_speeds), one
+    copy per tower holding `values[c]` (default `init` on every copy), its state built from
+    `init`; with `step_fn`, also its `after_update` traced once (a concrete function)."""
     device_set = devices.setup(devices.parse(f"cpu:{towers}"))
-    method = aggregation.make(spec, device_set,
+    method = aggregation.make(spec, device_set, **construction,
                               step_counter=replicas.global_step_on(device_set.host))
     copies = []
     for device, held in zip(device_set.towers, values or [init] * towers):
@@ -66,3 +67,15 @@ def assert_copies_equal(got, want) -> None:
     for a, b in zip(got, want):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def method_at_nodes(config):
+    """(the method between the nodes of a validated `config`, with its --node_failures
+    schedule, on cpu devices as many as its towers; the schedule)."""
+    from mgloop.aggregation import between_nodes, node_failures
+    device_set = devices.setup(devices.parse(config.devices))
+    schedule = node_failures.schedule_of(config.exchange, config.train_steps)
+    method = between_nodes.make(config.exchange, device_set, aggregation.make,
+                                failures=schedule,
+                                step_counter=replicas.global_step_on(device_set.host))
+    return method, schedule

@@ -8,17 +8,14 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import mgloop
 from mgloop import aggregation
 from mgloop.aggregation import async_clock
 from mgloop.aggregation.async_clock import Clock
-from mgloop.cluster import devices
 from mgloop.errors import ConfigError
-from mgloop.step import replicas
-from mgloop.training.variables import VariableCopy
 from tests import helpers, tolerance
+from tests.copies_by_hand import method_on_copies
 from tests.test_local_steps import checkpoint_tensors
 
 F32 = np.float32
@@ -139,17 +136,7 @@ class NumpyAsync:
 
 
 def method_on_hand(spec, speeds, init, nodes=4):
-    device_set = devices.setup(devices.parse(f"cpu:{nodes}"))
-    method = aggregation.make(spec, device_set, node_speeds=speeds,
-                              step_counter=replicas.global_step_on(device_set.host))
-    copies = []
-    for device in device_set.towers:
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in init], []))
-    method.build(copies[0].trainable)
-    with method.step():
-        after_update = tf.function(lambda: method.after_update(copies)).get_concrete_function()
-    return method, copies, after_update
+    return method_on_copies(spec, nodes, init, node_speeds=speeds)
 
 
 def drive(method, copies, after_update, model, steps, rng, bound=0.0):
@@ -244,17 +231,7 @@ def test_equal_speeds_every_node_delay_1_is_diloco():
 
 
 def _diloco(init):
-    device_set = devices.setup(devices.parse("cpu:4"))
-    method = aggregation.make("diloco:period=2", device_set,
-                              step_counter=replicas.global_step_on(device_set.host))
-    copies = []
-    for device in device_set.towers:
-        with tf.device(device):
-            copies.append(VariableCopy(device, [tf.Variable(w) for w in init], []))
-    method.build(copies[0].trainable)
-    with method.step():
-        step = tf.function(lambda: method.after_update(copies)).get_concrete_function()
-    return method, copies, step
+    return method_on_copies("diloco:period=2", 4, init)
 
 
 def test_four_nodes_bytes_guard_and_model(tmp_path):

@@ -22,8 +22,6 @@ import tensorflow as tf
 
 import mgloop
 from mgloop import aggregation
-from mgloop.aggregation import between_nodes as nodes_lib
-from mgloop.aggregation import node_failures
 from mgloop.aggregation.des_loc import DesLoc
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
@@ -31,6 +29,7 @@ from mgloop.step.hooks.node_failures import hook_for
 from mgloop.step.replicas import Replicas, global_step_on
 from mgloop.training import optim
 from tests import helpers
+from tests.copies_by_hand import method_at_nodes
 from tests.des_loc_model import NumpyDesLoc, rosenbrock, rosenbrock_gradient
 from tests.test_local_steps import checkpoint_tensors
 
@@ -61,10 +60,7 @@ def test_equals_the_numpy_model_within_its_bound(failures):
                                   optimizer="adam", learning_rate=LR, adam_epsilon=EPS,
                                   node_failures=failures, train_steps=STEPS,
                                   global_batch_size=16).validated(False)
-    device_set = devices.setup(devices.parse("cpu:4"))
-    schedule = node_failures.schedule_of(config.exchange, config.train_steps)
-    method = nodes_lib.make(config.exchange, device_set, aggregation.make, failures=schedule,
-                            step_counter=global_step_on(device_set.host))
+    method, schedule = method_at_nodes(config)
     assert isinstance(method.inner, DesLoc)
     tf.random.set_seed(1)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])

@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, settings
+from mgloop import settings
 from mgloop.aggregation import node_failures
-from mgloop.aggregation import between_nodes as nodes_lib
 from mgloop.aggregation.local_steps import slot_variables
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from mgloop.training import optim
 from mgloop.step.hooks.node_failures import hook_for
-from mgloop.step.replicas import Replicas, global_step_on
+from mgloop.step.replicas import Replicas
 from tests import helpers, tolerance
+from tests.copies_by_hand import method_at_nodes
 
 
 def test_an_exact_method_gives_the_mean_over_the_live_nodes(tmp_path):
@@ -133,10 +133,7 @@ def test_diloco_with_a_node_down_mid_period_follows_the_rule_op_for_op():
                                   optimizer="momentum", learning_rate=LR, momentum=MU,
                                   node_failures=FAILURES, train_steps=STEPS,
                                   global_batch_size=12).validated(False)
-    device_set = devices.setup(devices.parse("cpu:3"))
-    failures = node_failures.schedule_of(config.exchange, config.train_steps)
-    method = nodes_lib.make(config.exchange, device_set, aggregation.make, failures=failures,
-                            step_counter=global_step_on(device_set.host))
+    method, failures = method_at_nodes(config)
     rng = np.random.default_rng(5)
     w0 = (rng.integers(-15, 16, size=(3, 2)) / 8.0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, use_bias=False)])
