@@ -17,7 +17,7 @@
     rule is refused in one line.
 (d) Refused in one line: --shard_update, DeMo, Muon's settings with another optimizer, a
     model whose output layer is not traced, a user's Muon with --shard_update.
-MuLoCo (DiLoCo with Muon inside) at --nodes=2 trains; DiLoCo's identity setting is then the
+MuLoCo (DiLoCo with Muon inside) at --nodes=4 trains; DiLoCo's identity setting is then the
 mean of the nodes' Muon steps (localsgd:period=1), not the ring's Muon of the mean gradient.
 """
 
@@ -246,10 +246,10 @@ def mean_loss(model, steps, loss_fn=experiment.default_loss()):
     return np.mean([np.mean(loss_fn(tf.constant(y), model(tf.constant(x)))) for x, y in steps])
 
 
-def test_muloco_trains_at_two_nodes(logdir):
-    """DiLoCo (period 2, outer Nesterov 0.7 / 0.9) between 2 nodes, Muon inside: 8 steps
+def test_muloco_trains_at_four_nodes(logdir):
+    """DiLoCo (period 2, outer Nesterov 0.7 / 0.9) between 4 nodes, Muon inside: 8 steps
     (4 outer steps) lower the mean loss of the batches it trained on."""
-    config = muon_config(logdir, devices="cpu:2", nodes=2, aggregation="diloco:period=2",
+    config = muon_config(logdir, devices="cpu:4", nodes=4, aggregation="diloco:period=2",
                          train_steps=8, steps_per_loop=8)
     trainer, steps = helpers.build_trainer(config), helpers.batches(8)
     before = mean_loss(trainer.model, steps)  # the template: copy 0's variables
