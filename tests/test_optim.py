@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from mgloop.training import optim
 from mgloop.training.variables import VariableCopy
+from mgloop.errors import ConfigError
 from tests import helpers
 from tests.tolerance import ELEMENTARY_ULPS, U, gamma
 
@@ -148,3 +149,11 @@ def test_every_copy_applies_keras_sgd_by_the_fused_kernel(optimizer, kernel, tmp
     assert kernel in ops
     assert ("ResourceApplyKerasMomentum" in ops or "ResourceApplyGradientDescent" in ops) == (
         optimizer != "adam")
+
+
+@pytest.mark.parametrize("value", [0.0, -1e-7, float("nan"), float("inf")])
+def test_an_adam_epsilon_that_is_not_a_positive_finite_number_is_refused_in_one_line(
+        value, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        helpers.small_config(str(tmp_path), optimizer="adam", adam_epsilon=value).validated()
+    assert "\n" not in str(error.value) and "adam_epsilon" in str(error.value)
