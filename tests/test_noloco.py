@@ -141,6 +141,8 @@ def test_two_nodes_in_one_group_at_outer_rate_1_are_diloco_without_nesterov(tmp_
 def test_refusals_are_one_line(tmp_path):
     for settings, words in [
             (dict(devices="cpu:4", nodes=4, aggregation="noloco:group=3"), "divide"),
+            (dict(devices="cpu:4", nodes=4, aggregation="noloco:group=1"), "divide"),
+            (dict(devices="cpu:4", nodes=4, aggregation="noloco:gamma=nan"), "gamma"),
             (dict(devices="cpu:4", nodes=4, aggregation="noloco",
                   node_failures="1@2-3"), "node_failures")]:
         with pytest.raises(ConfigError) as error:
