@@ -262,7 +262,7 @@ def build(spec: Spec, dataset=None, runtime=None):
             **{name: getattr(spec, name) for name in MGLOOP_THRESHOLDS
                if getattr(spec, name) is not None})
         # the training step alone, as the other systems run it: the diagnostics' sampled step
-        # (one per summary window, on by default) is measured apart (variants.py, RESULTS.md)
+        # (one per summary window, on by default) is measured apart (variants.py, docs/results/observability.md)
         return CompiledLoop(functools.partial(trainer.train_loop, sample_stats=False), iterator, spec.steps, trainer.model, trainer,
                             trainer.aggregation.devices.copy_devices)
     parts = _Parts(spec, dataset)

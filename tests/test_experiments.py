@@ -1,12 +1,11 @@
 """The experiment flagfiles make valid Configs; experiments/variants.py measures variants side by
 side and writes its table, JSON and HParams; the benchmark kit's shared timing
 (experiments/benchlib.py) rotates, takes medians and ratios, and reads its children; every
-entry and command is in experiments/README.md, and MOVED.md names entries that exist."""
+entry and command is in experiments/README.md."""
 
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -287,21 +286,6 @@ def test_the_readme_lists_every_entry_and_command():
         for command in commands:
             assert f"`{script} {command}`" in readme, (script, command)
             assert f"python experiments/{script} {command}" in readme, (script, command)
-
-
-def test_moved_commands_name_entries_that_exist():
-    found = entries()
-    lines = [line for line in open(os.path.join(EXPERIMENTS, "MOVED.md")).read().splitlines()
-             if line.startswith("`") and "` -> `" in line]
-    assert len(lines) >= 20
-    for line in lines:
-        old, new = line[1:-1].split("` -> `")
-        old_script = re.search(r"experiments/(\w+\.py)", old).group(1)
-        script, *rest = re.search(r"experiments/(\w+\.py)(.*)", new).groups()
-        assert not os.path.exists(os.path.join(EXPERIMENTS, old_script)), old_script
-        assert script in found, line
-        if found[script]:
-            assert rest[0].split()[0] in found[script], line
 
 
 def test_an_entry_times_fresh_processes_and_writes_its_json(tmp_path):

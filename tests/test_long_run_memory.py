@@ -4,7 +4,7 @@ Before the fix, `mgloop.run` kept one History record (a dict of the loop's metri
 ~1.5 KiB) per summary window, or per loop without summaries, one float per loop for
 the median step time, and one compiled glob pattern per checkpoint in `fnmatch`'s
 cache (TensorFlow globs `ckpt-<step>*` after each save): 6.7 MB/min in a soak of the
-default run (experiments/soak.py, RESULTS.md). Here one short run with every hook on
+default run (experiments/soak.py, docs/results/long-runs.md). Here one short run with every hook on
 (diagnostics, summaries, histograms, evaluation, checkpoints, accumulation, mixed
 precision, a stateful method) and tiny loops passes warm-up (every bounded collection
 full, every function traced), then is measured over MEASURED_LOOPS loops:
@@ -22,7 +22,7 @@ full, every function traced), then is measured over MEASURED_LOOPS loops:
   TensorFlow's own caches are left out of this one: they settle by ~50 blocks of
   Python memory now and then after warm-up, which would hide nothing of mgloop's but
   would make the bound depend on TensorFlow's version.
-The RSS of the whole process, native memory included, is the soak's (RESULTS.md).
+The RSS of the whole process, native memory included, is the soak's (docs/results/long-runs.md).
 """
 
 from __future__ import annotations

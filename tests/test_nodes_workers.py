@@ -16,7 +16,7 @@ differently (the weights then differ by <= 1e-9 after 4 steps; bit-equal with
 
 One job per worker count runs every method in turn in the same worker processes
 (tests/workers/methods_between_workers.py), so TensorFlow starts once per worker;
-experiments/check_methods_between_workers.py runs every method so (RESULTS.md).
+experiments/methods_between_nodes.py workers runs every method so (docs/results/workers.md).
 """
 
 import io

@@ -4,7 +4,7 @@ Before the fix every window of 7 scalars kept about 1.5 KiB (eager `tf.summary.s
 on a Python-int step) and every learning-rate read about 0.66 KiB (the Keras schedule
 called eagerly on a Python int): TensorFlow caches the tensor of every distinct Python
 scalar it converts (TFE_TensorHandleCache) and never frees it
-(experiments/bench_summary_memory.py, RESULTS.md).
+(experiments/memory.py summary_writes, docs/results/long-runs.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mgloop.runs.config import Config
 
 WRITES = 3000
 # The old writes grew RSS by ~2.2 KiB per write, ~6.3 MiB over WRITES; the fixed ones by
-# ~1.3 KiB per 1000 writes (bench_summary_memory.py). 1.5 MiB sits 4x below the old
+# ~1.3 KiB per 1000 writes (memory.py summary_writes). 1.5 MiB sits 4x below the old
 # growth and ~400x above the new, leaving room for allocator noise.
 MAX_GROWTH_KIB = 1536
 
