@@ -20,7 +20,7 @@ squares over samples every 100 writes). Each variant runs in a fresh process of 
 read from /proc/self/status (Linux).
 
 - `eager`: TensorFlow's eager `tf.summary.scalar` per tag under `writer.as_default`,
-  then `flush()` (what `ScalarWriter.scalars` did before issue 13);
+  then `flush()` (the old way, which kept host memory per write);
 - `eager_numpy_step`: the same with the step and values given as numpy scalars;
 - `compiled`: `summaries.ScalarWriter.scalars` (one tf.function per set of tags writing
   every scalar of the window from one float vector);
@@ -34,8 +34,8 @@ at once (the slots of a small optimizer): `keras_variables` (`keras.Variable`) a
 update builds the whole optimizer state for every checkpoint it saves, so it makes plain
 ones (mgloop/step/whole_state.py).
 
-`sweep` (issue 25: one build in memory at a time; the sweep's peak no more than 1.5x its
-largest variant's): runs `python -m mgloop.sweep` once per method of `--methods` alone,
+`sweep` (checks that a sweep holds one build in memory at a time: its peak no more than
+1.5x its largest variant's): runs `python -m mgloop.sweep` once per method of `--methods` alone,
 then once with every method, each in its own wrapper process whose RUSAGE_CHILDREN
 ru_maxrss is the largest peak RSS of any process the sweep made (the sweep's own, and
 each worker process: with the default --cells_per_process=4 a worker runs at most 4

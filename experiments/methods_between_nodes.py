@@ -6,7 +6,7 @@
     python experiments/methods_between_nodes.py workers --workers=3
     python experiments/methods_between_nodes.py workers --workers=2 --methods=topk,median
 
-`cost` (issue 24): bytes between nodes, ratio to dense, modelled step times and the
+`cost`: bytes between nodes, ratio to dense, modelled step times and the
 measured compute overhead of every method between 2 simulated nodes. Per model, one
 process builds every method of `--methods` on `--devices=cpu:4 --nodes=2` (2 nodes of 2
 towers, the method between the nodes, `reduce` inside them), runs one loop of each (its

@@ -52,7 +52,7 @@ flags.DEFINE_string("json_out", None, "also write the results here as JSON")
 flags.DEFINE_enum("hooks", "defaults", ["defaults", "every"],
                   "defaults: the run's default flags; every: and HOOK_FLAGS")
 
-# Every hook a run can switch on (issue 23), added by --hooks=every; across workers
+# Every hook a run can switch on, added by --hooks=every; across workers
 # mixed_bfloat16 (mgloop refuses mixed_float16's loss scaling across workers).
 HOOK_FLAGS = ["--histogram_every=100", "--eval_every=1000", "--accumulation_steps=2",
               "--aggregation=topk:ratio=0.01"]

@@ -11,7 +11,7 @@ once, one at a time, in an order rotated by one each round (experiments/benchlib
 Reported: each case's median wall time with its MAD, and its difference from and ratio
 to `--baseline` (measured in the same rounds).
 
-By default, the two cases of issue 27: Keras imports scikit-learn whenever it is installed
+By default, `keras` and `keras_without_sklearn`: Keras imports scikit-learn whenever it is installed
 (for its scikit-learn wrappers), so `keras` is timed as the machine has it and with
 `sklearn` made unimportable (`sys.modules["sklearn"] = None`, as if it were not
 installed): the difference is what every such process saves once scikit-learn is no
@@ -42,7 +42,7 @@ CASES = {
     "mgloop_run": "import mgloop; mgloop.run",  # the API, TensorFlow and Keras with it
 }
 # A first run: 4 logical CPU towers, the mlp, 20 steps in one compiled loop, an eval and a
-# checkpoint; `_autograph` converts the step with AutoGraph, as mgloop did before issue 27
+# checkpoint; `_autograph` converts the step with AutoGraph
 # (loop.py traces it without, as Keras's fit does): the difference is the tracing saved.
 RUN = ("import sys, tempfile; import mgloop; mgloop.configure_logical_cpus(4); {patch}"
        "mgloop.run(mgloop.Config(devices='cpu:4', aggregation='{method}', model='mlp', "
