@@ -49,6 +49,7 @@ from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.cluster import worker_processes  # imports no TensorFlow
 from mgloop.cluster.worker_processes import FORWARDED, free_ports, how_it_ended, is_stopped
 from mgloop.cluster.worker_processes import tf_config
+from mgloop.data import options as data_options  # imports no TensorFlow
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model  # imports no TensorFlow
 
@@ -281,7 +282,8 @@ def main(argv):
         else:
             options = elastic_lib.ElasticOptions(
                 _FLAGS.min_workers, _FLAGS.max_restarts, _FLAGS.rejoin_seconds, logdir or "")
-            problem = elastic_lib.refusal(options, _FLAGS.num_workers, train_flags, towers)
+            problem = elastic_lib.refusal(options, _FLAGS.num_workers, train_flags, towers,
+                                          data_options.DEFAULT_GLOBAL_BATCH_SIZE)
     if problem:  # one line and exit code 2, as mgloop.train's refusals (no usage text)
         print(f"mgloop.launch: error: {problem}", file=sys.stderr)
         sys.exit(2)

@@ -24,6 +24,7 @@ import mgloop
 from mgloop.aggregation.compression.base import Compressed
 from mgloop.aggregation.local_steps import DiLoCo
 from mgloop.cluster import elastic
+from mgloop.data import options as data_options
 from mgloop.errors import ConfigError
 from mgloop.runs import node_checkpoint
 from mgloop import launch
@@ -43,13 +44,15 @@ OPTIONS = elastic.ElasticOptions(min_workers=2, max_restarts=1, rejoin_seconds=0
 ])
 def test_elastic_settings_are_refused_in_one_line(options, flags, expected):
     problem = elastic.refusal(OPTIONS.__class__(**{**OPTIONS.__dict__, **options}), 3, flags,
-                              towers_per_worker=2)
+                              towers_per_worker=2,
+                              default_global_batch=data_options.DEFAULT_GLOBAL_BATCH_SIZE)
     assert problem is not None and expected in problem and "\n" not in problem
 
 
 def test_a_batch_that_splits_at_every_count_or_scales_is_accepted():
-    assert elastic.refusal(OPTIONS, 3, ["--global_batch_size=12"], 2) is None  # 2x2, 3x2
-    assert elastic.refusal(OPTIONS, 3, ["--batch_size_per_tower=5"], 2) is None
+    assert elastic.refusal(OPTIONS, 3, ["--global_batch_size=12"], 2, 128) is None  # 2x2, 3x2
+    assert elastic.refusal(OPTIONS, 3, ["--batch_size_per_tower=5"], 2, 128) is None
+    assert elastic.refusal(OPTIONS, 3, [], 2, 12) is None  # the default given, split
     assert launch.towers_per_worker("cpu:2", ["--towers_per_device=3"]) == 6
     assert launch.towers_per_worker("gpu:0,1", []) == 2
     assert launch.towers_per_worker("auto", []) is None

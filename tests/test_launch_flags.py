@@ -128,6 +128,12 @@ def test_the_rounds_below_min_workers_and_what_each_worker_is_told(tmp_path):
         {"workers": 2, "from_step": 0, "restarts": 1}]
 
 
-def test_the_launchers_default_batch_is_the_configs():
-    from mgloop.data import catalog  # imports TensorFlow: the launcher does not
-    assert elastic.DEFAULT_GLOBAL_BATCH_SIZE == catalog.DEFAULT_GLOBAL_BATCH_SIZE
+def test_the_launchers_default_batch_is_the_configs(tmp_path):
+    """With neither batch size among the train flags, the elastic launcher splits the global
+    batch a run takes by default (mgloop/data/options.py), over 3 workers of 2 towers."""
+    from mgloop.data import options as data_options  # imports no TensorFlow
+    default = data_options.DEFAULT_GLOBAL_BATCH_SIZE
+    assert default % 6  # the test's premise: it does not split over 3 x 2 towers
+    code, err = _launch("--elastic", "--num_workers=3", "--devices_per_worker=cpu:2", "--",
+                        f"--logdir={tmp_path}")
+    assert code == 2 and f"--global_batch_size={default} does not split over 3" in err, err

@@ -43,9 +43,6 @@ from mgloop.cluster.worker_processes import FORWARDED, Workers, is_stopped
 _POLL_SECONDS = 0.2
 _INDEX = re.compile(r"ckpt-(\d+)\.index")
 REFUSED_EXIT_CODE = 2  # mgloop.train's exit code for a refused setting: never retried
-# data/catalog.py's DEFAULT_GLOBAL_BATCH_SIZE, which imports TensorFlow (the launcher must
-# not); tests/test_launch_flags.py checks that the two agree
-DEFAULT_GLOBAL_BATCH_SIZE = 128
 # the launcher's rounds so far, given to every worker of a round (runs/run_end.py reads it)
 ROUNDS_VARIABLE = "MGLOOP_ELASTIC_ROUNDS"
 
@@ -59,8 +56,11 @@ class ElasticOptions:
 
 
 def refusal(options: ElasticOptions, num_workers: int, train_flags: list[str],
-            towers_per_worker: int | None) -> str | None:
-    """The one line that refuses the elastic settings, or None."""
+            towers_per_worker: int | None, default_global_batch: int) -> str | None:
+    """The one line that refuses the elastic settings, or None. `default_global_batch`: the
+    run's global batch when the train flags set neither batch size (the data options'
+    default, mgloop/data/options.py, given by the launcher: this package imports no
+    other of mgloop's)."""
     if not 1 <= options.min_workers <= num_workers:
         return (f"--min_workers={options.min_workers} is out of range: must be 1.."
                 f"{num_workers} (--num_workers)")
@@ -73,7 +73,7 @@ def refusal(options: ElasticOptions, num_workers: int, train_flags: list[str],
                 "the checkpoints in it")
     batch = flag_value(train_flags, "global_batch_size")
     if flag_value(train_flags, "batch_size_per_tower") is None and towers_per_worker:
-        global_batch = int(batch) if batch and batch.isdigit() else DEFAULT_GLOBAL_BATCH_SIZE
+        global_batch = int(batch) if batch and batch.isdigit() else default_global_batch
         for count in range(options.min_workers, num_workers + 1):
             if global_batch % (count * towers_per_worker):
                 return (f"--global_batch_size={global_batch} does not split over {count} "

@@ -18,13 +18,11 @@ from mgloop.data import user_input
 from mgloop.data import text
 from mgloop.data.base import InMemoryDataset
 from mgloop.data.inputs import Reading
-from mgloop.data.options import DataOptions
+from mgloop.data.options import DEFAULT_GLOBAL_BATCH_SIZE, DataOptions
 from mgloop.data.padding import Weighted
 from mgloop.data.user_input import Batched, Examples, Input, as_input
 from mgloop.errors import ConfigError
 from mgloop.settings import in_range
-
-DEFAULT_GLOBAL_BATCH_SIZE = 128  # when neither --global_batch_size nor a per-tower one is set
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,8 @@ import dataclasses
 from mgloop.settings import Context, setting
 
 STAGING_MODES = ("none", "host", "device")
+# the global batch when neither --global_batch_size nor --batch_size_per_tower is set
+DEFAULT_GLOBAL_BATCH_SIZE = 128
 
 
 def _dataset_names():
@@ -45,7 +47,8 @@ class DataOptions:
         None, "--dataset=text or python_text: tokens (bytes) per sequence (default 64)",
         hparam=True)
     global_batch_size: int | None = setting(
-        None, "examples per step over all towers (default 128); or set --batch_size_per_tower",
+        None, f"examples per step over all towers (default {DEFAULT_GLOBAL_BATCH_SIZE}); or "
+        "set --batch_size_per_tower",
         hparam=True)
     batch_size_per_tower: int | None = setting(
         None, "examples per tower per step; global = this x towers", hparam=True)
