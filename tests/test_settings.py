@@ -18,14 +18,14 @@ from mgloop.models import options as model_options
 from mgloop.runs import loop_options, monitor, run_dir
 from mgloop.observe import options as observe_options
 from mgloop.training import options as optim_options
-from mgloop.step import options as step_options
+from mgloop.step import checks as step_checks
 from mgloop.runs.config import Config
 from tests import helpers
 
 
 def step_check(config):
-    """The step part's own check (step/options.py)."""
-    step_options.check(config.step, settings.Context())
+    """The step part's own check (step/checks.py)."""
+    step_checks.check(config.step, settings.Context())
 
 
 def optim_check(config):

@@ -6,7 +6,9 @@
 - The whole `Config` travels only inside mgloop/runs/ and the entry points: no function
   elsewhere has a parameter named `config`, and nothing in mgloop reads a setting by
   `getattr(config, ...)` (read from the source with `ast`; each offender named).
-- Every package's options module has one `check(options, context)`.
+- Every package's settings part has one `check(options, context)`, in a module of its own
+  where its options module would otherwise import back into its package (the options
+  module then holds data only: no `check`).
 - The docs' examples work unchanged: every `mgloop.Config(...)` in a code block of docs/
   or the README constructs and validates, and every `python -m mgloop.train` /
   `mgloop.launch` command they quote parses its flags (test_docs.py checks that the
@@ -31,10 +33,15 @@ from tests import test_docs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "mgloop")
 ENTRY_POINTS = ("train.py", "launch.py", "sweep.py")
-OPTIONS_MODULES = ("mgloop.cluster.options", "mgloop.aggregation.exchange_options",
-                   "mgloop.step.options", "mgloop.data.options", "mgloop.models.options",
-                   "mgloop.training.options", "mgloop.observe.options",
-                   "mgloop.runs.loop_options")
+# {options module: the module of its `check`}
+CHECK_MODULES = {"mgloop.cluster.options": "mgloop.cluster.options",
+                 "mgloop.aggregation.exchange_options": "mgloop.aggregation.exchange_options",
+                 "mgloop.step.options": "mgloop.step.checks",
+                 "mgloop.data.options": "mgloop.data.options",
+                 "mgloop.models.options": "mgloop.models.options",
+                 "mgloop.training.options": "mgloop.training.options",
+                 "mgloop.observe.options": "mgloop.observe.options",
+                 "mgloop.runs.loop_options": "mgloop.runs.loop_options"}
 
 
 def _loaded_after(code: str, heavy=("tensorflow", "keras", "numpy")) -> list:
@@ -132,16 +139,23 @@ def test_no_setting_is_read_by_getattr_of_a_config():
     assert offenders == []
 
 
-@pytest.mark.parametrize("module_name", OPTIONS_MODULES)
-def test_every_options_module_has_one_check_of_options_and_context(module_name):
+def _module_level_checks(module_name: str) -> list:
     path = os.path.join(ROOT, *module_name.split(".")) + ".py"
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read())
-    checks = [node for node in tree.body
-              if isinstance(node, ast.FunctionDef) and node.name == "check"]
+    return [node for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name == "check"]
+
+
+@pytest.mark.parametrize("options_module", CHECK_MODULES)
+def test_every_part_has_one_check_of_options_and_context(options_module):
+    module_name = CHECK_MODULES[options_module]
+    checks = _module_level_checks(module_name)
     assert len(checks) == 1, f"{module_name} defines {len(checks)} module-level check()"
     check = importlib.import_module(module_name).check
     assert list(inspect.signature(check).parameters) == ["options", "context"], module_name
+    if module_name != options_module:  # data only
+        assert _module_level_checks(options_module) == [], options_module
 
 
 # --- the docs' examples --------------------------------------------------------------------

@@ -39,6 +39,7 @@ from mgloop.runs import monitor
 from mgloop.runs import run_dir
 from mgloop.settings import Context, check_finite
 from mgloop.training import options as optim_options
+from mgloop.step import checks as step_checks
 from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.step import options as step_options
 from mgloop.step.hooks import attacks as byzantine
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 # The parts each package checks, in this order: the exchange first, as it loads the --plugin
 # modules, which may register the datasets and models checked after it.
-PART_CHECKS = (("exchange", exchange_options.check), ("step", step_options.check),
+PART_CHECKS = (("exchange", exchange_options.check), ("step", step_checks.check),
                ("models", model_options.check), ("optim", optim_options.check),
                ("observe", observe_options.check), ("data", data_options.check),
                ("loop", loop_options.check))

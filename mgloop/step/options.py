@@ -2,16 +2,15 @@
 vectorized or compiled towers, memory-saving sums, faults injected, accumulation,
 precision and batch norm.
 
-Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py); `check` imports the modules whose
-checks it calls when it runs.
+Data only, plain Python (no TensorFlow): `mgloop.runs.config` composes this part into
+`Config` and the flags are made from its fields (settings.py); its check is checks.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import Context, choice, in_range, setting
+from mgloop.settings import setting
 
 ORDERED_SUM_MIN_BYTES = 16 * 2 ** 20  # the default of --ordered_sum_bytes
 SUFFICIENT_FACTOR_MIN_BYTES = 16 * 2 ** 20  # the default of --sufficient_factor_bytes
@@ -68,24 +67,3 @@ class StepOptions:
         "over towers) | sync (batch statistics over the global batch across towers)",
         choices=BATCH_NORM_MODES, hparam=True)
 
-
-def check(options: StepOptions, context: Context) -> StepOptions:
-    """Refuses (one line) step settings that no run can use: K = the towers per device
-    (context.request) vectorized or --xla_towers with a hook inside a tower's pass, a bad
-    attack, an out-of-range count or size; returns `options` unchanged. What depends on
-    the method or the nodes is checked beside it (runs/config_checks.py: `check_method` of
-    vectorized_towers and compiled_towers, attacks.check_units)."""
-    from mgloop.step import compiled_towers, vectorized_towers
-    from mgloop.step.hooks import attacks
-
-    towers_per_device = (context.request.towers_per_device if context.request is not None
-                         else 1)
-    vectorized_towers.check_step(options, towers_per_device)
-    compiled_towers.check_step(options, towers_per_device)
-    attacks.check_options(options)
-    in_range("accumulation_steps", options.accumulation_steps, low=1)
-    choice("mixed_precision", options.mixed_precision, POLICIES)
-    choice("batch_norm", options.batch_norm, BATCH_NORM_MODES)
-    in_range("ordered_sum_bytes", options.ordered_sum_bytes, low=0)
-    in_range("sufficient_factor_bytes", options.sufficient_factor_bytes, low=0)
-    return options
