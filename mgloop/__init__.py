@@ -11,9 +11,16 @@ lives there and what it may import. Entry points: train.py, launch.py, sweep.py.
 `configure_logical_cpus` (cluster/devices.py) sets up logical CPU devices before
 TensorFlow starts.
 
+The ground, which every package may import:
+
+    settings.py      what a setting is: a Config field with its help line, and its checks
+    errors.py        the error types for bad input (ConfigError), told apart from a crash
+    phases.py        the name scopes of a step's phases, by which a profile is read
+    lazy_package.py  a package whose body loads on first use (no TensorFlow on import)
+
 `Config`, `ConfigError` and `run` are loaded on first use, so that importing the
 package loads no TensorFlow: `python -m mgloop.train` imports the package before
-train.py runs, and train.py must act before TensorFlow loads (quiet_start.py).
+train.py runs, and train.py must act before TensorFlow loads (runs/quiet_start.py).
 """
 
 import importlib

@@ -1,5 +1,5 @@
 """A package whose body loads on first use, so that importing one plain module of it (its
-settings part, `options.py`) loads no TensorFlow.
+settings part, e.g. data/options.py) loads no TensorFlow.
 
 `__getattr__ = lazy_package.getattr_of(__name__, "mgloop.data.catalog")` in a package's
 `__init__`: `package.name` is then the package's module `name` when there is one (imported

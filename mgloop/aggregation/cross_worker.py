@@ -161,7 +161,7 @@ class CrossWorker(Aggregation):
     def reduce_with_metrics(self, tower_values, variables, average, metrics):
         """Local sums and this worker's `metrics` in one collective (per dtype) between
         workers; or, when the method itself exchanges between the workers (at the nodes:
-        nodes.py, peers.py), its result and the metrics in a collective of their own."""
+        between_nodes.py, peers.py), its result and the metrics in a collective of their own."""
         if getattr(self.local, "exchanges_between_workers", False):
             out = self.local.reduce(tower_values, variables, average)
             if not metrics:

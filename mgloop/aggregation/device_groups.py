@@ -22,7 +22,7 @@ does with the T towers' gradients depends on what it is:
     on one device (validation: with several, its sends would be counted once per
     receiving tower, not per device).
 
-Nodes compose with it from outside (nodes.py makes NodeLevel on the T towers; a node
+Nodes compose with it from outside (between_nodes.py makes NodeLevel on the T towers; a node
 holds whole devices). A node's sum (`node_sum`, its stage 1) is formed so too: each of
 its devices adds its K towers' gradients there, as one sum over the leading axis of their
 stacked rows (stacked_rows.py: the vectorized pass's own output, no copy),

@@ -46,7 +46,7 @@ The copies' checkpoint (`copies_differ`) holds this worker's replicas.
 The model it produces (`global_model`, global_models.py): localsgd the nodes' mean
 (1/N) sum_c v_c, diloco the outer parameters x (with one node the copy itself).
 
-Node failures (`live`, set by nodes.py with `--node_failures`: copy c is node c): the ring
+Node failures (`live`, set by between_nodes.py with `--node_failures`: copy c is node c): the ring
 runs among the live copies only, a = (1/|L_s|) sum_{c in L_s} v_c (live_exchange.py), and
 a down copy takes nothing from a sync (`if_live`): node_failures.py states the rule.
 """

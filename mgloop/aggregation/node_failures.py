@@ -1,6 +1,6 @@
 """Node failures: simulated nodes that leave and return, with torchft's quorum semantics.
 
-`--node_failures=SPEC` (one process, `--nodes=N`, the method at the nodes: nodes.py) says
+`--node_failures=SPEC` (one process, `--nodes=N`, the method at the nodes: between_nodes.py) says
 which nodes are down on which steps: a comma-separated list of
 
     n@a-b    node n is down for the 0-based steps a <= s < b and returns at step b
@@ -21,7 +21,7 @@ heals loads a healthy peer's state dict before it takes part again):
   the exchange runs among the live nodes only, the method made on their leaders
   (live_exchange.py), so every live copy gets
       g_s = (1/|L_s|) sum_{n in L_s} m_n ,
-  the mean over the live nodes of their node means m_n (nodes.py, stage 1).
+  the mean over the live nodes of their node means m_n (between_nodes.py, stage 1).
 - localsgd, des_loc and DiLoCo (local_steps.py; Douillard et al. 2023, "DiLoCo: Distributed
   Low-Communication Training of Language Models", arXiv 2311.08105): a down node takes
   no inner step; a sync's ring runs among the live copies only,
@@ -284,7 +284,7 @@ def schedule_of(options, train_steps: int) -> Schedule | None:
     return Schedule.parse(spec, options.nodes, train_steps) if spec else None
 
 
-# ---- inside the step: what NodeLevel (nodes.py) calls ----
+# ---- inside the step: what NodeLevel (between_nodes.py) calls ----
 def recoveries(level, copies, after: list) -> list[tf.Tensor]:
     """A cond per return: at the end of step b - 1, the returning node's copies take the
     source node's state (parameters, optimizer, the method's per-node state)."""

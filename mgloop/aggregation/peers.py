@@ -1,6 +1,6 @@
 """Peers: the method under study between worker processes, one node leader per worker.
 
-With W workers and the method at the nodes (nodes.py: each worker is a node), the
+With W workers and the method at the nodes (between_nodes.py: each worker is a node), the
 method is made on ONE tower in each process, its node's leader, and `method.peers`
 says which of W it is. Its transport (ring.py's `ring_all_reduce`,
 transport.py's `ring_all_gather`, gather_at_root.py) then moves values between the

@@ -49,7 +49,7 @@ receives 2 (T-1)/T sum_i k_i values (exactly: the ring's chunks of the vector of
 sum_i k_i elements, ring.py), at the parameters' dtype (no --transport_dtype: as
 `localsgd`); `sparta_diloco`'s full ring on the occasion "sync" as `diloco`'s. Between
 nodes (--nodes, workers) the method runs on the node leaders; after every step each node's
-other towers take their leader's parameters (nodes.py hands whole variables, within the
+other towers take their leader's parameters (between_nodes.py hands whole variables, within the
 node: the chosen elements alone would do; within-node bytes are so overstated).
 
 Identity: fraction=1 chooses every element (J = 0..n_i-1), so `sparta:fraction=1` does
@@ -163,7 +163,7 @@ class SparseAveraging:
 
     def syncs(self):
         """None declared: the copies change every step, so between nodes every tower takes
-        its leader's parameters after every step (nodes.py)."""
+        its leader's parameters after every step (between_nodes.py)."""
         return []
 
 

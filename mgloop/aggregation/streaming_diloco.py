@@ -53,7 +53,7 @@ occasion says the exchange may overlap tau (or H) steps of compute (`overlap_ste
 The averaging goes through LocalSGD's ring helpers (`average`, `ring_mean`). One process,
 as `diloco`. With one tower nothing is synced (as `diloco`). Between nodes (--nodes) the
 method runs on the node leaders and `syncs()` (each fragment's step that changes its
-variables: the send, or the merge tau steps later) tells nodes.py when to hand each
+variables: the send, or the merge tau steps later) tells between_nodes.py when to hand each
 leader's copy of the fragment to its node's other towers.
 
 State: x and m of every variable, one pair per copy on its device (`diloco`'s

@@ -23,7 +23,7 @@ ConfigError line naming the flag and what would be valid.
     `applies_momentum(options)`    needs --optimizer=sgd (DGC's momentum correction)
     `needs_optimizer`              that --optimizer (des_loc: adam, whose m and v it averages)
     several workers, at towers     need `across_workers` (at the nodes every method runs
-                                   between the workers: nodes.py, peers.py)
+                                   between the workers: between_nodes.py, peers.py)
     tower devices                  must be of a kind in `device_kinds`
     --deterministic                needs `reproducible(options)` (no clock read)
 """

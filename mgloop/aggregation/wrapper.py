@@ -1,6 +1,6 @@
 """`Wrapper`: an aggregation around another method, presenting it on more towers.
 
-NodeLevel (nodes.py: the method between nodes) and DeviceGroups (device_groups.py:
+NodeLevel (between_nodes.py: the method between nodes) and DeviceGroups (device_groups.py:
 several towers per device) each make the step see every tower while the method under
 study, `inner`, runs on fewer units. What does not change between them is here: the
 wrapper is the inner method as declared (name, options, capabilities, one set of traffic

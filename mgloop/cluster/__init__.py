@@ -2,8 +2,12 @@
 
     devices.py      `--devices` parsed to a DeviceSet (towers, copy devices, towers per
                     device); logical CPU devices configured before TensorFlow starts
+    options.py      the cluster part of the settings (`config.cluster`): where the towers are
     workers.py      the worker processes of a job (TF_CONFIG): Cluster, its rank and size
-    nodes.py        Nodes: which towers each node holds, its leader, device -> node
+    worker_processes.py  the local worker processes of a job: started in their own process
+                    groups, watched, signalled, named when one fails (imports no TensorFlow)
+    elastic.py      `mgloop.launch --elastic`: a job restarted from a failure on the workers left
+    node_layout.py  Nodes: which towers each node holds, its leader, device -> node
     peer_health.py  heartbeats between workers: a lost peer stops the job with one line
     netns.py        `mgloop.launch --netns`: each worker in a network namespace of its own on
                     a link shaped with tc tbf; the namespaces removed whatever ends the job

@@ -16,7 +16,7 @@ and, once every copy holds the step's update,
                        replicated mode; growing under `independent`; a saw-tooth
                        under `localsgd`/`diloco`, 0 right after each sync)
 
-With --byzantine_towers (byzantine.py), also `tower_t/byzantine`: 1 if tower t's gradient
+With --byzantine_towers (step/hooks/attack_hook.py), also `tower_t/byzantine`: 1 if tower t's gradient
 was altered by the attack on the sampled step, else 0 (its grad_norm is then the norm of
 what it sent).
 

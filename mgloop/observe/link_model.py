@@ -35,7 +35,7 @@ between nodes, aggregation/traffic.py; aggregation/between_nodes.py): one figure
                     + max_d t_d(between traffic, between link)
 
 the intra-node stage and the inter-node stage one after the other: the node-level
-exchange (nodes.py) sums inside the node, then exchanges between nodes, then
+exchange (aggregation/between_nodes.py) sums inside the node, then exchanges between nodes, then
 broadcasts inside the node, so no method's stages overlap there. An untiered
 `--link=B,L` still charges every send alike.
 

@@ -3,9 +3,11 @@ run folders, and sweeps of runs.
 
     config.py, flags.py      Config (every setting, validated before building) and its flags
     config_checks.py         the gate a Config passes: each module's checks, the combinations
+    loop_options.py          the runs part of the settings (`config.loop`): steps, logdir, seed
     experiment.py            `mgloop.run`: build, train, evaluate, export
     run_inputs.py            the run's training and eval inputs (data.as_input) from a Config
     run_end.py               a run's end: final measures, summary.json, stopped or finished runs
+    elastic_summary.py       the rounds of an elastic job in summary.json: workers, steps, bytes
     step_flops.py            the compute per step of --compute (the step traced for its FLOPs)
     assemble.py, trainer.py  the step and its hooks put together from a Config
     loop.py, controller.py, windows.py, monitor.py, callbacks.py   the outer loop and what

@@ -188,7 +188,7 @@ class CommonHooks:
     units: list  # where a step's gradients are: the host (single loss), else the towers
     byzantine: ByzantineTowers | None  # --byzantine_towers' attack, read by the statistics
     loss_scaling: bool
-    failures: object  # the nodes' failure schedule (node_failures.py), or None
+    failures: object  # the nodes' failure schedule (aggregation/node_failures.py), or None
 
 
 def common_hooks(config: Config, model, replicas: Replicas, attack, classes, first_tower: int,

@@ -15,7 +15,7 @@ A tower computes, on its own device and with its own `tf.GradientTape`,
     g[t][v] = d loss_t / d v
 
 and returns them with its metrics' states and its updated non-trainable state
-(e.g. batch-norm moving statistics) for the step (tower_step.py) to combine.
+(e.g. batch-norm moving statistics) for the step (training_step.py) to combine.
 """
 
 from __future__ import annotations

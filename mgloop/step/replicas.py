@@ -146,7 +146,7 @@ class Replicas:
 
     def apply(self, grads_per_copy, states_per_copy, may_apply: Guard) -> None:
         """Each copy applies its gradients (with --shard_update, its chunk's) and takes its
-        new non-trainable state, inside `may_apply(copy index, update)` (hooks.py: e.g. only
+        new non-trainable state, inside `may_apply(copy index, update)` (hooks/__init__.py: e.g. only
         if every tower was finite): the replicas' `update`."""
         self.update.apply(grads_per_copy, states_per_copy, may_apply)
 

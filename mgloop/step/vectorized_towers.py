@@ -9,7 +9,7 @@ shard,
     f(x_t, y_t, s_t) = (loss_t, metric state_t, g[t] = d loss_t / d v, new state_t),
 
 is traced once and mapped over the K stacked shards by `tf.vectorized_map` (pfor;
-vectorize.py): every op of f becomes one op over a leading axis of K (a matmul of the K
+pfor.py): every op of f becomes one op over a leading axis of K (a matmul of the K
 shards with the shared weights, a batched matmul for the K weight gradients), so the
 graph does not grow with K. The towers read the same trainable values v (their device's
 copy), which are not mapped; what is mapped is each tower's own:
@@ -21,11 +21,11 @@ copy), which are not mapped; what is mapped is each tower's own:
 
 so tower t computes the same function of the same inputs as in the tower loop; the results
 differ only by the rounding of the vectorized kernels' sums (a batched matmul adds in
-another order), within the float32 bound of any reordered sum (tests/test_vectorized_
-towers.py derives its tolerances so). After the map, each tower's loss, metric state,
-gradients and state are rows of the outputs, handed on per tower as in the loop
-(`hooks.unscale(t, ...)`, `after_tower(t, ...)`: a per-tower attack alters its row), and
-the exchange and every method see T towers (aggregation/device_groups.py).
+another order), within the float32 bound of any reordered sum
+(tests/test_vectorized_towers.py derives its tolerances so). After the map, each tower's
+loss, metric state, gradients and state are rows of the outputs, handed on per tower as in
+the loop (`hooks.unscale(t, ...)`, `after_tower(t, ...)`: a per-tower attack alters its
+row), and the exchange and every method see T towers (aggregation/device_groups.py).
 
 Ops with no vectorized form run in a loop over the K towers inside the computation
 (Keras's stateless random draws), logged once; a layer that cannot be vectorized at all

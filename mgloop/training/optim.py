@@ -185,7 +185,7 @@ def fused_sgd(optimizer: keras.optimizers.Optimizer):
     in five ops a variable (with momentum: two products and a difference, each writing a
     temporary as large as the variable, and two assignments). `ResourceApplyKerasMomentum` and `ResourceApplyGradientDescent` compute the
     same float operations in the same order in one pass: the same result (each product
-    and sum rounded once; test_optim.py checks it within that bound), in half the time on
+    and sum rounded once; tests/test_optim.py checks it within that bound), in half the time on
     a 41M-parameter variable and one op instead of five (docs/results/towers.md).
     Gradients that are not dense tensors (IndexedSlices) take Keras's own update."""
     if (not isinstance(optimizer, keras.optimizers.SGD)

@@ -39,7 +39,7 @@ the packed payloads instead of summing them in the ring when that moves fewer by
 T ceil(n w / 8) < 2 n s (w bits packed against s bytes of the ring's integers; one
 process's T towers, or the N nodes): every tower unpacks the T payloads and adds each
 part in tower order (integers exactly), then decompresses the sum once. Between
-workers at the nodes (the default for a compressor; nodes.py, peers.py) the method
+workers at the nodes (the default for a compressor; between_nodes.py, peers.py) the method
 has one tower per worker and its gathers and sums are collectives between the
 processes: the packed payloads travel. At --method_at=towers across workers
 (cross_worker.py) the local stage returns this worker's sum of decompressed

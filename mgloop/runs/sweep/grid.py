@@ -1,5 +1,5 @@
 """A grid of variants: `--vary` and `--set` as typed Config settings (mgloop.sweep, and
-experiments/variants.py and traces.py overlap).
+experiments/variants.py and experiments/traces.py overlap).
 
     --vary KEY=V1,V2,...        one axis: KEY takes each value in turn
     --vary K1/K2=A1/B1,A2/B2    one axis of tied keys: (K1, K2) = (A1, B1), then (A2, B2)

@@ -41,13 +41,15 @@ not in the list: whether it applies (the ordered sum and sufficient factors only
 shared layout summed at home on logical CPU towers, without accumulation, loss
 scaling or synchronised batch norm; they take precedence over packing, and the
 diagnostics' sampled step keeps them, its statistics leaving those variables out) is
-decided once when the hooks are assembled (assemble.py), never in the step.
+decided once when the hooks are assembled (runs/assemble.py), never in the step.
 
 Mechanisms: attack_hook.py (fault injection), loss_scaling.py, synced_moments.py (sync batch
 norm), sampled_stats.py (diagnostics), histograms.py, large_gradients.py (ordered sum,
-sufficient factors). Accumulation is not a hook but a pass wrapper (accumulation.py): it
-runs the whole towers' pass K times in a `tf.while_loop` and keeps running sums, a change of
-control flow around the towers that no per-tower callback can make.
+sufficient factors); the guards node_failures.py (a down node's copies take no update) and
+inner_turns.py (`async_diloco`: a node's inner update only on its own clock's steps).
+Accumulation is not a hook but a pass wrapper (step/accumulation.py): it runs the whole
+towers' pass K times in a `tf.while_loop` and keeps running sums, a change of control flow
+around the towers that no per-tower callback can make.
 
 Here too: attacks.py (what each Byzantine attack does to a gradient) beside
 attack_hook.py (the hook that applies it). May import what step/ may.
