@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
@@ -29,13 +30,16 @@ pytestmark = pytest.mark.xdist_group("docs")
 
 QUICK_START = ("pip install -e . && python -m mgloop.train",
                "pip install -e '.[test]' && python -m pytest")
+# The site is built as if served under a sub-path (mkdocs.yml's site_url), as a project's
+# pages often are: the 404 page must load its assets from there.
+SITE_URL = "https://example.org/sub/mgloop/"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The site, built once by `mkdocs build --strict`."""
+    """The site, built once by `mkdocs build --strict`, served at SITE_URL."""
     site_dir = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", MGLOOP_SITE_URL=SITE_URL)
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -71,6 +75,25 @@ def test_the_site_loads_nothing_from_outside(site):
     assert found == []
     math_page = (site / "methods" / "link-model" / "index.html").read_text(encoding="utf-8")
     assert "javascripts/vendor/mathjax/tex-svg.js" in math_page
+
+
+def test_the_404_page_loads_its_assets_from_the_sites_path(site):
+    """The 404 page answers any missing address, at any depth, so its links cannot be
+    relative: they start with the path of the site's URL (mkdocs.yml's site_url), not /."""
+    page = (site / "404.html").read_text(encoding="utf-8")
+    path = urllib.parse.urlsplit(SITE_URL).path
+    links = re.findall(r"""\b(?:src|href)\s*=\s*["']([^"']*)""", page)
+    assert any(link.startswith(path + "assets/") for link in links), links
+    assert [link for link in links if link.startswith("/") and not link.startswith(path)] == []
+
+
+def test_no_api_page_prints_an_import_rule(site):
+    """A package's "May import" rule is for the code (tests/test_layout.py), not for the
+    reader: docs/_griffe/plain_docstrings.py leaves it out of the API pages."""
+    pages = sorted((site / "api").rglob("*.html"))
+    assert pages
+    assert [page.relative_to(site) for page in pages
+            if "May import" in page.read_text(encoding="utf-8")] == []
 
 
 def test_every_page_has_one_h1(site):
@@ -276,3 +299,57 @@ def test_no_placeholder_vanishes_as_an_html_tag(site):
                 found.append(f"{page.relative_to(site)}: {text[match.start() - 40:match.end() + 20]!r}")
         found += [f"{page.relative_to(site)}: {m.group(0)}" for m in PLACEHOLDER_TAGS.finditer(text)]
     assert found == []
+
+
+COPY_LINES = 4  # a run of this many prose lines of one page found in another is a copy
+
+
+def _prose_blocks(text: str) -> list:
+    """A page's prose as blocks of consecutive non-blank lines, each line's whitespace
+    collapsed: no fenced or indented code, no $$ math, table rows, headings or HTML
+    comments (each ends a block)."""
+    blocks, block, fence = [], [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if fence:  # inside a fenced block: until its closing fence
+            fence = None if stripped.startswith(fence) else fence
+            continue
+        opens = re.match(r"```|~~~|\$\$", stripped)
+        one_line_math = (opens and opens.group(0) == "$$" and len(stripped) > 2
+                         and stripped.endswith("$$"))
+        if opens and not one_line_math:
+            fence = opens.group(0)
+        if (opens or not stripped or stripped.startswith(("#", "|", "<!--"))
+                or (not block and line.startswith(("    ", "\t")))):  # an indented code block
+            if block:
+                blocks.append(block)
+            block = []
+            continue
+        block.append(" ".join(stripped.split()))
+    return blocks + [block] if block else blocks
+
+
+def test_no_paragraph_is_copied_between_pages():
+    """Each paragraph lives on one page and the others link to it: no run of COPY_LINES
+    consecutive prose lines of one page of docs/ appears in another (whitespace and line
+    breaks aside; code, math, tables and headings are not compared)."""
+    pages = {os.path.relpath(path, DOCS): _prose_blocks(_read(path))
+             for path in _markdown_pages()}
+    prose = {name: " " + " ".join(" ".join(block) for block in blocks) + " "
+             for name, blocks in pages.items()}
+    found = set()
+    for name, blocks in pages.items():
+        for block in blocks:
+            for start in range(len(block) - COPY_LINES + 1):
+                run = " ".join(block[start:start + COPY_LINES])
+                found |= {f"{name} -> {other}: {block[start][:60]}..."
+                          for other, text in prose.items() if other != name and run in text}
+    assert sorted(found) == []
+
+
+def test_a_copied_paragraph_is_found_whatever_its_wrapping():
+    page = "A first line of prose\nthat runs on\nfor four\nlines in all.\n\n| a | table |\n"
+    blocks = _prose_blocks(page + "```\ncode\n```\n    indented code\n\n$$\nx\n$$\n# Heading\n")
+    assert blocks == [["A first line of prose", "that runs on", "for four", "lines in all."]]
+    rewrapped = _prose_blocks("A first line\nof prose that runs on for\nfour lines in all.\n")
+    assert " ".join(blocks[0]) == " ".join(rewrapped[0])
