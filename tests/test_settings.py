@@ -13,8 +13,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 import mgloop
 from mgloop.runs import config as config_lib
 from mgloop import data, settings
-from mgloop.data import options as data_options
-from mgloop.models import options as model_options
+from mgloop.data import checks as data_checks
+from mgloop.models import checks as model_checks
 from mgloop.runs import loop_options, monitor, run_dir
 from mgloop.observe import options as observe_options
 from mgloop.training import options as optim_options
@@ -39,13 +39,13 @@ def warmup_check(config):
 
 
 def model_check(config):
-    """The models part's own check (models/options.py)."""
-    model_options.check(config.models, settings.Context())
+    """The models part's own check (models/checks.py)."""
+    model_checks.check(config.models, settings.Context())
 
 
 def data_check(config):
-    """The data part's own check (data/options.py)."""
-    data_options.check(config.data, settings.Context())
+    """The data part's own check (data/checks.py)."""
+    data_checks.check(config.data, settings.Context())
 
 
 def loop_check(config):
@@ -101,21 +101,21 @@ def test_each_part_checks_its_own_settings_with_the_gates_line(check, bad, patte
 
 def test_data_resolves_the_batch_and_the_data_dir():
     context = settings.Context(num_towers=4, devices_flag="cpu:4")
-    resolved = data_options.check(Config().data, context)
+    resolved = data_checks.check(Config().data, context)
     assert (resolved.global_batch_size, resolved.batch_size_per_tower, resolved.data_dir) == (
         data.DEFAULT_GLOBAL_BATCH_SIZE, data.DEFAULT_GLOBAL_BATCH_SIZE // 4, None)
-    resolved = data_options.check(Config(batch_size_per_tower=8).data, context)
+    resolved = data_checks.check(Config(batch_size_per_tower=8).data, context)
     assert (resolved.global_batch_size, resolved.batch_size_per_tower) == (32, 8)
-    assert data_options.check(Config(dataset="python_text").data, context).sequence_length == 64
+    assert data_checks.check(Config(dataset="python_text").data, context).sequence_length == 64
     with pytest.raises(mgloop.ConfigError, match=r"^--global_batch_size=30 does not split "
                        r"into 4 equal tower shards \(--devices=cpu:4\); use a multiple of 4$"):
-        data_options.check(Config(global_batch_size=30).data, context)
+        data_checks.check(Config(global_batch_size=30).data, context)
 
 
 def test_models_resolve_the_models_own_settings_to_its_defaults():
     context = settings.Context()
-    assert model_options.check(Config().models, context) == Config().models
-    resolved = model_options.check(Config(model="transformer_lm", lm_width=32).models, context)
+    assert model_checks.check(Config().models, context) == Config().models
+    resolved = model_checks.check(Config(model="transformer_lm", lm_width=32).models, context)
     assert (resolved.lm_layers, resolved.lm_width, resolved.lm_heads) == (2, 32, 4)
 
 

@@ -37,8 +37,8 @@ ENTRY_POINTS = ("train.py", "launch.py", "sweep.py")
 CHECK_MODULES = {"mgloop.cluster.options": "mgloop.cluster.options",
                  "mgloop.aggregation.exchange_options": "mgloop.aggregation.exchange_options",
                  "mgloop.step.options": "mgloop.step.checks",
-                 "mgloop.data.options": "mgloop.data.options",
-                 "mgloop.models.options": "mgloop.models.options",
+                 "mgloop.data.options": "mgloop.data.checks",
+                 "mgloop.models.options": "mgloop.models.checks",
                  "mgloop.training.options": "mgloop.training.options",
                  "mgloop.observe.options": "mgloop.observe.options",
                  "mgloop.runs.loop_options": "mgloop.runs.loop_options"}

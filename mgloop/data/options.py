@@ -2,16 +2,15 @@
 (`config.data`). Exactly one of the two batch sizes may be set; the global batch is the
 unit (default 128 when neither is set).
 
-Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py). `check` loads the checkers (and
-TensorFlow with them) when it is called.
+Data only, plain Python (no TensorFlow): `mgloop.runs.config` composes this part into
+`Config` and the flags are made from its fields (settings.py); its check is checks.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import Context, setting
+from mgloop.settings import setting
 
 STAGING_MODES = ("none", "host", "device")
 # the global batch when neither --global_batch_size nor --batch_size_per_tower is set
@@ -66,17 +65,3 @@ class DataOptions:
         2, "K: batches prefetched on the host (host, device) and staged on every tower "
         "(device); >= 1", hparam=True)
 
-
-def check(options: DataOptions, context: Context) -> DataOptions:
-    """Refuses bad data settings in one line (staging.py, then catalog.py: --dataset and
-    its files, --sequence_length, the batch over `context.num_towers`, --partition);
-    returns the options resolved: --data_dir expanded, both batch sizes (the global one
-    split over the towers), and a sequenced dataset's default --sequence_length."""
-    from mgloop.data import catalog, staging  # noqa: PLC0415 -- they load TensorFlow
-    staging.check_staging(options)
-    global_batch, data_dir = catalog.check_dataset_and_batch(options, context.num_towers,
-                                                             context.devices_flag)
-    catalog.check_partition(options)
-    return dataclasses.replace(options, data_dir=data_dir, global_batch_size=global_batch,
-                               batch_size_per_tower=global_batch // context.num_towers,
-                               sequence_length=catalog.sequence_length_of(options))

@@ -23,7 +23,7 @@ output unit; with K > 2 classes it has K outputs (softmax cross-entropy).
 
 import keras
 
-from mgloop.models import register
+from mgloop.models.builders import register
 
 WIDTHS = (4000, 2000, 500, 300)
 ACTIVATIONS = ("tanh", "relu", "relu", "relu")

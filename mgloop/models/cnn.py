@@ -2,7 +2,7 @@
 
 import keras
 
-from mgloop.models import register
+from mgloop.models.builders import register
 
 
 @register("cnn")

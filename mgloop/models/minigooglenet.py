@@ -26,7 +26,7 @@ moving statistics are averaged over towers after each step.
 
 import keras
 
-from mgloop.models import register
+from mgloop.models.builders import register
 
 layers = keras.layers
 

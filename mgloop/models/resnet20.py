@@ -18,7 +18,7 @@ classes (272,474 trainable, 1,568 batch-norm moving statistics).
 
 import keras
 
-from mgloop.models import register
+from mgloop.models.builders import register
 
 layers = keras.layers
 STAGES = (16, 32, 64)

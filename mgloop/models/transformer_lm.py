@@ -20,7 +20,7 @@ width 64, 4 heads) run on a CPU.
 import keras
 
 from mgloop.errors import ConfigError
-from mgloop.models import register
+from mgloop.models.builders import register
 from mgloop.models.options import ModelOptions
 
 DEFAULT_LAYERS, DEFAULT_WIDTH, DEFAULT_HEADS = 2, 64, 4

@@ -29,9 +29,9 @@ from mgloop.aggregation import validation as exchange_checks
 from mgloop.cluster import devices
 from mgloop.cluster import options as cluster_options
 from mgloop.cluster import workers as cluster
-from mgloop.data import options as data_options
+from mgloop.data import checks as data_checks
 from mgloop.errors import ConfigError
-from mgloop.models import options as model_options
+from mgloop.models import checks as model_checks
 from mgloop.observe import hardware
 from mgloop.observe import options as observe_options
 from mgloop.runs import loop_options
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 # The parts each package checks, in this order: the exchange first, as it loads the --plugin
 # modules, which may register the datasets and models checked after it.
 PART_CHECKS = (("exchange", exchange_options.check), ("step", step_checks.check),
-               ("models", model_options.check), ("optim", optim_options.check),
-               ("observe", observe_options.check), ("data", data_options.check),
+               ("models", model_checks.check), ("optim", optim_options.check),
+               ("observe", observe_options.check), ("data", data_checks.check),
                ("loop", loop_options.check))
 
 
