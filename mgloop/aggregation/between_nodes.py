@@ -45,10 +45,11 @@ import inspect
 
 import tensorflow as tf
 
-from mgloop import aggregation as registry
+from mgloop import aggregation
 from mgloop.aggregation import device_groups
 from mgloop.aggregation import live_exchange, local_steps
 from mgloop.aggregation import node_failures
+from mgloop.aggregation.node_settings import method_at_nodes
 from mgloop.aggregation.base import SHARED, Aggregation
 from mgloop.aggregation.exchange_options import DIRECT, ExchangeOptions
 from mgloop.aggregation.traffic import Occasion
@@ -239,21 +240,6 @@ class NodeLevel(Wrapper):
                     target.assign(self.send(value, leader.device, target.device, exact=True))
 
 
-def method_at_nodes(options: ExchangeOptions, num_workers: int = 1) -> bool:
-    """Whether the exchange `options` put the method between nodes: N > 1 simulated nodes
-    in one process, or several workers (each a node) with --method_at=nodes, or with auto
-    for a method that is not exact (an exact one's local stage inside each worker and the
-    one collective between them, cross_worker.py, already sum within and then between
-    nodes)."""
-    if num_workers <= 1:
-        return options.nodes > 1 and options.method_at in ("auto", "nodes")
-    if options.method_at == "auto":
-        method = registry.get(options.aggregation)
-        return (not method.exact and method.exchanges and not method.single_loss
-                and method.runs_between_processes)
-    return options.method_at == "nodes"
-
-
 def make(options: ExchangeOptions, devices: DeviceSet, make_method, workers=None,
          failures=None, step_counter=None) -> Aggregation:
     """The run's aggregation for the exchange `options`: the method on the node leaders
@@ -286,7 +272,7 @@ def _made(options, devices, make_method, workers, failures, step_counter) -> Agg
     spec, dtype = options.aggregation, options.transport_dtype
 
     def made(spec, devices, transport_dtype, **construction):
-        method = registry.get(spec)
+        method = aggregation.get(spec)
         if method.buckets_payloads:  # its gathered payloads travel in buckets
             construction["bucket_bytes"] = options.pack_bytes
         if step_counter is not None and _takes(method, "step_counter"):
@@ -309,7 +295,7 @@ def _made(options, devices, make_method, workers, failures, step_counter) -> Agg
         return method
     leaders = DeviceSet(tuple(devices.towers[nodes.leader(n)] for n in range(nodes.count)),
                         devices.host, devices.simulated)
-    rule = node_failures.rule(registry.get(spec)) if failures is not None else None
+    rule = node_failures.rule(aggregation.get(spec)) if failures is not None else None
     method = made(spec, leaders, dtype, **({"live": failures} if rule == "local" else {}))
     live = (live_exchange.make_live_methods(failures, made, spec, dtype, leaders.towers,
                                             leaders, method.traffic)

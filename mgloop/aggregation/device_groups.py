@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mgloop import aggregation as registry
+from mgloop import aggregation
 from mgloop.aggregation import packing, stacked_rows
 from mgloop.aggregation.base import Aggregation
 from mgloop.aggregation.wrapper import Wrapper
@@ -52,7 +52,7 @@ def make(spec: str, devices: DeviceSet, transport_dtype: str, make_method,
     docstring): on the device means if summable; as made on the towers if it keeps one
     copy per device itself (`copies_per_device`); else inside `DeviceGroups`. `cluster`:
     the workers whose towers it also combines (cross_worker.py), if several."""
-    method = registry.get(spec)
+    method = aggregation.get(spec)
     if method.summable and method.exchanges:
         inner = make_method(spec, DeviceSet(devices.copy_devices, devices.host,
                                             devices.simulated), transport_dtype)

@@ -245,20 +245,20 @@ def check_schedule(options, train_steps: int, context) -> Schedule | None:
     if not spec.strip():  # the flag's default is None (not set); an empty value is a slip
         raise ConfigError(f"--node_failures is set but empty; give n@a-b or n@a items, e.g. "
                           f"{EXAMPLE}, or leave --node_failures out for no failures")
-    from mgloop import aggregation as registry  # the registry imports this module's users
-    from mgloop.aggregation import between_nodes as node_level
+    from mgloop import aggregation  # the registry imports this module's users
+    from mgloop.aggregation.node_settings import method_at_nodes
     if context.num_workers > 1:
         raise ConfigError(f"--node_failures={spec} between {context.num_workers} workers: "
                           "failures of real workers are the elastic launch's; use python -m "
                           "mgloop.launch --elastic")
-    if not node_level.method_at_nodes(options):
+    if not method_at_nodes(options):
         raise ConfigError(f"--node_failures={spec} needs simulated nodes with the method "
                           "between them: --nodes=N > 1 (and --method_at auto or nodes)")
-    method, method_options = registry.parse(options.aggregation)
+    method, method_options = aggregation.parse(options.aggregation)
     if rule(method) is None:
         raise ConfigError(f"--node_failures with --aggregation={options.aggregation}: a "
                           "down node is excluded only by exact methods and plain local "
-                          "steps; use one of: " + supported(registry.names, registry.get))
+                          "steps; use one of: " + supported(aggregation.names, aggregation.get))
     if options.grad_reduce != "mean":
         raise ConfigError(f"--node_failures={spec} with --grad_reduce={options.grad_reduce}: "
                           "the sum over a changing set of towers; use --grad_reduce=mean")

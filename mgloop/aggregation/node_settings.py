@@ -1,12 +1,13 @@
 """Which node settings apply: --nodes, --method_at, --within_node, checked before
-anything is built (aggregation/between_nodes.py builds the nodes; validation.py calls this)."""
+anything is built (aggregation/between_nodes.py builds the nodes; validation.py calls this);
+and `method_at_nodes`, whether the method runs between nodes, which the checks and
+between_nodes.py ask."""
 
 from __future__ import annotations
 
-from mgloop import aggregation as registry
+from mgloop import aggregation
 from mgloop.aggregation.base import REPLICATED
 from mgloop.aggregation.hierarchical import divisors
-from mgloop.aggregation import between_nodes as node_level
 from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT, ExchangeOptions
 from mgloop.cluster.devices import DeviceRequest
 from mgloop.errors import ConfigError
@@ -34,19 +35,19 @@ def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
     if method_at == "nodes" and nodes == 1 and num_workers == 1:
         raise ConfigError("--method_at=nodes with --nodes=1: one node has no link between "
                           "nodes; give --nodes=N > 1 or --method_at=towers")
-    at_nodes = node_level.method_at_nodes(options, num_workers)
+    at_nodes = method_at_nodes(options, num_workers)
     if within != DIRECT:
         if not at_nodes:
             raise ConfigError(f"--within_node={within} applies only with the method between "
                               f"nodes (--nodes=N > 1, or several workers); leave it at "
                               f"{DIRECT}")
-        exact = [n for n in registry.names() if _exact_stage(registry.get(n))]
+        exact = [n for n in aggregation.names() if _exact_stage(aggregation.get(n))]
         if within not in exact:
             raise ConfigError(f"--within_node={within} is not an exact replicated method; "
                               f"use {DIRECT} (the default) or one of: {', '.join(exact)}")
     if not at_nodes:
         return request
-    method = registry.get(options.aggregation)
+    method = aggregation.get(options.aggregation)
     where = (f"between --nodes={nodes} nodes" if num_workers == 1
              else f"between {num_workers} workers (nodes)")
     if method.single_loss:
@@ -59,8 +60,8 @@ def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
                               "only between its own towers (it does not declare "
                               "runs_between_processes), which would exchange nothing between "
                               "the workers; use --method_at=towers or one of: "
-                              + ", ".join(n for n in registry.names()
-                                          if registry.get(n).runs_between_processes))
+                              + ", ".join(n for n in aggregation.names()
+                                          if aggregation.get(n).runs_between_processes))
         if not method.exchanges:
             raise ConfigError(f"--aggregation={options.aggregation} {where}: its replicas "
                               "exchange nothing, so there is nothing to send between nodes; "
@@ -74,3 +75,18 @@ def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
 def _exact_stage(method) -> bool:
     return (method.exact and method.exchanges and method.layout == REPLICATED
             and not method.single_loss and not method.copies_differ)
+
+
+def method_at_nodes(options: ExchangeOptions, num_workers: int = 1) -> bool:
+    """Whether the exchange `options` put the method between nodes: N > 1 simulated nodes
+    in one process, or several workers (each a node) with --method_at=nodes, or with auto
+    for a method that is not exact (an exact one's local stage inside each worker and the
+    one collective between them, cross_worker.py, already sum within and then between
+    nodes)."""
+    if num_workers <= 1:
+        return options.nodes > 1 and options.method_at in ("auto", "nodes")
+    if options.method_at == "auto":
+        method = aggregation.get(options.aggregation)
+        return (not method.exact and method.exchanges and not method.single_loss
+                and method.runs_between_processes)
+    return options.method_at == "nodes"

@@ -124,8 +124,8 @@ def warmup_ops(method, copies) -> list:
 def check_run(exchange, train_steps: int) -> None:
     """Refuses (one line) a decay that does not fit the run of `exchange` (ExchangeOptions)
     over --train_steps; nothing for methods without the schedule."""
-    from mgloop import aggregation as registry  # the registry imports this module's users
-    method, options = registry.parse(exchange.aggregation)
+    from mgloop import aggregation  # the registry imports this module's users
+    method, options = aggregation.parse(exchange.aggregation)
     if not isinstance(options, OuterMomentumOptions):
         return
     decay, period, warmup = options.momentum_decay, options.period, options.momentum_warmup

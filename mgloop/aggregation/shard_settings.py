@@ -25,20 +25,20 @@ def check(options, context) -> None:
     """The method and the run's towers, nodes and workers (`context`: settings.Context)."""
     if not options.shard_update:
         return
-    from mgloop import aggregation as registry
+    from mgloop import aggregation
     from mgloop.aggregation.shard_exchange import ShardsUpdate
-    method, method_options = registry.parse(options.aggregation)
+    method, method_options = aggregation.parse(options.aggregation)
     mode = f"--aggregation={options.aggregation}"
     if not issubclass(method, ShardsUpdate):
-        names = ", ".join(n for n in registry.names()
-                          if issubclass(registry.get(n), ShardsUpdate))
+        names = ", ".join(n for n in aggregation.names()
+                          if issubclass(aggregation.get(n), ShardsUpdate))
         raise ConfigError(f"{FLAG} with {mode}: the method does not split its all-reduce into "
                           f"a reduce-scatter and an all-gather; use one of: {names}")
     refusal = method.sharding_refusal(method_options, context.request.num_towers)  # one worker's
     if refusal:
         raise ConfigError(f"{FLAG} with {mode}: {refusal}")
-    from mgloop.aggregation import between_nodes
-    if between_nodes.method_at_nodes(options, context.num_workers):
+    from mgloop.aggregation.node_settings import method_at_nodes
+    if method_at_nodes(options, context.num_workers):
         where = (f"across {context.num_workers} workers (TF_CONFIG) with "
                  f"--method_at={options.method_at}" if context.num_workers > 1
                  else f"with --nodes={options.nodes}")

@@ -1,7 +1,7 @@
 """Which settings combine with a method, decided from its declared capabilities.
 
 `check_method(options, context)` (ExchangeOptions and settings.Context; called by
-exchange_options.check before any device or variable exists) loads `--plugin` modules
+checks.py's check before any device or variable exists) loads `--plugin` modules
 (plugins.py), parses `--aggregation` (options.py), checks the settings that apply to
 every method (`grad_reduce`, `transport_dtype`, `pack_bytes`) against what the method
 declares (base.py's capabilities; never its name), then the method's own
@@ -30,9 +30,8 @@ ConfigError line naming the flag and what would be valid.
 
 from __future__ import annotations
 
-from mgloop import aggregation as registry
+from mgloop import aggregation
 from mgloop.aggregation import node_settings
-from mgloop.aggregation import between_nodes
 from mgloop.aggregation.base import SHARED, Aggregation, Options
 from mgloop.aggregation.gather_at_root import TowerCountError
 from mgloop.aggregation.plugins import load_plugins
@@ -47,7 +46,7 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
     `context.request` and the workers of `context` (settings.Context); returns (the
     method's class, its options)."""
     load_plugins(options.plugins)
-    method, method_options = registry.parse(options.aggregation)
+    method, method_options = aggregation.parse(options.aggregation)
     _choice("grad_reduce", options.grad_reduce, GRAD_REDUCE)
     _choice("transport_dtype", options.transport_dtype, TRANSPORT_DTYPES)
     if options.pack_bytes < 0:
@@ -83,7 +82,7 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
                           f"{where})") from None
     workers = context.num_workers
     if (workers > 1 and not method.across_workers
-            and not between_nodes.method_at_nodes(options, workers)):
+            and not node_settings.method_at_nodes(options, workers)):
         where = f"across {workers} workers (TF_CONFIG)"
         if method.single_loss:
             reason = "the single-loss baseline runs in one process; use a tower-loop mode"
@@ -101,7 +100,7 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
 
 def check_batch_norm(options: ExchangeOptions, batch_norm: str) -> None:
     """--batch_norm=sync needs per-tower losses and an exchange (the method's)."""
-    method = registry.get(options.aggregation)
+    method = aggregation.get(options.aggregation)
     if batch_norm == "sync" and (method.single_loss or not method.exchanges):
         reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
                   method.single_loss else "trains each replica alone on its own shard")
@@ -113,7 +112,7 @@ def check_batch_norm(options: ExchangeOptions, batch_norm: str) -> None:
 def check_optimizer(options: ExchangeOptions, optimizer) -> None:
     """A method that applies momentum itself needs --optimizer=sgd, one that `needs_optimizer`
     that one (`optimizer`: its name, or a Keras optimizer a user gives, not checked here)."""
-    method, method_options = registry.parse(options.aggregation)
+    method, method_options = aggregation.parse(options.aggregation)
     needed = method.needs_optimizer
     if needed and isinstance(optimizer, str) and optimizer != needed:
         raise ConfigError(f"--aggregation={options.aggregation} averages the moments of "
@@ -156,7 +155,7 @@ def _check_packing(pack_bytes: int, method: type[Aggregation], mode: str) -> Non
 
 
 def _names(keep) -> str:
-    return ", ".join(n for n in registry.names() if keep(registry.get(n)))
+    return ", ".join(n for n in aggregation.names() if keep(aggregation.get(n)))
 
 
 def _choice(flag: str, value, choices) -> None:

@@ -189,9 +189,9 @@ def setup(request: DeviceRequest, workers=None, startup_timeout: float = 60.0) -
                      request.num_towers, request.num_devices)
     host = HOST_DEVICE
     if workers is not None:
-        from mgloop.cluster import workers as cluster
-        cluster.start(workers)
-        cluster.wait_for_peers(workers, startup_timeout)
+        from mgloop.cluster import workers as workers_lib
+        workers_lib.start(workers)
+        workers_lib.wait_for_peers(workers, startup_timeout)
         host = f"{workers.task()}/device:CPU:0"
         logging.info("worker %d of %d (%s)", workers.index, workers.num_workers,
                      "chief" if workers.is_chief else "not the chief")

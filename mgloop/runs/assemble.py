@@ -38,7 +38,7 @@ from mgloop.step import sync_batch_norm
 from mgloop.step import pfor
 from mgloop.step import vectorized_towers
 from mgloop.step.hooks import Hook, Hooks, tape_gradients
-from mgloop.step.hooks import attacks as byzantine_lib
+from mgloop.step.hooks import attacks
 from mgloop.step.hooks.attack_hook import ByzantineTowers
 from mgloop.step.hooks.histograms import KeepLastGradients
 from mgloop.step.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
@@ -89,7 +89,7 @@ def large_gradient_hooks(config: Config, replicas: Replicas, loss_scaling: bool)
     if not (ordered_sum.applies(aggregation) and config.accumulation_steps == 1
             and not (config.batch_norm == "sync" and replicas.num_towers > 1)):
         return []
-    if byzantine_lib.omniscient(config.step):
+    if attacks.omniscient(config.step):
         logging.info("--attack=%s: no ordered sum nor sufficient factors (the attack needs "
                      "every tower's whole gradient)", config.attack)
         return []
@@ -171,9 +171,9 @@ def template_and_spec(model_fn, loss_fn, aggregation: Aggregation, optimizer_fn,
                                  optimizer_fn, input_shape)
     if config.shard_update:  # an element-wise optimizer, before any copy (one line if not)
         sharded_update.check_optimizer(spec.optimizer_fn())
-    attack = byzantine_lib.parse_attack(config.attack)
+    attack = attacks.parse_attack(config.attack)
     # labelflip's C: known once the template and the loss are, refused before any copy
-    classes = (byzantine_lib.label_classes(spec.loss_fn, model, input_shape)
+    classes = (attacks.label_classes(spec.loss_fn, model, input_shape)
                if config.byzantine_towers and attack.name == "labelflip" else None)
     if len(aggregation.devices.copy_devices) < aggregation.devices.num_towers:
         pfor.probe(model, input_shape)  # before any copy: one line if it cannot

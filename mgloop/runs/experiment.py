@@ -25,10 +25,10 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import async_clock, between_nodes, node_failures
+from mgloop.aggregation import async_run, between_nodes, node_failures
 from mgloop.cluster import devices
 from mgloop.cluster import peer_health
-from mgloop.cluster import workers as cluster
+from mgloop.cluster import workers as workers_lib
 from mgloop.data import epochs
 from mgloop.data import staging
 from mgloop.errors import ConfigError
@@ -83,7 +83,7 @@ def check_data(dataset: data.InMemoryDataset, config: Config) -> None:
 
 def build_trainer(config: Config, device_set: devices.DeviceSet,
                   model_fn: Callable[[], keras.Model], loss_fn, input_shape,
-                  workers: cluster.Cluster | None = None, metrics=None,
+                  workers: workers_lib.Cluster | None = None, metrics=None,
                   optimizer=None, hooks=()) -> Trainer:
     """Seeds, then builds the template model, its copies, their optimizers, the step the
     config asks for (assemble.py) and the staging. `loss_fn`, `metrics`, `optimizer`:
@@ -98,7 +98,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
                          f"asks for {asked} per process: make it with devices.setup("
                          "devices.parse(config.devices, config.towers_per_device))")
     seed_everything(config.seed, config.deterministic)
-    make = async_clock.with_node_speeds(aggregation.make, config.node_speeds)  # its clock
+    make = async_run.with_node_speeds(aggregation.make, config.node_speeds)  # its clock
     method = between_nodes.make(config.exchange, device_set, make, workers,
                                 node_failures.schedule_of(config.exchange, config.train_steps),
                                 replicas.global_step_on(device_set.host))
@@ -152,7 +152,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
         for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
             data.user_input.check_accepted(value, what)  # one line, before any device exists
         request = devices.parse(config.devices, config.towers_per_device)
-        workers = cluster.from_environment()
+        workers = workers_lib.from_environment()
         chief = workers is None or workers.is_chief  # writes summaries, checkpoints, the export
         with (logdir_lock.held(config.logdir, hold=chief), preemption.StopOnSignal() as stop,
               contextlib.ExitStack() as on_exit):

@@ -28,7 +28,7 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop.errors import ConfigError
 from mgloop.step import precision
-from mgloop.step import per_tower as towers_lib
+from mgloop.step import per_tower
 from mgloop.step.hooks import IN_TOWER_PASS, attacks
 from mgloop.step.options import StepOptions
 
@@ -81,10 +81,10 @@ class CompiledPass:
 
     def _compiled(self, step):
         if self._body is None:
-            kwargs = towers_lib.call_kwargs(step.replicas.model, True)
+            kwargs = per_tower.call_kwargs(step.replicas.model, True)
 
             def body(trainable, state, x, y):
-                return towers_lib.pure_pass(step, trainable, state, x, y, kwargs)
+                return per_tower.pure_pass(step, trainable, state, x, y, kwargs)
 
             self._body = tf.function(body, jit_compile=True, autograph=False)
         return self._body
@@ -99,6 +99,6 @@ class CompiledPass:
             x, y = tf.nest.map_structure(tf.identity, (xs[0], ys[0]))
             state = streams.for_tower(states[0], t, device)
             loss, outputs, grads, new_state = self._compiled(step)(trainable, state, x, y)
-            return [towers_lib.TowerOutput(
-                loss, towers_lib.metric_state(step.metrics, y, outputs),
+            return [per_tower.TowerOutput(
+                loss, per_tower.metric_state(step.metrics, y, outputs),
                 hooks.unscale(t, grads), streams.after_tower(states[0], new_state))]

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from mgloop.errors import ConfigError
 from mgloop.training.variables import backing
-from mgloop.step import per_tower as towers_lib
+from mgloop.step import per_tower
 
 _FALLBACK = re.compile(r"Using a while_loop for converting (\w+)")
 
@@ -90,7 +90,7 @@ def probe(model, input_shape) -> None:
         return
     trainable = [backing(v) for v in model.trainable_variables]
     state = [backing(v) for v in model.non_trainable_variables]
-    kwargs = towers_lib.call_kwargs(model, True)
+    kwargs = per_tower.call_kwargs(model, True)
 
     @tf.function
     def trace():

@@ -57,14 +57,14 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop.aggregation import Aggregation
-from mgloop.aggregation import between_nodes as node_level
+from mgloop.aggregation import between_nodes
 from mgloop.aggregation import stacked_rows
 from mgloop.errors import ConfigError
 from mgloop.step import precision
-from mgloop.step import per_tower as towers_lib
+from mgloop.step import per_tower
 from mgloop.step import pfor
 from mgloop.step.hooks import IN_TOWER_PASS
-from mgloop.step.hooks import attacks as byzantine
+from mgloop.step.hooks import attacks
 from mgloop.step.options import StepOptions
 
 def check_step(options: StepOptions, towers_per_device: int) -> None:
@@ -74,7 +74,7 @@ def check_step(options: StepOptions, towers_per_device: int) -> None:
     if towers_per_device == 1:
         return
     flag = f"--towers_per_device={towers_per_device}"
-    if options.byzantine_towers and byzantine.parse_attack(options.attack).name == "labelflip":
+    if options.byzantine_towers and attacks.parse_attack(options.attack).name == "labelflip":
         _refuse(flag, "--attack=labelflip flips a tower's labels inside its forward pass")
     if precision.uses_loss_scaling(options.mixed_precision):
         _refuse(flag, f"--mixed_precision={options.mixed_precision} scales each tower's loss "
@@ -109,9 +109,9 @@ def check_method(aggregation_flag: str, request, at_nodes: bool, nodes: int,
                 f"bytes between nodes are counted per device), but {per_node} towers per node "
                 f"is not a multiple of {k}; use --nodes dividing the {devices} devices (one "
                 f"of: {', '.join(str(n) for n in range(1, devices + 1) if devices % n == 0)})")
-        if within_node != node_level.DIRECT:
+        if within_node != between_nodes.DIRECT:
             _refuse(flag, f"--within_node={within_node} runs a method on a node's "
-                    f"towers, which share devices (use --within_node={node_level.DIRECT})")
+                    f"towers, which share devices (use --within_node={between_nodes.DIRECT})")
         return
     at = f"--aggregation={aggregation_flag} at the towers"
     if method.summable and method.exchanges:  # made on the devices, on their means
@@ -164,14 +164,14 @@ def unstack(value, count: int) -> list:
     return [tf.nest.pack_sequence_as(value, [r[k] for r in rows]) for k in range(count)]
 
 
-def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_lib.TowerOutput]:
+def device_pass(step, group: range, trainable, states, xs, ys) -> list[per_tower.TowerOutput]:
     """Forward, loss and gradients of the towers `group` (all on one device, reading the
     same `trainable` values) on their shards xs[k], ys[k] from their non-trainable values
     states[k], as one vectorized computation (module docstring); returns one TowerOutput
     per tower, in order, each unscaled by the hooks as tower_pass does."""
     template, hooks, streams = step.replicas.model, step.hooks, step.random_streams
     device = step.replicas.tower_devices[group[0]]
-    kwargs = towers_lib.call_kwargs(template, True)
+    kwargs = per_tower.call_kwargs(template, True)
     with tf.device(device):
         x, y = stack(list(xs)), stack(list(ys))
         # each tower's own values, its random streams' keys [a_g, c] among them
@@ -179,17 +179,17 @@ def device_pass(step, group: range, trainable, states, xs, ys) -> list[towers_li
 
         def one_tower(args):
             x_t, y_t, state = args
-            loss, outputs, grads, new_state = towers_lib.pure_pass(step, trainable, state,
-                                                                   x_t, y_t, kwargs)
-            return loss, towers_lib.metric_state(step.metrics, y_t, outputs), grads, new_state
+            loss, outputs, grads, new_state = per_tower.pure_pass(step, trainable, state,
+                                                                  x_t, y_t, kwargs)
+            return loss, per_tower.metric_state(step.metrics, y_t, outputs), grads, new_state
 
         losses, metric_states, grads, new_states = pfor.vectorized_map(
             one_tower, (x, y, given), f"the towers' pass of {template.name!r}")
         count = len(group)
         losses, metric_states = tf.unstack(losses, count), tf.unstack(metric_states, count)
         grads, new_states = unstack(grads, count), unstack(new_states, count)
-    return [towers_lib.TowerOutput(losses[k], metric_states[k], hooks.unscale(t, grads[k]),
-                                   streams.after_tower(states[k], new_states[k]))
+    return [per_tower.TowerOutput(losses[k], metric_states[k], hooks.unscale(t, grads[k]),
+                                  streams.after_tower(states[k], new_states[k]))
             for k, t in enumerate(group)]
 
 
