@@ -1,7 +1,7 @@
-"""async_diloco (mgloop/aggregation/async_diloco.py, async_clock.py): the schedule of nodes of
-speeds 1, 1, 1/2, 1/4 by hand, a numpy model of the schedule and the delayed Nesterov merges
-on hand-made inner progress, the degenerate setting against DiLoCo, the bytes of a merge at
---nodes=4 on the mlp, the guard's inner steps, resume, refusals."""
+"""async_diloco (mgloop/aggregation/async_diloco.py, async_clock.py, async_run.py): the
+schedule of nodes of speeds 1, 1, 1/2, 1/4 by hand, a numpy model of the schedule and the
+delayed Nesterov merges on hand-made inner progress, the degenerate setting against DiLoCo,
+the bytes of a merge at --nodes=4 on the mlp, the guard's inner steps, resume, refusals."""
 
 import fractions
 import json
@@ -11,7 +11,7 @@ import pytest
 
 import mgloop
 from mgloop import aggregation
-from mgloop.aggregation import async_clock
+from mgloop.aggregation import async_run
 from mgloop.aggregation.async_clock import Clock
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
@@ -257,7 +257,7 @@ def test_four_nodes_bytes_guard_and_model(tmp_path):
     method = trainer.aggregation.inner
     assert summary["async_staleness"] == method.staleness() == {
         "merges": 8, "staleness_sum": 6 + 12, "staleness_max": 3, "last_staleness": [3, 3, 3, 3]}
-    assert async_clock.scalars(trainer.aggregation) == {
+    assert async_run.scalars(trainer.aggregation) == {
         "async/merges": 8.0, "async/staleness_max": 3.0, "async/staleness_mean": 18 / 8}
     assert "paced by the fastest node" in summary["link_model"]["compute_source"]
     produced = np.concatenate([w.ravel() for w in result.model.get_weights()])

@@ -15,10 +15,11 @@ import tensorflow as tf
 
 import mgloop
 from mgloop import aggregation, settings
-from mgloop.aggregation import exchange_options
+from mgloop.aggregation import checks as exchange_checks
 from mgloop.cluster import devices
 from mgloop.observe import link_model
 from mgloop.aggregation import between_nodes as nodes_lib
+from mgloop.aggregation import node_settings
 from mgloop.aggregation.compression.topk import kept
 from mgloop.aggregation.traffic import Traffic
 from mgloop.step.hooks.attacks import parse_attack
@@ -288,11 +289,11 @@ def test_between_workers_only_methods_whose_transports_reach_other_processes():
         config = Config(aggregation=spec, devices="cpu:2", method_at="nodes",
                         plugins=("tests.plugins.topk_ef",))
         with pytest.raises(ConfigError) as error:
-            exchange_options.check(config.exchange, settings.Context(
+            exchange_checks.check(config.exchange, settings.Context(
                 request=devices.parse("cpu:2"), workers=workers, num_workers=2))
         message = str(error.value)
         assert "\n" not in message and "runs_between_processes" in message, message
         assert "--method_at=towers" in message and "topk," in message, message
         auto = Config(aggregation=spec, devices="cpu:2", plugins=("tests.plugins.topk_ef",))
-        assert not nodes_lib.method_at_nodes(auto.exchange, 2)
-    assert nodes_lib.method_at_nodes(Config(aggregation="topk", devices="cpu:2").exchange, 2)
+        assert not node_settings.method_at_nodes(auto.exchange, 2)
+    assert node_settings.method_at_nodes(Config(aggregation="topk", devices="cpu:2").exchange, 2)

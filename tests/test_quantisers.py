@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import aggregation, settings
-from mgloop.aggregation import exchange_options
+from mgloop.aggregation import checks as exchange_checks
 from mgloop.cluster import devices
 from mgloop.aggregation import ring
 from mgloop.aggregation import bitpacking
@@ -410,8 +410,8 @@ def test_refused_across_workers_at_the_towers_only(name, tmp_path):
     config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name,
                                   method_at="towers")
     with pytest.raises(ConfigError) as error:
-        exchange_options.check(config.exchange, context)
+        exchange_checks.check(config.exchange, context)
     assert "\n" not in str(error.value) and f"--aggregation={name} across 2 workers" in str(
         error.value) and "--method_at=nodes" in str(error.value)
     config = helpers.small_config(str(tmp_path), devices="cpu:2", aggregation=name)
-    exchange_options.check(config.exchange, context)  # auto: at the nodes
+    exchange_checks.check(config.exchange, context)  # auto: at the nodes

@@ -35,7 +35,7 @@ PACKAGE = os.path.join(ROOT, "mgloop")
 ENTRY_POINTS = ("train.py", "launch.py", "sweep.py")
 # {options module: the module of its `check`}
 CHECK_MODULES = {"mgloop.cluster.options": "mgloop.cluster.options",
-                 "mgloop.aggregation.exchange_options": "mgloop.aggregation.exchange_options",
+                 "mgloop.aggregation.exchange_options": "mgloop.aggregation.checks",
                  "mgloop.step.options": "mgloop.step.checks",
                  "mgloop.data.options": "mgloop.data.checks",
                  "mgloop.models.options": "mgloop.models.checks",

@@ -42,7 +42,7 @@ github:utnslab/halos opt.py DelayedNesterovOptimizer), with buffer b (0 at start
 [0, 1/N], 0: momentum only every N-th merge). Every merged node restarts: theta_j <- x,
 x_start_j <- x. Its staleness is the number of outer steps since its x_start (`staleness`:
 the last per node, their sum and maximum, and the merges, as state; summary.json's
-"async_staleness" and the async/... scalars: async_clock.py).
+"async_staleness" and the async/... scalars: async_run.py).
 
 Degenerate setting: equal speeds, q = 0, N = 1: DiLoCo with Nesterov but for the mean (the
 weighted mean of x - theta_j here, x - the ring's mean of theta_j there): tests bound it.

@@ -1,9 +1,8 @@
 """How the towers' gradients meet: the aggregation part of the settings
 (`config.exchange`): the method, what travels and between which nodes.
 
-Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py). `check` loads the methods (and
-TensorFlow) when it runs.
+Data only, plain Python (no TensorFlow): `mgloop.runs.config` composes this part into
+`Config` and the flags are made from its fields (settings.py); its check is checks.py's.
 """
 
 from __future__ import annotations
@@ -78,13 +77,3 @@ class ExchangeOptions:
         "validation (repeatable): it may register aggregation methods", flag="plugin",
         hparam=True)
 
-
-def check(options: ExchangeOptions, context) -> ExchangeOptions:
-    """Refuses, in one line each, the exchange settings that do not combine on the run of
-    `context` (settings.Context: its towers, workers, --deterministic): the method and its
-    options (validation.py), the nodes (node_settings.py). Returns the options with
-    `plugins` a tuple of module names (a lone string is one module)."""
-    from mgloop.aggregation import plugins, shard_settings, validation
-    validation.check_method(options, context)
-    shard_settings.check(options, context)
-    return dataclasses.replace(options, plugins=plugins.plugin_list(options.plugins))

@@ -126,7 +126,7 @@ def check_spec(spec: str, dataset: str, source_kind: str | None) -> None:
 def clients_of(method_at: str, nodes: int, num_towers: int,
                num_workers: int = 1) -> tuple[int, str]:
     """(n, "nodes" or "towers"): the units the method sees, of --method_at, --nodes and
-    the towers over all workers (aggregation/between_nodes.py's method_at_nodes in one process;
+    the towers over all workers (aggregation/node_settings.py's method_at_nodes in one process;
     with several workers, each worker a node unless --method_at=towers)."""
     if num_workers > 1:
         if method_at == "towers":

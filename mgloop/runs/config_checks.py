@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import async_clock
-from mgloop.aggregation import exchange_options
+from mgloop.aggregation import async_run
+from mgloop.aggregation import checks as aggregation_checks
 from mgloop.aggregation import node_failures
 from mgloop.aggregation import outer_schedule
 from mgloop.aggregation import shard_settings
-from mgloop.aggregation import between_nodes as node_level
+from mgloop.aggregation import node_settings
 from mgloop.aggregation import validation as exchange_checks
 from mgloop.cluster import devices
 from mgloop.cluster import options as cluster_options
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 # The parts each package checks, in this order: the exchange first, as it loads the --plugin
 # modules, which may register the datasets and models checked after it.
-PART_CHECKS = (("exchange", exchange_options.check), ("step", step_checks.check),
+PART_CHECKS = (("exchange", aggregation_checks.check), ("step", step_checks.check),
                ("models", model_checks.check), ("optim", optim_options.check),
                ("observe", observe_options.check), ("data", data_checks.check),
                ("loop", loop_options.check))
@@ -101,7 +101,7 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
                                       step.mixed_precision, parts["observe"].histogram_every)
     node_failures.check_schedule(exchange, config.train_steps, context)  # over the run's steps
     outer_schedule.check_run(exchange, config.train_steps)  # Pier's decay within the run
-    at_nodes = node_level.method_at_nodes(exchange, context.num_workers)  # each worker a node
+    at_nodes = node_settings.method_at_nodes(exchange, context.num_workers)  # each worker a node
     num_nodes = context.num_workers if context.num_workers > 1 else exchange.nodes
     vectorized_towers.check_method(exchange.aggregation, context.request, at_nodes,
                                    exchange.nodes, exchange.within_node)
@@ -118,7 +118,7 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     data.check_model(data_part, model_part.model)  # the dataset feeds the model
     models.check_data(model_part, data_part.dataset, data_part.sequence_length)
     hardware.parse_speeds(parts["observe"].node_speeds, num_nodes)  # one factor per node
-    async_clock.check_speeds(exchange, parts["observe"].node_speeds, at_nodes)
+    async_run.check_speeds(exchange, parts["observe"].node_speeds, at_nodes)
     if parts["observe"].profile_steps is not None:  # steps A+1 .. B of the run
         monitor.parse_profile_steps(parts["observe"].profile_steps, config.train_steps)
     _check_cluster(step, context.workers)

@@ -29,7 +29,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from mgloop.aggregation import async_clock
+from mgloop.aggregation import async_run
 from mgloop.errors import ConfigError
 from mgloop.observe import breakdown
 from mgloop.observe import diagnostics
@@ -106,7 +106,7 @@ class Monitor:
         scale = self.trainer.loss_scale()
         if scale is not None:
             values["loss_scale"] = scale
-        values.update(async_clock.scalars(self.trainer.aggregation))  # async_diloco's merges
+        values.update(async_run.scalars(self.trainer.aggregation))  # async_diloco's merges
         return values
 
     def eval_at(self, step: int) -> dict[str, float]:

@@ -23,7 +23,7 @@ from typing import Callable
 
 from absl import logging
 
-from mgloop.aggregation import async_clock
+from mgloop.aggregation import async_run
 from mgloop.observe import link_report, link_scalars
 from mgloop.observe import summaries
 from mgloop.runs import callbacks as callbacks_lib
@@ -124,7 +124,7 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "train_metrics": metrics_lib.values_of(result.train, trainer.metrics),
         "eval_metrics": metrics_lib.values_of(eval_metrics, trainer.metrics),
         "evaluated_model": trainer.evaluated_model,  # evaluated, exported (inference.py)
-        "async_staleness": async_clock.staleness_of(trainer.aggregation),  # async_diloco
+        "async_staleness": async_run.staleness_of(trainer.aggregation),  # async_diloco
         "training": {"loss": trainer.spec.sources["loss"], "loss_fn": repr(trainer.loss_fn),
                      "metrics_from": trainer.spec.sources["metrics"],
                      "metrics": [m.name for m in trainer.metrics],

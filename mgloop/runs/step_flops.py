@@ -17,7 +17,7 @@ from __future__ import annotations
 from absl import logging
 import tensorflow as tf
 
-from mgloop.aggregation import async_clock
+from mgloop.aggregation import async_run
 from mgloop.observe import flops as flops_lib
 from mgloop.observe import hardware
 from mgloop.observe import link_model
@@ -67,7 +67,7 @@ def of_run(config, trainer, median_step_time: float | None, exchange_alone: floa
     setting = hardware.parse(config.compute)
     speeds = hardware.parse_speeds(config.node_speeds, _nodes(config, trainer))
     measured = link_model.compute_seconds(median_step_time, exchange_alone)
-    fastest = async_clock.staleness_of(trainer.aggregation) is not None  # no node waits
+    fastest = async_run.staleness_of(trainer.aggregation) is not None  # no node waits
     if setting.kind != hardware.PROFILE:
         return hardware.modelled(setting, measured, speeds=speeds, fastest=fastest)
     per_tower = config.batch_size_per_tower * config.accumulation_steps
