@@ -26,32 +26,13 @@ towers' collectives into a deadlock.
 
 from __future__ import annotations
 
-import itertools
-
 import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, canonical
+from mgloop.aggregation.collective_keys import new_group_key, new_instance_key
 from mgloop.aggregation.shard_exchange import ShardsUpdate, equal_shard_sizes, padded_size
 
-_GROUP_KEYS = itertools.count(1)
-_INSTANCE_KEYS = itertools.count(1)
-
-
-# Group keys are resolved across every worker of a job, so a group of one worker's devices
-# takes a key no other worker's group takes: its worker index times this, plus its own.
-WORKER_KEY_SPAN = 100_000
-
-
-def new_group_key(worker: int = 0) -> int:
-    """A group key no other collective group of this process, nor of another worker (its
-    index `worker`), uses."""
-    return worker * WORKER_KEY_SPAN + next(_GROUP_KEYS)
-
-
-def new_instance_key() -> int:
-    """An instance key for one call site (the same on every member of the group)."""
-    return next(_INSTANCE_KEYS)
 
 
 def ordering_tokens(devices) -> list[tf.Variable]:

@@ -28,17 +28,14 @@ builds and traces the same functions in the same order.
 
 from __future__ import annotations
 
-import itertools
-
 import tensorflow as tf
 
 from mgloop.aggregation import packing
 from mgloop.aggregation.base import CAPABILITIES, Aggregation, canonical
+from mgloop.aggregation.collective_keys import new_worker_group_key, new_worker_instance_key
 from mgloop.aggregation.shard_exchange import ShardsUpdate
 from mgloop.cluster.workers import Cluster
 
-_GROUP_KEYS = itertools.count(1_000_000)
-_INSTANCE_KEYS = itertools.count(1_000_000)
 
 
 class CrossWorker(Aggregation):
@@ -56,7 +53,7 @@ class CrossWorker(Aggregation):
         self.name, self.options_type = local.name, local.options_type
         for capability in CAPABILITIES:  # the local method's, as declared
             setattr(self, capability, getattr(local, capability))
-        self.group_key = next(_GROUP_KEYS)
+        self.group_key = new_worker_group_key()
         self.device = local.parameter_devices()[0]
         with tf.device(self.device):
             self.ordering_token = tf.Variable(0.0, trainable=False, name="cross_worker_token")
@@ -123,7 +120,7 @@ class CrossWorker(Aggregation):
         with tf.device(self.device):
             return tf.raw_ops.CollectiveReduceV2(
                 input=value, group_size=self.cluster.num_workers, group_key=self.group_key,
-                instance_key=next(_INSTANCE_KEYS), ordering_token=[self.ordering_token.handle],
+                instance_key=new_worker_instance_key(), ordering_token=[self.ordering_token.handle],
                 merge_op="Add", final_op="Id", communication_hint="auto")
 
     def all_workers_sum_packed(self, values: list[tf.Tensor],
@@ -202,7 +199,7 @@ class ShardedCrossWorker(ShardsUpdate, CrossWorker):
     def __init__(self, local: Aggregation, cluster: Cluster):
         super().__init__(local, cluster)
         devices = local.parameter_devices()
-        self.chunk_group_keys = [next(_GROUP_KEYS) for _ in devices]
+        self.chunk_group_keys = [new_worker_group_key() for _ in devices]
         self.chunk_tokens = []  # copy 0's device: the stage's own token (its metrics' sum)
         for device in devices:
             with tf.device(device):
@@ -230,7 +227,7 @@ class ShardedCrossWorker(ShardsUpdate, CrossWorker):
             with tf.device(device):
                 total = tf.raw_ops.CollectiveReduceV2(
                     input=chunk, group_size=workers, group_key=key,
-                    instance_key=next(_INSTANCE_KEYS), ordering_token=[token.handle],
+                    instance_key=new_worker_instance_key(), ordering_token=[token.handle],
                     merge_op="Add", final_op="Id", communication_hint="auto")
                 out.append(self.scale(total, average))
         return out

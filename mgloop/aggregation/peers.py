@@ -37,25 +37,23 @@ processes with TensorFlow's collective ops over gRPC instead of between devices:
                         (exact): (W-1) of their bytes each way.
 
 Every count is `between` nodes (traffic.py). Group and instance keys come from
-cross_worker.py's counters, which every worker advances in the same order because
-every worker builds and traces the same functions in the same order; each Peers has
-an ordering token, so its collectives run in program order.
+collective_keys.py's counters between workers (cross_worker.py's too), which every worker
+advances in the same order because every worker builds and traces the same functions in
+the same order (all_gather_bytes picks its instance key at run time from a block of
+2^16); each Peers has an ordering token, so its collectives run in program order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import tensorflow as tf
 
+from mgloop.aggregation import collective_keys
 from mgloop.aggregation.bitpacking import from_bytes, to_bytes
 from mgloop.cluster.devices import canonical
 
 _NARROW = (tf.int8, tf.int16, tf.uint8, tf.uint16)  # no collective sum kernels: gathered
-# all_gather_bytes's call sites: 2^16 run-time instance keys each, from 2^30 (apart from
-# cross_worker's counters, which count up from 10^6), advanced alike on every worker
-_RUN_TIME_KEYS = itertools.count(1 << 30, 1 << 16)
 
 
 @dataclasses.dataclass
@@ -70,11 +68,10 @@ class Peers:
 
     @classmethod
     def make(cls, cluster, device: str) -> "Peers":
-        from mgloop.aggregation import cross_worker  # its key counters (it imports us)
         with tf.device(device):
             token = tf.Variable(0.0, trainable=False, name="peers_ordering_token")
         return cls(cluster.num_workers, cluster.index, device,
-                   next(cross_worker._GROUP_KEYS), token)
+                   collective_keys.new_worker_group_key(), token)
 
     def _count(self, traffic, sent: int, received: int, messages: int) -> None:
         traffic.add(canonical(self.device), sent=sent, received=received,
@@ -82,7 +79,6 @@ class Peers:
 
     def all_gather(self, traffic, parts: tuple) -> list[tuple]:
         """have[w]: worker w's `parts`, on this worker's device (module docstring)."""
-        from mgloop.aggregation import cross_worker
         parts = tuple(tf.convert_to_tensor(p) for p in parts)
         with tf.device(self.device):
             raw = to_bytes(parts)
@@ -95,7 +91,7 @@ class Peers:
                         (self.num_workers - 1) * padded, self.num_workers - 1)
             gathered = tf.raw_ops.CollectiveGatherV2(
                 input=words[None], group_size=self.num_workers, group_key=self.group_key,
-                instance_key=next(cross_worker._INSTANCE_KEYS),
+                instance_key=collective_keys.new_worker_instance_key(),
                 ordering_token=[self.token.handle], communication_hint="auto")
             return [from_bytes(
                 tf.reshape(tf.bitcast(gathered[w], tf.uint8), [-1]), parts)
@@ -107,7 +103,7 @@ class Peers:
         on this worker's device; bytes counted by `measured`; `exchange`: an integer scalar
         that differs between the exchanges of one call and is the same on every worker (the
         method's exchange count) (module docstring)."""
-        key = next(_RUN_TIME_KEYS)
+        key = collective_keys.new_run_time_keys()
         with tf.device(self.device):
             instance = key + tf.cast(tf.math.floormod(exchange, 1 << 16), tf.int32)
             length = tf.size(raw)
@@ -126,7 +122,6 @@ class Peers:
 
     def all_sum(self, traffic, value: tf.Tensor) -> tf.Tensor:
         """sum over workers of `value` (module docstring), on this worker's device."""
-        from mgloop.aggregation import cross_worker
         given = value.dtype
         if given in _NARROW:  # no 8- or 16-bit integer kernels: gather, add in worker order
             have = self.all_gather(traffic, (value,))
@@ -138,7 +133,7 @@ class Peers:
             self._count(traffic, share, share, 2 * (self.num_workers - 1))
             total = tf.raw_ops.CollectiveReduceV2(
                 input=value, group_size=self.num_workers, group_key=self.group_key,
-                instance_key=next(cross_worker._INSTANCE_KEYS),
+                instance_key=collective_keys.new_worker_instance_key(),
                 ordering_token=[self.token.handle], merge_op="Add", final_op="Id",
                 communication_hint="auto")
             return total

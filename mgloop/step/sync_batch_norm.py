@@ -38,7 +38,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mgloop.aggregation import collective
+from mgloop.aggregation import collective, collective_keys
 _current = threading.local()  # .tower: (CrossTowerMoments, tower index, [call counter])
 
 
@@ -76,7 +76,7 @@ class CrossTowerMoments:
 
     def __init__(self, devices: list[str]):
         self.devices = list(devices)
-        self.group_key = collective.new_group_key()
+        self.group_key = collective_keys.new_group_key()
         self.tokens = collective.ordering_tokens(self.devices)
         self._keys: list[tuple[int, int]] = []  # (forward, backward) instance keys per site
 
@@ -111,7 +111,8 @@ class CrossTowerMoments:
         """sum over towers of `value` (tower `tower`'s part), differentiable: d/dvalue of the
         sum is the sum of the towers' upstream gradients, all-reduced the same way."""
         while len(self._keys) <= site:
-            self._keys.append((collective.new_instance_key(), collective.new_instance_key()))
+            self._keys.append((collective_keys.new_instance_key(),
+                               collective_keys.new_instance_key()))
         forward_key, backward_key = self._keys[site]
         device, token = self.devices[tower], self.tokens[tower]
 
