@@ -11,9 +11,9 @@ once, one at a time, in an order rotated by one each round (experiments/benchlib
 Reported: each case's median wall time with its MAD, and its difference from and ratio
 to `--baseline` (measured in the same rounds).
 
-By default, `keras` and `keras_without_sklearn`: Keras imports scikit-learn whenever it is installed
-(for its scikit-learn wrappers), so `keras` is timed as the machine has it and with
-`sklearn` made unimportable (`sys.modules["sklearn"] = None`, as if it were not
+By default, `keras` and `keras_without_sklearn`: Keras imports scikit-learn whenever it
+is installed (for its scikit-learn wrappers), so `keras` is timed as the machine has it
+and with `sklearn` made unimportable (`sys.modules["sklearn"] = None`, as if it were not
 installed): the difference is what every such process saves once scikit-learn is no
 longer a dependency.
 """
