@@ -5,8 +5,8 @@
     python experiments/towers.py matmuls          (big_mlp's products on B rows and on T x B/T)
 
 `many`: `--towers_per_device=K` against one device and against the tower loop, with the
-ratios of the targets below. Every case trains the mlp on the synthetic dataset with a global batch of
-1024 and plain SGD, each in a fresh child process (so that each peak resident set is its
+ratios of the targets below. Every case trains the mlp on the synthetic dataset with a
+global batch of 1024 and plain SGD, each in a fresh child process (so that each peak resident set is its
 own), one case at a time; `--rounds` rounds run every case once each, in an order
 rotated by one per round (experiments/benchlib.py), and each figure is the median over
 the rounds. Per case:

@@ -29,8 +29,8 @@ variants start from the same weights and data, so an exact method's losses
 agree), and the `--measure` columns (experiments/variants_measure.py); with
 `--link=BANDWIDTH,LATENCY` (repeatable) the link model of each variant's counted
 traffic (bytes per device, compression ratio to the baseline, compute, modelled
-exchange and step per link; mgloop/observe/link_model.py). The compression table of docs/results/methods.md:
-`--flagfile=experiments/variants_flags/compression_ablation.flags`. With
+exchange and step per link; mgloop/observe/link_model.py). The compression table of
+docs/results/methods.md: `--flagfile=experiments/variants_flags/compression_ablation.flags`. With
 `--copies=2` also the median over rounds of (variant's builds) / (baseline's
 builds) with its standard error, and the A/A control of the variant's two
 builds, the noise floor of the moment. Outputs in --output_dir: variants.md,
