@@ -49,6 +49,8 @@ The methods, one module each (their spec strings in the module docstrings):
                       robust rules against Byzantine towers; nnm.py their pre-aggregation
     compression/      lossy compressed exchanges with error feedback (topk, powersgd, ...)
 
+Old names, each warning (DeprecationWarning) until mgloop 0.2: nodes.py (between_nodes.py).
+
 May import: ground modules, cluster/ (devices, workers, node_layout: the nodes' topology), training/
 (variable copies). Never step/ or runs/: the step hands a method its towers' gradients, not
 the other way round.

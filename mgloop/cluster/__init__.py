@@ -9,6 +9,7 @@
     elastic.py      `mgloop.launch --elastic`: a job restarted from a failure on the workers left
     node_layout.py  Nodes: which towers each node holds, its leader, device -> node
     peer_health.py  heartbeats between workers: a lost peer stops the job with one line
+    nodes.py        the old name of node_layout.py, warning until mgloop 0.2
     netns.py        `mgloop.launch --netns`: each worker in a network namespace of its own on
                     a link shaped with tc tbf; the namespaces removed whatever ends the job
 

@@ -18,6 +18,9 @@
     non_trainable.py, sync_batch_norm.py              state besides the gradients
     hooks/               options that change the step without a branch in it
 
+Old names, each warning (DeprecationWarning) until mgloop 0.2: tower_step.py
+(training_step.py), towers.py (per_tower.py), vectorize.py (pfor.py).
+
 May import: ground modules, cluster/, training/, data/, aggregation/, models/, observe/.
 Never runs/: a step knows nothing of the loop, checkpoints or flags that drive it.
 """

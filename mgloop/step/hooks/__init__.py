@@ -52,7 +52,8 @@ towers' pass K times in a `tf.while_loop` and keeps running sums, a change of co
 around the towers that no per-tower callback can make.
 
 Here too: attacks.py (what each Byzantine attack does to a gradient) beside
-attack_hook.py (the hook that applies it). May import what step/ may.
+attack_hook.py (the hook that applies it), and byzantine.py, the old name of attack_hook.py
+(warning until mgloop 0.2). May import what step/ may.
 """
 
 from __future__ import annotations
