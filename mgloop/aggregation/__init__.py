@@ -13,7 +13,7 @@ The machinery every method shares:
     base.py           the contract: where variable copies live and how gradients meet
     registry.py       the package's body (`register`, `parse`, `make`), loaded on first use
     options.py        a method and its options as one string; exchange_options.py the
-                      aggregation part of the settings (`config.exchange`)
+                      aggregation part of the settings (`config.exchange`), checks.py its check
     plugins.py        `--plugin=MODULE`: a user's module imported before validation
     validation.py     which settings combine with a method, from its declared capabilities;
                       node_settings.py, shard_settings.py the checks of --nodes, --shard_update
@@ -22,6 +22,7 @@ The machinery every method shares:
                       rows of their stacked gradients
     between_nodes.py  the method between simulated nodes, an exact sum within each
     cross_worker.py   the local method inside each worker, then a collective between them
+    collective_keys.py  the group and instance keys of TensorFlow's collectives, one place
     peers.py          the method between worker processes, one node leader per worker
     node_failures.py  simulated nodes that leave and return (torchft's quorum);
                       live_exchange.py the exchange over the live nodes only
@@ -42,7 +43,8 @@ The methods, one module each (their spec strings in the module docstrings):
     local_steps.py    `localsgd`, `diloco`; outer_schedule.py their outer momentum schedule
     streaming_diloco.py  DiLoCo on one fragment at a time; overlap.py when the fragment's
                       outer step is used, outer_formats.py how its outer gradients travel
-    async_diloco.py   DiLoCo for nodes of different speeds; async_clock.py its schedule
+    async_diloco.py   DiLoCo for nodes of different speeds; async_clock.py its schedule,
+                      async_run.py its run glue (--node_speeds, its staleness reported)
     des_loc.py, noloco.py, sparta.py  local Adam; no all-reduce; a random part averaged
     sparseloco.py     DiLoCo with sparse 2-bit outer gradients; chunked_topk.py its compressor
     median.py, trimmed_mean.py, krum.py, bulyan.py, geomedian.py, centered_clipping.py

@@ -15,7 +15,18 @@ examples or batches, and optionally one data_dir -> Dataset of its eval data.
 
 Also here, the end of the input path: staging.py (how batches reach the towers: one
 shard per tower, prefetched into per-device buffers, as tensorpack's StagingInput) and
-batch_split.py (how a step's examples split among workers and towers).
+batch_split.py (how a step's examples split among workers and towers). The rest:
+
+    options.py       the data part of the settings (`config.data`): batch sizes, staging
+    checks.py        its check, which the gate (runs/config_checks.py) calls
+    catalog.py       the package's body (datasets by name, `register`), loaded on first use
+    base.py          host input pipelines (tf.data) over a dataset held in memory
+    synthetic.py, random_binary.py, cifar10.py, mnist.py   the datasets named above
+    files.py         checks shared by the file readers, naming --data_dir and the file
+    augment.py       stateless image augmentation: padded random crop, horizontal flip
+    epochs.py        how epochs are cut into global batches (`--drop_remainder`)
+    padding.py       short batches padded to the global batch, weighted to the real examples
+    inputs.py        the run's inputs as_input makes: what a step reads, from where
 
 May import: ground modules only. Every package above reads data through here.
 """
