@@ -25,10 +25,10 @@ from mgloop.aggregation import node_failures
 from mgloop.aggregation import outer_schedule
 from mgloop.aggregation import shard_settings
 from mgloop.aggregation import node_settings
-from mgloop.aggregation import validation as exchange_checks
+from mgloop.aggregation import validation
 from mgloop.cluster import devices
 from mgloop.cluster import options as cluster_options
-from mgloop.cluster import workers as cluster
+from mgloop.cluster import workers as workers_lib
 from mgloop.data import checks as data_checks
 from mgloop.errors import ConfigError
 from mgloop.models import checks as model_checks
@@ -42,7 +42,7 @@ from mgloop.training import options as optim_options
 from mgloop.step import checks as step_checks
 from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.step import options as step_options
-from mgloop.step.hooks import attacks as byzantine
+from mgloop.step.hooks import attacks
 
 if TYPE_CHECKING:
     from mgloop.runs.config import Config
@@ -81,7 +81,7 @@ def _context(config: Config) -> Context:
     """The facts of the run the parts' checks may use: the devices (one worker's), the
     workers, the towers over all of them, the seed."""
     request = devices.parse(config.devices, config.towers_per_device)
-    workers = cluster.from_environment()
+    workers = workers_lib.from_environment()
     num_workers = workers.num_workers if workers else 1
     devices_flag = config.devices + (f" x --towers_per_device={config.towers_per_device}"
                                      if config.towers_per_device > 1 else "")
@@ -95,8 +95,8 @@ def _context(config: Config) -> Context:
 def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     """What one part's settings mean for another's, each call naming what it compares."""
     exchange, step = parts["exchange"], parts["step"]
-    exchange_checks.check_batch_norm(exchange, step.batch_norm)
-    exchange_checks.check_optimizer(exchange, parts["optim"].optimizer)
+    validation.check_batch_norm(exchange, step.batch_norm)
+    validation.check_optimizer(exchange, parts["optim"].optimizer)
     shard_settings.check_combinations(exchange, parts["cluster"].towers_per_device,
                                       step.mixed_precision, parts["observe"].histogram_every)
     node_failures.check_schedule(exchange, config.train_steps, context)  # over the run's steps
@@ -107,11 +107,11 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
                                    exchange.nodes, exchange.within_node)
     compiled_towers.check_method(step, exchange.aggregation)
     if at_nodes:
-        byzantine.check_units(step, num_nodes, "nodes (the method is between nodes)",
-                              exchange.aggregation, context.num_workers)
+        attacks.check_units(step, num_nodes, "nodes (the method is between nodes)",
+                            exchange.aggregation, context.num_workers)
     else:
-        byzantine.check_units(step, context.num_towers, "towers", exchange.aggregation,
-                              context.num_workers)
+        attacks.check_units(step, context.num_towers, "towers", exchange.aggregation,
+                            context.num_workers)
     optim_options.check_warmup(parts["optim"], config.train_steps)  # after --train_steps
     optim_options.check_shard_update(parts["optim"], exchange.shard_update)  # muon: whole
     data_part, model_part = parts["data"], parts["models"]
@@ -124,7 +124,7 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     _check_cluster(step, context.workers)
 
 
-def _check_cluster(step: step_options.StepOptions, workers: cluster.Cluster | None) -> None:
+def _check_cluster(step: step_options.StepOptions, workers: workers_lib.Cluster | None) -> None:
     """What several processes cannot do (yet), refused before anything starts."""
     if workers is None or workers.num_workers == 1:
         return
