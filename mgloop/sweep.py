@@ -87,11 +87,12 @@ flags.DEFINE_string("title", None, "the report's title (default: the output fold
 
 def plan_from_flags():
     from mgloop.runs.sweep import plan as plan_lib
+    from mgloop.runs.sweep import target as target_lib
     from mgloop.runs.sweep import tune
     return plan_lib.Plan(vary=tuple(FLAGS.vary), set=tuple(FLAGS.set),
                          seeds=tuple(range(FLAGS.seeds)), output_dir=FLAGS.output_dir,
                          epochs=FLAGS.epochs, evals=FLAGS.evals,
-                         target=plan_lib.parse_target(FLAGS.target),
+                         target=target_lib.parse_target(FLAGS.target),
                          stop_at_target=FLAGS.stop_at_target, links=tuple(FLAGS.link),
                          plugins=tuple(FLAGS.plugin), tune=tuple(FLAGS.tune),
                          tune_seeds=tune.tuning_seeds(FLAGS.tune_seeds),

@@ -24,18 +24,7 @@ ROOT = os.path.dirname(mgloop.__file__)
 
 # Circles known and left, each with why (empty: none is left).
 ALLOWED_AT_MODULE_LEVEL = {}
-ALLOWED = {
-    frozenset({"mgloop.aggregation.async_clock", "mgloop.aggregation.async_diloco"}):
-        "not cut yet",
-    frozenset({"mgloop.aggregation.base", "mgloop.aggregation.cross_worker", "mgloop.aggregation.peers"}):
-        "not cut yet",
-    frozenset({"mgloop.aggregation.between_nodes", "mgloop.aggregation.exchange_options", "mgloop.aggregation.node_failures", "mgloop.aggregation.node_settings", "mgloop.aggregation.shard_settings", "mgloop.aggregation.validation"}):
-        "not cut yet",
-    frozenset({"mgloop.runs.sweep.plan", "mgloop.runs.sweep.search", "mgloop.runs.sweep.tune"}):
-        "not cut yet",
-    frozenset({"mgloop.runs.sweep.processes", "mgloop.runs.sweep.runner"}):
-        "not cut yet",
-}
+ALLOWED = {}
 
 
 def _modules() -> dict[str, str]:

@@ -19,6 +19,7 @@ from mgloop.runs.sweep import grid
 from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import record
 from mgloop.runs.sweep import report
+from mgloop.runs.sweep import target as target_lib
 from mgloop.runs.sweep import runner
 from mgloop.aggregation.traffic import Occasion, Traffic
 from mgloop.observe import link_model, link_report, stats
@@ -92,7 +93,7 @@ def test_record_counts_bytes_and_modelled_seconds_of_the_steps_that_send():
                {"step": 30, "eval/loss": 1.0, "eval/accuracy": 0.75}]
     traffic = _local_traffic()
     result = _Result(_summary(traffic), records, traffic)
-    target = plan_lib.parse_target("accuracy>=0.7")
+    target = target_lib.parse_target("accuracy>=0.7")
     curve = record.curve_of(result)
     assert [p["step"] for p in curve] == [10, 30, 40]  # and the final eval from the summary
     assert [p["gradient_bytes"] for p in curve] == [2 * 1000, 7 * 1000, 10 * 1000]
@@ -114,7 +115,7 @@ def test_record_counts_bytes_and_modelled_seconds_of_the_steps_that_send():
     assert curve[2]["eval/accuracy"] == 0.8
     assert record.time_to_target(curve, target) == {
         "step": 30, "gradient_bytes": 7000, "seconds": curve[1]["seconds"]}
-    assert record.time_to_target(curve, plan_lib.parse_target("loss<=0.5")) is None
+    assert record.time_to_target(curve, target_lib.parse_target("loss<=0.5")) is None
     cell = plan_lib.Cell(grid.Variant("aggregation=randomk", {}, {}, (("aggregation", "randomk"),)), 0)
     seen = _Result({}, [{"step": 10, "eval/loss": 2.0, "eval/accuracy": 0.75},
                         {"step": 20, "train/loss": float("nan")}]).history
@@ -125,12 +126,12 @@ def test_record_counts_bytes_and_modelled_seconds_of_the_steps_that_send():
 
 
 def test_targets_and_variant_folders_are_parsed_or_refused():
-    target = plan_lib.parse_target("eval/perplexity <= 3.5")
+    target = target_lib.parse_target("eval/perplexity <= 3.5")
     assert (target.metric, target.comparison, target.value) == ("perplexity", "<=", 3.5)
     assert target.met(3.5) and not target.met(3.6) and not target.met(float("nan"))
     for bad in ("accuracy>0.9", "accuracy>=high", ">=0.9"):
         with pytest.raises(grid.SpecError, match="--target"):
-            plan_lib.parse_target(bad)
+            target_lib.parse_target(bad)
     names = ["aggregation=topk:ratio=0.01", "aggregation=topk_ratio=0.01"]
     folders = [plan_lib.variant_folder(n) for n in names]
     assert len(set(folders)) == 2 and all("/" not in f and ":" not in f for f in folders)
@@ -141,7 +142,7 @@ def _plan(tmp_path, **overrides):
                     set=("model=mlp", "dataset=synthetic", "devices=cpu:2",
                          "global_batch_size=32", "train_steps=4", "checkpoint_every=0"),
                     seeds=(0, 1), output_dir=str(tmp_path / "sweep"), evals=2,
-                    target=plan_lib.parse_target("accuracy>=0.0"))
+                    target=target_lib.parse_target("accuracy>=0.0"))
     settings.update(overrides)
     return plan_lib.Plan(**settings)
 
@@ -170,7 +171,7 @@ def test_a_target_metric_a_cell_does_not_report_is_refused_before_any_folder(tmp
     digits = ("model=mlp", "dataset=digits", "devices=cpu:2", "train_steps=2")
     for target, sets in (("perplxity<=30", _plan(tmp_path).set), ("perplexity<=30", digits)):
         plan = _plan(tmp_path, vary=("learning_rate=0.001,0.003",), set=sets,
-                     target=plan_lib.parse_target(target))
+                     target=target_lib.parse_target(target))
         dataset = "digits" if sets is digits else "synthetic"
         with pytest.raises(ConfigError, match=(
                 rf"^cell learning_rate=0.001 seed=0: --target={target}: --model=mlp on "
@@ -178,7 +179,7 @@ def test_a_target_metric_a_cell_does_not_report_is_refused_before_any_folder(tmp
                 r"METRIC<=V of one it reports: loss, accuracy$")):
             runner.run(plan)
         assert not os.path.exists(plan.output_dir)
-    lm = _plan(tmp_path, vary=(), target=plan_lib.parse_target("perplexity<=30"),
+    lm = _plan(tmp_path, vary=(), target=target_lib.parse_target("perplexity<=30"),
                set=("model=transformer_lm", "dataset=python_text", "sequence_length=8",
                     "lm_layers=1", "lm_width=8", "lm_heads=1", "devices=cpu:1",
                     "train_steps=2"))

@@ -21,6 +21,7 @@ from mgloop.runs.sweep import record
 from mgloop.runs.sweep import report
 from mgloop.runs.sweep import runner
 from mgloop.runs.sweep import search
+from mgloop.runs.sweep import target as target_lib
 from mgloop.runs.sweep import tune
 from mgloop.runs.sweep import tuning_report
 
@@ -166,7 +167,7 @@ def _lm_plan(tmp_path, target):
              "sequence_length=8", "lm_layers=1", "lm_width=8", "lm_heads=1", "devices=cpu:1",
              "global_batch_size=8", "train_steps=2", "checkpoint_every=0"),
         seeds=(0,), output_dir=str(tmp_path / "sweep"), evals=1,
-        target=plan_lib.parse_target(target), tune=("learning_rate=0.001,0.01",))
+        target=target_lib.parse_target(target), tune=("learning_rate=0.001,0.01",))
 
 
 def _diloco(plan):
@@ -221,8 +222,8 @@ def test_a_tuning_sweep_of_a_language_model_to_a_perplexity_target(tmp_path):
         assert final["time_to_target"]["step"] == 2
         for name in ("perplexity", "loss"):
             value = curve[-1][f"eval/{name}"]
-            met = plan_lib.parse_target(f"{name}<={value!r}")
-            missed = plan_lib.parse_target(f"{name}<={float(np.nextafter(value, 0))!r}")
+            met = target_lib.parse_target(f"{name}<={value!r}")
+            missed = target_lib.parse_target(f"{name}<={float(np.nextafter(value, 0))!r}")
             assert (met.metric, met.comparison) == (name, "<=")
             assert record.time_to_target(curve, met)["step"] == 2
             assert record.time_to_target(curve, missed) is None

@@ -15,7 +15,7 @@
                (its curve ends there too). A metric some cell does not report (a typo, or
                perplexity of a classifier) is refused with the cell's Config, as is a cell
                that evaluates nothing (a --plugin dataset registered without eval data):
-               the sweep compares eval metrics
+               the sweep compares eval metrics (target.py parses it)
     tuning     --tune=KEY=V1,V2,..., --tune_seeds=N, --tune_search, --tune_widen
                (tune.py, search.py): each variant's tuning search on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
                variant and point>, record results/tuning/<variant>/<point>/seed=<s>.json),
@@ -37,45 +37,9 @@ import re
 
 from mgloop.runs.sweep import grid
 from mgloop.runs.sweep import tune as tune_lib
+from mgloop.runs.sweep.target import Target
 
-_TARGET = re.compile(r"\s*([A-Za-z_][\w/]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
-HIGHER = ">="
 TUNING = "tuning"  # results/tuning/...: the tuning cells' records
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    metric: str  # "accuracy": the eval metric compared (eval/accuracy in the history)
-    comparison: str  # ">=" or "<="
-    value: float
-
-    @property
-    def key(self) -> str:
-        return f"eval/{self.metric}"
-
-    def met(self, value) -> bool:
-        if value is None or not math.isfinite(value):
-            return False
-        return value >= self.value if self.comparison == HIGHER else value <= self.value
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.comparison}{self.value:g}"
-
-
-def parse_target(text: str | None) -> Target | None:
-    """`accuracy>=0.9`, `loss<=1.5` -> Target; None or "" -> None (no target)."""
-    if not text:
-        return None
-    match = _TARGET.match(text)
-    if not match:
-        raise grid.SpecError(f"--target={text!r}: give METRIC>=VALUE or METRIC<=VALUE, an "
-                             "eval metric and a number (e.g. --target=accuracy>=0.9)")
-    name = match.group(1).removeprefix("eval/")
-    try:
-        value = float(match.group(3))
-    except ValueError:
-        raise grid.SpecError(f"--target={text!r}: {match.group(3)!r} is not a number") from None
-    return Target(name, match.group(2), value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Callable
 
 from mgloop.runs.sweep import plan as plan_lib
 
@@ -57,16 +58,22 @@ def _stop_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="mgloop-parent").start()
 
 
-def _worker(plan: plan_lib.Plan, cells: list, towers: int, quiet: bool) -> None:
+def chunks(cells: list, size: int) -> list[list]:
+    """`cells` in consecutive runs of `size` (all in one for size 0)."""
+    size = size or max(1, len(cells))
+    return [cells[i:i + size] for i in range(0, len(cells), size)]
+
+
+def _worker(plan: plan_lib.Plan, cells: list, towers: int, quiet: bool,
+            run_chunk: Callable) -> None:
     os.setpgrp()  # signals come from the parent only (module docstring)
     _stop_with_parent()
     from mgloop.runs import quiet_start
     quiet_start.load_tensorflow(quiet)
     from mgloop.runs import preemption
-    from mgloop.runs.sweep import runner
     with preemption.StopOnSignal(announce=False) as stop:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-        runner.run_chunk(plan, cells, towers, stop)
+        run_chunk(plan, cells, towers, stop)
     if stop.signum is not None:
         sys.exit(128 + stop.signum)
 
@@ -81,18 +88,19 @@ def _forward(processes: list, signum: int) -> None:
 
 
 def run(plan: plan_lib.Plan, todo: list, towers: int, processes: int,
-        cells_per_process: int) -> tuple[int | None, bool]:
-    """Runs the chunks of `todo` in worker processes; returns (the first signal that
-    stopped the sweep or None, whether a second one came). A worker that fails does not
-    stop the others: once every chunk has run, the cells left without a record are named
-    in one error (the re-run runs just those)."""
+        cells_per_process: int, run_chunk: Callable) -> tuple[int | None, bool]:
+    """Runs the chunks of `todo` in worker processes, each chunk by `run_chunk(plan, cells,
+    towers, stop)` (a module's function, pickled by name: runner.py's, handed in so that
+    this module does not import the runner that imports it); returns (the first signal
+    that stopped the sweep or None, whether a second one came). A worker that fails does
+    not stop the others: once every chunk has run, the cells left without a record are
+    named in one error (the re-run runs just those)."""
     from mgloop.runs import quiet_start
-    from mgloop.runs.sweep import runner
     context = multiprocessing.get_context("spawn")
     # at most cells_per_process cells a process, and no fewer chunks than processes: a
     # round of the tuning search smaller than one chunk still uses every process
     share = math.ceil(len(todo) / processes)
-    waiting = runner.chunks(todo, min(cells_per_process or share, share))
+    waiting = chunks(todo, min(cells_per_process or share, share))
     running: list = []
     failed: list[int] = []
     received: list[int] = []
@@ -108,7 +116,7 @@ def run(plan: plan_lib.Plan, todo: list, towers: int, processes: int,
                 signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
                 try:
                     process = context.Process(target=_worker, args=(
-                        plan, waiting.pop(0), towers, quiet_start.quiet()))
+                        plan, waiting.pop(0), towers, quiet_start.quiet(), run_chunk))
                     process.start()
                     running.append(process)
                 finally:

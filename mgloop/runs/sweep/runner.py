@@ -168,12 +168,6 @@ def run_chunk(plan: plan_lib.Plan, cells, towers: int, stop) -> None:
         std_logging.getLogger("tensorflow").removeFilter(quiet)
 
 
-def chunks(cells: list, size: int) -> list[list]:
-    """`cells` in consecutive runs of `size` (all in one for size 0)."""
-    size = size or max(1, len(cells))
-    return [cells[i:i + size] for i in range(0, len(cells), size)]
-
-
 def stopped_message(plan: plan_lib.Plan, cells, signum: int, at_once: bool) -> str:
     """The one line that says where a stopped sweep stopped and how to resume."""
     name = signal.Signals(signum).name
@@ -283,10 +277,10 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     else:
         while signum is None and (cells := tuning_round()):
             signum, at_once = processes_lib.run(plan, cells, towers, processes,
-                                                cells_per_process)
+                                                cells_per_process, run_chunk)
         if signum is None and (cells := pending(plan, final_cells())):
             signum, at_once = processes_lib.run(plan, cells, towers, processes,
-                                                cells_per_process)
+                                                cells_per_process, run_chunk)
     if signum is not None:
         raise Stopped(stopped_message(plan, reached(), signum, at_once), signum)
     return [plan.result_path(cell) for cell in finals]

@@ -48,6 +48,7 @@ import itertools
 import re
 
 from mgloop.runs.sweep import grid
+from mgloop.runs.sweep import target as target_lib
 
 TUNING_SEED_BASE = 1000
 MISSING = object()  # a point a tuning seed of which has no record yet
@@ -178,11 +179,10 @@ def settings_of(variant, point, kinds: dict) -> dict:
 
 def direction(target_text: str | None) -> tuple[str, bool]:
     """(metric key, lower is better) of the score: the target's, else eval/loss lowest."""
-    from mgloop.runs.sweep import plan as plan_lib
-    target = plan_lib.parse_target(target_text)
+    target = target_lib.parse_target(target_text)
     if target is None:
         return "eval/loss", True
-    return target.key, target.comparison != plan_lib.HIGHER
+    return target.key, target.comparison != target_lib.HIGHER
 
 
 def final_value(record: dict, metric: str):
