@@ -32,8 +32,11 @@ MultiWorkerMirroredStrategy with the same workers, and to the single-device
 step (same global batch), the peak resident set (ru_maxrss, summed over a
 system's processes) and its ratio to the single-device run's, and the mean loss
 of the first loop (every system starts from the same weights on the same
-batches, so these agree; a warning says when not; bench.json also has every
-loop's, warm-up first); per one-process mgloop mode
+batches, so these agree for exact methods; a warning says when not; bench.json also has
+every loop's, warm-up first, and each system's first step's). Before any loop every system
+runs one step from the seed's weights on the first batch, and their losses must agree
+within the float32 bound of check_first_steps, else the harness stops with one line naming
+the system that disagrees (exit status 1); per one-process mgloop mode
 measured with 1 and N towers, the speedup eps(N)/eps(1) and the efficiency
 speedup/N (same global batch: on logical CPU devices sharing the same cores
 the ideal speedup is 1, on N GPUs it is N). Outputs in --output_dir:
@@ -160,6 +163,10 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
         ready = {name: system.receive() for name, system in systems.items()}
         logging.info("%s: %d systems built", model, len(systems))
         names = list(systems)
+        # one step each from the seed's weights on the first batch, before any loop: the
+        # systems must agree on its loss (they compute the same thing), else no timing
+        first = {name: systems[name].ask("first_step") for name in names}
+        agreement = check_first_steps(model, plan, first)
         losses = {name: [] for name in names}  # every loop's, warm-up first
 
         def loop(name):  # one timed loop in the system's workers: seconds per step
@@ -199,6 +206,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
             "examples_per_sec": eps_median, "mad_examples_per_sec": eps_mad,
             "step_ms": 1e3 * step_median, "mad_step_ms": 1e3 * step_mad,
             "step_ms_repeats": [1e3 * t for t in step_times],
+            "first_step_loss": first[name]["loss"],
             "first_loop_loss": losses[name][0], "loop_losses": losses[name],
             "build_seconds": ready[name]["build_seconds"],
             "baseline_rss_mib": ready[name]["baseline_rss_kib"] / 1024,
@@ -209,7 +217,7 @@ def measure_model(model: str, output_dir: str, plan: list[bench_plan.Entry]) -> 
     add_ratios(rows)
     check_first_losses(rows)
     return {"model": model, "dataset": dataset, "global_batch": global_batch, "rows": rows,
-            "speedup": speedups(rows)}
+            "first_step_agreement": agreement, "speedup": speedups(rows)}
 
 
 def links() -> list:
@@ -245,6 +253,84 @@ def link_columns() -> list[tuple[str, str, str]]:
                     (f"link_{link.tag}_step_overlap_ms",
                      f"max(step, exchange) at {link.name} (ms)", ".2f")]
     return columns
+
+
+U = 2.0 ** -24  # float32 unit roundoff
+
+
+def gamma(n: int) -> float:
+    """Higham's bound on the relative error of n rounded float32 operations: n u / (1 - n u)."""
+    return n * U / (1 - n * U)
+
+
+class LossMismatch(RuntimeError):
+    """A system's first-step loss is not the others' (the message is one line)."""
+
+
+def shards_of(entry: bench_plan.Entry) -> int:
+    """How many parts a system splits each global batch into: its towers (all workers'),
+    times K with mgloop's +kK (K towers per device)."""
+    _, _, option = entry.system.partition("+")
+    per_device = int(option[1:]) if option.startswith("k") and option[1:].isdigit() else 1
+    return entry.total_towers * per_device
+
+
+def check_first_steps(model: str, plan: list[bench_plan.Entry], first: dict[str, dict]) -> dict:
+    """Every system's loss on its first step, the seed's initial weights on the first global
+    batch, must be mgloop's (LossMismatch names the first that is not); returns n and the
+    relative tolerance (bench.json's `first_step_agreement`).
+
+    Why the first step and not the first loop: a lossy or local method (topk, signsgd,
+    median, diloco, ...) legitimately trains otherwise from its first update on, and a
+    later step's loss depends on every earlier update; the first step's depends on no update,
+    only on how the system computes the mean loss over the global batch: the quantity
+    compared, which no method changes. Reference: the first mgloop system of the plan, else
+    single_device, else the first system.
+
+    Tolerance: the systems compute the same real number, the mean over the B E values of
+    the loss (E per example: the L tokens of a sequence) of the same model at the same
+    weights on the same batch, in other float32 summation orders (the towers' shards, the
+    kernels' blocking, the mean of the towers' means). Along any path that is at most n
+    rounded additions (bench_systems.loss_terms: B E, the kernels' fan-ins, 2 E per
+    attention layer, the K logits), each computation within gamma(n) of the exact mean
+    relative to the magnitudes of its terms; cross-entropy values are >= 0, so that
+    magnitude is the loss itself (tests/tolerance.py: "the mean loss of a step differs by
+    at most 2 gamma(n) (1/B) sum_i |loss_i|"), and any two systems agree within
+
+        2 gamma(n) |reference loss|
+
+    e.g. transformer_lm on python_text at the harness's global batch of 128 (E = L = 64:
+    n = 11392) 1.4e-3 relative, about 0.008 of its initial loss near log 256 = 5.5; with
+    a global batch of 2 (tests/test_bench.py) n = 3328, 4e-4. A wrong reduction is far
+    outside: a sum over the L tokens instead of their mean is L times the loss (the old
+    MirroredStrategy baselines: 64 times), a missing 1/T T times, a tower's shard left out
+    off by about 1/T of it.
+
+    A model with batch norm normalises each tower's shard by its own statistics, so its
+    loss depends on the split: then only systems with as many shards (shards_of) are compared.
+    """
+    n = max(reply["loss_terms"] for reply in first.values())
+    bound = 2 * gamma(n)
+    by_statistics = any(reply["batch_statistics"] for reply in first.values())
+    groups: dict[int | None, list[bench_plan.Entry]] = {}
+    for entry in plan:
+        groups.setdefault(shards_of(entry) if by_statistics else None, []).append(entry)
+    for shards, entries in groups.items():
+        reference = next((e for e in entries if e.system.startswith(bench_systems.MGLOOP_PREFIX)),
+                         next((e for e in entries if e.system == SINGLE), entries[0]))
+        expected = first[reference.name]["loss"]
+        for entry in entries:
+            loss = first[entry.name]["loss"]
+            if not abs(loss - expected) <= bound * abs(expected):  # NaN disagrees too
+                split = "" if shards is None else f" (batch norm: systems of {shards} shards)"
+                raise LossMismatch(
+                    f"{model}: {entry.name} computes another loss: {loss:.6g} on its first "
+                    f"step (the seed's weights, the first batch), {reference.name} "
+                    f"{expected:.6g}; they must agree within 2 gamma(n) = {bound:.3g} relative "
+                    f"(float32, n = {n} terms){split}")
+        logging.info("%s: first-step loss %.6f agreed by %s within %.3g relative", model,
+                     expected, ", ".join(e.name for e in entries), bound)
+    return {"loss_terms": n, "rtol": bound}
 
 
 def check_first_losses(rows: list[dict], rtol: float = 1e-3) -> None:
@@ -411,7 +497,11 @@ def main(argv):
     output_dir = _FLAGS.output_dir or tempfile.mkdtemp(prefix="mgloop-bench-")
     os.makedirs(output_dir, exist_ok=True)
     command = "python " + " ".join(sys.argv)
-    results = [measure_model(model, output_dir, plan) for model in _FLAGS.models]
+    try:
+        results = [measure_model(model, output_dir, plan) for model in _FLAGS.models]
+    except LossMismatch as error:  # the systems do not compute the same thing: no timing
+        print(f"bench.py: error: {error}", file=sys.stderr)
+        sys.exit(1)
     payload = {"command": command, "machine": machine(),
                "settings": {"steps": _FLAGS.steps, "warmup": _FLAGS.warmup,
                             "repeats": _FLAGS.repeats, "towers": [int(t) for t in _FLAGS.towers],

@@ -145,12 +145,21 @@ class CompiledLoop:
 
     def run(self) -> float:
         began = time.perf_counter()
-        result = self.loop(self.iterator, self.steps)
+        self.last_loss_sum = self._loop(self.steps)
+        return time.perf_counter() - began
+
+    def first_step(self) -> float:
+        """One step, before any loop: its loss is the initial weights' on the first batch (a
+        loop then goes on from the second)."""
+        import tensorflow as tf
+        return self._loop(tf.constant(1, tf.int32))
+
+    def _loop(self, steps) -> float:
+        result = self.loop(self.iterator, steps)
         if hasattr(result, "loss_sum"):  # mgloop's Trainer.train_loop: a LoopResult
             result = result.loss_sum
         result = result[0] if isinstance(result, (tuple, list)) else result
-        self.last_loss_sum = float(result)  # waits for the loop to finish
-        return time.perf_counter() - began
+        return float(result)  # waits for the loop to finish
 
     def close(self) -> None:
         pass
@@ -160,13 +169,19 @@ class _StopFit(Exception):
     pass
 
 
+FIRST_STEP = "first step"  # FitLoop's request for its first step alone
+
+
 class FitLoop:
     """Keras `fit` called once, paced by the harness: each epoch (= one timed loop) waits to start.
 
     fit runs in a thread; a callback blocks at the start of every epoch until
     `run()` asks for one, and reports the time from the epoch's start to its
     end, so fit's once-per-call set-up (iterator, callbacks, tracing) is
-    outside the timing, as a long training run amortises it.
+    outside the timing, as a long training run amortises it. `first_step()`, asked
+    before any `run()`, is a fit of one epoch on the first batch alone (same model,
+    same compiled train function) whose loss is the initial weights' on that batch;
+    the paced fit then reads the batches from the second on.
     """
 
     def __init__(self, model, batches, steps: int, devices=()):
@@ -188,7 +203,17 @@ class FitLoop:
 
         def fit():
             try:
-                model.fit(batches, epochs=10 ** 9, steps_per_epoch=steps, verbose=0,
+                rest = batches
+                first = self._go.get()
+                if first is False:  # closed before any loop
+                    return
+                if first == FIRST_STEP:
+                    history = model.fit(batches.take(1), epochs=1, verbose=0, shuffle=False)
+                    self._done.put((0.0, {"loss": history.history["loss"][0]}))
+                    rest = batches.skip(1)
+                else:
+                    self._go.put(first)  # for Pace's first epoch
+                model.fit(rest, epochs=10 ** 9, steps_per_epoch=steps, verbose=0,
                           shuffle=False, callbacks=[Pace()])
             except _StopFit:
                 pass
@@ -206,6 +231,13 @@ class FitLoop:
         self.last_logs = logs
         return seconds
 
+    def first_step(self) -> float:
+        self._go.put(FIRST_STEP)
+        error, logs = self._done.get()
+        if isinstance(error, BaseException):
+            raise error
+        return float(logs["loss"])
+
     @property
     def last_loss(self) -> float:
         return float(self.last_logs["loss"])  # fit's mean over the epoch's steps
@@ -213,6 +245,39 @@ class FitLoop:
     def close(self) -> None:
         self._go.put(False)
         self._thread.join(timeout=60)
+
+
+def loss_terms(model, dataset, global_batch: int) -> int:
+    """n of the tolerance of the first step's loss (bench.check_first_steps): the most terms
+    any float32 sum on the way from the weights to the mean loss over a global batch adds, as
+    tests/tolerance.py's path_sums counts them for the step (forward part): the loss's E
+    values per example (E = L tokens of a sequence, else 1) times the B examples, every
+    kernel's fan-in, 2 E per attention layer (its softmax over the keys and its sum of
+    values) and the K logits of the softmax."""
+    import keras
+    labels = dataset.train_batches(global_batch, 0).element_spec[1]
+    per_example = 1
+    for size in labels.shape[1:]:
+        per_example *= size or 1
+    n = global_batch * per_example + int(dataset.num_classes)
+    for layer in model._flatten_layers(include_self=False):  # noqa: SLF001 (Keras's walk)
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            n += 2 * per_example
+    for weight in model.weights:
+        if len(weight.shape) >= 2:  # a kernel (or an embedding's table: more than a lookup)
+            fan_in = 1
+            for size in weight.shape[:-1]:
+                fan_in *= int(size)
+            n += fan_in
+    return n
+
+
+def batch_statistics(model) -> bool:
+    """The model normalises with the statistics of the batch it is given (batch norm): each
+    tower's (replica's) its own shard's, so the loss depends on how the batch is split."""
+    import keras
+    return any(isinstance(layer, keras.layers.BatchNormalization)
+               for layer in model._flatten_layers(include_self=False))  # noqa: SLF001
 
 
 def start(spec: Spec):

@@ -7,6 +7,10 @@ anything else a library prints to stdout is ignored):
 
     in:  {"spec": {...bench_systems.Spec fields...}, "logical_devices": N}
     out: {"ready": true, "build_seconds": s, "baseline_rss_kib": r, "devices": [...]}
+    in:  "first_step"          out: {"loss": l, "loss_terms": n, "batch_statistics": b}
+                                   one step before any loop (l: the initial weights' loss on
+                                   the first batch; n, b: bench_systems.loss_terms and
+                                   batch_statistics of its model)
     in:  "run"                 out: {"seconds": s, "loss": l}   one timed loop
     in:  {"trace": DIR}        out: {"seconds": s, "loss": l}   one loop under tf.profiler
                                                    (worker i of several: into DIR/worker<i>)
@@ -77,7 +81,12 @@ def main() -> None:
            "baseline_rss_kib": baseline, "devices": list(system.devices)})
     for line in sys.stdin:
         command = json.loads(line)
-        if command == "run":
+        if command == "first_step":
+            reply({"loss": system.first_step(),
+                   "loss_terms": bench_systems.loss_terms(system.model, dataset,
+                                                          spec.global_batch),
+                   "batch_statistics": bench_systems.batch_statistics(system.model)})
+        elif command == "run":
             reply({"seconds": system.run(), "loss": system.last_loss})
         elif isinstance(command, dict) and "trace" in command:
             tf.profiler.experimental.start(

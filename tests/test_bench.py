@@ -138,6 +138,53 @@ def test_a_plugin_method_is_benchmarked_in_the_workers(tmp_path):
     assert "modelled exchange at 10gbit,10us (ms)" in (out / "bench.md").read_text()
 
 
+def run_language_model(out, *flags):
+    """bench.py on the smallest language-model configuration: transformer_lm on
+    python_text (sequences of L = 64 tokens), 2 towers of one sequence each, one step per
+    loop, mgloop's ring and MirroredStrategy's custom loop."""
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"),
+         "--models=transformer_lm", "--dataset=python_text", "--global_batch_size=2",
+         "--towers=2", "--modes=ring,mirrored_ctl", "--steps=1", "--warmup=0", "--repeats=1",
+         f"--output_dir={out}", *flags],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_mirrored_loss_is_the_mean_over_every_token(tmp_path):
+    """MirroredStrategy's loop takes the mean loss over every token of the global batch, as
+    mgloop does (it took the sum over each sequence's tokens: 64 times it): bench.py's
+    check of the first step's loss passes, and the two agree within its tolerance."""
+    out = tmp_path / "bench"
+    result = run_language_model(out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (model,) = json.loads((out / "bench.json").read_text())["results"]
+    rows = {row["name"]: row for row in model["rows"]}
+    mgloop, mirrored = rows["mgloop:ring@2"], rows["mirrored_ctl@2"]
+    # at the seed's weights the loss is about log 256 = 5.5 per token, not 64 times it
+    assert 4 < mgloop["first_step_loss"] < 8
+    # bench.check_first_steps's bound: 2 gamma(n), n a few thousand terms here
+    agreement = model["first_step_agreement"]
+    assert agreement["rtol"] == pytest.approx(2 * agreement["loss_terms"] * 2.0 ** -24, rel=1e-3)
+    assert 1e-5 < agreement["rtol"] < 1e-3
+    assert abs(mirrored["first_step_loss"] - mgloop["first_step_loss"]) <= (
+        agreement["rtol"] * mgloop["first_step_loss"])
+
+
+def test_a_system_with_another_loss_is_refused_in_one_line(tmp_path):
+    """The old loss of the MirroredStrategy baselines (a sum over the tokens, put back by a
+    plugin in the workers) stops bench.py after the first step, with one line naming the
+    system, before any timing or output."""
+    out = tmp_path / "bench"
+    result = run_language_model(out, "--plugin=tests.plugins.token_sum_mirrored")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert re.match(r"^bench.py: error: transformer_lm: mirrored_ctl@2 computes another loss: "
+                    r"\S+ on its first step .*, mgloop:ring@2 \S+; they must agree within "
+                    r"2 gamma\(n\) = \S+ relative \(float32, n = \d+ terms\)$",
+                    result.stderr.strip().splitlines()[-1])
+    assert not (out / "bench.json").exists()
+
+
 def test_a_plugin_that_does_not_import_is_one_line(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(

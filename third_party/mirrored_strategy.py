@@ -6,8 +6,10 @@ model and optimizer are created in `strategy.scope()` (every variable is a
 MirroredVariable, one copy per device), the global batches are split by
 `strategy.experimental_distribute_dataset`, and each replica runs
 
-    loss_r = sum over its examples of loss / global batch     (tf.nn.compute_average_loss)
+    loss_r = sum over its examples i of loss_i / global batch   (tf.nn.compute_average_loss)
     optimizer.apply_gradients(grads of loss_r)
+
+(loss_i: the mean of example i's loss values, over its L tokens for a sequence: `per_example`)
 
 inside `strategy.run`; the Keras optimizer all-reduces (sums) the replicas'
 gradients through the strategy's cross-device ops, so every copy applies the
@@ -36,6 +38,21 @@ import tensorflow as tf
 
 HOST = "/device:CPU:0"
 CROSS_DEVICE_OPS = ("reduce_to_one", "hierarchical_copy", "default")
+
+
+def per_example(losses: tf.Tensor) -> tf.Tensor:
+    """One loss per example: the mean over every other axis of the loss's values, e.g. over
+    the L tokens of a sequence ([B, L] -> [B]). `tf.nn.compute_average_loss` sums every
+    element it is given and divides by the global batch, so values per token would give L
+    times the mean over the global batch's tokens (and L times its gradient); the guide asks
+    for this mean ("if labels are multi-dimensional, average the per_example_loss across
+    the number of elements in each sample"). Every example has the same number of
+    elements, so the result is the mean over every element of the global batch, as mgloop
+    and the single-device loop take it."""
+    losses = tf.convert_to_tensor(losses)
+    if losses.shape.rank is not None and losses.shape.rank > 1:
+        losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+    return losses
 
 
 def make_strategy(devices: list[str], cross_device_ops: str = "reduce_to_one",
@@ -84,7 +101,7 @@ class CustomLoop:
     def _forward_backward(self, x, y):
         with tf.GradientTape() as tape:
             predictions = self.model(x, training=True)
-            loss = tf.nn.compute_average_loss(self.loss_fn(y, predictions),
+            loss = tf.nn.compute_average_loss(per_example(self.loss_fn(y, predictions)),
                                               global_batch_size=self.global_batch)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
