@@ -3,6 +3,7 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
 
     grid.py     --vary/--set as typed Config settings (the variants)
     plan.py     the cells (variants x seeds), each cell's Config, budget and target
+    target.py   --target=METRIC>=VALUE: the eval metric and the value a cell must reach
     runner.py   runs the cells one build at a time, resumable, stopped by SIGINT/SIGTERM
     kept_evals.py  a cell's evals kept in its logdir: a stopped cell resumes to its whole curve
     processes.py   the cells in worker processes; the parent forwards signals, waits for them
