@@ -10,7 +10,8 @@ Read from the source (`ast` for docstrings, `tokenize` for comments), nothing im
   named with its folder); a dotted `mgloop.x.y` is a module, or a name defined at the
   top level of the module before it (`mgloop.run`; a lazy package's body's names:
   `mgloop.data.as_input`);
-- the README's layout section lists mgloop/'s packages as they are, and folders that exist.
+- the README's layout section lists mgloop/'s packages as they are, and the repository's
+  folders (those git tracks), each of which exists.
 Files of other projects quoted by path are in `ELSEWHERE`, each with where it lives.
 """
 
@@ -19,6 +20,7 @@ import functools
 import io
 import os
 import re
+import subprocess
 import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,9 +178,21 @@ def _readme_layout() -> dict:
     return entries
 
 
+def _tracked_folders() -> set | None:
+    """The repository's top-level folders that hold a file git tracks (None: no git)."""
+    done = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return {f"{line.split('/')[0]}/" for line in done.stdout.splitlines()
+            if "/" in line and not line.startswith(".")}
+
+
 def test_the_readme_layout_is_the_tree():
     entries = _readme_layout()
     assert [e for e in entries if not os.path.exists(os.path.join(ROOT, e))] == []
+    tracked = _tracked_folders()
+    if tracked is not None:
+        assert sorted(tracked - set(entries)) == []
     listed = set(FOLDER.findall(entries["mgloop/"]))
     packages = {f for f in os.listdir(PACKAGE)
                 if os.path.isfile(os.path.join(PACKAGE, f, "__init__.py"))}
