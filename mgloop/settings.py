@@ -5,8 +5,9 @@ which each module refuses its own bad settings.
 flags (flags.py) and the HParams record (summaries.py) need:
 
     help     the flag's help line; `{choices}` in it is replaced by the choices
-    choices  the valid values of an enum-like string (a tuple, or a function returning
-             them, read when the help is made, e.g. a registry's `names`)
+    choices  the valid values of an enum-like string (a tuple); a setting whose values a
+             registry holds (--aggregation, --dataset, --model) has none here: the flags
+             (flags.py) read the registry's names where they are made
     flag     the flag's name when it is not the field's (a repeatable `--plugin` fills
              the field `plugins`)
     hparam   True: the setting can change a result (the trained variables, the loss, a
@@ -67,9 +68,10 @@ def choices_of(field: dataclasses.Field) -> tuple[str, ...] | None:
     return tuple(choices() if callable(choices) else choices)
 
 
-def help_of(field: dataclasses.Field) -> str:
-    """The field's help line, its `{choices}` filled in."""
-    choices = choices_of(field)
+def help_of(field: dataclasses.Field, choices: Iterable[str] | None = None) -> str:
+    """The field's help line, its `{choices}` filled in (from `choices`, a registry's names,
+    where given, else the field's own)."""
+    choices = tuple(choices) if choices is not None else choices_of(field)
     text = field.metadata["help"]
     return text.format(choices=", ".join(choices)) if choices is not None else text
 

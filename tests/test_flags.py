@@ -40,7 +40,7 @@ def test_the_flags_are_the_config_fields_with_their_defaults_types_and_help():
         assert isinstance(flag, flags.MultiFlag) == repeatable, field.name
         assert flag.default == (list(field.default) if repeatable else field.default), field.name
         assert type(flag.parser) is PARSERS[hints[field.name]], field.name
-        assert settings.help_of(field) and flag.help.startswith(settings.help_of(field)), field.name
+        assert flag.help.startswith(mgloop_flags.help_of(field)), field.name
         assert "{" not in flag.help, field.name  # every {choices} filled in
 
 
@@ -75,7 +75,7 @@ def _builtin_help(field) -> str:
     elif field.name == "dataset":  # registered datasets have no loader
         builtin = [name for name in data.names() if data._source(name).load is not None]
     else:
-        return settings.help_of(field)
+        return mgloop_flags.help_of(field)
     return field.metadata["help"].format(choices=", ".join(builtin))
 
 

@@ -15,9 +15,9 @@ from mgloop.runs import config as config_lib
 from mgloop import data, settings
 from mgloop.data import checks as data_checks
 from mgloop.models import checks as model_checks
-from mgloop.runs import loop_options, monitor, run_dir
-from mgloop.observe import options as observe_options
-from mgloop.training import options as optim_options
+from mgloop.runs import loop_checks, monitor, run_dir
+from mgloop.observe import checks as observe_checks
+from mgloop.training import checks as optim_checks
 from mgloop.step import checks as step_checks
 from mgloop.runs.config import Config
 from tests import helpers
@@ -29,13 +29,13 @@ def step_check(config):
 
 
 def optim_check(config):
-    """The optimizer part's own check (spec/options.py)."""
-    optim_options.check(config.optim, settings.Context())
+    """The optimizer part's own check (training/checks.py)."""
+    optim_checks.check(config.optim, settings.Context())
 
 
 def warmup_check(config):
-    """The warm-up against the loop's --train_steps (spec/options.py)."""
-    optim_options.check_warmup(config.optim, config.train_steps)
+    """The warm-up against the loop's --train_steps (training/checks.py)."""
+    optim_checks.check_warmup(config.optim, config.train_steps)
 
 
 def model_check(config):
@@ -49,8 +49,8 @@ def data_check(config):
 
 
 def loop_check(config):
-    """The loop part's own check (runs/loop_options.py)."""
-    loop_options.check(config.loop, settings.Context())
+    """The loop part's own check (runs/loop_checks.py)."""
+    loop_checks.check(config.loop, settings.Context())
 
 
 def profile_check(config):
@@ -60,8 +60,8 @@ def profile_check(config):
 
 
 def observe_check(config):
-    """The observe part's own check (observe/options.py)."""
-    observe_options.check(config.observe, settings.Context())
+    """The observe part's own check (observe/checks.py)."""
+    observe_checks.check(config.observe, settings.Context())
 
 
 # (a function of a Config calling a package's check; a bad setting it owns,

@@ -7,8 +7,8 @@
   elsewhere has a parameter named `config`, and nothing in mgloop reads a setting by
   `getattr(config, ...)` (read from the source with `ast`; each offender named).
 - Every package's settings part has one `check(options, context)`, in a module of its own
-  where its options module would otherwise import back into its package (the options
-  module then holds data only: no `check`).
+  (`checks.py`), and its options module holds data only (no `check`): the checks import
+  the options and the modules they call, never the other way round.
 - The docs' examples work unchanged: every `mgloop.Config(...)` in a code block of docs/
   or the README constructs and validates, and every `python -m mgloop.train` /
   `mgloop.launch` command they quote parses its flags (test_docs.py checks that the
@@ -34,14 +34,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "mgloop")
 ENTRY_POINTS = ("train.py", "launch.py", "sweep.py")
 # {options module: the module of its `check`}
-CHECK_MODULES = {"mgloop.cluster.options": "mgloop.cluster.options",
+CHECK_MODULES = {"mgloop.cluster.options": "mgloop.cluster.checks",
                  "mgloop.aggregation.exchange_options": "mgloop.aggregation.checks",
                  "mgloop.step.options": "mgloop.step.checks",
                  "mgloop.data.options": "mgloop.data.checks",
                  "mgloop.models.options": "mgloop.models.checks",
-                 "mgloop.training.options": "mgloop.training.options",
-                 "mgloop.observe.options": "mgloop.observe.options",
-                 "mgloop.runs.loop_options": "mgloop.runs.loop_options"}
+                 "mgloop.training.options": "mgloop.training.checks",
+                 "mgloop.observe.options": "mgloop.observe.checks",
+                 "mgloop.runs.loop_options": "mgloop.runs.loop_checks"}
 
 
 def _loaded_after(code: str, heavy=("tensorflow", "keras", "numpy")) -> list:
@@ -154,8 +154,7 @@ def test_every_part_has_one_check_of_options_and_context(options_module):
     assert len(checks) == 1, f"{module_name} defines {len(checks)} module-level check()"
     check = importlib.import_module(module_name).check
     assert list(inspect.signature(check).parameters) == ["options", "context"], module_name
-    if module_name != options_module:  # data only
-        assert _module_level_checks(options_module) == [], options_module
+    assert _module_level_checks(options_module) == [], f"{options_module} holds data only"
 
 
 # --- the docs' examples --------------------------------------------------------------------

@@ -18,11 +18,6 @@ DIRECT = "reduce"  # --within_node's default: every tower sends to the leader
 DEFAULT_BUCKET_BYTES = 4 * 2 ** 20
 
 
-def _method_names():
-    from mgloop import aggregation
-    return aggregation.names()
-
-
 @dataclasses.dataclass(frozen=True)
 class ExchangeOptions:
     """How the towers' gradients meet (`config.exchange`)."""
@@ -30,7 +25,7 @@ class ExchangeOptions:
     aggregation: str = setting(
         "reduce_broadcast", "how gradients meet: NAME or NAME:key=value,... with the method's "
         "own options (e.g. ring:shards=2, hierarchical:groups=2); NAME one of: {choices}, or "
-        "a method a --plugin registers", choices=_method_names, hparam=True)
+        "a method a --plugin registers", hparam=True)
     grad_reduce: str = setting(
         "mean", "mean (default: gradient of the mean loss over the global batch) | sum (the "
         "sum over towers, T times larger)", choices=GRAD_REDUCE, hparam=True)

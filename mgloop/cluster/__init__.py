@@ -2,7 +2,8 @@
 
     devices.py      `--devices` parsed to a DeviceSet (towers, copy devices, towers per
                     device); logical CPU devices configured before TensorFlow starts
-    options.py      the cluster part of the settings (`config.cluster`): where the towers are
+    options.py      the cluster part of the settings (`config.cluster`): where the towers are;
+                    checks.py its check
     workers.py      the worker processes of a job (TF_CONFIG): Cluster, its rank and size
     worker_processes.py  the local worker processes of a job: started in their own process
                     groups, watched, signalled, named when one fails (imports no TensorFlow)

@@ -1,14 +1,14 @@
 """Where a run's towers are: the cluster part of the settings (`config.cluster`).
 
-Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py).
+Data only, plain Python (no TensorFlow): `mgloop.runs.config` composes this part into
+`Config` and the flags are made from its fields (settings.py); its check is checks.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import in_range, setting
+from mgloop.settings import setting
 
 _WAITS = "only how long to wait for peers"
 
@@ -35,17 +35,4 @@ class ClusterOptions:
         ">= 5", neutral=_WAITS)
 
 
-MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see `check`)
-
-
-def check(options: ClusterOptions, context) -> ClusterOptions:
-    """Refuses towers per device and timeouts out of range, in one line each; returns the
-    options unchanged. Needs nothing of `context`: it runs before --devices is parsed
-    (cluster/devices.py `parse`, which needs K >= 1)."""
-    in_range("towers_per_device", options.towers_per_device, low=1)
-    in_range("startup_timeout", options.startup_timeout, low=0.0, low_open=True)
-    # A peer is declared lost after this many seconds without an answer to the health checks,
-    # made every max(0.5, timeout / 4) s (peer_health.py): under 5 s, four checks in a row of
-    # a loaded but healthy peer could miss, so shorter timeouts are refused.
-    in_range("collective_timeout", options.collective_timeout, low=MIN_PEER_TIMEOUT)
-    return options
+MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see checks.py)

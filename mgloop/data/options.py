@@ -17,11 +17,6 @@ STAGING_MODES = ("none", "host", "device")
 DEFAULT_GLOBAL_BATCH_SIZE = 128
 
 
-def _dataset_names():
-    from mgloop import data
-    return data.names()
-
-
 @dataclasses.dataclass(frozen=True)
 class DataOptions:
     """What a run reads and how it reaches the towers (`config.data`)."""
@@ -29,13 +24,13 @@ class DataOptions:
     dataset: str = setting("synthetic", "one of: {choices} (cifar10, mnist, text: files in "
                            "--data_dir; digits: the bundled UCI 8x8 digits, python_text: the "
                            "standard library's modules as bytes, installed with Python)",
-                           choices=_dataset_names, hparam=True)
+                           hparam=True)
     data_dir: str | None = setting(
         None, "folder of the --dataset files: cifar10 reads data_batch_1.bin .. "
         "data_batch_5.bin and test_batch.bin (binary version); mnist reads "
         "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
         "t10k-labels-idx1-ubyte (each may be .gz); text reads every UTF-8 file under it",
-        neutral="where the files of --dataset are (recorded: dataset); data.check verifies them")
+        neutral="where the files of --dataset are (recorded: dataset); data/checks.py verifies them")
     partition: str = setting(
         "iid", "how the training examples are dealt to the clients (the nodes when the "
         "method is between nodes, else the towers): iid (every batch from the whole set) | "

@@ -11,16 +11,11 @@ import dataclasses
 from mgloop.settings import setting
 
 
-def _model_names():
-    from mgloop import models
-    return models.names()
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelOptions:
     """Which model a run trains: the models part of the settings (`config.models`)."""
 
-    model: str = setting("mlp", "one of: {choices}", choices=_model_names, hparam=True)
+    model: str = setting("mlp", "one of: {choices}", hparam=True)  # flags.py: the registry's
     lm_layers: int | None = setting(
         None, "--model=transformer_lm: decoder blocks (default 2)", hparam=True)
     lm_width: int | None = setting(

@@ -1,6 +1,6 @@
 """What a run shows: TensorBoard summaries, diagnostics, the time breakdown, the link model.
 
-    options.py      the observe part of the settings (`config.observe`)
+    options.py      the observe part of the settings (`config.observe`); checks.py its check
     summaries.py    scalars and histograms written with tf.summary (what TensorBoard reads)
     diagnostics.py  per-tower norms, RSS and thread counts sampled in the step
     breakdown.py    where a step's time went (compute, aggregation, apply) from traces

@@ -2,16 +2,15 @@
 (`config.observe`): TensorBoard, logs, profiles and the link model. Each of these reads
 the towers' losses, gradients or variables and changes none.
 
-Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
-and the flags are made from its fields (settings.py); `check` imports the modules whose
-checks it calls when it runs.
+Data only, plain Python (no TensorFlow): `mgloop.runs.config` composes this part into
+`Config` and the flags are made from its fields (settings.py); its check is checks.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgloop.settings import Context, in_range, setting
+from mgloop.settings import setting
 
 _WRITES = "only what is written and how often, not what is computed"
 
@@ -69,18 +68,3 @@ class ObserveOptions:
         "C / min(speed); async_diloco also takes its nodes' inner steps on these clocks",
         hparam=True)
 
-
-def check(options: ObserveOptions, context: Context) -> ObserveOptions:
-    """The intervals are >= 0 (0: none, or only at the end), every --link parses into one
-    model (link_model.check_links) and --compute names a way to set the compute
-    (hardware.parse); returns `options` unchanged. Checked beside it, as combinations:
-    --node_speeds against the node count (hardware.parse_speeds), --profile_steps against
-    --train_steps (runs/monitor.parse_profile_steps)."""
-    from mgloop.observe import hardware, link_model
-
-    for name in ("summary_every", "log_every", "eval_every", "histogram_every",
-                 "breakdown_every"):
-        in_range(name, getattr(options, name), low=0)
-    link_model.check_links(options.links)
-    hardware.parse(options.compute)
-    return options

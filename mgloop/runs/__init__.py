@@ -3,7 +3,8 @@ run folders, and sweeps of runs.
 
     config.py, flags.py      Config (every setting, validated before building) and its flags
     config_checks.py         the gate a Config passes: each module's checks, the combinations
-    loop_options.py          the runs part of the settings (`config.loop`): steps, logdir, seed
+    loop_options.py          the runs part of the settings (`config.loop`): steps, logdir, seed;
+                             loop_checks.py its check
     experiment.py            `mgloop.run`: build, train, evaluate, export
     run_inputs.py            the run's training and eval inputs (data.as_input) from a Config
     run_end.py               a run's end: final measures, summary.json, stopped or finished runs

@@ -5,7 +5,7 @@ A loop over the parts: each package checks its own part (`check(options, context
 `settings.Context` holds what the run is beside it: the devices, the workers, the tower
 count, the seed) and returns it with the defaults that depend on the machine resolved (tower
 count, global batch, data folder, a model's sizes, the plugins; the loop's part is
-runs/loop_options.py's). Then the combinations of parts, each an explicit call naming the values it
+runs/loop_checks.py's). Then the combinations of parts, each an explicit call naming the values it
 compares; then the folders on disk. A refusal is a `ConfigError` with one line naming the
 flag and what would be valid. Nothing here creates a device or a variable; the only side
 effect is creating the logdir it has checked (run_dir.py, which also compares a resumed run's
@@ -27,18 +27,18 @@ from mgloop.aggregation import shard_settings
 from mgloop.aggregation import node_settings
 from mgloop.aggregation import validation
 from mgloop.cluster import devices
-from mgloop.cluster import options as cluster_options
+from mgloop.cluster import checks as cluster_checks
 from mgloop.cluster import workers as workers_lib
 from mgloop.data import checks as data_checks
 from mgloop.errors import ConfigError
 from mgloop.models import checks as model_checks
 from mgloop.observe import hardware
-from mgloop.observe import options as observe_options
-from mgloop.runs import loop_options
+from mgloop.observe import checks as observe_checks
+from mgloop.runs import loop_checks
 from mgloop.runs import monitor
 from mgloop.runs import run_dir
 from mgloop.settings import Context, check_finite
-from mgloop.training import options as optim_options
+from mgloop.training import checks as optim_checks
 from mgloop.step import checks as step_checks
 from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.step import options as step_options
@@ -50,9 +50,9 @@ if TYPE_CHECKING:
 # The parts each package checks, in this order: the exchange first, as it loads the --plugin
 # modules, which may register the datasets and models checked after it.
 PART_CHECKS = (("exchange", aggregation_checks.check), ("step", step_checks.check),
-               ("models", model_checks.check), ("optim", optim_options.check),
-               ("observe", observe_options.check), ("data", data_checks.check),
-               ("loop", loop_options.check))
+               ("models", model_checks.check), ("optim", optim_checks.check),
+               ("observe", observe_checks.check), ("data", data_checks.check),
+               ("loop", loop_checks.check))
 
 
 def validated(config: Config, on_disk: bool = True) -> Config:
@@ -63,7 +63,7 @@ def validated(config: Config, on_disk: bool = True) -> Config:
     for options in given.values():  # NaN and inf pass every comparison: refused once, here,
         check_finite(options)  # in every part
     # towers per device and timeouts: before the devices are parsed (no fact of the run needed)
-    parts = {"cluster": cluster_options.check(config.cluster, Context())}
+    parts = {"cluster": cluster_checks.check(config.cluster, Context())}
     context = _context(config)
     for name, check in PART_CHECKS:
         parts[name] = check(given[name], context)
@@ -112,8 +112,8 @@ def _check_combinations(config: Config, context: Context, parts: dict) -> None:
     else:
         attacks.check_units(step, context.num_towers, "towers", exchange.aggregation,
                             context.num_workers)
-    optim_options.check_warmup(parts["optim"], config.train_steps)  # after --train_steps
-    optim_options.check_shard_update(parts["optim"], exchange.shard_update)  # muon: whole
+    optim_checks.check_warmup(parts["optim"], config.train_steps)  # after --train_steps
+    optim_checks.check_shard_update(parts["optim"], exchange.shard_update)  # muon: whole
     data_part, model_part = parts["data"], parts["models"]
     data.check_model(data_part, model_part.model)  # the dataset feeds the model
     models.check_data(model_part, data_part.dataset, data_part.sequence_length)

@@ -8,7 +8,9 @@ type, read from the resolved annotation (`typing.get_type_hints`):
     str, str | None -> DEFINE_string    tuple[str, ...] -> DEFINE_multi_string (repeatable)
 
 Enum-like strings stay strings (their choices are in the help): `Config.validated()`
-checks every value, so the CLI and the Python API give the same errors.
+checks every value, so the CLI and the Python API give the same errors. The choices a
+registry holds (--aggregation, --dataset, --model: plugins' included) are read here, where
+the flags are made (`help_of`), so that the options modules stay data only.
 `config_from_flags()` reads the flags back into a Config.
 """
 
@@ -49,7 +51,16 @@ def define_flags() -> None:
     for field in setting_fields():
         define = define_function(hints[field.name])
         default = list(field.default) if isinstance(field.default, tuple) else field.default
-        define(settings.flag_name(field), default, settings.help_of(field))
+        define(settings.flag_name(field), default, help_of(field))
+
+
+def help_of(field) -> str:
+    """The flag's help line of a Config field, `{choices}` filled in: a registry's names
+    (the methods, the datasets, the models registered when it is called) or the field's."""
+    from mgloop import aggregation, data, models  # their bodies load on the call (TensorFlow)
+    registries = {"aggregation": aggregation, "dataset": data, "model": models}
+    registry = registries.get(field.name)
+    return settings.help_of(field, registry.names() if registry is not None else None)
 
 
 def config_from_flags() -> Config:

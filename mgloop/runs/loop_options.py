@@ -1,5 +1,5 @@
 """How long a run trains, where it writes, and its seed: the runs part of the settings
-(`config.loop`), and its check.
+(`config.loop`); data only: its check is loop_checks.py's.
 
 Plain Python (no TensorFlow): `mgloop.runs.config` composes this part into `Config`
 and the flags are made from its fields (settings.py).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgloop import settings as settings_lib
 from mgloop.settings import setting
 
 _WHERE = "only where files go"  # reasons why a setting changes no result (HParams)
@@ -42,15 +41,3 @@ class LoopOptions:
 
 # numpy's seed (keras.utils.set_random_seed seeds numpy, Python and TensorFlow) is 32 bits.
 MAX_SEED = 2**32 - 1
-
-
-def check(options: LoopOptions, context: settings_lib.Context) -> LoopOptions:
-    """--train_steps >= 0, --steps_per_loop >= 1, --checkpoint_every >= 0 (0: only at the
-    end), --keep_checkpoints >= 1, a 32-bit --seed; returns `options` unchanged (the logdir
-    is made, or checked creatable, after every part has passed: config_checks.py)."""
-    settings_lib.in_range("train_steps", options.train_steps, low=0)
-    settings_lib.in_range("steps_per_loop", options.steps_per_loop, low=1)
-    settings_lib.in_range("checkpoint_every", options.checkpoint_every, low=0)
-    settings_lib.in_range("keep_checkpoints", options.keep_checkpoints, low=1)
-    settings_lib.in_range("seed", options.seed, low=0, high=MAX_SEED)
-    return options

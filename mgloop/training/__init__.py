@@ -1,7 +1,7 @@
 """What a run trains with: the model's input and variables, losses, heads, metrics,
 optimizers.
 
-    options.py        the optimizer part of the settings (`config.optim`)
+    options.py        the optimizer part of the settings (`config.optim`); checks.py its checks
     training_spec.py  a user's model_fn/loss/metrics/optimizer, checked and made whole
     model_input.py    the model's input shape against the data's, before any copy
     variables.py      the template's variables and their copies on devices
