@@ -163,9 +163,13 @@ def test_the_graph_sees_a_known_circle():
 
 
 def test_the_graph_reads_lazy_packages_and_relative_imports():
-    edges = _graph()
+    edges, every = _graph(), _graph(every=True)
     assert "mgloop.lazy_package" in edges["mgloop.data"]
     assert "mgloop.data.options" in edges["mgloop.runs.config"]
+    assert "mgloop.models.registry" in edges["mgloop.models.checks"]
+    # Config.validated() imports the gate in its body; the gate names Config for its types only
+    assert "mgloop.runs.config_checks" in every["mgloop.runs.config"] - edges["mgloop.runs.config"]
+    assert "mgloop.runs.config" not in every["mgloop.runs.config_checks"]
 
 
 def _unexpected(circles, allowed):
