@@ -32,5 +32,34 @@ FIRST = ("tests/test_sweep.py", "tests/test_sweep_stop.py", "tests/test_sweep_tu
          "tests/test_elastic.py")
 
 
-def pytest_collection_modifyitems(items):
+QUICK = os.path.join(os.path.dirname(__file__), "quick.txt")
+
+
+def quick_entries() -> list[str]:
+    """tests/quick.txt's entries: node ids of modules, functions or parametrized tests."""
+    with open(QUICK) as handle:
+        return [line.strip() for line in handle if line.strip() and not line.startswith("#")]
+
+
+def is_quick(nodeid: str, entries: list[str]) -> str | None:
+    """The entry naming the test `nodeid` (xdist's "@group" suffix left out), if any: the
+    module itself, the function (with any parameters) or the parametrized test."""
+    base = nodeid.partition("@")[0]
+    function = base.partition("[")[0]
+    for entry in entries:
+        if entry in (base, function) or base.partition("::")[0] == entry:
+            return entry
+    return None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: the quick tier (tests/quick.txt): "
+                                       "python -m pytest -m quick")
+
+
+def pytest_collection_modifyitems(config, items):
+    entries = quick_entries()  # (tests/test_quick_tier.py: every entry names a test)
+    for item in items:
+        if is_quick(item.nodeid, entries) is not None:
+            item.add_marker(pytest.mark.quick)
     items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
