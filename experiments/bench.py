@@ -1,8 +1,8 @@
 """Side by side: mgloop's aggregation modes and the systems users would otherwise pick.
 
-    python experiments/bench.py --models=mlp --towers=1,4 \
+    python -m experiments.bench --models=mlp --towers=1,4 \
         --modes=ps_cpu,reduce_broadcast,single_device,mirrored_ctl,mirrored_fit,split_concat
-    python experiments/bench.py --models=mlp \
+    python -m experiments.bench --models=mlp \
         --modes=ring@2x2,reduce_broadcast@2x2,ring@2x1,multi_worker_mirrored@2x1,ring@4
 
 Every selected system (experiments/bench_systems.py) runs the same model on
@@ -51,20 +51,17 @@ import os
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags, logging
+import numpy as np
+
+from experiments import bench_plan
+from experiments import bench_processes
+from experiments import bench_systems
+from experiments import benchlib
+from mgloop.errors import ConfigError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-
-from absl import app, flags, logging  # noqa: E402
-import numpy as np  # noqa: E402
-
-import bench_plan  # noqa: E402
-import bench_processes  # noqa: E402
-import bench_systems  # noqa: E402
-import benchlib  # noqa: E402
-from mgloop.errors import ConfigError  # noqa: E402
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 DEFAULT_DATASET = {"mlp": "synthetic", "cnn": "synthetic", "big_mlp": "random_binary",
                    "resnet20": "synthetic_cifar", "minigooglenet": "synthetic_cifar"}

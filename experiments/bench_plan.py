@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import bench_systems
+from experiments import bench_systems
 
 SINGLE = "single_device"
 MULTI_WORKER_MIRRORED = "multi_worker_mirrored"

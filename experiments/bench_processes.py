@@ -47,7 +47,7 @@ class Worker:
         environ.update(env or {})
         self._log = open(log_path, "w")
         self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "bench_worker.py")], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "experiments.bench_worker"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, text=True, env=environ, cwd=ROOT)
         self._replies = queue.Queue()  # parsed replies; None once stdout has ended
         threading.Thread(target=self._read, daemon=True).start()

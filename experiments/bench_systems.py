@@ -45,7 +45,6 @@ import dataclasses
 import functools
 import os
 import queue
-import sys
 import threading
 import time
 
@@ -87,12 +86,6 @@ def devices_flag(spec: Spec) -> str:
     if spec.device_kind == "gpu":
         return "gpu:" + ",".join(str(i) for i in range(spec.towers))
     return f"cpu:{spec.towers}"
-
-
-def _repo_on_path() -> None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:
-        sys.path.insert(0, root)
 
 
 def _config(spec: Spec, aggregation: str = "ps_cpu"):
@@ -287,7 +280,6 @@ def start(spec: Spec):
     devices, with its gRPC server started and its peers reached; or the
     MultiWorkerMirroredStrategy, whose creation starts the server.
     """
-    _repo_on_path()
     if spec.workers == 1:
         return None
     if spec.system == MULTI_WORKER_MIRRORED:
@@ -310,13 +302,12 @@ MGLOOP_THRESHOLDS = ("pack_bytes", "ordered_sum_bytes", "sufficient_factor_bytes
 
 def build(spec: Spec, dataset=None, runtime=None):
     """The system of `spec`, built (not yet traced) in this process; `runtime` from `start`."""
-    _repo_on_path()
     import tensorflow as tf
     system, _, option = spec.system.partition("+")
     xla = "+" + option == XLA_SUFFIX
     towers_per_device = int(option[1:]) if option.startswith("k") else 1
     if system.startswith(MGLOOP_PREFIX):
-        import benchlib
+        from experiments import benchlib
         workers, device_set = runtime if runtime is not None else (None, None)
         trainer, iterator = benchlib.build(
             spec.model, spec.global_batch, dataset_object=dataset, dataset=spec.dataset,

@@ -1,6 +1,6 @@
 """One benchmark system in its own process, driven line by line over stdin/stdout.
 
-    python experiments/bench_worker.py      (started by experiments/bench.py)
+    python -m experiments.bench_worker      (started by experiments/bench.py)
 
 Protocol (one JSON object per line; replies are prefixed by `@@bench ` so that
 anything else a library prints to stdout is ignored):
@@ -42,9 +42,6 @@ import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
 
 PREFIX = "@@bench "
 
@@ -63,10 +60,10 @@ def main() -> None:
     from mgloop import data
     from mgloop.cluster import devices
     devices.configure_logical_cpus(request["logical_devices"])
-    import bench_systems
+    from experiments import bench_systems
     spec = bench_systems.Spec(**request["spec"])
     runtime = bench_systems.start(spec)
-    import benchlib
+    from experiments import benchlib
     benchlib.load_plugins(spec.plugins)  # e.g. a module registering an aggregation method
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"] if spec.workers > 1 else None
     import numpy as np

@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # children run from here
+
 
 def load_plugins(modules) -> None:
     """Imports each module of `--plugin` (e.g. one registering an aggregation method), in
@@ -166,9 +168,10 @@ class ChildError(RuntimeError):
     """A child process of a benchmark failed, or printed no result; with its stderr's tail."""
 
 
-def child_command(script: str, *args: str) -> list[str]:
-    """`python SCRIPT ARGS...` with this interpreter (a benchmark starting itself as a child)."""
-    return [sys.executable, os.path.abspath(script), *args]
+def child_command(module: str, *args: str) -> list[str]:
+    """`python -m MODULE ARGS...` with this interpreter (a benchmark starting itself as a
+    child, `module` its `__spec__.name`); run from the repository root (`run_child`)."""
+    return [sys.executable, "-m", module, *args]
 
 
 def child_reply(payload) -> None:
@@ -178,7 +181,8 @@ def child_reply(payload) -> None:
 
 def run_child(command: list[str], env: dict | None = None):
     """Runs `command` to its end (a fresh process) and returns its result (`child_reply`)."""
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env,
+                          cwd=ROOT)
     replies = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not replies:
         raise ChildError(f"{' '.join(command)}: exit code {done.returncode}, "
@@ -243,8 +247,10 @@ def machine() -> dict:
 
 
 def command_line() -> str:
-    """The command that is running, as the docs quote it."""
-    return "python " + shlex.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    """The command that is running, as the docs quote it (`python -m experiments.ENTRY ...`)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    entry = ["-m", spec.name] if spec is not None else [os.path.relpath(sys.argv[0])]
+    return "python " + shlex.join(entry + sys.argv[1:])
 
 
 def write_json(path: str, payload) -> None:
@@ -274,7 +280,7 @@ def publish(header: str, rows: list[dict], columns: list[tuple[str, str, str]],
 
 
 def dispatch(argv: list[str], commands: dict):
-    """Runs the command an entry was given (`python experiments/ENTRY.py COMMAND [flags]`):
+    """Runs the command an entry was given (`python -m experiments.ENTRY COMMAND [flags]`):
     `commands` maps each name to (function(arguments after it), {flag: default for it}).
     The defaults replace the flags' own where the command line does not set them."""
     from absl import app, flags

@@ -1,6 +1,6 @@
 """What TensorFlow's all-reduce kernel costs by itself, against moving the same sum by hand.
 
-    python experiments/collective_kernel.py --elements=42506 --towers=4
+    python -m experiments.collective_kernel --elements=42506 --towers=4
 
 Three compiled loops of --steps steps on --towers logical CPU devices, each step starting
 from one --elements float32 vector per device (a variable's value plus the step index):
@@ -24,14 +24,12 @@ model whose gradients travel as one buffer of that size (mgloop packs them so:
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import numpy as np
 
-from absl import app, flags  # noqa: E402
-import numpy as np  # noqa: E402
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_integer("elements", 42506, "floats per device (mlp's gradients on the synthetic "

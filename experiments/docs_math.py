@@ -2,7 +2,7 @@
 opens a page with formulas in headless Chromium that may reach nothing but that server,
 and checks that MathJax (vendored in docs/javascripts/vendor/mathjax/) typeset it.
 
-    python experiments/docs_math.py [--page=methods/local-updates/] [--screenshot=PATH]
+    python -m experiments.docs_math [--page=methods/local-updates/] [--screenshot=PATH]
 
 Prints one line per check and exits non-zero if one fails: the number of MathJax
 containers (`mjx-container`) in the rendered page (> 0), the arithmatex spans still

@@ -1,7 +1,7 @@
 """The input path: what reading costs on the host, and whether staging hides it.
 
-    python experiments/input.py readers [--data_dir=DIR]
-    python experiments/input.py file_staging --json_out=/tmp/file_staging.json
+    python -m experiments.input readers [--data_dir=DIR]
+    python -m experiments.input file_staging --json_out=/tmp/file_staging.json
 
 (a quick check that each runs: `readers --batches=5 --rounds=1`, `file_staging --steps=3
 --rounds=1 --examples=512`.) Everything is timed side by side in this process over
@@ -49,19 +49,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
 import tempfile
 import time
 
+from absl import app, flags
+import numpy as np
+
+from experiments import benchlib
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags  # noqa: E402
-import numpy as np  # noqa: E402
-
-import benchlib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "cnn", "mgloop model name (readers: its train step beside the "

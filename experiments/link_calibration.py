@@ -2,8 +2,8 @@
 per-message cost, fitted to experiments/link_check.py's cells and checked on cells it did
 not see.
 
-    python experiments/link_check.py --json_out=/tmp/link_check.json   (calibrates at its end)
-    python experiments/link_check.py --from_json=/tmp/link_check.json  (again, no job run)
+    python -m experiments.link_check --json_out=/tmp/link_check.json   (calibrates at its end)
+    python -m experiments.link_check --from_json=/tmp/link_check.json  (again, no job run)
 
 The link model (mgloop/observe/link_model.py) charges a step's exchange on a link of B
 bytes/s and latency a as X = S / B + a m, S the busiest device's bytes and m its messages

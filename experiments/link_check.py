@@ -1,8 +1,8 @@
 """Real workers on real slow links: the measured step against the link model's.
 
-    python experiments/link_check.py --json_out=/tmp/link_check.json     (as root)
-    python experiments/link_check.py --methods=ring --workers=2 --bandwidths=50mbit --steps=40
-    python experiments/link_check.py --from_json=/tmp/link_check.json   (the table again)
+    python -m experiments.link_check --json_out=/tmp/link_check.json     (as root)
+    python -m experiments.link_check --methods=ring --workers=2 --bandwidths=50mbit --steps=40
+    python -m experiments.link_check --from_json=/tmp/link_check.json   (the table again)
 
 For every method of `--methods` (and `--method`) and every worker count of `--workers`, one
 job on loopback (`python -m mgloop.launch`, no --netns: the unshaped job) and, per bandwidth
@@ -94,8 +94,8 @@ import time
 from absl import app
 from absl import flags
 
-import benchlib  # experiments/benchlib.py (this script's folder is first on sys.path)
-import link_calibration  # experiments/link_calibration.py
+from experiments import benchlib
+from experiments import link_calibration  # experiments/link_calibration.py
 from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.observe import link_model  # imports no TensorFlow
 

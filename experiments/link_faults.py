@@ -1,9 +1,9 @@
 """Faults on a real shaped link: what a job does when a worker's link misbehaves mid-run.
 
-    python experiments/link_faults.py                          (as root: every scenario,
+    python -m experiments.link_faults                          (as root: every scenario,
                                                                  plain and --elastic)
-    python experiments/link_faults.py --scenarios=down_long --modes=elastic
-    python experiments/link_faults.py --json_out=/tmp/link_faults.json
+    python -m experiments.link_faults --scenarios=down_long --modes=elastic
+    python -m experiments.link_faults --json_out=/tmp/link_faults.json
 
 Each scenario is one job of `python -m mgloop.launch --netns` (mgloop/cluster/netns.py: each
 worker in a network namespace `mgl<launcher pid>-w<i>`, both ends of its link shaped by tc
@@ -61,8 +61,8 @@ import time
 from absl import app
 from absl import flags
 
-import benchlib  # experiments/benchlib.py (this script's folder is first on sys.path)
-import link_check  # experiments/link_check.py: left_behind
+from experiments import benchlib
+from experiments import link_check  # experiments/link_check.py: left_behind
 from mgloop.cluster import elastic as elastic_lib  # imports no TensorFlow
 from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.observe import link_model  # imports no TensorFlow

@@ -1,7 +1,7 @@
 """The ops a compiled training loop runs each step, as TensorFlow runs them, per op type.
 
-    python experiments/lowered_ops.py --systems=plain_towers,ps_cpu,ring,collective
-    python experiments/lowered_ops.py --systems=ps_cpu --dump=/tmp/ops
+    python -m experiments.lowered_ops --systems=plain_towers,ps_cpu,ring,collective
+    python -m experiments.lowered_ops --systems=ps_cpu --dump=/tmp/ops
 
 `traces.py count` counts the ops of the traced functions as Python built them; many of
 those never run (Grappler folds constants, drops identities and reads whose value nothing
@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
+
+from absl import app, flags
+
+from experiments import bench_systems
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags  # noqa: E402
-
-import bench_systems  # noqa: E402
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_list("systems", ["plain_towers", "ps_cpu"], "mgloop --aggregation modes, or "

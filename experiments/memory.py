@@ -1,8 +1,8 @@
 """Host memory that grows: per summary write, and a sweep's peak against its largest variant.
 
-    python experiments/memory.py summary_writes --writes=4000 [--variants=eager,compiled,...]
-    python experiments/memory.py sweep --output_dir=/tmp/sweep_memory
-    python experiments/memory.py variables --writes=1000 --warmup=200
+    python -m experiments.memory summary_writes --writes=4000 [--variants=eager,compiled,...]
+    python -m experiments.memory sweep --output_dir=/tmp/sweep_memory
+    python -m experiments.memory variables --writes=1000 --warmup=200
 
 (a quick check that each runs: `summary_writes --writes=200 --warmup=100`, `sweep
 --methods=ring,topk:ratio=0.01 --steps=4`.) The long runs, every worker's memory and
@@ -48,15 +48,12 @@ import os
 import sys
 import tempfile
 
+from absl import app, flags
+import numpy as np
+
+from experiments import benchlib
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags  # noqa: E402
-import numpy as np  # noqa: E402
-
-import benchlib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 1, "rounds over every case, each case a fresh process each")
@@ -147,7 +144,7 @@ def slopes(command: str, variants, what: str, make_write) -> None:
             make_write(name), FLAGS.writes, FLAGS.warmup)})
         return
     commands = {name: benchlib.child_command(
-        __file__, command, "--child", f"--variants={name}", f"--writes={FLAGS.writes}",
+        __spec__.name, command, "--child", f"--variants={name}", f"--writes={FLAGS.writes}",
         f"--warmup={FLAGS.warmup}") for name in variants}
     rows = benchlib.summarize(benchlib.in_children(
         commands, FLAGS.rounds, log=lambda r, name, figures: print(

@@ -1,10 +1,10 @@
 """Every method between nodes: what it sends and costs, and whether real workers agree.
 
-    python experiments/methods_between_nodes.py cost --models=resnet20 --rounds=3 --steps=10
-    python experiments/methods_between_nodes.py cost --models=transformer_lm --rounds=3 --steps=10 \
+    python -m experiments.methods_between_nodes cost --models=resnet20 --rounds=3 --steps=10
+    python -m experiments.methods_between_nodes cost --models=transformer_lm --rounds=3 --steps=10 \
         --text_dir=DIR   (UTF-8 text files for the Transformer LM's tokens)
-    python experiments/methods_between_nodes.py workers --workers=3
-    python experiments/methods_between_nodes.py workers --workers=2 --methods=topk,median
+    python -m experiments.methods_between_nodes workers --workers=3
+    python -m experiments.methods_between_nodes workers --workers=2 --methods=topk,median
 
 `cost`: bytes between nodes, ratio to dense, modelled step times and the
 measured compute overhead of every method between 2 simulated nodes. Per model, one
@@ -40,15 +40,13 @@ import io
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
+
+from experiments import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
-
-from absl import app, flags  # noqa: E402
-
-import benchlib  # noqa: E402
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("methods", None, "aggregation specs (default per command: COST_METHODS, "

@@ -9,18 +9,15 @@ steps, and prints, per rank, summary.json's `link_model.compression_ratio` (the 
 only: dense bytes between the nodes over what PowerSGD sends between them per step) and
 the state bytes per step reported apart (batch norm's moving statistics).
 
-    python experiments/powersgd_resnet18.py --ranks=1,2,4 --steps=2
+    python -m experiments.powersgd_resnet18 --ranks=1,2,4 --steps=2
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_list("ranks", ["1", "2", "4"], "PowerSGD ranks to run")
 flags.DEFINE_integer("steps", 2, "training steps per rank (the ratio is the same every step)")
@@ -60,7 +57,7 @@ def main(argv):
     from mgloop.cluster import devices
     devices.configure_logical_cpus(2)
     import mgloop
-    print(f"    python experiments/powersgd_resnet18.py --ranks={','.join(FLAGS.ranks)} "
+    print(f"    python -m experiments.powersgd_resnet18 --ranks={','.join(FLAGS.ranks)} "
           f"--steps={FLAGS.steps}\n")
     print("| rank | trainable params | compression_ratio | tiers.compression_ratio_between | paper "
           "| state B/step |")

@@ -1,7 +1,7 @@
 """Soak: resident memory and threads of every worker over a long run, as slopes.
 
-    python experiments/soak.py --workers=1 --minutes=10 [--json_out=soak.json] [-- train flags]
-    python experiments/soak.py --workers=2 --minutes=10
+    python -m experiments.soak --workers=1 --minutes=10 [--json_out=soak.json] [-- train flags]
+    python -m experiments.soak --workers=2 --minutes=10
 
 Runs `python -m mgloop.train --model=mlp --devices=cpu:2` (1 worker) or
 `python -m mgloop.launch --num_workers=2 --devices_per_worker=cpu:1 -- --model=mlp`

@@ -1,6 +1,6 @@
 """Failure soak: an elastic job whose workers are killed with SIGKILL every few minutes.
 
-    python experiments/soak_elastic.py --minutes=30 --kill_every_minutes=3 [--json_out=F]
+    python -m experiments.soak_elastic --minutes=30 --kill_every_minutes=3 [--json_out=F]
 
 Runs `python -m mgloop.launch --elastic --num_workers=3 --min_workers=2 ...` on DiLoCo
 (H = 8) over the digits mlp at the default summary, log and checkpoint cadence, with
@@ -41,10 +41,9 @@ import time
 from absl import app
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import soak  # noqa: E402  (experiments/soak.py: /proc readers and slopes)
+from experiments import soak  # (experiments/soak.py: /proc readers and slopes)
 
-from mgloop.cluster import elastic  # noqa: E402  (imports no TensorFlow)
+from mgloop.cluster import elastic  # (imports no TensorFlow)
 
 _FLAGS = flags.FLAGS  # --minutes (set to 30 below), --interval, --json_out: soak.py's
 flags.DEFINE_float("kill_every_minutes", 3.0, "minutes between two SIGKILLs")

@@ -1,9 +1,9 @@
 """What a fresh Python process pays before it can train: imports, timed side by side.
 
-    python experiments/startup.py --rounds=7
-    python experiments/startup.py --cases=python,mgloop,tensorflow,keras --baseline=python
-    python experiments/startup.py --cases=run_ring,run_ring_autograph --rounds=5
-    python experiments/startup.py --cases=run_qsgd,run_qsgd_autograph --rounds=5
+    python -m experiments.startup --rounds=7
+    python -m experiments.startup --cases=python,mgloop,tensorflow,keras --baseline=python
+    python -m experiments.startup --cases=run_ring,run_ring_autograph --rounds=5
+    python -m experiments.startup --cases=run_qsgd,run_qsgd_autograph --rounds=5
 
 Every process the suite, the sweep and the launcher start pays this. Each case is a
 fresh `python -c CODE` (CASES below), run to its end; `--rounds` rounds run every case
@@ -24,13 +24,12 @@ import os
 import subprocess
 import sys
 
+from absl import app, flags
+
+from experiments import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-from absl import app, flags  # noqa: E402
-
-import benchlib  # noqa: E402
 
 FLAGS = flags.FLAGS
 CASES = {

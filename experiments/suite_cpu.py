@@ -1,6 +1,6 @@
 """Where the test suite's CPU goes: per test, per module and per process, in one run.
 
-    python experiments/suite_cpu.py [--output_dir=DIR] [-- PYTEST ARGS]
+    python -m experiments.suite_cpu [--output_dir=DIR] [-- PYTEST ARGS]
 
 Runs `python -m pytest` (its own flags from setup.cfg: two test processes) under
 /usr/bin/time-like accounting, with experiments/suite_cpu/ on PYTHONPATH, so that:

@@ -1,7 +1,7 @@
 """Wall seconds to a target across a real shaped link, beside the modelled seconds of the
 same runs.
 
-    python experiments/time_to_target.py --json_out=experiments/time_to_target.json   (as root)
+    python -m experiments.time_to_target --json_out=experiments/time_to_target.json   (as root)
 
 For every method of `--methods` and seed of `--seeds`: one job of `python -m mgloop.launch
 --netns` (`--workers` workers of one CPU device, each in its own network namespace, both
@@ -45,9 +45,9 @@ import tempfile
 from absl import app
 from absl import flags
 
-import benchlib  # experiments/benchlib.py (this script's folder is first on sys.path)
-import link_calibration  # experiments/link_calibration.py
-import link_check  # experiments/link_check.py: run_job, one_exchange, sync_rule
+from experiments import benchlib
+from experiments import link_calibration  # experiments/link_calibration.py
+from experiments import link_check  # experiments/link_check.py: run_job, one_exchange, sync_rule
 from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model  # imports no TensorFlow

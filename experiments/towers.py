@@ -1,8 +1,8 @@
 """Many towers on few devices: what they cost, and the kernels and products behind it.
 
-    python experiments/towers.py many --rounds=3 --json_out=experiments/many_towers.json
-    python experiments/towers.py kernels          (the robust rules' kernels, before and now)
-    python experiments/towers.py matmuls          (big_mlp's products on B rows and on T x B/T)
+    python -m experiments.towers many --rounds=3 --json_out=experiments/many_towers.json
+    python -m experiments.towers kernels          (the robust rules' kernels, before and now)
+    python -m experiments.towers matmuls          (big_mlp's products on B rows and on T x B/T)
 
 `many`: `--towers_per_device=K` against one device and against the tower loop, with the
 ratios of the targets below. Every case trains the mlp on the synthetic dataset with a
@@ -47,17 +47,13 @@ from __future__ import annotations
 import json
 import os
 import resource
-import sys
 import time
 
+from absl import app, flags
+
+from experiments import benchlib
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags  # noqa: E402
-
-import benchlib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", None, "rounds side by side (default: many 2, kernels 10, "
@@ -118,7 +114,7 @@ def many(args) -> None:
     if unknown:
         raise app.UsageError(f"--cases: {unknown} not among {list(CASES)}")
     commands = {name: benchlib.child_command(
-        __file__, "many", f"--child={json.dumps(CASES[name])}", f"--steps={FLAGS.steps}",
+        __spec__.name, "many", f"--child={json.dumps(CASES[name])}", f"--steps={FLAGS.steps}",
         f"--loops={FLAGS.loops}", f"--global_batch={FLAGS.global_batch}")
         for name in names}
     samples = benchlib.in_children(commands, FLAGS.rounds, log=lambda r, name, figures: print(

@@ -1,10 +1,10 @@
 """What a traced step holds and does: overlap of the exchange, op time per type, op count.
 
-    python experiments/traces.py overlap --vary aggregation=ring,ps_cpu \
+    python -m experiments.traces overlap --vary aggregation=ring,ps_cpu \
         --vary pack_bytes=0,4000000 --set model=mlp --set devices=cpu:4 --steps=5
-    python experiments/traces.py overlap --trace_dir=<logdir>/plugins/profile
-    python experiments/traces.py ops <trace dir> [--top=15] [--steps=N]
-    python experiments/traces.py count ring cpu:4 [setting=value ...]
+    python -m experiments.traces overlap --trace_dir=<logdir>/plugins/profile
+    python -m experiments.traces ops <trace dir> [--top=15] [--steps=N]
+    python -m experiments.traces count ring cpu:4 [setting=value ...]
 
 `overlap`: does the gradient exchange run while the towers' backward passes still
 compute? DDP and Horovod start exchanging the gradients of the last layers while the
@@ -65,15 +65,13 @@ import re
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
+import numpy as np
+
+from experiments import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags  # noqa: E402
-import numpy as np  # noqa: E402
-
-import benchlib  # noqa: E402
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 FLAGS = flags.FLAGS
 

@@ -1,8 +1,8 @@
 """The update of the replicated modes on big_mlp's 41M parameters (its ten variables' shapes) in
 `--towers` copies on as many logical CPU devices, side by side over `--rounds` rounds:
 
-    python experiments/updates.py fused       (Keras's SGD update against the fused kernel)
-    python experiments/updates.py sharded     (every copy updated whole, or each its chunk)
+    python -m experiments.updates fused       (Keras's SGD update against the fused kernel)
+    python -m experiments.updates sharded     (every copy updated whole, or each its chunk)
 
 `fused`: one SGD-with-momentum update (mu 0.9) of every copy, by Keras's own `update_step`
 and by mgloop's `optim.fused_sgd`; with the largest difference between the two after one
@@ -30,16 +30,12 @@ It measures the update alone, apart from a step; `--shard_update`
 from __future__ import annotations
 
 import os
-import sys
 
+
+from absl import app, flags
+
+from experiments import benchlib
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags  # noqa: E402
-
-import benchlib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 7, "rounds side by side")

@@ -1,6 +1,6 @@
 """Variants of one mgloop configuration side by side, in one process: a table, JSON, HParams.
 
-    python experiments/variants.py --vary aggregation=ps_cpu,ring --vary pack_bytes=0,65536 \
+    python -m experiments.variants --vary aggregation=ps_cpu,ring --vary pack_bytes=0,65536 \
         --set devices=cpu:4 --repeats=9 --steps=50 --measure=exchange,traffic \
         --output_dir=/tmp/variants
     tensorboard --logdir=/tmp/variants/tensorboard     (HParams tab: one session per variant)
@@ -46,18 +46,15 @@ import sys
 import tempfile
 import time
 
+from absl import app, flags, logging
+import numpy as np
+
+from experiments import benchlib
+from experiments import variants_measure as measure_lib
+from experiments import variants_report
+from mgloop.runs.sweep import grid as variants_spec
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-from absl import app, flags, logging  # noqa: E402
-import numpy as np  # noqa: E402
-
-import benchlib  # noqa: E402
-import variants_measure as measure_lib  # noqa: E402
-import variants_report  # noqa: E402
-from mgloop.runs.sweep import grid as variants_spec  # noqa: E402
 
 _FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,... (a Config field and its values; K1/K2="

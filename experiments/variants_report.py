@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-import benchlib
+from experiments import benchlib
 
 # (key, header, format) of the columns a row may have, in table order
 COLUMNS = [("variant", "variant", "s"), ("examples_per_sec", "examples/sec (median)", ".0f"),

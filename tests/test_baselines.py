@@ -4,17 +4,12 @@ one step, the same mean loss over the global batch and the same updated weights.
 Tolerance: each system lies within the float32 bound (tests/tolerance.py) of the
 one-device run of that step from the seed's weights, so any two within twice it."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
-
-import bench_systems  # noqa: E402
-from tests import helpers  # noqa: E402
-from tests import tolerance  # noqa: E402
+from experiments import bench_systems
+from tests import helpers
+from tests import tolerance
 
 
 

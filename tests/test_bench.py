@@ -16,13 +16,11 @@ import sys
 import numpy as np
 import pytest
 
+from experiments import bench_plan
 from tests import helpers
 from tests import tensorboard_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-
-import bench_plan  # noqa: E402
 
 MGLOOP_MODES = {"ring": False, "ps_cpu": False, "colocate": True}
 ONE_PROCESS = {"mirrored_ctl@2"}
@@ -32,7 +30,7 @@ MULTI_WORKER = {"mgloop:ring@2x1", "multi_worker_mirrored@2x1"}
 def test_harness_runs_and_its_outputs_parse(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "--models=mlp",
+        [sys.executable, "-m", "experiments.bench", "--models=mlp",
          "--towers=2", "--modes=mirrored_ctl,ring@2x1,multi_worker_mirrored@2x1",
          "--steps=1", "--warmup=1", "--repeats=2",
          f"--output_dir={out}"],
@@ -107,7 +105,7 @@ def test_a_plugin_method_is_benchmarked_in_the_workers(tmp_path):
     (which builds it): the plugin's copy of ps_cpu computes what ps_cpu computes."""
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "--models=mlp",
+        [sys.executable, "-m", "experiments.bench", "--models=mlp",
          "--towers=2", "--modes=ps_cpu,ps_cpu_copy", "--plugin=tests.plugins.bench_plugin",
          "--steps=1", "--warmup=1", "--repeats=1", "--link=10gbit,10us", f"--output_dir={out}"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -143,7 +141,7 @@ def run_language_model(out, *flags):
     python_text (sequences of L = 64 tokens), 2 towers of one sequence each, one step per
     loop, mgloop's ring and MirroredStrategy's custom loop."""
     return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"),
+        [sys.executable, "-m", "experiments.bench",
          "--models=transformer_lm", "--dataset=python_text", "--global_batch_size=2",
          "--towers=2", "--modes=ring,mirrored_ctl", "--steps=1", "--warmup=0", "--repeats=1",
          f"--output_dir={out}", *flags],
@@ -188,7 +186,7 @@ def test_a_system_with_another_loss_is_refused_in_one_line(tmp_path):
 def test_a_plugin_that_does_not_import_is_one_line(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"),
+        [sys.executable, "-m", "experiments.bench",
          "--plugin=tests.plugins.no_such_module", "--modes=ring", f"--output_dir={out}"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -201,7 +199,7 @@ def test_a_plugin_that_does_not_import_is_one_line(tmp_path):
 def test_gpu_without_gpus_fails_at_start_with_one_line(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "--device_kind=gpu",
+        [sys.executable, "-m", "experiments.bench", "--device_kind=gpu",
          "--modes=ring,mirrored_ctl", f"--output_dir={out}"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""))

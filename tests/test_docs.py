@@ -8,7 +8,7 @@ built once (the module's `site` fixture) and read by the tests that need the HTM
 
 The rest is read from the Markdown alone: no page cites the project's issue numbers
 (history belongs in git), every page has one H1, and every command a page quotes
-(`python experiments/X.py ...`, `python -m mgloop.X ...`) names a script or module
+(`python -m experiments.X ...`, `python -m mgloop.X ...`) names a module
 that exists and flags that it defines.
 """
 
@@ -158,7 +158,7 @@ ABSL_FLAGS = {"flagfile", "undefok", "help", "helpfull", "helpshort", "helpxml",
               "logtostderr", "alsologtostderr", "log_dir", "verbosity", "v", "stderrthreshold",
               "showprefixforinfo", "logger_levels", "run_with_pdb", "pdb", "run_with_profiling",
               "use_cprofile_for_profiling", "profile_file"}
-COMMAND = re.compile(r"python3?\s+(experiments/[\w/]+\.py|-m\s+mgloop(?:\.\w+)+)([^`\n]*)")
+COMMAND = re.compile(r"python3?\s+(-m\s+(?:mgloop|experiments)(?:\.\w+)+)([^`\n]*)")
 FLAG = re.compile(r"(?<![\w-])--([a-zA-Z][\w]*)")
 DEFINE = re.compile(r"""DEFINE_\w+\(\s*["'](\w+)["']|add_argument\(\s*["']--(\w+)["']""")
 
@@ -199,7 +199,7 @@ def _experiment_flags(script: str, seen=None) -> set:
     if "define_flags" in text:
         names |= _config_flags()
     folder = os.path.dirname(script)
-    for module in re.findall(r"^\s*(?:import|from)\s+(\w+)", text, re.M):
+    for module in re.findall(r"^\s*from\s+experiments\s+import\s+(\w+)", text, re.M):
         path = os.path.join(folder, module + ".py")
         if os.path.isfile(path):
             names |= _experiment_flags(path, seen)
@@ -226,13 +226,14 @@ def test_every_quoted_command_names_a_script_and_flags_that_exist():
     assert len(commands) > 20, "the command extraction found almost nothing"
     wrong = []
     for page, target, rest in commands:
-        if target.startswith("experiments/"):
-            path = os.path.join(ROOT, target)
-            known = _experiment_flags(path) if os.path.isfile(path) else None
+        module = target.split()[-1]
+        path = _module_path(module)
+        if path is None:
+            known = None
+        elif module.startswith("experiments."):
+            known = _experiment_flags(path)
         else:
-            module = target.split()[-1]
-            path = _module_path(module)
-            known = _module_flags(module) if path else None
+            known = _module_flags(module)
         if known is None:
             wrong.append(f"{page}: {target} does not exist")
             continue

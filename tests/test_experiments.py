@@ -16,10 +16,9 @@ from mgloop.runs import flags as mgloop_flags
 from mgloop.aggregation import exchange_options
 from tests import dataset_files, tensorboard_server
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from mgloop.runs.sweep import grid as variants_spec
 
-from mgloop.runs.sweep import grid as variants_spec  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGFILES = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.flags")))
 
@@ -61,7 +60,7 @@ def test_cifar_flagfile_without_real_files_names_data_dir(tmp_path):
 
 def run_variants(*args):
     return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "variants.py"), *args],
+        [sys.executable, "-m", "experiments.variants", *args],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
@@ -195,7 +194,7 @@ def test_overlap_of_a_synthetic_trace():
     gradient tape's, in the compute phase) at 10..30 and 40..60 ps, exchange ops at 25..45
     and 70..90."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    import traces
+    from experiments import traces
     space = xplane_pb2.XSpace()
     host = space.planes.add(name="/host:CPU")
     one, two = host.lines.add(timestamp_ns=0), host.lines.add(timestamp_ns=0)
@@ -218,13 +217,13 @@ def test_overlap_of_a_synthetic_trace():
     assert figures["starts"] == pytest.approx((25 - 10) / (60 - 10))
 
 
-# --- the benchmark kit: shared timing (experiments/benchlib.py), entries, README, MOVED ---
+# --- the benchmark kit: shared timing (experiments/benchlib.py), entries, README ---
 
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 
 
 def test_rounds_rotate_the_order_and_ratios_are_to_the_baseline():
-    import benchlib
+    from experiments import benchlib
     calls = []
     values = {"a": iter([9, 1, 2, 3]), "b": iter([9, 4, 5, 6]), "c": iter([9, 7, 8, 10])}
     runs = {name: (lambda name=name: calls.append(name) or next(values[name]))
@@ -248,9 +247,9 @@ def test_rounds_rotate_the_order_and_ratios_are_to_the_baseline():
 
 
 def test_a_child_replies_once_and_a_failing_child_says_why():
-    import benchlib
-    code = ("import sys; sys.path.insert(0, {!r}); import benchlib; print('noise'); "
-            "benchlib.child_reply({{'ms': 1.5}}); print('more noise')").format(EXPERIMENTS)
+    from experiments import benchlib
+    code = ("from experiments import benchlib; print('noise'); "
+            "benchlib.child_reply({'ms': 1.5}); print('more noise')")
     assert benchlib.run_child([sys.executable, "-c", code]) == {"ms": 1.5}
     samples = benchlib.in_children({"one": [sys.executable, "-c", code]}, 2)
     assert samples == {"one": [{"ms": 1.5}, {"ms": 1.5}]}
@@ -265,7 +264,7 @@ def entries() -> dict[str, list[str]]:
     out = {}
     for path in sorted(glob.glob(os.path.join(EXPERIMENTS, "*.py"))):
         source = open(path).read()
-        if "__main__" not in source or path.endswith("bench_worker.py"):
+        if 'if __name__ == "__main__":' not in source or path.endswith("bench_worker.py"):
             continue
         commands = []
         for node in ast.parse(source).body:
@@ -282,21 +281,22 @@ def test_the_readme_lists_every_entry_and_command():
     assert {"bench.py", "variants.py", "soak.py", "towers.py", "input.py", "memory.py",
             "methods_between_nodes.py", "traces.py", "startup.py"} <= set(found)
     for script, commands in found.items():
-        assert f"python experiments/{script}" in readme, script
+        module = "experiments." + script[:-len(".py")]
+        assert f"python -m {module}" in readme, script
         for command in commands:
             assert f"`{script} {command}`" in readme, (script, command)
-            assert f"python experiments/{script} {command}" in readme, (script, command)
+            assert f"python -m {module} {command}" in readme, (script, command)
 
 
 def test_an_entry_times_fresh_processes_and_writes_its_json(tmp_path):
     out = tmp_path / "startup.json"
     result = subprocess.run(
-        [sys.executable, os.path.join(EXPERIMENTS, "startup.py"), "--cases=python,mgloop",
+        [sys.executable, "-m", "experiments.startup", "--cases=python,mgloop",
          "--baseline=python", "--rounds=2", f"--json_out={out}"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads(out.read_text())
-    assert payload["command"].startswith("python experiments/startup.py --cases=python,mgloop")
+    assert payload["command"].startswith("python -m experiments.startup --cases=python,mgloop")
     assert payload["settings"] == {"cases": ["python", "mgloop"], "baseline": "python",
                                    "rounds": 2}
     assert payload["machine"]["cpus"] >= 1
@@ -307,7 +307,7 @@ def test_an_entry_times_fresh_processes_and_writes_its_json(tmp_path):
     assert python["ratio"] == 1.0 and python["difference_s"] == 0.0
     assert mgloop["ratio"] == pytest.approx(mgloop["median"] / python["median"])
     assert "| mgloop | import mgloop |" in result.stdout
-    bad = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "towers.py"), "nothing"],
+    bad = subprocess.run([sys.executable, "-m", "experiments.towers", "nothing"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0
     assert "'nothing' is not a command; give one of: many, kernels, matmuls" in bad.stderr

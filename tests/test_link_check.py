@@ -2,15 +2,14 @@
 runs): which steps sync, the medians composed as the link model averages, the modelled
 sync step with and without overlap, the ratios and the 15% verdict."""
 
-import os
-import sys
+import math
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-
-import link_check  # noqa: E402
+from experiments import link_calibration
+from experiments import link_check
+from experiments import time_to_target
+from mgloop.observe import link_model
 
 STREAMING = link_check.SyncRule(16, 0, (4, 8, 12, 16), overlap=2, merges=True)
 
@@ -84,12 +83,6 @@ def test_a_row_against_the_unshaped_jobs_model():
 
 
 # The calibration (experiments/link_calibration.py), on steps made by a known link.
-
-import math  # noqa: E402
-
-import link_calibration  # noqa: E402
-
-from mgloop.observe import link_model  # noqa: E402
 
 LINK = (0.95, 40e6, 0.0004)  # eta, the processing rate P (bytes/s), alpha (s per message)
 
@@ -166,8 +159,6 @@ def test_calibrate_adds_the_calibrated_and_held_out_columns():
 
 
 # experiments/time_to_target.py's reading of a run.
-
-import time_to_target  # noqa: E402
 
 
 def test_the_target_step_and_the_training_seconds_to_it():

@@ -25,13 +25,11 @@ from mgloop import launch
 from mgloop.cluster import elastic as elastic_lib
 from mgloop.cluster import netns
 from tests.launcher_output import Lines
+from experiments import link_calibration
+from experiments import link_check
+from experiments import link_faults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-
-import link_calibration  # noqa: E402  (experiments/link_calibration.py)
-import link_check  # noqa: E402  (experiments/link_check.py)
-import link_faults  # noqa: E402  (experiments/link_faults.py)
 
 pytestmark = pytest.mark.xdist_group("netns")
 

@@ -33,7 +33,7 @@ import tensorflow as tf
 # Up to this many rows the distances are formed from the differences (no cancellation);
 # above, from one Gram matrix of the centred rows (T passes over [T, D] cost T^2 D
 # subtractions: 234.5 ms for T = 64, D = 118k on a 2-core CPU against 11.4 ms for the
-# product; `python experiments/towers.py kernels`).
+# product; `python -m experiments.towers kernels`).
 DIFFERENCE_ROWS = 16
 
 

@@ -9,7 +9,7 @@ that optimizer for a checkpoint: a probe optimizer, built over one-entry stand-i
 (`_trackable_children`, TensorFlow's object graph); the sharded update gathers every
 piece's slots into them, or scatters them out, and the holder is dropped after. Plain
 variables, because each Keras variable made per save would keep memory that no
-collection frees (`python experiments/memory.py variables`: about 35 KiB per
+collection frees (`python -m experiments.memory variables`: about 35 KiB per
 `keras.Variable`, none per `tf.Variable`, whatever their size).
 """
 
