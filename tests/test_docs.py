@@ -222,6 +222,10 @@ def _module_path(module: str):
 
 
 def test_every_quoted_command_names_a_script_and_flags_that_exist():
+    scripts = [f"{os.path.relpath(path, ROOT)}:{number}" for path in _markdown_pages() + [README]
+               for number, line in enumerate(_read(path).splitlines(), 1)
+               if re.search(r"python3?\s+experiments/", line)]
+    assert scripts == [], "experiments/ runs as a package: python -m experiments.ENTRY"
     commands = _quoted_commands()
     assert len(commands) > 20, "the command extraction found almost nothing"
     wrong = []
