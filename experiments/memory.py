@@ -13,7 +13,7 @@ the machine runs.
 
 `summary_writes`: resident memory per summary write, for each way of writing a window's
 scalars. For each variant, after `--warmup` untimed writes, performs `--writes` writes
-of the train window's scalars (7 tags, as `controller.fit` writes them at the default
+of the train window's scalars (7 tags, as `Controller.train` writes them at the default
 settings) into a fresh logdir and reports the RSS slope in KiB per 1000 writes (least
 squares over samples every 100 writes). Each variant runs in a fresh process of its own
 (the first writes of a process grow its allocator's pools, whatever they write); RSS is

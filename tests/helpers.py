@@ -60,6 +60,16 @@ def build_trainer(config: Config, make_model=None, loss_fn=None, input_shape=Non
     return prepare.trainer_for(config, DATASET, make_model, loss_fn, input_shape)
 
 
+def fit(trainer, batches, train_steps: int, global_batch: int, steps_per_loop: int,
+        summary_every: int = 0, log_every: int = 0, checkpoint_every: int = 0, **parts):
+    """`Controller(LoopPlan, LoopParts).train()` of `trainer` on `batches` (the other
+    LoopParts, e.g. summaries=, as keywords)."""
+    from mgloop.runs import controller
+    plan = controller.LoopPlan(train_steps, global_batch, steps_per_loop, summary_every,
+                               log_every, checkpoint_every)
+    return controller.Controller(plan, controller.LoopParts(trainer, batches, **parts)).train()
+
+
 def run_batches(trainer, steps_batches) -> float:
     """Runs the given (x, y) batches in one compiled loop; returns the sum of step losses."""
     return prepare.train_on(trainer, steps_batches)

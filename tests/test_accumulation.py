@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop.runs import controller, export
+from mgloop.runs import export
 from mgloop.data import epochs
 from tests import helpers
 from tests import tolerance
@@ -66,7 +66,7 @@ def test_updates_are_counted_per_step_and_the_loop_is_traced_once(logdir):
                                   global_batch_size=MICRO_BATCH, accumulation_steps=K)
     trainer = helpers.build_trainer(config)
     batches = epochs.step_batches(helpers.DATASET, MICRO_BATCH, K, seed=3)
-    result = controller.fit(trainer, batches, 7, MICRO_BATCH * K, 3, summary_every=2)
+    result = helpers.fit(trainer, batches, 7, MICRO_BATCH * K, 3, summary_every=2)
     assert result.final_step == 7 and int(trainer.global_step.numpy()) == 7
     assert [int(c.optimizer.iterations.numpy()) for c in trainer.copies] == [7, 7]
     assert trainer.loop.compiled_loop.experimental_get_tracing_count() == 1

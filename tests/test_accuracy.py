@@ -157,7 +157,7 @@ def test_regression_reports_no_accuracy_anywhere(logdir):
     config = helpers.small_config(logdir, train_steps=2, steps_per_loop=1, summary_every=1,
                                   log_every=1)
     summary = experiment.run(config, model_fn=regression_model,
-                             loss_fn=keras.losses.MeanSquaredError(), dataset=dataset)
+                             loss=keras.losses.MeanSquaredError(), train_data=dataset)
     assert summary["final_train_accuracy"] is None and summary["eval_accuracy"] is None
     assert summary["final_train_loss"] > 0
     with open(os.path.join(logdir, experiment.SUMMARY_FILENAME)) as handle:

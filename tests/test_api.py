@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import mgloop
 from mgloop import data
-from mgloop.runs import controller, experiment
+from mgloop.runs import experiment
 from tests import helpers
 from tests import tolerance
 
@@ -57,7 +57,7 @@ def test_custom_model_and_loss_equal_single_device(logdir):
 
 def test_run_accepts_model_and_loss_functions(logdir):
     config = helpers.small_config(logdir, devices="cpu:2", train_steps=30)
-    summary = mgloop.run(config, model_fn=Residual, loss_fn=per_example_loss)
+    summary = mgloop.run(config, model_fn=Residual, loss=per_example_loss)
     assert summary["final_step"] == 30
     assert summary["eval_accuracy"] is None  # a plain loss function defines no accuracy
     # It learned: the eval loss is below the same model's at its initial weights (the
@@ -105,6 +105,6 @@ def test_moving_statistics_are_averaged_and_replicas_stay_identical(logdir):
 
 def test_loop_is_traced_once_for_every_loop_length(logdir):
     trainer = helpers.build_trainer(helpers.small_config(logdir, devices="cpu:2"))
-    result = controller.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
+    result = helpers.fit(trainer, helpers.DATASET.train_batches(16, 3), 17, 16, 5, summary_every=4)
     assert result.final_step == 17 and int(trainer.global_step.numpy()) == 17
     assert trainer.loop.compiled_loop.experimental_get_tracing_count() == 1

@@ -375,11 +375,12 @@ def test_run_stops_early_calls_back_and_returns_a_usable_model(tmp_path):
     np.testing.assert_allclose(result.predict(x, batch_size=8), expected, rtol=1e-6, atol=1e-7)
 
 
-def test_old_argument_names_still_work_but_not_with_the_new_ones(logdir):
+def test_the_removed_argument_names_are_refused_by_name(logdir):
+    """`loss_fn=` and `dataset=` were renamed `loss=` and `train_data=` (docs/moved.md)."""
     config = helpers.small_config(logdir)
-    with pytest.raises(ConfigError, match="both loss_fn= and loss= given"):
-        mgloop.run(config, loss=keras.losses.MeanSquaredError(),
-                   loss_fn=keras.losses.MeanSquaredError())
+    for old in ("loss_fn", "dataset"):
+        with pytest.raises(TypeError, match=f"'{old}'"):
+            mgloop.run(config, **{old: keras.losses.MeanSquaredError()})
 
 
 def test_two_outputs_on_a_padded_short_batch_train_on_the_real_examples():

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.runs import controller
 from mgloop.step import per_tower
 from mgloop.data import InMemoryDataset, epochs
 from tests import helpers
@@ -82,7 +81,7 @@ def staged_trainer(logdir, mode, depth, **overrides):
 def fit(trainer, train_steps, steps_per_loop, **kwargs):
     start = int(trainer.global_step.numpy())
     batches = epochs.train_batches(DATA, GLOBAL_BATCH, SEED, start)
-    return controller.fit(trainer, batches, train_steps, GLOBAL_BATCH, steps_per_loop, **kwargs)
+    return helpers.fit(trainer, batches, train_steps, GLOBAL_BATCH, steps_per_loop, **kwargs)
 
 
 def finite_stream(batches) -> tf.data.Dataset:
@@ -173,9 +172,9 @@ def test_loss_trajectories_identical_across_staging_modes(logdir):
                                       staging=mode, staging_depth=2)
         trainer = helpers.build_trainer(config)
         recorder = Recorder()
-        controller.fit(trainer, helpers.DATASET.train_batches(helpers.GLOBAL_BATCH, config.seed),
-                 train_steps=6, global_batch=helpers.GLOBAL_BATCH, steps_per_loop=4,
-                 summary_every=1, summaries=recorder)
+        helpers.fit(trainer, helpers.DATASET.train_batches(helpers.GLOBAL_BATCH, config.seed),
+                    train_steps=6, global_batch=helpers.GLOBAL_BATCH, steps_per_loop=4,
+                    summary_every=1, summaries=recorder)
         trajectories[mode] = [recorder.losses[step] for step in range(1, 7)]
     assert trajectories["none"] == trajectories["host"] == trajectories["device"]
     assert trajectories["none"][-1] < trajectories["none"][0]  # it trained

@@ -27,7 +27,7 @@ def test_summary_windows_and_learning_rate_keep_no_memory(tmp_path):
     learning_rate = optim.compiled_schedule(optim.make_schedule(config.optim,
                                                                 config.train_steps))
 
-    def window(step):  # what controller.fit writes every --summary_every steps
+    def window(step):  # what Controller.train writes every --summary_every steps
         writer.scalars(step, {"loss": 0.5, "accuracy": 0.25, "examples_per_sec": 1e4 + step,
                               "step_time": 1e-3, "input_wait": 1e-5,
                               "learning_rate": learning_rate(step),

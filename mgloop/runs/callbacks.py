@@ -1,6 +1,6 @@
 """Callbacks between compiled loops (Orbit's actions): functions of (step, metrics).
 
-`controller.fit` calls every callback after each compiled loop, in order, as
+`Controller.train` calls every callback after each compiled loop, in order, as
 
     callback(step, metrics) -> stop?
 

@@ -89,19 +89,6 @@ class FitResult:
     stopped_by: object = None  # the callback that ended the fit early (callbacks.py)
 
 
-def fit(trainer: Trainer, batches: tf.data.Dataset, train_steps: int, global_batch: int,
-        steps_per_loop: int, summary_every: int = 0, log_every: int = 0,
-        checkpoint_every: int = 0, summaries=None, checkpointer=None,
-        learning_rate: Callable[[int], float] | None = None, monitor=None,
-        should_stop: Callable[[], bool] | None = None,
-        callbacks: Sequence[Callable[[int, dict], bool]] = ()) -> FitResult:
-    """`Controller.train` of the plan and parts given as keywords (LoopPlan, LoopParts)."""
-    plan = LoopPlan(train_steps, global_batch, steps_per_loop, summary_every, log_every,
-                    checkpoint_every)
-    return Controller(plan, LoopParts(trainer, batches, summaries, checkpointer, learning_rate,
-                                      monitor, should_stop, tuple(callbacks))).train()
-
-
 class Controller:
     """Runs `parts.trainer` to `plan.train_steps`, one window of steps per compiled loop."""
 

@@ -111,8 +111,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
 
 def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=None,
         train_data=None, eval_data=None, metrics=None, optimizer=None, callbacks=None, *,
-        command_line: list[str] | None = None, loss_fn=None,
-        dataset=None, hooks=()) -> run_result.RunResult:
+        command_line: list[str] | None = None, hooks=()) -> run_result.RunResult:
     """Trains per `config`; returns a RunResult (run_result.py: the trained template model,
     the history, and the summary, also written to `<logdir>/summary.json`, read by indexing).
 
@@ -126,8 +125,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     nothing. `callbacks`: functions
     (step, metrics) -> stop?, called after every compiled loop (callbacks.py).
     `final_train_accuracy` and `eval_accuracy` are None where no accuracy is defined;
-    `train_metrics`/`eval_metrics` hold every metric. `loss_fn=` and `dataset=` are the
-    old names of `loss=` and `train_data=` (deprecated: a warning, same behaviour).
+    `train_metrics`/`eval_metrics` hold every metric.
     `command_line` (e.g. sys.argv) is recorded as TensorBoard text. `hooks`: step hooks
     of your own (`mgloop.step.hooks.Hook` subclasses), after mgloop's, in every step.
     The chief holds `<logdir>/mgloop.lock` for the run (logdir_lock.py: a second run on
@@ -139,17 +137,15 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
     config = dataclasses.replace(config, logdir=config.logdir or run_dir.fresh_logdir())
     with run_dir.removed_if_left_empty(config.logdir):  # a refused run leaves no folder
         config = config.validated()
-        loss = training_spec.renamed("loss_fn", loss_fn, "loss", loss)
-        dataset = train_data = training_spec.renamed("dataset", dataset, "train_data", train_data)
         training_spec.check_arguments(loss, metrics, optimizer, callbacks)
         for hook in hooks:
             if not isinstance(hook, Hook):
                 raise ConfigError(f"hooks: {hook!r} is not a mgloop.step.hooks.Hook; give "
                                   "instances of Hook subclasses")
         callbacks_lib.check(callbacks, config.eval_every)
-        if isinstance(dataset, data.InMemoryDataset):  # check that it fits before any device exists
-            check_data(dataset, config)
-        for value, what in ((dataset, "train_data"), (eval_data, "eval_data")):
+        if isinstance(train_data, data.InMemoryDataset):  # check that it fits before any device exists
+            check_data(train_data, config)
+        for value, what in ((train_data, "train_data"), (eval_data, "eval_data")):
             data.user_input.check_accepted(value, what)  # one line, before any device exists
         request = devices.parse(config.devices, config.towers_per_device)
         workers = workers_lib.from_environment()
@@ -158,7 +154,7 @@ def run(config: Config, model_fn: Callable[[], keras.Model] | None = None, loss=
               contextlib.ExitStack() as on_exit):
             return _run(config, model_fn,
                         training_spec.Given(loss, metrics, optimizer, callbacks, tuple(hooks)),
-                        (dataset, eval_data), command_line, request, workers, chief, stop, on_exit)
+                        (train_data, eval_data), command_line, request, workers, chief, stop, on_exit)
 
 
 def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_line,
@@ -201,17 +197,19 @@ def _run(config: Config, model_fn, given: training_spec.Given, dataset, command_
              if chief or node_saver else contextlib.nullcontext())
     with guard, health:
         try:
-            result = controller.fit(
-                trainer, batches, config.train_steps,
-                config.global_batch_size * config.accumulation_steps, config.steps_per_loop,
-                summary_every=config.summary_every, log_every=config.log_every,
-                checkpoint_every=config.checkpoint_every, summaries=train_writer,
+            plan = controller.LoopPlan(
+                config.train_steps, config.global_batch_size * config.accumulation_steps,
+                config.steps_per_loop, config.summary_every, config.log_every,
+                config.checkpoint_every)
+            parts = controller.LoopParts(
+                trainer, batches, summaries=train_writer,
                 checkpointer=elastic_summary.ledger(  # an elastic round's counts
                     saver, config.logdir, trainer.aggregation.traffic, start_step,
                     config.keep_checkpoints, chief),
                 learning_rate=learning_rate, monitor=monitor,
                 should_stop=preemption.stop_check(stop, trainer.aggregation),
-                callbacks=[history, *(given.callbacks or ())])
+                callbacks=(history, *(given.callbacks or ())))
+            result = controller.Controller(plan, parts).train()
         finally:
             monitor.stop_profile()
         if result.stopped:

@@ -1,7 +1,7 @@
 """SIGTERM and SIGINT end a run at a loop boundary, after a checkpoint of that step.
 
 As Keras's BackupAndRestore and TensorFlow's PreemptionCheckpointHandler: the first
-SIGTERM or SIGINT only records the signal; `controller.fit` finishes the compiled loop
+SIGTERM or SIGINT only records the signal; `Controller.train` finishes the compiled loop
 that is running, ends there, and writes the checkpoint of that step (the chief);
 `experiment.run` writes summary.json with `"preempted": {"signal", "step"}` and logs
 one line; `python -m mgloop.train` then exits with 128 + the signal number (143 for

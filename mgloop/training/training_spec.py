@@ -266,14 +266,3 @@ class Given:
     optimizer: object = None
     callbacks: object = None
     hooks: tuple = ()  # the user's step hooks (mgloop.step.hooks.Hook), after mgloop's
-
-
-def renamed(old: str, old_value, new: str, new_value):
-    """The value of a `run` argument given by its deprecated name (a warning), or the new one."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise ConfigError(f"run: both {old}= and {new}= given; {old}= is the deprecated name "
-                          f"of {new}=, give {new}= alone")
-    logging.warning("run(%s=...) is deprecated: call run(%s=...) (same meaning)", old, new)
-    return old_value
