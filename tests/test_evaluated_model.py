@@ -35,9 +35,9 @@ def _run(logdir, aggregation, **settings):
 
 
 @pytest.fixture(scope="module")
-def eval_set():
+def eval_set(tmp_path_factory):
     """The eval split the runs read (the config's dataset), whole, as numpy."""
-    settings = helpers.small_config("unused").validated()
+    settings = helpers.small_config(str(tmp_path_factory.mktemp("eval_set"))).validated()
     dataset = data.load(settings.dataset, settings.seed, settings.data_dir,
                         settings.sequence_length)
     xs, ys = zip(*[(x.numpy(), y.numpy()) for x, y in dataset.eval_batches(64)])
