@@ -27,6 +27,8 @@ The machinery every method shares:
     node_failures.py  simulated nodes that leave and return (torchft's quorum);
                       live_exchange.py the exchange over the live nodes only
     global_models.py  the model a method produces: evaluated, exported, returned
+    placement_queries.py  what runs/ asks a method about where it runs (towers per node,
+                      the nodes' failures, a worker's own node state)
     traffic.py, measured.py  bytes and messages per device and step; bytes counted at run time
     packing.py        small tensors fused into buckets (`--pack_bytes`); bitpacking.py
                       compressed payloads packed into uint8

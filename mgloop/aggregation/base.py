@@ -15,8 +15,8 @@ to `--transport_dtype` on the sending device and back to its own dtype on the re
 so sums are always accumulated in the gradient's dtype, and (b) counts the bytes each device
 sends and receives, while the step is traced: exactly what the algorithm moves per step.
 
-Longer than ~300 lines: one class, the contract every method subclasses, each capability
-and hook documented where it is declared (the model it produces: global_models.py).
+Longer than ~300 lines: one class, the contract every method subclasses, each capability and
+hook documented where declared (its model: global_models.py; where it runs: placement_queries.py).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import tensorflow as tf
 
 from mgloop.aggregation.global_models import ProducedModel
 from mgloop.aggregation.peers import Peers
+from mgloop.aggregation.placement_queries import PlacementQueries
 from mgloop.aggregation.traffic import Traffic
 from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 
 SHARED, REPLICATED = "shared", "replicated"
-
 Gradients = list[tf.Tensor]
 # The class attributes of `Aggregation` that declare what a method can do.
 CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
@@ -59,7 +59,7 @@ def option(default, help: str, low=None, high=None, low_open: bool = False,
         choices=tuple(choices) if choices is not None else None))
 
 
-class Aggregation(ProducedModel, abc.ABC):
+class Aggregation(ProducedModel, PlacementQueries, abc.ABC):
     """One gradient-aggregation method. Subclass, set `name` and `layout`, register.
 
     The contract (docs/concepts/aggregation-contract.md): `reduce` is handed the towers'

@@ -97,6 +97,12 @@ class NodeLevel(Wrapper):
         so the cross-worker stage adds only the step's metrics."""
         return self.inner.peers is not None
 
+    def towers_per_node(self) -> int:
+        return self.nodes.per_node
+
+    def failure_schedule(self):
+        return self.failures
+
     @property
     def all_towers(self) -> int:
         """T over every node of the run (every worker's with peers)."""

@@ -58,6 +58,17 @@ class CrossWorker(Aggregation):
         with tf.device(self.device):
             self.ordering_token = tf.Variable(0.0, trainable=False, name="cross_worker_token")
 
+    def towers_per_node(self) -> int:
+        """Each worker is a node of its local stage's towers (between nodes), else 1."""
+        return self.local.towers_per_node()
+
+    def node_state_variables(self) -> list | None:
+        """The local stage's state where the method itself moves values between the
+        workers at the nodes (each worker's node holds its own); else None."""
+        if not getattr(self.local, "exchanges_between_workers", False):
+            return None
+        return list(self.local.state_variables)
+
     @property
     def num_towers(self) -> int:
         return self.local.num_towers * self.cluster.num_workers

@@ -19,7 +19,6 @@ import keras
 import tensorflow as tf
 
 from mgloop.aggregation import Aggregation
-from mgloop.aggregation.between_nodes import NodeLevel
 from mgloop.data import staging as staging_lib
 from mgloop.runs import inference
 from mgloop.runs import loop
@@ -219,7 +218,7 @@ def common_hooks(config: Config, model, replicas: Replicas, attack, classes, fir
         sync_batch_norm.install(model)
     if config.histogram_every > 0:
         common.append(KeepLastGradients(replicas.copies[0]))
-    failures = aggregation.failures if isinstance(aggregation, NodeLevel) else None
+    failures = aggregation.failure_schedule()
     common += [node_failures_hook(failures, replicas)] if failures else []  # down: frozen
     common += [h for h in [inner_turns_hook(replicas)] if h]  # async_diloco's clock
     common += list(hooks)
@@ -299,5 +298,4 @@ def tower_loop(config: Config, parts: StepParts, staging) -> tuple:
 def _towers_per_node(aggregation) -> int:
     """Towers per node when the method is between nodes (simulated, or each worker a node
     inside the cross-worker stage), so that an attacker is a whole node; else 1."""
-    level = getattr(aggregation, "local", aggregation)  # cross_worker.py's local stage
-    return level.nodes.per_node if isinstance(level, NodeLevel) else 1
+    return aggregation.towers_per_node()

@@ -49,10 +49,9 @@ from mgloop.training.variables import backing
 def node_variables(aggregation, copies) -> list[tf.Variable]:
     """The variables only this worker's node holds (module docstring); [] when the method
     is not between workers at the nodes."""
-    local = getattr(aggregation, "local", None)
-    if local is None or not getattr(local, "exchanges_between_workers", False):
+    out = aggregation.node_state_variables()
+    if out is None:
         return []
-    out = list(local.state_variables)
     if aggregation.copies_differ:
         for copy in copies:
             out += [*copy.variables, *(backing(v) for v in copy.optimizer.variables)]

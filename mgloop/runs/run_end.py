@@ -109,6 +109,7 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
             result: controller.FitResult, measured: Measured, export_path: str | None) -> dict:
     """The summary of a run trained to its end (summary.json, `RunResult.summary`)."""
     eval_metrics = measured.eval_metrics
+    failures = trainer.aggregation.failure_schedule()  # None: no node goes down
     summary = {
         "config": config.flat(),
         "num_towers": total_towers,
@@ -146,8 +147,7 @@ def trained(config: Config, trainer: Trainer, device_set, total_towers: int, wor
         "input_wait_fraction": result.input_wait_fraction,
         "input_ended": result.input_ended,
         "export_path": export_path,
-        "node_failures": (trainer.aggregation.failures.as_records()  # None: no failures
-                          if getattr(trainer.aggregation, "failures", None) else None),
+        "node_failures": failures.as_records() if failures else None,
     }
     summary.update(elastic_summary.keys_at_end(
         config, trainer, result.start_step, result.final_step,
