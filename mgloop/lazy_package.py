@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import warnings
 from typing import Callable
 
 
@@ -29,4 +30,17 @@ def getattr_of(package: str, body: str) -> Callable[[str], object]:
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
         setattr(sys.modules[package], name, value)  # found once: later reads skip this
         return value
+    return __getattr__
+
+
+def moved_to(old: str, new: str) -> Callable[[str], object]:
+    """The module `__getattr__` of `old`, a module's old name kept for a release: importing
+    it warns (a DeprecationWarning naming `new`, pointed at the importing line), and every
+    name is read from module `new` (docs/moved.md)."""
+    module = importlib.import_module(new)
+    warnings.warn(f"{old} is now {new}; import it from there (the old name goes in mgloop 0.2)",
+                  DeprecationWarning, stacklevel=3)
+
+    def __getattr__(name: str):
+        return getattr(module, name)
     return __getattr__
