@@ -191,14 +191,14 @@ def test_batch_larger_than_an_epoch_with_drop_remainder(logdir, nothing_built):
                        r"--global_batch_size=16 is larger than the 10 training examples of "
                        r"--dataset=synthetic.*--global_batch_size <= 10 or "
                        r"--drop_remainder=false$"):
-        mgloop.run(helpers.small_config(logdir), dataset=tiny)
+        mgloop.run(helpers.small_config(logdir), train_data=tiny)
 
 
 def test_empty_eval_split_is_refused_before_building(logdir, nothing_built):
     no_eval = data.synthetic.make(seed=0, num_train=32, num_eval=0)
     with pytest.raises(mgloop.ConfigError, match=r"^--dataset=synthetic has no eval examples, "
                        r"but every run evaluates after training.*at least one eval example$"):
-        mgloop.run(helpers.small_config(logdir), dataset=no_eval)
+        mgloop.run(helpers.small_config(logdir), train_data=no_eval)
 
 
 def test_model_input_that_does_not_fit_the_data_is_refused_before_its_copies(logdir,
@@ -210,7 +210,7 @@ def test_model_input_that_does_not_fit_the_data_is_refused_before_its_copies(log
     monkeypatch.setattr(variables, "make_copies", refuse)
     flat = lambda: keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)])  # noqa: E731
     with pytest.raises(mgloop.ConfigError) as error:
-        mgloop.run(helpers.small_config(logdir), model_fn=flat, dataset=helpers.DATASET)
+        mgloop.run(helpers.small_config(logdir), model_fn=flat, train_data=helpers.DATASET)
     assert str(error.value) == (
         "the model's input shape (None, 32) does not fit the data (--dataset): examples of "
         "shape (8, 8, 3), batches (None, 8, 8, 3); build the model on "

@@ -170,7 +170,7 @@ def test_lost_logdir_is_one_clear_error_and_the_checkpoint_is_kept(tmp_path, mon
     config = helpers.small_config(logdir, devices="cpu:2", train_steps=20, steps_per_loop=5,
                                   summary_every=5, checkpoint_every=5)
     with pytest.raises(monitor.LogdirLost) as raised:
-        mgloop.run(config, dataset=helpers.DATASET)
+        mgloop.run(config, train_data=helpers.DATASET)
     message = str(raised.value)
     assert "\n" not in message and f"--logdir={logdir} disappeared" in message
     rescue = message.split("resume with --logdir=")[1]
@@ -198,7 +198,7 @@ def test_profile_eval_and_loss_scale_in_a_short_run(logdir, tmp_path, monkeypatc
                                   steps_per_loop=6, summary_every=3, eval_every=2,
                                   profile_steps="2,4", mixed_precision="mixed_float16",
                                   breakdown_every=2)
-    mgloop.run(config, dataset=helpers.DATASET, command_line=["train", "--flag"])
+    mgloop.run(config, train_data=helpers.DATASET, command_line=["train", "--flag"])
     traces = [os.path.join(root, f) for root, _, files in
               os.walk(os.path.join(logdir, "plugins", "profile")) for f in files]
     assert any(t.endswith(".xplane.pb") and os.path.getsize(t) > 0 for t in traces)

@@ -155,7 +155,7 @@ def test_the_hparams_record_holds_every_setting_that_can_change_a_result(logdir)
                                   grad_reduce="sum", pack_bytes=4096, ordered_sum_bytes=1024,
                                   sufficient_factor_bytes=2048, learning_rate=0.01,
                                   train_steps=1, steps_per_loop=1)
-    mgloop.run(config, dataset=helpers.DATASET)
+    mgloop.run(config, train_data=helpers.DATASET)
     recorded = root_hparams(logdir)
     resolved = config.validated()
     # the method by name, each of its options apart (aggregation.describe); a setting of
