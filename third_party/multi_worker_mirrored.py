@@ -13,7 +13,8 @@ each replica r of the R = W * L replicas (W workers, L local devices) runs
     loss_r = sum over its examples i of loss_i / global batch   (tf.nn.compute_average_loss)
     optimizer.apply_gradients(grads of loss_r)
 
-(loss_i: the mean of example i's loss values, over its L tokens for a sequence: `per_example`)
+(loss_i: the mean of example i's loss values, over its L tokens for a sequence:
+mirrored_strategy.per_example)
 
 inside `strategy.run`; the Keras optimizer sums the R replicas' gradients with
 the strategy's CollectiveAllReduce (local devices and workers in one collective
@@ -45,20 +46,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-
-def per_example(losses: tf.Tensor) -> tf.Tensor:
-    """One loss per example: the mean over every other axis of the loss's values, e.g. over
-    the L tokens of a sequence ([B, L] -> [B]). `tf.nn.compute_average_loss` sums every
-    element it is given and divides by the global batch, so values per token would give L
-    times the mean over the global batch's tokens (and L times its gradient); the guide asks
-    for this mean ("if labels are multi-dimensional, average the per_example_loss across
-    the number of elements in each sample"). Every example has the same number of
-    elements, so the result is the mean over every element of the global batch, as mgloop
-    and the single-device loop take it."""
-    losses = tf.convert_to_tensor(losses)
-    if losses.shape.rank is not None and losses.shape.rank > 1:
-        losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
-    return losses
+from third_party import mirrored_strategy
 
 
 def make_strategy(timeout_seconds: float | None = None
@@ -112,8 +100,8 @@ class CustomLoop:
     def _replica_step(self, x, y):
         with tf.GradientTape() as tape:
             predictions = self.model(x, training=True)
-            loss = tf.nn.compute_average_loss(per_example(self.loss_fn(y, predictions)),
-                                              global_batch_size=self.global_batch)
+            per_example = mirrored_strategy.per_example(self.loss_fn(y, predictions))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
         grads = tape.gradient(loss, self.model.trainable_variables)

@@ -9,12 +9,11 @@ identity again, so that tests/test_bench.py can see experiments/bench.py refuse 
 
 from __future__ import annotations
 
-from third_party import mirrored_strategy, multi_worker_mirrored
+from third_party import mirrored_strategy
 
 
 def _every_value(losses):
     return losses
 
 
-mirrored_strategy.per_example = _every_value
-multi_worker_mirrored.per_example = _every_value
+mirrored_strategy.per_example = _every_value  # both baselines read it at each call
