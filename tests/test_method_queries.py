@@ -56,8 +56,8 @@ def test_placement_answers_between_nodes_and_on_towers(tmp_path):
     nodes of 2 towers with node 1 down at steps 2-3: 2 towers a node, the schedule."""
     towers = helpers.small_config(str(tmp_path / "ring"), devices="cpu:4")
     ring = helpers.build_trainer(towers).aggregation
-    assert (ring.towers_per_node(), ring.failure_schedule(), ring.node_state_variables()) == (
-        1, None, None)
+    assert (ring.towers_per_node(), ring.failure_schedule(), ring.node_state_variables(),
+            ring.exchanges_between_workers) == (1, None, None, False)
     config = helpers.small_config(str(tmp_path / "nodes"), devices="cpu:4", nodes=2,
                                   aggregation="diloco:period=2", node_failures="1@2-3",
                                   train_steps=4).validated()
@@ -65,3 +65,4 @@ def test_placement_answers_between_nodes_and_on_towers(tmp_path):
     assert isinstance(method, NodeLevel)
     assert method.towers_per_node() == 2 and method.failure_schedule() is schedule
     assert schedule is not None and method.node_state_variables() is None  # one process
+    assert not method.exchanges_between_workers  # no peers: the nodes are simulated

@@ -65,7 +65,7 @@ class CrossWorker(Aggregation):
     def node_state_variables(self) -> list | None:
         """The local stage's state where the method itself moves values between the
         workers at the nodes (each worker's node holds its own); else None."""
-        if not getattr(self.local, "exchanges_between_workers", False):
+        if not self.local.exchanges_between_workers:
             return None
         return list(self.local.state_variables)
 
@@ -170,7 +170,7 @@ class CrossWorker(Aggregation):
         """Local sums and this worker's `metrics` in one collective (per dtype) between
         workers; or, when the method itself exchanges between the workers (at the nodes:
         between_nodes.py, peers.py), its result and the metrics in a collective of their own."""
-        if getattr(self.local, "exchanges_between_workers", False):
+        if self.local.exchanges_between_workers:
             out = self.local.reduce(tower_values, variables, average)
             if not metrics:
                 return out, []

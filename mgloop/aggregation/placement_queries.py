@@ -12,6 +12,12 @@ from __future__ import annotations
 class PlacementQueries:
     """Answers for a method on the towers of one process (a wrapper overrides them)."""
 
+    @property
+    def exchanges_between_workers(self) -> bool:
+        """The method itself moves values between the worker processes (peers.py), so a
+        cross-worker stage around it adds only the step's metrics: False on towers."""
+        return False
+
     def towers_per_node(self) -> int:
         """Towers that make one node (an attacker is a whole node): 1 outside nodes."""
         return 1
