@@ -1,6 +1,7 @@
 """Test-process set-up: 4 logical CPU devices, configured once before TensorFlow starts."""
 
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -41,14 +42,14 @@ def quick_entries() -> list[str]:
         return [line.strip() for line in handle if line.strip() and not line.startswith("#")]
 
 
-def is_quick(nodeid: str, entries: list[str]) -> str | None:
-    """The entry naming the test `nodeid` (xdist's "@group" suffix left out), if any: the
-    module itself, the function (with any parameters) or the parametrized test."""
-    base = nodeid.partition("@")[0]
-    function = base.partition("[")[0]
-    for entry in entries:
-        if entry in (base, function) or base.partition("::")[0] == entry:
-            return entry
+def is_quick(nodeid: str, entries) -> str | None:
+    """The entry naming the test `nodeid` (xdist's "@group" suffix, which holds no bracket,
+    left out; a parameter may hold "@"), if any: the parametrized test, the function
+    (with any parameters) or the module."""
+    base = re.sub(r"@[^\[\]]*$", "", nodeid)
+    for candidate in (base, base.partition("[")[0], base.partition("::")[0]):
+        if candidate in entries:
+            return candidate
     return None
 
 
@@ -58,7 +59,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    entries = quick_entries()  # (tests/test_quick_tier.py: every entry names a test)
+    entries = set(quick_entries())  # (tests/test_quick_tier.py: every entry names a test)
     for item in items:
         if is_quick(item.nodeid, entries) is not None:
             item.add_marker(pytest.mark.quick)
