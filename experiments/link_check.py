@@ -189,7 +189,7 @@ def is_sync(name: str) -> bool:
 def sync_rule(spec: str) -> SyncRule:
     """The schedule of the method `spec` names (imports the methods: TensorFlow)."""
     from mgloop.aggregation import registry
-    from mgloop.aggregation import streaming_diloco
+    from mgloop.aggregation.local import streaming_diloco
     method, options = registry.parse(spec)
     period = getattr(options, "period", 0)
     if not period:

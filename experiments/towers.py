@@ -145,7 +145,8 @@ def kernels(args) -> None:
     del args
     import numpy as np
     import tensorflow as tf
-    from mgloop.aggregation import nnm, sorting_network
+    from mgloop.aggregation.kernels import sorting_network
+    from mgloop.aggregation.robust import nnm
     rows = FLAGS.rows
     x = tf.random.normal([rows, FLAGS.size], seed=1)
 

@@ -193,7 +193,7 @@ def use_backward_buckets() -> None:
     """Experiment only: mgloop's packing.plan applied to the variables in reverse order, so
     that the first bucket holds the last layers' gradients, which backprop makes first
     (PyTorch DDP's bucket order). pack/unpack follow any plan's index lists unchanged."""
-    from mgloop.aggregation import packing
+    from mgloop.aggregation.kernels import packing
     forward = packing.plan
 
     def plan(values, bucket_bytes):

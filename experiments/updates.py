@@ -138,7 +138,7 @@ def sharded(args) -> None:
     del args
     import tensorflow as tf
     from mgloop import aggregation
-    from mgloop.aggregation import ring
+    from mgloop.aggregation.dense import ring
     device_set, shapes, start, header = setup()
     towers, num = device_set.towers, len(device_set.towers)
     method = aggregation.make("ring", device_set)

@@ -72,7 +72,7 @@ def assert_copies_equal(got, want) -> None:
 def method_at_nodes(config):
     """(the method between the nodes of a validated `config`, with its --node_failures
     schedule, on cpu devices as many as its towers; the schedule)."""
-    from mgloop.aggregation import between_nodes, node_failures
+    from mgloop.aggregation.placement import between_nodes, node_failures
     device_set = devices.setup(devices.parse(config.devices))
     schedule = node_failures.schedule_of(config.exchange, config.train_steps)
     method = between_nodes.make(config.exchange, device_set, aggregation.make,

@@ -1,4 +1,4 @@
-"""DES-LOC in numpy (mgloop/aggregation/des_loc.py's math): N nodes, each a Keras Adam,
+"""DES-LOC in numpy (mgloop/aggregation/local/des_loc.py's math): N nodes, each a Keras Adam,
 x, m and v averaged over the live nodes on their own periods, with a first-order bound
 on how far mgloop's float32 run may lie from this float64 model.
 

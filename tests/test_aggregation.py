@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mgloop.aggregation.base import canonical
+from mgloop.aggregation.kernels import packing
 from mgloop.cluster import workers as cluster, devices
 from mgloop.runs import experiment
-from mgloop.aggregation import packing
-from mgloop.aggregation.base import canonical
 from tests import helpers
 
 

@@ -1,4 +1,4 @@
-"""async_diloco (mgloop/aggregation/async_diloco.py, async_clock.py, async_run.py): the
+"""async_diloco (mgloop/aggregation/local/async_diloco.py, async_clock.py, async_run.py): the
 schedule of nodes of speeds 1, 1, 1/2, 1/4 by hand, a numpy model of the schedule and the
 delayed Nesterov merges on hand-made inner progress, the degenerate setting against DiLoCo,
 the bytes of a merge at --nodes=4 on the mlp, the guard's inner steps, resume, refusals."""
@@ -11,8 +11,8 @@ import pytest
 
 import mgloop
 from mgloop import aggregation
-from mgloop.aggregation import async_run
-from mgloop.aggregation.async_clock import Clock
+from mgloop.aggregation.local import async_run
+from mgloop.aggregation.local.async_clock import Clock
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
 from tests.copies_by_hand import method_on_copies

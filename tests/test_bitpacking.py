@@ -1,4 +1,4 @@
-"""mgloop/aggregation/bitpacking.py against small numpy models of itself.
+"""mgloop/aggregation/kernels/bitpacking.py against small numpy models of itself.
 
 The models write every field bit by bit (stream bit i w + b is bit b of element i's field,
 byte k // 8 holds stream bit k at bit k % 8), and the signs also against np.packbits with
@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking as bp
-
+from mgloop.aggregation.kernels import bitpacking as bp
 LENGTHS = [1, 7, 8, 9, 1000, 1023]
 BITS = list(range(1, 9))
 

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 import mgloop
 from mgloop import aggregation
+from mgloop.aggregation.robust import centered_clipping, nnm
 from mgloop.cluster import devices
-from mgloop.aggregation import centered_clipping, nnm
 from mgloop.errors import ConfigError
 from tests import helpers
 from tests.test_robust_aggregation import f64, tower_gradients

@@ -27,8 +27,8 @@ import pytest
 import tensorflow as tf
 
 from mgloop import aggregation, data, models
-from mgloop.aggregation import bitpacking
 from mgloop.aggregation.compression import dct
+from mgloop.aggregation.kernels import bitpacking
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from mgloop.runs.config import Config

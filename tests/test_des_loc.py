@@ -1,4 +1,4 @@
-"""`des_loc` (aggregation/des_loc.py): local Adam whose parameters, first moment and second
+"""`des_loc` (aggregation/local/des_loc.py): local Adam whose parameters, first moment and second
 moment are averaged across the nodes, each on its own period.
 
 1. The method through mgloop's own replicas (each copy's Keras Adam, `after_update`, one
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import mgloop
 from mgloop import aggregation
-from mgloop.aggregation.des_loc import DesLoc
+from mgloop.aggregation.local.des_loc import DesLoc
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from mgloop.step.hooks.node_failures import hook_for

@@ -21,13 +21,13 @@ import pytest
 import tensorflow as tf
 
 import mgloop
+from mgloop import launch
 from mgloop.aggregation.compression.base import Compressed
-from mgloop.aggregation.local_steps import DiLoCo
+from mgloop.aggregation.local.local_steps import DiLoCo
 from mgloop.cluster import elastic
 from mgloop.data import options as data_options
 from mgloop.errors import ConfigError
 from mgloop.runs import node_checkpoint
-from mgloop import launch
 
 OPTIONS = elastic.ElasticOptions(min_workers=2, max_restarts=1, rejoin_seconds=0.0,
                                  logdir="/tmp/run")

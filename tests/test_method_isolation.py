@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 
 from mgloop.aggregation import register
-from mgloop.aggregation.parameter_server import ParameterServerCpu
-from mgloop.aggregation.ring import Ring
+from mgloop.aggregation.dense.parameter_server import ParameterServerCpu
+from mgloop.aggregation.dense.ring import Ring
 from tests import helpers, tolerance
 
 STEPS, TOWERS, MOMENTUM = 3, 4, 0.5

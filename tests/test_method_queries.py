@@ -1,4 +1,4 @@
-"""runs/ asks a method (its capabilities, placement_queries.py), never probes it.
+"""runs/ asks a method (its capabilities, aggregation/placement/queries.py), never probes it.
 
 A probe by type or attribute (`isinstance(aggregation, NodeLevel)`, `getattr(aggregation,
 "local", ...)`) ties runs/ to how a method is wrapped today and silently answers wrong for
@@ -10,7 +10,7 @@ import ast
 import os
 
 from mgloop import aggregation
-from mgloop.aggregation.between_nodes import NodeLevel
+from mgloop.aggregation.placement.between_nodes import NodeLevel
 from tests import copies_by_hand, helpers
 
 RUNS = os.path.join(os.path.dirname(aggregation.__file__), os.pardir, "runs")

@@ -24,7 +24,7 @@ SHIMS = {
     "mgloop.step.tower_step": ("mgloop.step.training_step", "TowerStep"),
     "mgloop.step.vectorize": ("mgloop.step.pfor", "vectorized_map"),
     "mgloop.cluster.nodes": ("mgloop.cluster.node_layout", "Nodes"),
-    "mgloop.aggregation.nodes": ("mgloop.aggregation.between_nodes", "NodeLevel"),
+    "mgloop.aggregation.nodes": ("mgloop.aggregation.placement.between_nodes", "NodeLevel"),
 }
 
 

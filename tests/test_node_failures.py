@@ -1,4 +1,4 @@
-"""Node failures (mgloop/aggregation/node_failures.py): simulated nodes leave and return.
+"""Node failures (mgloop/aggregation/placement/node_failures.py): simulated nodes leave and return.
 
 1. An exact method (ring between 4 one-tower nodes) with node 2 down for steps [1, 3) is
    the one-device run on the same global batches with node 2's shard left out on those
@@ -18,13 +18,13 @@ import pytest
 import tensorflow as tf
 
 from mgloop import settings
-from mgloop.aggregation import node_failures
-from mgloop.aggregation.local_steps import slot_variables
+from mgloop.aggregation.local.local_steps import slot_variables
+from mgloop.aggregation.placement import node_failures
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
-from mgloop.training import optim
 from mgloop.step.hooks.node_failures import hook_for
 from mgloop.step.replicas import Replicas
+from mgloop.training import optim
 from tests import helpers, tolerance
 from tests.copies_by_hand import method_at_nodes
 

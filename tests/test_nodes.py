@@ -1,4 +1,4 @@
-"""Nodes (mgloop/aggregation/between_nodes.py): the method between simulated nodes of one process.
+"""Nodes (placement/between_nodes.py): the method between simulated nodes of one process.
 
 The gradients here are dyadic (k/8, |k| < 64): a node's sum and its halving are exact in
 float32, so the method between N nodes must give, bit for bit, what the same method gives
@@ -16,17 +16,17 @@ import tensorflow as tf
 import mgloop
 from mgloop import aggregation, settings
 from mgloop.aggregation import checks as exchange_checks
-from mgloop.cluster import devices
-from mgloop.observe import link_model
-from mgloop.aggregation import between_nodes as nodes_lib
 from mgloop.aggregation import node_settings
 from mgloop.aggregation.compression.topk import kept
+from mgloop.aggregation.placement import between_nodes as nodes_lib
 from mgloop.aggregation.traffic import Traffic
-from mgloop.step.hooks.attacks import parse_attack
+from mgloop.cluster import devices
+from mgloop.errors import ConfigError
+from mgloop.observe import link_model
 from mgloop.runs.config import Config
 from mgloop.step import replicas
-from mgloop.errors import ConfigError
 from mgloop.step.hooks.attack_hook import ByzantineTowers
+from mgloop.step.hooks.attacks import parse_attack
 from tests import helpers, tolerance
 
 SHAPES = [(3, 5), (11,), (1,)]

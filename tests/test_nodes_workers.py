@@ -2,7 +2,7 @@
 
 Each worker process of a real job (TF_CONFIG, gRPC, collective ops, started by
 `mgloop.launch`) is a node; the method between them moves its payloads with
-collectives (aggregation/peers.py). In one process, `--nodes=N` splits the towers
+collectives (aggregation/placement/peers.py). In one process, `--nodes=N` splits the towers
 into N simulated nodes and the method's transport runs between their leaders. For W = 2
 every value the method combines reaches it with the same bits in both (a gather moves
 bits; a two-term all-reduce is a_0 + a_1 either way), and each node computes the same
@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 
 import mgloop
-from mgloop.runs import export
 from mgloop import launch
+from mgloop.runs import export
 from tests.workers.methods_between_workers import config_for, digest, hooks_for
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "methods_between_workers.py")

@@ -1,4 +1,4 @@
-"""NoLoCo (mgloop/aggregation/noloco.py): random groups at each outer step, a numpy model of
+"""NoLoCo (mgloop/aggregation/local/noloco.py): random groups at each outer step, a numpy model of
 the outer step, the bytes of one peer, its degenerate setting against DiLoCo, refusals."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from mgloop import aggregation
-from mgloop.aggregation import noloco
+from mgloop.aggregation.local import noloco
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance

@@ -1,4 +1,4 @@
-"""Pier's outer-momentum warmup and decay (aggregation/outer_schedule.py) on the DiLoCo
+"""Pier's outer-momentum warmup and decay (aggregation/local/outer_schedule.py) on the DiLoCo
 family: the schedule against its formula by hand, `diloco` with them against a numpy model
 of the outer step op for op, off and constant settings against the plain method bit for bit,
 the warmup's gradient mean, a resume mid-decay, the other members (streaming_diloco,
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop.aggregation import options as options_lib
-from mgloop.aggregation.outer_schedule import check_run, momentum_at
+from mgloop.aggregation.local.outer_schedule import check_run, momentum_at
 from mgloop.errors import ConfigError
 from tests import helpers
 from tests.copies_by_hand import assert_copies_equal, method_on_copies

@@ -25,10 +25,10 @@ import tensorflow as tf
 
 from mgloop import aggregation, settings
 from mgloop.aggregation import checks as exchange_checks
-from mgloop.cluster import devices
-from mgloop.aggregation import ring
-from mgloop.aggregation import bitpacking
 from mgloop.aggregation.compression import powersgd, qsgd
+from mgloop.aggregation.dense import ring
+from mgloop.aggregation.kernels import bitpacking
+from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
 from tests import quantiser_models as model

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.aggregation import ring
+from mgloop.aggregation.dense import ring
 from mgloop.cluster.devices import DeviceSet
 from tests import tolerance
 

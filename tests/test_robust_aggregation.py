@@ -14,8 +14,9 @@ import pytest
 import tensorflow as tf
 
 from mgloop import aggregation
+from mgloop.aggregation.dense import adasum
+from mgloop.aggregation.robust import bulyan, geomedian, krum, median, trimmed_mean
 from mgloop.cluster import devices
-from mgloop.aggregation import adasum, bulyan, geomedian, krum, median, trimmed_mean
 from mgloop.errors import ConfigError
 from tests import helpers, tolerance
 

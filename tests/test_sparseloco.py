@@ -1,4 +1,4 @@
-"""`sparseloco` (aggregation/sparseloco.py, chunked_topk.py): the chunks, k and index widths
+"""`sparseloco` (aggregation/local/sparseloco.py, chunked_topk.py): the chunks, k and index widths
 by hand; the outer steps against a numpy model written op for op; the lossless setting
 against `diloco:outer_momentum=0`; one sync's bytes against a hand count (the 2%, 2-bit
 ratio); a run between 4 simulated nodes on the digits. Its identity options are checked
@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 from mgloop import aggregation, data, models
-from mgloop.aggregation import bitpacking
-from mgloop.aggregation.chunked_topk import Geometry, kept, largest_divisor
+from mgloop.aggregation.kernels import bitpacking
+from mgloop.aggregation.kernels.chunked_topk import Geometry, kept, largest_divisor
 from mgloop.errors import ConfigError
 from tests import helpers
 from tests.copies_by_hand import inner_steps_by_hand, method_on_copies

@@ -1,4 +1,4 @@
-"""`sparta` and `sparta_diloco` (aggregation/sparta.py): the shared draw of the chosen
+"""`sparta` and `sparta_diloco` (aggregation/local/sparta.py): the shared draw of the chosen
 elements, the sparse averaging and DiLoCo's outer step against a numpy model of the
 method op for op, the bytes against a hand count, fraction=1 against `localsgd:period=1`,
 between nodes, and its refusals. Its identity options are checked against one device by
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.aggregation.sparta import chosen, chosen_count
+from mgloop.aggregation.local.sparta import chosen, chosen_count
 from mgloop.cluster import devices
 from mgloop.errors import ConfigError
 from tests import helpers

@@ -1,4 +1,4 @@
-"""`streaming_diloco` (aggregation/streaming_diloco.py): fragments, their staggered outer
+"""`streaming_diloco` (aggregation/local/streaming_diloco.py): fragments, their staggered outer
 steps, the quantised outer gradients, against a numpy model of the method; equal to
 `diloco` with one fragment; its refusals. Its identity options are checked against one
 device by the contract test (tests/test_contract.py).
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop.aggregation.streaming_diloco import offsets, partition
+from mgloop.aggregation.local.streaming_diloco import offsets, partition
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model, link_report
 from mgloop.training import variables

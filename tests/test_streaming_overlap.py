@@ -1,8 +1,8 @@
 """`streaming_diloco`'s 2025 options beyond the numpy model (tests/test_streaming_diloco.py):
-the E3M0 format by hand and its error bound (aggregation/outer_formats.py), the link
+the E3M0 format by hand and its error bound (aggregation/local/outer_formats.py), the link
 report's charge of an overlapped exchange (observe/link_report.py), training with tau and
 eager updates between simulated nodes, and a run resumed in the middle of a flight
-(aggregation/overlap.py).
+(aggregation/local/overlap.py).
 """
 
 import os
@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import mgloop
-from mgloop.aggregation import bitpacking, outer_formats
+from mgloop.aggregation.kernels import bitpacking
+from mgloop.aggregation.local import outer_formats
 from mgloop.aggregation.traffic import Occasion, Traffic
 from mgloop.observe import link_model, link_report
 from tests import helpers

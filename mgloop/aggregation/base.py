@@ -16,7 +16,7 @@ so sums are always accumulated in the gradient's dtype, and (b) counts the bytes
 sends and receives, while the step is traced: exactly what the algorithm moves per step.
 
 Longer than ~300 lines: one class, the contract every method subclasses, each capability and
-hook documented where declared (its model: global_models.py; where it runs: placement_queries.py).
+hook documented where declared (its model: global_models.py; where it runs: placement/queries.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import ClassVar, Sequence
 import tensorflow as tf
 
 from mgloop.aggregation.global_models import ProducedModel
-from mgloop.aggregation.peers import Peers
-from mgloop.aggregation.placement_queries import PlacementQueries
+from mgloop.aggregation.placement.peers import Peers
+from mgloop.aggregation.placement.queries import PlacementQueries
 from mgloop.aggregation.traffic import Traffic
 from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: F401 (re-exported)
 

@@ -55,7 +55,7 @@ class ExchangeOptions:
         None, "simulated nodes that fail (--nodes=N, the method at the nodes): n@a-b (node n "
         "down for steps a <= s < b, back at b with a live node's state) or n@a (gone from "
         "step a), comma-separated, e.g. 2@30-60,1@80; a down node's part is left out of the "
-        "mean, its copies frozen (torchft's quorum; aggregation/node_failures.py)",
+        "mean, its copies frozen (torchft's quorum; aggregation/placement/node_failures.py)",
         hparam=True)
     sparse_as_dense: bool = setting(
         False, "send an Embedding's sparse gradient (IndexedSlices) as a dense tensor "

@@ -1,5 +1,5 @@
 """Which node settings apply: --nodes, --method_at, --within_node, checked before
-anything is built (aggregation/between_nodes.py builds the nodes; validation.py calls this);
+anything is built (placement/between_nodes.py builds the nodes; validation.py calls this);
 and `method_at_nodes`, whether the method runs between nodes, which the checks and
 between_nodes.py ask."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mgloop import aggregation
 from mgloop.aggregation.base import REPLICATED
-from mgloop.aggregation.hierarchical import divisors
+from mgloop.aggregation.dense.hierarchical import divisors
 from mgloop.aggregation.exchange_options import DIRECT, METHOD_AT, ExchangeOptions
 from mgloop.cluster.devices import DeviceRequest
 from mgloop.errors import ConfigError

@@ -26,7 +26,7 @@ def check(options, context) -> None:
     if not options.shard_update:
         return
     from mgloop import aggregation
-    from mgloop.aggregation.shard_exchange import ShardsUpdate
+    from mgloop.aggregation.placement.shard_exchange import ShardsUpdate
     method, method_options = aggregation.parse(options.aggregation)
     mode = f"--aggregation={options.aggregation}"
     if not issubclass(method, ShardsUpdate):

@@ -6,7 +6,7 @@ the algorithm moves per step, exactly; read by the summaries and the link model
 
 Tiers and kinds. Every count also lands in one of four parts, (tier, kind):
 the tier is `within` when both devices are in one node and `between` otherwise
-(`node_of`, canonical device -> node, set by aggregation/between_nodes.py; with no map every
+(`node_of`, canonical device -> node, set by placement/between_nodes.py; with no map every
 device is in node 0, and the collective between workers says `between` itself, each
 worker being a node); the kind is `gradient` (what the method exchanges: gradients,
 payloads, parameters it averages) or `state` (batch-norm statistics and the step's
@@ -18,7 +18,7 @@ every H steps, a fragment's outer step, a warmup) records them inside
 `on(Occasion(name, occurs))`, `occurs(s)` saying whether the 0-based global step s runs
 them; everything else is `EVERY_STEP`. An occasion's `overlap_steps` k > 0 says its
 exchange may run behind the compute of the k steps that follow (Streaming DiLoCo's
-overlap tau, or a whole period with eager updates: aggregation/overlap.py), which the
+overlap tau, or a whole period with eager updates: aggregation/local/overlap.py), which the
 link report charges as such. Each occasion's counts are also kept apart
 (`by_occasion`), so what step s moves is the sum of the occasions that occur at s
 (`at_step`), and a run's bytes per step are averaged over its steps from that

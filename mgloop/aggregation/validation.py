@@ -33,7 +33,7 @@ from __future__ import annotations
 from mgloop import aggregation
 from mgloop.aggregation import node_settings
 from mgloop.aggregation.base import SHARED, Aggregation, Options
-from mgloop.aggregation.gather_at_root import TowerCountError
+from mgloop.aggregation.placement.gather_at_root import TowerCountError
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 

@@ -3,7 +3,7 @@
 A run's T towers are split into N nodes of T/N contiguous towers each, node-major (node n
 holds towers n T/N .. (n+1) T/N - 1, as workers hold theirs); a node's first tower is its
 leader, and the host CPU counts as node 0's. What runs between and within the nodes is
-aggregation/between_nodes.py; the bytes between them are counted by tier (aggregation/traffic.py)
+placement/between_nodes.py; the bytes between them are counted by tier (aggregation/traffic.py)
 through `device_map`.
 """
 

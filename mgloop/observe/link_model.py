@@ -28,14 +28,14 @@ per tensor or bucket for reduce_broadcast and the ring (k of them: k times the l
 
 Two tiers. `--link=within:100gbit,2us --link=between:10gbit,50us` models the links
 inside a node and between nodes apart (the traffic counts each send as within or
-between nodes, aggregation/traffic.py; aggregation/between_nodes.py): one figure per
+between nodes, aggregation/traffic.py; aggregation/placement/between_nodes.py): one figure per
 `between` link, each with the one `within` link,
 
     exchange time = max_d t_d(within traffic, within link)
                     + max_d t_d(between traffic, between link)
 
 the intra-node stage and the inter-node stage one after the other: the node-level
-exchange (aggregation/between_nodes.py) sums inside the node, then exchanges between nodes, then
+exchange (placement/between_nodes.py) sums inside the node, then exchanges between nodes, then
 broadcasts inside the node, so no method's stages overlap there. An untiered
 `--link=B,L` still charges every send alike.
 

@@ -24,10 +24,6 @@ from mgloop.runs import inference
 from mgloop.runs import loop
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
-from mgloop.training import losses
-from mgloop.training import metrics as metrics_lib
-from mgloop.training import model_input
-from mgloop.training import training_spec
 from mgloop.step import accumulation, compiled_towers
 from mgloop.step import exchange as exchange_lib
 from mgloop.step import ordered_sum
@@ -36,21 +32,25 @@ from mgloop.step import random_streams as random_streams_lib
 from mgloop.step import sync_batch_norm
 from mgloop.step import pfor
 from mgloop.step import vectorized_towers
+from mgloop.step import sharded_update
 from mgloop.step.hooks import Hook, Hooks, tape_gradients
 from mgloop.step.hooks import attacks
 from mgloop.step.hooks.attack_hook import ByzantineTowers
 from mgloop.step.hooks.histograms import KeepLastGradients
+from mgloop.step.hooks.inner_turns import hook_for as inner_turns_hook
 from mgloop.step.hooks.large_gradients import OrderedSumHook, SufficientFactorsHook
 from mgloop.step.hooks.loss_scaling import LossScaling
-from mgloop.step.hooks.inner_turns import hook_for as inner_turns_hook
 from mgloop.step.hooks.node_failures import hook_for as node_failures_hook
 from mgloop.step.hooks.sampled_stats import GradientStats
 from mgloop.step.hooks.synced_moments import SyncBatchNorm
-from mgloop.step import sharded_update
 from mgloop.step.replicas import Replicas, WholeUpdate
 from mgloop.step.sharded_update import ShardedUpdate
 from mgloop.step.single_loss_step import SingleLossStep
 from mgloop.step.training_step import TowerStep
+from mgloop.training import losses
+from mgloop.training import metrics as metrics_lib
+from mgloop.training import model_input
+from mgloop.training import training_spec
 
 
 def template_model(model_fn, aggregation: Aggregation, input_shape, mixed_precision: str):
@@ -187,7 +187,7 @@ class CommonHooks:
     units: list  # where a step's gradients are: the host (single loss), else the towers
     byzantine: ByzantineTowers | None  # --byzantine_towers' attack, read by the statistics
     loss_scaling: bool
-    failures: object  # the nodes' failure schedule (aggregation/node_failures.py), or None
+    failures: object  # the nodes' failure schedule (placement/node_failures.py), or None
 
 
 def common_hooks(config: Config, model, replicas: Replicas, attack, classes, first_tower: int,

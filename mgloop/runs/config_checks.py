@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import async_run
 from mgloop.aggregation import checks as aggregation_checks
-from mgloop.aggregation import node_failures
-from mgloop.aggregation import outer_schedule
 from mgloop.aggregation import shard_settings
 from mgloop.aggregation import node_settings
 from mgloop.aggregation import validation
+from mgloop.aggregation.local import async_run
+from mgloop.aggregation.local import outer_schedule
+from mgloop.aggregation.placement import node_failures
 from mgloop.cluster import devices
 from mgloop.cluster import checks as cluster_checks
 from mgloop.cluster import workers as workers_lib
@@ -38,11 +38,11 @@ from mgloop.runs import loop_checks
 from mgloop.runs import monitor
 from mgloop.runs import run_dir
 from mgloop.settings import Context, check_finite
-from mgloop.training import checks as optim_checks
 from mgloop.step import checks as step_checks
 from mgloop.step import compiled_towers, vectorized_towers
 from mgloop.step import options as step_options
 from mgloop.step.hooks import attacks
+from mgloop.training import checks as optim_checks
 
 if TYPE_CHECKING:
     from mgloop.runs.config import Config

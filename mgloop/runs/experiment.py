@@ -25,7 +25,8 @@ import tensorflow as tf
 from mgloop import aggregation
 from mgloop import data
 from mgloop import models
-from mgloop.aggregation import async_run, between_nodes, node_failures
+from mgloop.aggregation.local import async_run
+from mgloop.aggregation.placement import between_nodes, node_failures
 from mgloop.cluster import devices
 from mgloop.cluster import peer_health
 from mgloop.cluster import workers as workers_lib
@@ -47,12 +48,12 @@ from mgloop.runs import run_inputs
 from mgloop.runs import run_result
 from mgloop.runs.config import Config
 from mgloop.runs.trainer import Trainer
+from mgloop.step import replicas
+from mgloop.step.hooks import Hook
 from mgloop.training import losses
 from mgloop.training import metrics as metrics_lib
 from mgloop.training import optim
 from mgloop.training import training_spec
-from mgloop.step import replicas
-from mgloop.step.hooks import Hook
 
 SUMMARY_FILENAME = "summary.json"
 
@@ -90,7 +91,7 @@ def build_trainer(config: Config, device_set: devices.DeviceSet,
     None takes the compiled model's, else mgloop's defaults (training_spec.py). `hooks`:
     the user's step hooks, after mgloop's (assemble.build).
 
-    With --nodes=N > 1 the method runs between the nodes (aggregation/between_nodes.py); with
+    With --nodes=N > 1 the method runs between the nodes (placement/between_nodes.py); with
     several workers, the aggregation is wrapped in the cross-worker stage."""
     asked = devices.parse(config.devices, config.towers_per_device).num_towers
     if device_set.num_towers != asked:  # a caller's mistake (e.g. K left out)

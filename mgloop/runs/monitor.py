@@ -29,7 +29,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from mgloop.aggregation import async_run
+from mgloop.aggregation.local import async_run
 from mgloop.errors import ConfigError
 from mgloop.observe import breakdown
 from mgloop.observe import diagnostics

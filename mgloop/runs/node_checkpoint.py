@@ -1,6 +1,6 @@
 """Per-node state across workers: what only this worker's node holds, saved by it.
 
-With several workers and the method at the nodes (aggregation/between_nodes.py, peers.py), each
+With several workers and the method at the nodes (placement/between_nodes.py, peers.py), each
 worker is a node and holds state no other worker has: the method's state for its node
 (error-feedback residuals, PowerSGD's Q, the exchange counters, DiLoCo's outer x and
 momentum) and, for a method whose copies differ between its synchronisations (local

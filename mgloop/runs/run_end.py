@@ -23,7 +23,7 @@ from typing import Callable
 
 from absl import logging
 
-from mgloop.aggregation import async_run
+from mgloop.aggregation.local import async_run
 from mgloop.observe import link_report, link_scalars
 from mgloop.observe import summaries
 from mgloop.runs import callbacks as callbacks_lib

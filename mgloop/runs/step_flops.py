@@ -17,7 +17,7 @@ from __future__ import annotations
 from absl import logging
 import tensorflow as tf
 
-from mgloop.aggregation import async_run
+from mgloop.aggregation.local import async_run
 from mgloop.observe import flops as flops_lib
 from mgloop.observe import hardware
 from mgloop.observe import link_model

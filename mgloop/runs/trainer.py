@@ -20,7 +20,7 @@ from mgloop.step.hooks.loss_scaling import LossScaling
 
 class Trainer:
     """`train_loop`: the loop's, or one wrapping it (e.g. one logging node failures as they
-    happen: aggregation/node_failures.py)."""
+    happen: aggregation/placement/node_failures.py)."""
 
     def __init__(self, replicas, step, loop, inference, random_streams, spec,
                  train_loop=None):

@@ -7,7 +7,7 @@ One of three, chosen when the step is assembled (assemble.py):
     Plain     `Aggregation.reduce_with_metrics`: the method's reduce, and the step's
               metrics (mean loss, metric states) summed over the workers in the same
               collective (as given in one process)
-    Packed    the same on buckets of about `pack_bytes` (aggregation/packing.py), for a
+    Packed    the same on buckets of about `pack_bytes` (aggregation/kernels/packing.py), for a
               `summable` method: fewer, larger transfers
     HomeSums  the variables in `home_sums` were summed over the towers at their homes
               (hooks/large_gradients.py) and are only scaled; the others go through the
@@ -24,7 +24,7 @@ dense on their towers.
 from __future__ import annotations
 
 from mgloop.aggregation import Aggregation
-from mgloop.aggregation import packing
+from mgloop.aggregation.kernels import packing
 from mgloop.step import ordered_sum
 from mgloop.step import sparse_gradients
 

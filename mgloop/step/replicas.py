@@ -22,11 +22,11 @@ import numpy as np
 import tensorflow as tf
 
 from mgloop.aggregation import REPLICATED, Aggregation
+from mgloop.step import per_tower
+from mgloop.step.hooks import Guard
 from mgloop.training import optim
 from mgloop.training import variables as variables_lib
 from mgloop.training.variables import global_step_on  # noqa: F401 (the makers': made first)
-from mgloop.step import per_tower
-from mgloop.step.hooks import Guard
 
 
 class WholeUpdate:
@@ -91,7 +91,7 @@ class Replicas:
 
     @property
     def workers(self):
-        """The cluster of a cross-worker aggregation (aggregation/cross_worker.py), else None."""
+        """The cluster of a cross-worker aggregation (placement/cross_worker.py), else None."""
         return self.aggregation.cluster
 
     @property

@@ -46,7 +46,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from mgloop.aggregation import packing
+from mgloop.aggregation.kernels import packing
 from mgloop.errors import ConfigError
 from mgloop.step.hooks import Hook
 from mgloop.step.whole_state import WholeState

@@ -1,4 +1,4 @@
-"""The `colocate` baseline's step (aggregation/colocate.py), beside the tower step.
+"""The `colocate` baseline's step (aggregation/dense/colocate.py), beside the tower step.
 
 One shared copy of the variables on the host; each device runs the model on its
 slice of the global batch, the outputs are concatenated on the host, ONE loss is

@@ -38,7 +38,8 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mgloop.aggregation import collective, collective_keys
+from mgloop.aggregation.dense import collective
+from mgloop.aggregation.placement import collective_keys
 _current = threading.local()  # .tower: (CrossTowerMoments, tower index, [call counter])
 
 

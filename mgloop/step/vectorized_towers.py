@@ -25,7 +25,7 @@ another order), within the float32 bound of any reordered sum
 (tests/test_vectorized_towers.py derives its tolerances so). After the map, each tower's
 loss, metric state, gradients and state are rows of the outputs, handed on per tower as in
 the loop (`hooks.unscale(t, ...)`, `after_tower(t, ...)`: a per-tower attack alters its
-row), and the exchange and every method see T towers (aggregation/device_groups.py).
+row), and the exchange and every method see T towers (aggregation/placement/device_groups.py).
 
 Ops with no vectorized form run in a loop over the K towers inside the computation
 (Keras's stateless random draws), logged once; a layer that cannot be vectorized at all
@@ -40,7 +40,7 @@ at the towers of several devices.
 
 Several worker processes (TF_CONFIG): each worker vectorizes its own T = D K towers
 (global tower w T + t on worker w, its shard and random streams so numbered), and the
-rest is as with K = 1. At the nodes (each worker a node: aggregation/between_nodes.py) the
+rest is as with K = 1. At the nodes (each worker a node: aggregation/placement/between_nodes.py) the
 worker's node mean m_w = (1/T) sum_t g[t] is formed on its leader (tower 0) exactly as a
 simulated node's, and the method moves it between the workers (peers.py), so W workers
 of D devices x K towers give the bits of `--nodes=W` over W D devices x K towers in one
@@ -57,8 +57,8 @@ import tensorflow as tf
 
 from mgloop import aggregation
 from mgloop.aggregation import Aggregation
-from mgloop.aggregation import between_nodes
-from mgloop.aggregation import stacked_rows
+from mgloop.aggregation.kernels import stacked_rows
+from mgloop.aggregation.placement import between_nodes
 from mgloop.errors import ConfigError
 from mgloop.step import precision
 from mgloop.step import per_tower
@@ -159,7 +159,7 @@ def stack(values: list):
 
 def unstack(value, count: int) -> list:
     """`stack`'s inverse: `count` nested values, row k of every leaf (remembered, so that
-    a method stacking them again gets the leaf itself: aggregation/stacked_rows.py)."""
+    a method stacking them again gets the leaf itself: aggregation/kernels/stacked_rows.py)."""
     rows = [stacked_rows.unstack(leaf, count) for leaf in tf.nest.flatten(value)]
     return [tf.nest.pack_sequence_as(value, [r[k] for r in rows]) for k in range(count)]
 

@@ -9,7 +9,7 @@ on the host CPU), so it must compute what ps_cpu computes.
 from __future__ import annotations
 
 from mgloop import aggregation
-from mgloop.aggregation.parameter_server import ParameterServerCpu
+from mgloop.aggregation.dense.parameter_server import ParameterServerCpu
 
 
 @aggregation.register

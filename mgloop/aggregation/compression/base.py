@@ -31,7 +31,7 @@ in a step, different per step and variable, and restored with `steps` on resume;
 per tower, across workers too).
 
 Bytes: every part of every payload goes through `send`: float values at
-`--transport_dtype`, the rest as `pack` makes it (aggregation/bitpacking.py): signs,
+`--transport_dtype`, the rest as `pack` makes it (aggregation/kernels/bitpacking.py): signs,
 ternary values and levels as bit fields in uint8 tensors, indices at the narrowest
 integer type that holds them. Those are the tensors sent, so the traffic counts are
 exact. A SUMMABLE method whose payload packs (signSGD's votes, QSGD's levels) gathers
@@ -54,11 +54,11 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
 from mgloop.aggregation.compression import transport
 from mgloop.aggregation.compression.sites import Encoded, Site
 from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, gather_in_buckets
+from mgloop.aggregation.kernels import bitpacking
 
 MEMORIES = ("none", "residual")
 _TOWER_DOMAIN = 1 << 20  # folded in with the tower index: apart from variable indices

@@ -34,7 +34,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from mgloop.aggregation.hierarchical import divisors
+from mgloop.aggregation.dense.hierarchical import divisors
 
 U = 2.0 ** -24  # float32 unit roundoff
 

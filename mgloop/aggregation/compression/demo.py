@@ -57,11 +57,12 @@ import math
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking, register
+from mgloop.aggregation import register
 from mgloop.aggregation.base import Options, option
 from mgloop.aggregation.compression import dct, transport
 from mgloop.aggregation.compression.base import Compressed
 from mgloop.aggregation.compression.transport import GATHER, gather_in_buckets
+from mgloop.aggregation.kernels import bitpacking
 from mgloop.errors import ConfigError
 
 MEANS = ("senders", "nodes")

@@ -25,10 +25,11 @@ import dataclasses
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking, register
+from mgloop.aggregation import register
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
 from mgloop.aggregation.compression.signs import SignContracted
 from mgloop.aggregation.compression.transport import GATHER
+from mgloop.aggregation.kernels import bitpacking
 
 
 def side_mean(x: tf.Tensor, side: tf.Tensor) -> tf.Tensor:

@@ -51,7 +51,7 @@ from mgloop.aggregation.base import option
 from mgloop.aggregation.compression import scales
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
 from mgloop.aggregation.compression.transport import SUMMABLE
-from mgloop.aggregation.ring import ring_all_reduce
+from mgloop.aggregation.dense.ring import ring_all_reduce
 
 
 def orthonormal(a: tf.Tensor) -> tf.Tensor:

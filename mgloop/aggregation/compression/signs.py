@@ -62,11 +62,12 @@ import math
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking, register
+from mgloop.aggregation import register
 from mgloop.aggregation.base import option
 from mgloop.aggregation.compression import scales
 from mgloop.aggregation.compression.base import Compressed, CompressionOptions, memory_option
 from mgloop.aggregation.compression.transport import GATHER, SUMMABLE
+from mgloop.aggregation.kernels import bitpacking
 from mgloop.errors import ConfigError
 
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking
 from mgloop.aggregation.compression.transport import ring_all_gather, shares_with
+from mgloop.aggregation.kernels import bitpacking
 
 SIZES_FIRST = "sizes first"
 

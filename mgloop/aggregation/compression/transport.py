@@ -27,8 +27,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from mgloop.aggregation import bitpacking
-from mgloop.aggregation.ring import ring_all_reduce
+from mgloop.aggregation.dense.ring import ring_all_reduce
+from mgloop.aggregation.kernels import bitpacking
 from mgloop.cluster.devices import canonical
 
 SUMMABLE = "summable"

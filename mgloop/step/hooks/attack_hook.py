@@ -29,15 +29,15 @@ from absl import logging
 import tensorflow as tf
 
 from mgloop.data import padding
-from mgloop.training import losses
 from mgloop.step.hooks import Hook
 from mgloop.step.hooks.attacks import OMNISCIENT, PER_TOWER, Attack, alie_z
+from mgloop.training import losses
 
 _STREAM = 0x62797a  # keeps the attack's random streams apart from any other use of --seed
 
 
 class ByzantineTowers(Hook):
-    """`towers_per_unit` > 1 (the method between nodes, aggregation/between_nodes.py): the
+    """`towers_per_unit` > 1 (the method between nodes, aggregation/placement/between_nodes.py): the
     attackers are `count` of the nodes, every tower of an attacking node alters its
     gradient alike (the same noise draw per node; alie and ipm over the honest nodes'
     means), so the node's mean is the attack's. `num_classes`: C of labelflip

@@ -1,4 +1,4 @@
-"""The guard of `async_diloco` (aggregation/async_diloco.py): a node applies its inner update
+"""The guard of `async_diloco` (aggregation/local/async_diloco.py): a node applies its inner update
 only on the steps its own clock gives it, so a slower node takes fewer inner steps.
 
 Node n's copies run `update` inside `tf.cond(method.applies(n, s), update, nothing)` on the
@@ -10,7 +10,7 @@ wait (quorum 1, no grace window) are not guarded.
 
 from __future__ import annotations
 
-from mgloop.aggregation.async_diloco import AsyncDiLoCo
+from mgloop.aggregation.local.async_diloco import AsyncDiLoCo
 from mgloop.step.hooks.node_failures import FrozenWhileDown
 
 

@@ -1,6 +1,6 @@
 """The guard of node failures: a down node's copies take no update.
 
-With `--node_failures` (aggregation/node_failures.py) the copies of node n apply the
+With `--node_failures` (aggregation/placement/node_failures.py) the copies of node n apply the
 step's update only while n is live, `tf.cond(alive(n, s), update, nothing)` on the step
 counter s inside the compiled step: a down node's parameters, optimizer slots and step
 count (and its non-trainable state) stay as they were until it returns and takes a live
