@@ -3,12 +3,10 @@ token accuracy equal to a numpy count and perplexity = exp(mean token loss)."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from mgloop import data
 from mgloop.runs.config import Config

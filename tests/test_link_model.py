@@ -4,7 +4,6 @@ messages of the real methods, --link parsing, and its figures in summary.json an
 import json
 import logging
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

@@ -225,7 +225,7 @@ def test_two_workers_of_two_towers_equal_one_worker_of_four(straight, tmp_path):
 def test_a_killed_worker_stops_the_job_and_a_restart_resumes(straight, tmp_path):
     logdir = tmp_path / "run"
     process = launcher(logdir, tmp_path / "export", "--train_steps=100000")
-    pids, lines, began = {}, [], time.monotonic()
+    pids, lines = {}, []
     for line in process.stdout:
         lines.append(line)
         started = re.match(r"\[launch\] worker (\d) .*\(pid (\d+)\)", line)

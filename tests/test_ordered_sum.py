@@ -1,7 +1,6 @@
 """--ordered_sum_bytes: large gradients summed tower by tower (mgloop/step/ordered_sum.py)."""
 
 import keras
-import numpy as np
 import pytest
 import tensorflow as tf
 

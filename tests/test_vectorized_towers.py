@@ -37,7 +37,6 @@ import tensorflow as tf
 from mgloop.cluster import devices
 from mgloop.runs import experiment
 from mgloop.step import per_tower, pfor, vectorized_towers
-from mgloop.runs.config import Config
 from mgloop.errors import ConfigError
 from tests import helpers
 from tests import tolerance
