@@ -311,3 +311,33 @@ def test_an_entry_times_fresh_processes_and_writes_its_json(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0
     assert "'nothing' is not a command; give one of: many, kernels, matmuls" in bad.stderr
+
+
+def test_the_scale_trend_is_the_percent_gap_in_loss_with_its_standard_error(tmp_path,
+                                                                            monkeypatch):
+    """experiments/scale_trend.py on hand-made records: gap = 100 (L_m - L_ring) / L_ring of
+    the seeds' mean losses, its error sqrt(s_m^2/n + s_r^2/n) / L_ring * 100; a size with no
+    ring has no row, a diverged seed (no loss) makes the gap NaN rather than vanishing."""
+    from experiments import scale_trend
+
+    def write(study, variant, losses):
+        folder = tmp_path / study / "results" / f"{variant}-abc123"
+        folder.mkdir(parents=True)
+        for seed, loss in enumerate(losses):
+            (folder / f"seed={seed}.json").write_text(json.dumps({"eval": {"loss": loss}}))
+
+    write("small", "aggregation=ring", [2.0, 2.2])
+    write("small", "aggregation=diloco", [2.2, 2.6])
+    write("small", "aggregation=bad", [2.0, None])
+    write("large", "aggregation=diloco", [1.0])  # no ring at this size: no row
+    monkeypatch.setattr(scale_trend, "SIZES", {
+        (1, 8, 2): {"ring": ("small", "aggregation=ring"), "d": ("small", "aggregation=diloco"),
+                    "x": ("small", "aggregation=bad")},
+        (2, 8, 2): {"ring": ("large", "aggregation=ring"), "d": ("large", "aggregation=diloco")}})
+    monkeypatch.setattr(scale_trend, "parameters", lambda *size: 1000 * size[0])
+    rows = {row["method"]: row for row in scale_trend.rows(str(tmp_path))}
+    assert set(rows) == {"ring", "d", "x"} and rows["d"]["parameters"] == 1000
+    assert rows["d"]["gap"] == pytest.approx(100 * (2.4 - 2.1) / 2.1)
+    assert rows["d"]["gap_se"] == pytest.approx(100 * (0.08 / 2 + 0.02 / 2) ** 0.5 / 2.1)
+    assert rows["x"]["gap"] != rows["x"]["gap"]  # NaN
+    assert "| 1,000 | ring | 2 |" in scale_trend.table(list(rows.values()))
