@@ -28,6 +28,10 @@ rejoins later (mgloop/cluster/elastic.py).
 train flags' `--link=between:BANDWIDTH,LATENCY` (mgloop/cluster/netns.py); TF_CONFIG names
 the namespaces' addresses, and the namespaces are removed whatever ends the job.
 
+The launcher's flags are made from the fields of cluster/launch_options.py (`LaunchOptions`,
+the rules of `mgloop.train`'s: runs/flags.py) and read back into one; cluster/launch_checks.py
+refuses a value out of range.
+
 For a real cluster, set TF_CONFIG on each host and run `python -m mgloop.train` there
 (docs/multi-worker.md).
 """
@@ -45,38 +49,19 @@ from absl import flags
 
 from mgloop import errors  # imports no TensorFlow
 from mgloop.cluster import elastic as elastic_lib  # imports no TensorFlow
+from mgloop.cluster import launch_checks  # imports no TensorFlow
 from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.cluster import worker_processes  # imports no TensorFlow
 from mgloop.cluster.worker_processes import FORWARDED, free_ports, how_it_ended, is_stopped
+from mgloop.cluster.launch_options import ELASTIC_ONLY, LaunchOptions
 from mgloop.cluster.worker_processes import tf_config
 from mgloop.data import options as data_options  # imports no TensorFlow
 from mgloop.errors import ConfigError
 from mgloop.observe import link_model  # imports no TensorFlow
+from mgloop.runs import flags as mgloop_flags  # imports no TensorFlow
 
 _FLAGS = flags.FLAGS
-flags.DEFINE_integer("num_workers", 2, "worker processes to start on this machine")
-flags.DEFINE_string("devices_per_worker", "cpu:2", "--devices of every worker")
-flags.DEFINE_float("grace_seconds", 60.0,
-                   "after a worker fails, how long the others get to stop by themselves "
-                   "(their collectives fail or their health checks give up) before they are "
-                   "terminated")
-flags.DEFINE_float("stop_seconds", 60.0,
-                   "after SIGTERM/SIGINT/SIGHUP (forwarded to every worker), how long the "
-                   "workers get to save and exit before they are killed")
-flags.DEFINE_bool("elastic", False,
-                  "restart from failures: when a worker fails, continue with the others from "
-                  "the last complete checkpoint in --logdir, and take a replacement back "
-                  "later (mgloop/cluster/elastic.py)")
-flags.DEFINE_integer("min_workers", 1, "--elastic: fewer live workers wait for a replacement")
-flags.DEFINE_integer("max_restarts", 3, "--elastic: restarts after failures before the job "
-                     "stops (restarts that take a replacement back are not counted)")
-flags.DEFINE_float("rejoin_seconds", 60.0,
-                   "--elastic: a failed worker's replacement joins once the workers left "
-                   "have run this long and saved a newer checkpoint")
-flags.DEFINE_bool("netns", False,
-                  "as root: run each worker in a network namespace of its own, its link "
-                  "shaped (tc tbf) to the --link=between:BANDWIDTH,LATENCY of the train flags; "
-                  "the namespaces are removed when the job ends (mgloop/cluster/netns.py)")
+mgloop_flags.define_flags_of(LaunchOptions, __name__)  # the launcher's own, before `--`
 
 _POLL_SECONDS = 0.2
 __all__ = ["free_ports", "how_it_ended", "launch", "tf_config"]
@@ -189,32 +174,12 @@ def _supervise(workers: worker_processes.Workers, received: list[int], grace: fl
     return failed[1] if failed[1] > 0 else 128 - failed[1]
 
 
-def refusal(num_workers: int, grace: float, stop_seconds: float,
-            train_flags: list[str]) -> str | None:
-    """The one line that refuses the launcher's settings, or None: they can run."""
+def devices_refusal(train_flags: list[str]) -> str | None:
+    """The one line that refuses --devices among the train flags (the launcher sets it per
+    worker), or None."""
     if any(f.startswith("--devices=") or f == "--devices" for f in train_flags):
         return ("--devices is set per worker by the launcher: give --devices_per_worker="
                 "DEVICES (e.g. cpu:2) instead of --devices after --")
-    if num_workers < 1:
-        return f"--num_workers={num_workers} is out of range: must be >= 1 (e.g. --num_workers=2)"
-    for flag, value in (("grace_seconds", grace), ("stop_seconds", stop_seconds)):
-        if not value >= 0:  # NaN too
-            return f"--{flag}={value} is out of range: must be >= 0 seconds"
-    return None
-
-
-ELASTIC_ONLY = ("min_workers", "max_restarts", "rejoin_seconds")
-
-
-def elastic_only_refusal(elastic: bool, given: list[str]) -> str | None:
-    """The one line that refuses a setting of --elastic given without it (it would be
-    ignored), or None; `given`: the names of the launcher flags set on the command line."""
-    if elastic:
-        return None
-    for name in ELASTIC_ONLY:
-        if name in given:
-            return (f"--{name} applies only to an elastic job: add --elastic (a failed worker "
-                    f"then does not end the job), or drop --{name}")
     return None
 
 
@@ -265,30 +230,32 @@ def netns_shaping(num_workers: int, train_flags: list[str]
 
 def main(argv):
     train_flags = argv[1:]
-    problem = (elastic_only_refusal(_FLAGS.elastic, [n for n in ELASTIC_ONLY
-                                                     if _FLAGS[n].present])
-               or refusal(_FLAGS.num_workers, _FLAGS.grace_seconds, _FLAGS.stop_seconds,
-                          train_flags))
+    options = mgloop_flags.options_from_flags(LaunchOptions)
+    try:
+        launch_checks.check(options, given=tuple(n for n in ELASTIC_ONLY if _FLAGS[n].present))
+        problem = devices_refusal(train_flags)
+    except ConfigError as error:
+        problem = str(error)
     shaping = None
-    if _FLAGS.netns and problem is None:
-        shaping, problem = netns_shaping(_FLAGS.num_workers, train_flags)
-    options = None
-    if _FLAGS.elastic and problem is None:
+    if options.netns and problem is None:
+        shaping, problem = netns_shaping(options.num_workers, train_flags)
+    elastic = None
+    if options.elastic and problem is None:
         try:  # --logdir as mgloop.train reads it: --logdir DIR, in a --flagfile too
             logdir = elastic_lib.flag_value(train_flags, "logdir")
-            towers = towers_per_worker(_FLAGS.devices_per_worker, train_flags)
+            towers = towers_per_worker(options.devices_per_worker, train_flags)
         except flags.Error as error:  # a --flagfile that cannot be read
             problem = f"the train flags after -- cannot be read: {error}"
         else:
-            options = elastic_lib.ElasticOptions(
-                _FLAGS.min_workers, _FLAGS.max_restarts, _FLAGS.rejoin_seconds, logdir or "")
-            problem = elastic_lib.refusal(options, _FLAGS.num_workers, train_flags, towers,
+            elastic = elastic_lib.ElasticOptions(
+                options.min_workers, options.max_restarts, options.rejoin_seconds, logdir or "")
+            problem = elastic_lib.refusal(elastic, options.num_workers, train_flags, towers,
                                           data_options.DEFAULT_GLOBAL_BATCH_SIZE)
     if problem:  # one line and exit code 2, as mgloop.train's refusals (no usage text)
         print(f"mgloop.launch: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(launch(_FLAGS.num_workers, _FLAGS.devices_per_worker, train_flags,
-                    _FLAGS.grace_seconds, _FLAGS.stop_seconds, elastic=options,
+    sys.exit(launch(options.num_workers, options.devices_per_worker, train_flags,
+                    options.grace_seconds, options.stop_seconds, elastic=elastic,
                     netns=shaping))
 
 

@@ -15,6 +15,10 @@ flags (flags.py) and the HParams record (summaries.py) need:
     neutral  otherwise, the reason why it cannot (it only says where files go, how often
              something is written, how long to wait...). Each setting states one of the two.
 
+An entry point's own settings (`python -m mgloop.launch`, `mgloop.sweep`: cluster/
+launch_options.py, runs/sweep/options.py) are not a run's, so neither applies: they are
+`entry_setting(default, help, flag=...)`s, made into flags by the same rules (flags.py).
+
 This module imports no TensorFlow and nothing of mgloop but errors.py, so every module
 may check its settings with `choice` and `in_range` without an import cycle.
 """
@@ -59,6 +63,15 @@ def setting(default, help: str, *, hparam: bool = False, neutral: str | None = N
                         "neutral='why it cannot', not both or neither")
     return dataclasses.field(default=default, metadata={
         "help": help, "hparam": hparam, "neutral": neutral, "choices": choices, "flag": flag})
+
+
+def entry_setting(default, help: str, *, flag: str | None = None,
+                  choices: Iterable[str] | None = None):
+    """An entry point's own setting (launch's, sweep's) with its help line: not recorded in
+    a run's HParams, so it states neither `hparam` nor `neutral`."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "hparam": False, "neutral": None, "choices": choices, "flag": flag,
+        "entry": True})
 
 
 def choices_of(field: dataclasses.Field) -> tuple[str, ...] | None:

@@ -40,6 +40,10 @@ and one line on stderr, before any folder is made or any cell built. So does a v
 tuning grid none of whose points has a score (tune.py), once its tuning cells have run:
 its final seeds are not run at a point chosen without a value. The workers' TensorFlow
 start-up lines are kept off stderr as `mgloop.train`'s are (quiet_start.py).
+
+The flags are made from the fields of runs/sweep/options.py (`SweepOptions`, the rules of
+`mgloop.train`'s: runs/flags.py) and read back into one; runs/sweep/checks.py refuses a
+value out of range.
 """
 
 from __future__ import annotations
@@ -49,54 +53,30 @@ import signal
 import sys
 
 from absl import app
-from absl import flags
 from absl import logging
 
 from mgloop import errors
 from mgloop.errors import ConfigError
+from mgloop.runs import flags as mgloop_flags  # loads no TensorFlow
 from mgloop.runs import quiet_start  # loads no TensorFlow
+from mgloop.runs.sweep import checks  # loads no TensorFlow
+from mgloop.runs.sweep.options import SweepOptions
 
-FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("vary", [], "KEY=V1,V2,...: an axis of the grid")
-flags.DEFINE_multi_string("set", [], "KEY=VALUE: a setting of every cell")
-flags.DEFINE_integer("seeds", 3, "seeds 0..N-1 per variant", lower_bound=1)
-flags.DEFINE_float("epochs", None, "budget: passes over the training data")
-flags.DEFINE_integer("evals", 20, "evaluations over the budget", lower_bound=1)
-flags.DEFINE_string("target", None, "METRIC>=VALUE or METRIC<=VALUE (an eval metric)")
-flags.DEFINE_multi_string("tune", [], "KEY=V1,V2,...: a tuning axis (KEY a Config field "
-                          "or aggregation.OPTION)")
-flags.DEFINE_integer("tune_seeds", 1, "tuning seeds per point (1000, 1001, ...)",
-                     lower_bound=1)
-flags.DEFINE_enum("tune_search", "grid", ["grid", "coordinate"],
-                  "grid: every point of the --tune axes' product; coordinate: one axis at a "
-                  "time, the others at their best so far")
-flags.DEFINE_integer("tune_widen", 0, "values added past a tuning axis's edge when its best "
-                     "lies there, per axis and side", lower_bound=0)
-flags.DEFINE_string("panels", None, "a --vary axis: one plot panel per value of it")
-flags.DEFINE_bool("stop_at_target", False, "end a cell at its first eval meeting --target")
-flags.DEFINE_multi_string("link", [], "[within:|between:]BANDWIDTH,LATENCY to model")
-flags.DEFINE_multi_string("plugin", [], "module of user methods/datasets (every cell)")
-flags.DEFINE_string("output_dir", None, "where runs/, results/, report.md and plots/ go")
-flags.DEFINE_integer("processes", 1, "cells at once", lower_bound=1)
-flags.DEFINE_integer("cells_per_process", 4, "a fresh worker process after N cells (0: never, "
-                     "and with --processes=1 the cells run in this process)",
-                     lower_bound=0)
-flags.DEFINE_bool("report_only", False, "only rewrite the report from the records")
-flags.DEFINE_string("title", None, "the report's title (default: the output folder's name)")
+mgloop_flags.define_flags_of(SweepOptions, __name__)  # its fields: runs/sweep/options.py
 
 
-def plan_from_flags():
+def plan_from_options(options: SweepOptions):
     from mgloop.runs.sweep import plan as plan_lib
     from mgloop.runs.sweep import target as target_lib
     from mgloop.runs.sweep import tune
-    return plan_lib.Plan(vary=tuple(FLAGS.vary), set=tuple(FLAGS.set),
-                         seeds=tuple(range(FLAGS.seeds)), output_dir=FLAGS.output_dir,
-                         epochs=FLAGS.epochs, evals=FLAGS.evals,
-                         target=target_lib.parse_target(FLAGS.target),
-                         stop_at_target=FLAGS.stop_at_target, links=tuple(FLAGS.link),
-                         plugins=tuple(FLAGS.plugin), tune=tuple(FLAGS.tune),
-                         tune_seeds=tune.tuning_seeds(FLAGS.tune_seeds),
-                         tune_search=FLAGS.tune_search, tune_widen=FLAGS.tune_widen)
+    return plan_lib.Plan(vary=options.vary, set=options.set,
+                         seeds=tuple(range(options.seeds)), output_dir=options.output_dir,
+                         epochs=options.epochs, evals=options.evals,
+                         target=target_lib.parse_target(options.target),
+                         stop_at_target=options.stop_at_target, links=options.links,
+                         plugins=options.plugins, tune=options.tune,
+                         tune_seeds=tune.tuning_seeds(options.tune_seeds),
+                         tune_search=options.tune_search, tune_widen=options.tune_widen)
 
 
 class _Interrupted(Exception):
@@ -121,33 +101,32 @@ def main(argv):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _interrupted)  # the runner sets its own while cells run
     try:
-        _main()
+        _main(mgloop_flags.options_from_flags(SweepOptions))
     except _Interrupted as stop:
         signum = stop.args[0]
         _error(f"stopped by {signal.Signals(signum).name} while no cell was running; run the "
                "same command to resume", 128 + signum)
 
 
-def _main():
-    if not FLAGS.output_dir:
-        _error("error: --output_dir is not set; give the folder for the runs, records and "
-               "report", 2)
-    if FLAGS.tune or not FLAGS.report_only:  # the report alone needs no TensorFlow;
+def _main(options: SweepOptions):
+    try:
+        checks.check(options)  # before any folder is made or TensorFlow loads
+    except ConfigError as error:
+        _error(f"error: {error}", 2)
+    if options.tune or not options.report_only:  # the report alone needs no TensorFlow;
         quiet_start.load_tensorflow()  # the cells' checks and --tune's methods load it quietly
     from mgloop.runs.sweep import grid
     from mgloop.runs.sweep import report
     from mgloop.runs.sweep import runner
     try:
-        plan = plan_from_flags()
-        if FLAGS.stop_at_target and plan.target is None:
-            raise ConfigError("--stop_at_target needs --target=METRIC>=VALUE")
+        plan = plan_from_options(options)
         cells = plan.cells()
         keys = [key for key, _ in cells[0].variant.axes]
-        if FLAGS.panels is not None and FLAGS.panels not in keys:
-            raise ConfigError(f"--panels={FLAGS.panels}: not a --vary axis; one of: "
+        if options.panels is not None and options.panels not in keys:
+            raise ConfigError(f"--panels={options.panels}: not a --vary axis; one of: "
                               f"{', '.join(keys) or 'none (no --vary)'}")
-        if not FLAGS.report_only:
-            runner.run(plan, FLAGS.processes, FLAGS.cells_per_process,
+        if not options.report_only:
+            runner.run(plan, options.processes, options.cells_per_process,
                        last_words=lambda line: print(f"mgloop.sweep: {line}", file=sys.stderr,
                                                      flush=True))
     except (ConfigError, grid.SpecError) as error:
@@ -155,11 +134,11 @@ def _main():
     except runner.Stopped as stop:
         _error(str(stop), 128 + stop.signum)
     order = list(dict.fromkeys(cell.variant.name for cell in cells))
-    title = FLAGS.title or plan.output_dir.rstrip("/").split("/")[-1]
+    title = options.title or plan.output_dir.rstrip("/").split("/")[-1]
     command = [arg for arg in sys.argv[1:] if arg not in ("--report_only", "--report_only=true")]
     path = report.write(plan.output_dir, order, title,
                         "python -m mgloop.sweep " + " ".join(map(shlex.quote, command)),
-                        panel_key=FLAGS.panels)
+                        panel_key=options.panels)
     logging.info("sweep: report in %s", path)
 
 

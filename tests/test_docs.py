@@ -206,8 +206,20 @@ def _experiment_flags(script: str, seen=None) -> set:
     return names
 
 
+def _entry_flags(module: str) -> set:
+    """The flag names of an entry point's own options (launch's, sweep's: made from their
+    fields by runs/flags.py; importing them loads no TensorFlow)."""
+    import dataclasses
+    from mgloop import settings
+    from mgloop.cluster.launch_options import LaunchOptions
+    from mgloop.runs.sweep.options import SweepOptions
+    options = {"mgloop.launch": LaunchOptions, "mgloop.sweep": SweepOptions}.get(module)
+    return {settings.flag_name(field) for field in dataclasses.fields(options)} if options \
+        else set()
+
+
 def _module_flags(module: str) -> set:
-    names = _defined(_read(_module_path(module)))
+    names = _defined(_read(_module_path(module))) | _entry_flags(module)
     if module in ("mgloop.train", "mgloop.launch"):
         names |= _config_flags()
     return names

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from mgloop.cluster import elastic
-from mgloop import launch
+from mgloop.cluster import launch_checks
+from mgloop.cluster.launch_options import LaunchOptions
 
 OPTIONS = elastic.ElasticOptions(min_workers=1, max_restarts=3, rejoin_seconds=0.0,
                                  logdir="/tmp/run")
@@ -66,7 +67,7 @@ def test_elastic_settings_without_elastic_are_refused_in_one_line(flag, tmp_path
     assert err.strip() == (f"mgloop.launch: error: --{name} applies only to an elastic job: "
                            f"add --elastic (a failed worker then does not end the job), or "
                            f"drop --{name}"), err
-    assert launch.elastic_only_refusal(True, [name]) is None
+    assert launch_checks.check(LaunchOptions(elastic=True), given=(name,))  # with --elastic
 
 
 def test_a_failure_below_min_workers_says_it_restarts_with_a_replacement():

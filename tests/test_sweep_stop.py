@@ -171,13 +171,14 @@ def test_sigint_then_sigterm_stop_the_sweep_cleanly_and_the_reruns_resume_it_exa
 
 
 def test_bad_flag_values_are_refused_in_one_line_before_tensorflow_loads(tmp_path):
-    """--seeds=0, a non-number, an unknown flag: exit code 2 and one line on stderr while
-    the flags are parsed, before TensorFlow loads; no output folder. (A bad --vary or --set
-    item or cell: tests/test_sweep.py, by the command line and by runner.run.)"""
+    """--seeds=0 (runs/sweep/checks.py), a non-number, an unknown flag (absl, while the
+    flags are parsed): exit code 2 and one line on stderr, before TensorFlow loads; no output
+    folder. (A bad --vary or --set item or cell: tests/test_sweep.py, by the command line and
+    by runner.run.)"""
     out = tmp_path / "sweep"
     base = [sys.executable, "-m", "mgloop.sweep", f"--output_dir={out}",
             "--set=model=mlp", "--set=devices=cpu:2", "--set=train_steps=4"]
-    for extra, says in ((["--seeds=0"], "flag --seeds=0: 0 is not a positive integer"),
+    for extra, says in ((["--seeds=0"], "--seeds=0 is out of range: must be >= 1"),
                         (["--evals=x"], "flag --evals=x: invalid literal"),
                         (["--sets=model=mlp"], "Unknown command line flag 'sets'")):
         done = subprocess.run(base + extra, capture_output=True, text=True, cwd=REPO,

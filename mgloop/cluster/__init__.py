@@ -7,6 +7,8 @@
     workers.py      the worker processes of a job (TF_CONFIG): Cluster, its rank and size
     worker_processes.py  the local worker processes of a job: started in their own process
                     groups, watched, signalled, named when one fails (imports no TensorFlow)
+    launch_options.py  the launcher's own settings (`python -m mgloop.launch`): LaunchOptions,
+                    its flags made from the fields; launch_checks.py its check
     elastic.py      `mgloop.launch --elastic`: a job restarted from a failure on the workers left
     node_layout.py  Nodes: which towers each node holds, its leader, device -> node
     peer_health.py  heartbeats between workers: a lost peer stops the job with one line

@@ -1,6 +1,8 @@
 """Studies: a grid of runs (methods x settings x seeds) to a budget or a target, and its
 report (`python -m mgloop.sweep`, mgloop/sweep.py).
 
+    options.py  the sweep's own settings: SweepOptions, its flags made from the fields;
+                checks.py its check (counts, --tune_search, --output_dir)
     grid.py     --vary/--set as typed Config settings (the variants)
     plan.py     the cells (variants x seeds), each cell's Config, budget and target
     target.py   --target=METRIC>=VALUE: the eval metric and the value a cell must reach

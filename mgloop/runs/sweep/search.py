@@ -30,9 +30,10 @@ import dataclasses
 import itertools
 import os
 
+from mgloop.runs.sweep.options import TUNE_SEARCHES
 from mgloop.runs.sweep.tune import MISSING, Axis, at_edge, axes_of, direction, summarise
 
-SEARCHES = ("grid", "coordinate")
+SEARCHES = TUNE_SEARCHES  # --tune_search (options.py)
 
 
 @dataclasses.dataclass(frozen=True)
