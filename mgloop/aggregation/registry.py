@@ -7,6 +7,7 @@ import functools
 import importlib
 
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
@@ -111,5 +112,6 @@ _BUILTINS = (
 )
 
 
-__all__ = ["Aggregation", "Options", "option", "SHARED", "REPLICATED", "register", "names",
-           "get", "parse", "make", "canonical_spec", "describe", "load_plugins"]
+__all__ = ["Aggregation", "Capabilities", "Options", "option", "SHARED", "REPLICATED",
+           "register", "names", "get", "parse", "make", "canonical_spec", "describe",
+           "load_plugins"]
