@@ -467,7 +467,7 @@ def make_plan() -> list[bench_plan.Entry]:
     """The systems to measure, checked against the flags and this machine (PlanError)."""
     from mgloop import aggregation
     plan = bench_plan.entries(_FLAGS.modes, [int(t) for t in _FLAGS.towers],
-                              {name: aggregation.get(name).single_loss
+                              {name: aggregation.get(name).capabilities.single_loss
                                for name in aggregation.names()})
     visible_gpus = 0
     if _FLAGS.device_kind == "gpu":

@@ -297,5 +297,5 @@ def test_refusals_are_one_line(tmp_path, settings, words):
     with pytest.raises(ConfigError) as error:
         helpers.small_config(str(tmp_path), **settings).validated()
     assert "\n" not in str(error.value) and words in str(error.value)
-    assert aggregation.get("async_diloco").resize_refusal
-    assert not aggregation.get("async_diloco").runs_between_processes
+    assert aggregation.get("async_diloco").capabilities.resize_refusal
+    assert not aggregation.get("async_diloco").capabilities.runs_between_processes

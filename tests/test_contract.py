@@ -86,8 +86,9 @@ def config_for(directory, name, towers, **overrides):
     method, options = aggregation.parse(settings["aggregation"])
     if method.applies_momentum(options):  # momentum inside the method: plain SGD outside
         settings.setdefault("optimizer", "sgd")
-    if method.needs_optimizer:  # des_loc: Adam, at the eps of the bound's premise (tolerance.py)
-        settings.setdefault("optimizer", method.needs_optimizer)
+    needed = method.capabilities.needs_optimizer
+    if needed:  # des_loc: Adam, at the eps of the bound's premise (tolerance.py)
+        settings.setdefault("optimizer", needed)
         settings.setdefault("adam_epsilon", 1e-3)
     return helpers.small_config(str(directory), devices=f"cpu:{towers}", **settings)
 
@@ -98,7 +99,7 @@ def trained(tmp_path_factory):
 
     def get(name, towers, identity=False):
         if (name, towers, identity) not in cache:
-            overrides = dict(aggregation=f"{name}:{aggregation.get(name).identity}") \
+            overrides = dict(aggregation=f"{name}:{aggregation.get(name).capabilities.identity}") \
                 if identity else {}
             config = config_for(tmp_path_factory.mktemp("run"), name, towers, **overrides)
             trainer = helpers.build_trainer(config)
@@ -127,12 +128,12 @@ def refused_here(name, tmp_path, towers) -> bool:
     `device_kinds` exclude the CPU towers of this machine, or its `check` refuses `towers`
     (then it must run on 4); False when it runs here."""
     method = aggregation.get(name)
-    if "cpu" in method.device_kinds and serves(name, towers):
+    if "cpu" in method.capabilities.device_kinds and serves(name, towers):
         return False
     with pytest.raises(ConfigError) as error:
         config_for(tmp_path, name, towers).validated()
     assert "\n" not in str(error.value) and f"--aggregation={name}" in str(error.value)
-    assert "cpu" not in method.device_kinds or serves(name, 4)
+    assert "cpu" not in method.capabilities.device_kinds or serves(name, 4)
     return True
 
 
@@ -154,7 +155,8 @@ def towers_for(name) -> int:
 def exact_at(name, towers) -> bool:
     """`exact`, or a lossy method whose error_bound is None at this tower count."""
     method, options = aggregation.parse(SPECS.get(name, name))
-    return method.exact or (method.exchanges and method.error_bound(options, towers) is None)
+    caps = method.capabilities
+    return caps.exact or (caps.exchanges and method.error_bound(options, towers) is None)
 
 
 def shard(batches, tower, towers):
@@ -172,17 +174,17 @@ def test_aggregate_is_what_the_method_declares(name, towers, trained, reference,
     if name in SAME_AS:
         assert_same_as(name, towers, tmp_path)
         return
-    identity = method.identity is not None  # its identity options: as an exact method
+    identity = method.capabilities.identity is not None  # its identity options: as exact
     run = trained(name, towers, identity)
     copies = helpers.copy_weights(run.trainer)
     exact = exact_at(name, towers) or identity
-    if exact or not method.exchanges:  # it trained
+    if exact or not method.capabilities.exchanges:  # it trained
         assert any(np.abs(w - w0).max() > 1e-3 for w, w0 in zip(copies[-1], run.start))
     if exact:
         expected = reference("global", helpers.batches(STEPS))
         for weights in copies:
             tolerance.assert_matches_reference(weights, run.loss_sum, expected)
-    elif method.exchanges:
+    elif method.capabilities.exchanges:
         assert all(np.isfinite(w).all() for weights in copies for w in weights)
         assert_within_declared_bound(run, towers)
     else:  # no exchange: copy t is one device trained on shard t alone
@@ -273,7 +275,7 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
     resumed = helpers.build_trainer(dataclasses.replace(run.config, logdir=str(tmp_path)))
     restorer = checkpoint.Checkpointer.of_trainer(folder, resumed, keep=1)
     assert restorer.restore_latest() == path
-    assert restorer.restored_every_copy == aggregation.get(name).copies_differ
+    assert restorer.restored_every_copy == aggregation.get(name).capabilities.copies_differ
     if not restorer.restored_every_copy:
         resumed.sync_replicas()
     for restored, original in zip(resumed.aggregation.state_variables, state):
@@ -283,7 +285,7 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
     helpers.run_batches(resumed, batch)
     # copy 0 is what a checkpoint holds (independent's other replicas restart from it),
     # every copy when they differ between syncs
-    held = len(run.trainer.copies) if aggregation.get(name).copies_differ else 1
+    held = len(run.trainer.copies) if aggregation.get(name).capabilities.copies_differ else 1
     for a, b in zip(all_values(resumed, resumed.copies[:held]),
                     all_values(run.trainer, run.trainer.copies[:held])):
         np.testing.assert_array_equal(a, b)
@@ -296,7 +298,7 @@ def test_exchange_timing_leaves_the_state(name, trained, tmp_path):
     run = trained(name, towers_for(name))
     before = all_values(run.trainer)
     seconds = run.trainer.time_exchange(repeats=1, per_call=2)
-    assert (seconds is None) == aggregation.get(name).single_loss
+    assert (seconds is None) == aggregation.get(name).capabilities.single_loss
     for after, value in zip(all_values(run.trainer), before):
         np.testing.assert_array_equal(after, value)
 
@@ -325,15 +327,15 @@ def test_reduce_never_receives_a_non_trainable_variable(name, tmp_path):
     helpers.run_batches(trainer, helpers.batches(1))
     trainable = trainer.copies[0].trainable
     assert trainer.copies[0].non_trainable  # the moving statistics exist
-    assert bool(handed) != method.single_loss  # a per-tower method reduced
+    assert bool(handed) != method.capabilities.single_loss  # a per-tower method reduced
     handed_elements = [0] * len(handed[0][1]) if handed else []
     for variables, tower_values in handed:
         assert all(any(v is w for w in trainable) for v in variables)
         for t, values in enumerate(tower_values):
-            if method.summable:  # packed buckets: 1-D, several variables' gradients each
+            if method.capabilities.summable:  # packed buckets: 1-D, several variables' each
                 handed_elements[t] += sum(g.shape.num_elements() for g in values)
             else:  # one gradient per variable, in its shape
                 assert [tuple(g.shape) for g in values] == [tuple(v.shape) for v in variables]
-    if handed and method.summable:  # every trainable gradient once, nothing else
+    if handed and method.capabilities.summable:  # every trainable gradient once, nothing else
         assert handed_elements == [sum(v.shape.num_elements() for v in trainable)] * len(
             handed_elements)

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import mgloop
 from mgloop import launch
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.compression.base import Compressed
 from mgloop.aggregation.local.local_steps import DiLoCo
 from mgloop.cluster import elastic
@@ -63,7 +64,8 @@ class _Joining:
     name = "stand_in"
 
     def __init__(self, refusal=None):
-        self.resize_refusal, self.joined = refusal, []
+        self.capabilities = Capabilities(layout="replicated", resize_refusal=refusal)
+        self.joined = []
 
     def rejoined(self, copies):
         self.joined.append(copies)

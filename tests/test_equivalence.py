@@ -75,7 +75,7 @@ def test_towers_equal_single_device(mode, towers, model, reference, initial, log
     trainer, loss_sum = helpers.train_mgloop(config, helpers.batches(STEPS))
     expected = reference(config)
     copies = helpers.copy_weights(trainer)
-    layout = aggregation.get(mode).layout
+    layout = aggregation.get(mode).capabilities.layout
     assert len(copies) == (towers if layout == aggregation.REPLICATED else 1)
     for weights in copies:
         tolerance.assert_matches_reference(weights, loss_sum, expected)

@@ -30,8 +30,8 @@ class _Zeroing:
     """Mixin: the registered method's reduce, with every result replaced by zeros (a
     deliberately lossy method); remembers every variable it was handed."""
 
-    seen: list = []
-    exact = False  # lossy, declared: ||0 - (1/T) sum_t g_t|| <= max_t ||g_t||
+    seen: list = []  # (each subclass declares exact=False: lossy, ||0 - (1/T) sum_t g_t||
+    # <= max_t ||g_t||)
 
     @classmethod
     def error_bound(cls, options, num_towers):
@@ -53,11 +53,13 @@ class _Zeroing:
 @register
 class ZeroingRing(_Zeroing, Ring):
     name = "test_zeroing_ring"
+    capabilities = Ring.capabilities.but(exact=False)
 
 
 @register
 class ZeroingPs(_Zeroing, ParameterServerCpu):
     name = "test_zeroing_ps_cpu"
+    capabilities = ParameterServerCpu.capabilities.but(exact=False)
 
 
 @register
@@ -66,7 +68,8 @@ class ResidualRing(Ring):
     running sum of the averaged gradients of the first variable."""
 
     name = "test_residual_ring"
-    summable = False  # state per variable: its gradients must not be packed into buckets
+    # state per variable: its gradients must not be packed into buckets
+    capabilities = Ring.capabilities.but(summable=False)
     residual = None
 
     def reduce(self, tower_values, variables, average=True):

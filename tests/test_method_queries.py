@@ -1,5 +1,9 @@
 """runs/ asks a method (its capabilities, aggregation/placement/queries.py), never probes it.
 
+What a method can do is one `Capabilities` record (aggregation/capabilities.py): every
+registered method has one, and `register` refuses a class without one or with the loose
+class attributes that came before it (an old plugin's, silently ignored otherwise).
+
 A probe by type or attribute (`isinstance(aggregation, NodeLevel)`, `getattr(aggregation,
 "local", ...)`) ties runs/ to how a method is wrapped today and silently answers wrong for
 a new wrapper; the method answers instead. The placement answers are checked where they
@@ -9,7 +13,10 @@ differ: a method between simulated nodes (with a node down) against one on the t
 import ast
 import os
 
+import pytest
+
 from mgloop import aggregation
+from mgloop.aggregation.dense.ring import Ring
 from mgloop.aggregation.placement.between_nodes import NodeLevel
 from tests import copies_by_hand, helpers
 
@@ -66,3 +73,35 @@ def test_placement_answers_between_nodes_and_on_towers(tmp_path):
     assert method.towers_per_node() == 2 and method.failure_schedule() is schedule
     assert schedule is not None and method.node_state_variables() is None  # one process
     assert not method.exchanges_between_workers  # no peers: the nodes are simulated
+
+
+def test_every_registered_method_has_a_capabilities_record():
+    for name in aggregation.names():
+        assert isinstance(aggregation.get(name).capabilities, aggregation.Capabilities), name
+
+
+def test_register_refuses_loose_capabilities_and_a_missing_record():
+    class OldPlugin(aggregation.Aggregation):
+        name = "test_old_plugin"
+        layout, exact = aggregation.REPLICATED, False
+
+    class OldRing(Ring):
+        name = "test_old_ring"
+        summable = False
+
+    class NoRecord(aggregation.Aggregation):
+        name = "test_no_record"
+
+    refusals = {"OldPlugin": "declares exact, layout as class attributes",
+                "OldRing": "declares summable as class attributes",
+                "NoRecord": "has no capabilities record"}
+    for cls in (OldPlugin, OldRing, NoRecord):
+        with pytest.raises(TypeError) as refused:
+            aggregation.register(cls)
+        message = str(refused.value)
+        assert "\n" not in message and f"{__name__}.test_register" in message, message
+        assert refusals[cls.__name__] in message and "Capabilities(" in message, message
+        assert cls.name not in aggregation.names()
+    derived = Ring.capabilities.but(summable=False)  # the record's way
+    assert (derived.summable, derived.layout, Ring.capabilities.summable) == (
+        False, aggregation.REPLICATED, True)

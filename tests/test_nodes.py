@@ -91,7 +91,8 @@ def test_the_method_between_nodes_is_the_method_on_the_node_means(spec, nodes):
         got = reduce_at_nodes(placed(device_set.towers, values), variables)
         expected = reduce_alone(placed(alone.devices.towers, means), variables)
         for copy, values_of_copy in enumerate(got):
-            reference = expected[copy // per_node if at_nodes.layout == "replicated" else 0]
+            replicated = at_nodes.capabilities.layout == "replicated"
+            reference = expected[copy // per_node if replicated else 0]
             for a, b in zip(values_of_copy, reference):
                 np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{spec} step {s}")
         step.assign_add(1)

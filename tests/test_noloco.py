@@ -148,7 +148,7 @@ def test_refusals_are_one_line(tmp_path):
         with pytest.raises(ConfigError) as error:
             helpers.small_config(str(tmp_path), **settings).validated()
         assert "\n" not in str(error.value) and words in str(error.value)
-    assert aggregation.get("noloco").resize_refusal
+    assert aggregation.get("noloco").capabilities.resize_refusal
 
 
 def test_four_nodes_train_and_evaluate_the_mean_of_their_outer_parameters(tmp_path):

@@ -218,7 +218,7 @@ def test_identity_settings_equal_synchronous_training(spec, one_device, tmp_path
     4 towers equal one device (synchronous training's reference) within tolerance.py's
     bound on any other order of the float32 sums."""
     method, options = aggregation.parse(spec)
-    assert not method.exact and method.error_bound(options, 4) is None
+    assert not method.capabilities.exact and method.error_bound(options, 4) is None
     trainer, loss_sum = helpers.train_mgloop(
         helpers.small_config(str(tmp_path), devices="cpu:4", aggregation=spec),
         helpers.batches(5))

@@ -11,6 +11,7 @@ docs/concepts/aggregation-contract.md.
 The contract, the lookup, the settings, traffic and validation, here:
 
     base.py           the contract: where variable copies live and how gradients meet
+    capabilities.py   what a method can do, one record (`Capabilities`) each method declares
     registry.py       the package's body (`register`, `parse`, `make`), loaded on first use
     options.py        a method and its options as one string; exchange_options.py the
                       aggregation part of the settings (`config.exchange`), checks.py its check

@@ -15,8 +15,9 @@ to `--transport_dtype` on the sending device and back to its own dtype on the re
 so sums are always accumulated in the gradient's dtype, and (b) counts the bytes each device
 sends and receives, while the step is traced: exactly what the algorithm moves per step.
 
-Longer than ~300 lines: one class, the contract every method subclasses, each capability and
-hook documented where declared (its model: global_models.py; where it runs: placement/queries.py).
+One class, the contract every method subclasses, each hook documented where declared (what a
+method can do: its `capabilities` record, capabilities.py; its model: global_models.py; where
+it runs: placement/queries.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import ClassVar, Sequence
 
 import tensorflow as tf
 
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.global_models import ProducedModel
 from mgloop.aggregation.placement.peers import Peers
 from mgloop.aggregation.placement.queries import PlacementQueries
@@ -36,11 +38,6 @@ from mgloop.cluster.devices import DeviceRequest, DeviceSet, canonical  # noqa: 
 
 SHARED, REPLICATED = "shared", "replicated"
 Gradients = list[tf.Tensor]
-# The class attributes of `Aggregation` that declare what a method can do.
-CAPABILITIES = ("layout", "exchanges", "single_loss", "exact", "summable", "unsummable_reason",
-                "across_workers", "compressed_transport", "device_kinds", "sums_at_home",
-                "averages_non_trainable", "copies_differ", "identity", "buckets_payloads",
-                "runs_between_processes", "copies_per_device", "needs_optimizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,68 +57,22 @@ def option(default, help: str, low=None, high=None, low_open: bool = False,
 
 
 class Aggregation(ProducedModel, PlacementQueries, abc.ABC):
-    """One gradient-aggregation method. Subclass, set `name` and `layout`, register.
+    """One gradient-aggregation method. Subclass, set `name` and `capabilities`, register.
 
     The contract (docs/concepts/aggregation-contract.md): `reduce` is handed the towers'
     gradients and nothing else; the method's own options are `self.options` (an
     instance of `options_type`); its state is made by `build` and listed by
     `state_variables` (checkpointed, restored on resume, broadcast from the chief,
-    changed by the training step alone). What it can do is declared below as class
-    attributes (capabilities); validation and the contract test read them, never names.
+    changed by the training step alone). What it can do is its `capabilities` record
+    (capabilities.py); validation and the contract test read it, never names.
     """
 
     name: ClassVar[str]
     options_type: ClassVar[type[Options]] = Options  # the method's options dataclass
 
-    # Capabilities.
-    # The layout it supports: SHARED, one variable copy; REPLICATED, one per tower.
-    layout: ClassVar[str]
-    exchanges: ClassVar[bool] = True  # False: no gradient exchange to compress or pack
-    single_loss: ClassVar[bool] = False  # True: one loss over all towers (colocate.py)
-    # True: `reduce` returns (1/T) sum_t g[t] to float tolerance (equals one device).
-    # False: lossy, within `error_bound` (below), or, without an exchange, not a mean at all.
-    exact: ClassVar[bool] = True
-    # May be packed into buckets and ride on an all-reduce: `reduce` is element-wise linear in
-    # the towers' values and keeps no per-variable state. Otherwise buckets are refused
-    # (validation.py) and never formed, and `unsummable_reason` says why.
-    summable: ClassVar[bool] = True
-    unsummable_reason: ClassVar[str] = ("its reduce is not an element-wise sum of the towers' "
-                                        "values (it needs each tensor whole, e.g. to gather)")
-    # Works across worker processes, as the local stage of cross_worker.py: `reduce(...,
-    # average=False)[0]` is this worker's sum of its towers' contributions on copy 0's device.
-    across_workers: ClassVar[bool] = True
-    # Honours --transport_dtype (sends through `send`); False: its kernel sums in the dtype
-    # it is given, so a compressed transport could not keep the sums in float32.
-    compressed_transport: ClassVar[bool] = True
-    device_kinds: ClassVar[tuple[str, ...]] = ("cpu", "gpu")  # tower kinds it runs on
-    # True: `reduce` sums and scales each variable's tower values on `home_of(variable)`.
-    sums_at_home: ClassVar[bool] = False
-    # False: copy t keeps tower t's non-trainable state (independent.py); otherwise the
-    # towers' float state is averaged by mgloop's exact path (non_trainable.py), never `reduce`.
-    averages_non_trainable: ClassVar[bool] = True
-    # True: the variable copies differ between the method's synchronisations (local SGD,
-    # DiLoCo): a checkpoint holds every copy with its optimizer, and a restore keeps them.
-    copies_differ: ClassVar[bool] = False
-    # Why its per-node state cannot resume with another worker count (None: `rejoined`'s rule)
-    resize_refusal: ClassVar[str | None] = None
-    # True: every value it moves between its towers goes through the transports that reach
-    # other processes with `peers` (ring.py, transport.py, gather_at_root.py, the parameter
-    # servers' sums; peers.py), so it runs between workers at the nodes. False (e.g. a method
-    # that only `send`s between its own towers): refused at the nodes across workers.
-    runs_between_processes: ClassVar[bool] = False
-    # True: the per-tensor payloads it gathers are fused into buckets of --pack_bytes for
-    # the transport (compression/base.py's `gather_in_buckets`), though it is not summable.
-    buckets_payloads: ClassVar[bool] = False
-    # True: with K towers on one device (--towers_per_device, DeviceSet.copy_devices) one copy
-    # per device, and `reduce` returns one output per device, sent once (gather_at_root.py);
-    # False: one per tower, kept per device by device_groups.py.
-    copies_per_device: ClassVar[bool] = False
-    # Options (a spec's `key=value,...` part) under which a method whose updates are by
-    # design not the synchronous one (stale reads, local steps) trains exactly as
-    # synchronous training, e.g. "period=1": the contract test checks that against one
-    # device. None: the method is `exact`, lossy within `error_bound`, or has no exchange.
-    identity: ClassVar[str | None] = None
-    needs_optimizer: ClassVar[str | None] = None  # the --optimizer it needs (des_loc: adam)
+    # What it can do (capabilities.py): one record, no default; a registered method declares
+    # one, `Capabilities(layout=..., ...)`, or inherits (or derives, `.but(...)`) its parent's.
+    capabilities: ClassVar[Capabilities]
     # The workers whose towers it also combines (cross_worker.py); None: one process.
     cluster = None
     # The other workers' copies of it at the nodes (peers.py): its transports' collectives.
@@ -246,7 +197,7 @@ class Aggregation(ProducedModel, PlacementQueries, abc.ABC):
         Only trainable gradients arrive here. A `summable` method may receive them packed
         (`--pack_bytes`, on by default; exchange.py): value i is then the 1-D concatenation
         of the gradients of bucket i (packing.py) and variables[i] the bucket's first
-        variable; a method with state per variable declares `summable = False` and always
+        variable; a method with state per variable declares `summable=False` and always
         receives one gradient per variable.
         Returns:
           out[c][v] = (1/T) * sum_t tower_values[t][v], placed on the device of variable

@@ -49,8 +49,6 @@ class ProducedModel:
     """The contract's part (aggregation/base.py `Aggregation` inherits it) that names the model
     a method produces; a wrapper hands the calls to the method it wraps."""
 
-    copies_differ = False  # (declared, with every capability, in base.py)
-
     def global_model(self, copies) -> list[tf.Tensor]:
         """The trainable values of the model it produces (module top) from `copies` (those it
         holds, copy 0 first), changing none. Default: copy 0's, w = v_0."""
@@ -59,7 +57,7 @@ class ProducedModel:
     def global_model_name(self) -> str:
         """`global_model` in words (summary.json's "evaluated_model")."""
         return ("copy 0 (node 0's replica: the method names no global model)"
-                if self.copies_differ else "copy 0 (every copy equal)")
+                if self.capabilities.copies_differ else "copy 0 (every copy equal)")
 
     def node_copies(self, copies) -> list:
         """Each node's own copy, in node order (--eval_each_node). Default: every copy."""

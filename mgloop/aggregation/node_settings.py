@@ -50,19 +50,19 @@ def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
     method = aggregation.get(options.aggregation)
     where = (f"between --nodes={nodes} nodes" if num_workers == 1
              else f"between {num_workers} workers (nodes)")
-    if method.single_loss:
+    if method.capabilities.single_loss:
         raise ConfigError(f"--aggregation={options.aggregation} {where}: it computes one loss "
                           "over every tower, none per node; use --method_at=towers or a "
                           "tower-loop method")
     if num_workers > 1:
-        if not method.runs_between_processes:
+        if not method.capabilities.runs_between_processes:
             raise ConfigError(f"--aggregation={options.aggregation} {where}: it moves values "
                               "only between its own towers (it does not declare "
                               "runs_between_processes), which would exchange nothing between "
                               "the workers; use --method_at=towers or one of: "
-                              + ", ".join(n for n in aggregation.names()
-                                          if aggregation.get(n).runs_between_processes))
-        if not method.exchanges:
+                              + ", ".join(n for n in aggregation.names() if aggregation.get(
+                                  n).capabilities.runs_between_processes))
+        if not method.capabilities.exchanges:
             raise ConfigError(f"--aggregation={options.aggregation} {where}: its replicas "
                               "exchange nothing, so there is nothing to send between nodes; "
                               "use a method that exchanges gradients")
@@ -73,8 +73,9 @@ def check_nodes(options: ExchangeOptions, context) -> DeviceRequest:
 
 
 def _exact_stage(method) -> bool:
-    return (method.exact and method.exchanges and method.layout == REPLICATED
-            and not method.single_loss and not method.copies_differ)
+    caps = method.capabilities
+    return (caps.exact and caps.exchanges and caps.layout == REPLICATED
+            and not caps.single_loss and not caps.copies_differ)
 
 
 def method_at_nodes(options: ExchangeOptions, num_workers: int = 1) -> bool:
@@ -86,7 +87,7 @@ def method_at_nodes(options: ExchangeOptions, num_workers: int = 1) -> bool:
     if num_workers <= 1:
         return options.nodes > 1 and options.method_at in ("auto", "nodes")
     if options.method_at == "auto":
-        method = aggregation.get(options.aggregation)
-        return (not method.exact and method.exchanges and not method.single_loss
-                and method.runs_between_processes)
+        caps = aggregation.get(options.aggregation).capabilities
+        return (not caps.exact and caps.exchanges and not caps.single_loss
+                and caps.runs_between_processes)
     return options.method_at == "nodes"

@@ -7,6 +7,7 @@ import functools
 import importlib
 
 from mgloop.aggregation.base import REPLICATED, SHARED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import FIELDS, Capabilities
 from mgloop.aggregation.plugins import load_plugins
 from mgloop.errors import ConfigError
 
@@ -15,7 +16,10 @@ _REGISTRY: dict[str, type[Aggregation]] = {}
 
 def register(cls: type[Aggregation]) -> type[Aggregation]:
     """Class decorator: makes `cls.name` a valid `--aggregation`. The same class imported
-    again (a module reloaded) replaces itself; another class of the same name is refused."""
+    again (a module reloaded) replaces itself; another class of the same name is refused, and
+    so is a class with no `capabilities` record (capabilities.py) or one that still declares a
+    capability as a loose class attribute (`exact = False`: an old plugin's, else ignored)."""
+    _check_capabilities(cls)
     known = _REGISTRY.get(cls.name)
     if known is not None and (known.__module__, known.__qualname__) != (cls.__module__,
                                                                         cls.__qualname__):
@@ -23,6 +27,21 @@ def register(cls: type[Aggregation]) -> type[Aggregation]:
                          f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__})")
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def _check_capabilities(cls: type[Aggregation]) -> None:
+    """Raises TypeError (one line, naming `cls`) unless `cls` has a `Capabilities` record and
+    none of its classes declares one of the record's fields as a class attribute."""
+    where = f"aggregation class {cls.__module__}.{cls.__qualname__}"
+    loose = sorted({n for klass in cls.__mro__ for n in vars(klass) if n in FIELDS})
+    if loose:
+        raise TypeError(f"{where} declares {', '.join(loose)} as class attributes; declare "
+                        f"them in one record: capabilities = Capabilities(layout=..., ...) "
+                        f"(mgloop.aggregation.Capabilities, docs/plugins.md)")
+    if not isinstance(getattr(cls, "capabilities", None), Capabilities):
+        raise TypeError(f"{where} has no capabilities record: declare capabilities = "
+                        f"Capabilities(layout=..., ...) (mgloop.aggregation.Capabilities, "
+                        f"docs/plugins.md)")
 
 
 @functools.cache
@@ -111,5 +130,6 @@ _BUILTINS = (
 )
 
 
-__all__ = ["Aggregation", "Options", "option", "SHARED", "REPLICATED", "register", "names",
-           "get", "parse", "make", "canonical_spec", "describe", "load_plugins"]
+__all__ = ["Aggregation", "Capabilities", "Options", "option", "SHARED", "REPLICATED",
+           "register", "names", "get", "parse", "make", "canonical_spec", "describe",
+           "load_plugins"]

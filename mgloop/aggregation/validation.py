@@ -4,7 +4,7 @@
 checks.py's check before any device or variable exists) loads `--plugin` modules
 (plugins.py), parses `--aggregation` (options.py), checks the settings that apply to
 every method (`grad_reduce`, `transport_dtype`, `pack_bytes`) against what the method
-declares (base.py's capabilities; never its name), then the method's own
+declares (its `capabilities` record, capabilities.py; never its name), then the method's own
 `check(request, options)`. `check_batch_norm` and `check_optimizer` check the method
 with another part's setting (runs/config_checks.py calls them). Every refusal is one
 ConfigError line naming the flag and what would be valid.
@@ -53,8 +53,8 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
         raise ConfigError(f"--pack_bytes={options.pack_bytes} is out of range: must be >= 0")
     mode = f"--aggregation={options.aggregation}"
     request = context.request
-    if request.kind not in method.device_kinds:
-        kinds = " or ".join(k.upper() for k in method.device_kinds)
+    if request.kind not in method.capabilities.device_kinds:
+        kinds = " or ".join(k.upper() for k in method.capabilities.device_kinds)
         raise ConfigError(f"{mode} needs {kinds} towers (--devices={request.kind}... gives "
                           f"{request.kind.upper()} towers); methods that run there: "
                           f"{_names(lambda m: request.kind in m.device_kinds)}")
@@ -81,12 +81,12 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
         raise ConfigError(f"{error} (at --method_at=nodes the method's towers are "
                           f"{where})") from None
     workers = context.num_workers
-    if (workers > 1 and not method.across_workers
+    if (workers > 1 and not method.capabilities.across_workers
             and not node_settings.method_at_nodes(options, workers)):
         where = f"across {workers} workers (TF_CONFIG)"
-        if method.single_loss:
+        if method.capabilities.single_loss:
             reason = "the single-loss baseline runs in one process; use a tower-loop mode"
-        elif not method.exchanges:
+        elif not method.capabilities.exchanges:
             reason = ("its replicas exchange nothing, so there is nothing to sum between "
                       "workers; use a mode that averages gradients")
         else:
@@ -101,9 +101,10 @@ def check_method(options: ExchangeOptions, context) -> tuple[type[Aggregation], 
 def check_batch_norm(options: ExchangeOptions, batch_norm: str) -> None:
     """--batch_norm=sync needs per-tower losses and an exchange (the method's)."""
     method = aggregation.get(options.aggregation)
-    if batch_norm == "sync" and (method.single_loss or not method.exchanges):
+    caps = method.capabilities
+    if batch_norm == "sync" and (caps.single_loss or not caps.exchanges):
         reason = ("re-creates multi_gpu_model, whose batch norm is per tower" if
-                  method.single_loss else "trains each replica alone on its own shard")
+                  caps.single_loss else "trains each replica alone on its own shard")
         raise ConfigError(f"--batch_norm=sync with --aggregation={options.aggregation}, which "
                           f"{reason}; use --batch_norm=per_tower or a mode that exchanges "
                           "gradients per tower")
@@ -113,7 +114,7 @@ def check_optimizer(options: ExchangeOptions, optimizer) -> None:
     """A method that applies momentum itself needs --optimizer=sgd, one that `needs_optimizer`
     that one (`optimizer`: its name, or a Keras optimizer a user gives, not checked here)."""
     method, method_options = aggregation.parse(options.aggregation)
-    needed = method.needs_optimizer
+    needed = method.capabilities.needs_optimizer
     if needed and isinstance(optimizer, str) and optimizer != needed:
         raise ConfigError(f"--aggregation={options.aggregation} averages the moments of "
                           f"--optimizer={needed}, which --optimizer={optimizer} does not "
@@ -126,36 +127,41 @@ def check_optimizer(options: ExchangeOptions, optimizer) -> None:
 
 
 def _check_transport(dtype: str, method: type[Aggregation], mode: str) -> None:
+    caps = method.capabilities
     if dtype == "float32":
         return
-    if not method.exchanges:
+    if not caps.exchanges:
         raise ConfigError(f"--transport_dtype={dtype} means nothing with {mode}, which "
                           "exchanges no gradients; leave it at float32")
-    compressing = _names(lambda m: m.exchanges and m.layout != SHARED and m.compressed_transport)
-    if method.layout == SHARED:
+    compressing = _names(lambda m: m.exchanges and m.layout != SHARED
+                         and m.compressed_transport)
+    if caps.layout == SHARED:
         raise ConfigError(f"--transport_dtype={dtype} means nothing with {mode} (shared "
                           "variables: towers read the float32 variables themselves); use a "
                           f"replicated mode ({compressing}) or leave it at float32")
-    if not method.compressed_transport:
+    if not caps.compressed_transport:
         raise ConfigError(f"--transport_dtype={dtype} with {mode}: its kernel sums in the "
                           "dtype it is given, so the sum could not stay in float32; use "
                           f"{compressing} for compressed transport")
 
 
 def _check_packing(pack_bytes: int, method: type[Aggregation], mode: str) -> None:
+    caps = method.capabilities
     if not pack_bytes or pack_bytes == DEFAULT_BUCKET_BYTES:  # the default: simply not applied
         return
-    if not method.exchanges:
+    if not caps.exchanges:
         raise ConfigError(f"--pack_bytes={pack_bytes} means nothing with {mode}, which "
                           "exchanges no gradients; leave it at 0")
-    if not method.summable and not method.buckets_payloads:
+    if not caps.summable and not caps.buckets_payloads:
         raise ConfigError(f"--pack_bytes={pack_bytes} with {mode}: "
-                          f"{method.unsummable_reason}; use a summable method ("
-                          f"{_names(lambda m: m.summable and m.exchanges)}) or --pack_bytes=0")
+                          f"{caps.unsummable_reason}; use a summable method ("
+                          f"{_names(lambda m: m.summable and m.exchanges)}) or "
+                          "--pack_bytes=0")
 
 
 def _names(keep) -> str:
-    return ", ".join(n for n in aggregation.names() if keep(aggregation.get(n)))
+    """The methods whose capabilities record `keep` accepts, by name."""
+    return ", ".join(n for n in aggregation.names() if keep(aggregation.get(n).capabilities))
 
 
 def _choice(flag: str, value, choices) -> None:

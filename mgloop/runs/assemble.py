@@ -146,7 +146,8 @@ def build(model_fn: Callable[[], keras.Model], loss_fn, aggregation: Aggregation
     staging = staging or staging_lib.make("device", 2, replicas.tower_devices,
                                           config.accumulation_steps)
     parts = StepParts(replicas, spec.loss_fn, spec.metrics, common, passes, streams, compiled)
-    step, train_loop = (single_loss_loop(config, parts, staging) if aggregation.single_loss
+    step, train_loop = (single_loss_loop(config, parts, staging)
+                        if aggregation.capabilities.single_loss
                         else tower_loop(config, parts, staging))
     # the method's model, evaluated and exported, on the side of the copies (inference.py)
     evaluated = inference.evaluation_model(model, model_fn, aggregation, input_shape,
@@ -195,7 +196,7 @@ def common_hooks(config: Config, model, replicas: Replicas, attack, classes, fir
     """mgloop's hooks of every step the config asks for, then the user's `hooks`; refused
     (one line) where the towers of a device are one vectorized pass and a hook cannot be."""
     aggregation = replicas.aggregation
-    single_loss = aggregation.single_loss
+    single_loss = aggregation.capabilities.single_loss
     units = [aggregation.devices.host] if single_loss else replicas.tower_devices
     common = []  # the hooks of every step, in data-path order
     byzantine = None

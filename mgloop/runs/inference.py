@@ -61,7 +61,7 @@ def evaluation_model(template: keras.Model, model_fn, aggregation, input_shape,
     subclassed model without a config); its values are assigned before use (`refresh`).
     Python's and NumPy's random states are kept as they were (Keras draws its initializers'
     seeds from Python's), so a run's later draws do not depend on it."""
-    if not aggregation.copies_differ:
+    if not aggregation.capabilities.copies_differ:
         return None
     states = random.getstate(), np.random.get_state()
     try:

@@ -52,7 +52,7 @@ def node_variables(aggregation, copies) -> list[tf.Variable]:
     out = aggregation.node_state_variables()
     if out is None:
         return []
-    if aggregation.copies_differ:
+    if aggregation.capabilities.copies_differ:
         for copy in copies:
             out += [*copy.variables, *(backing(v) for v in copy.optimizer.variables)]
     return out
@@ -130,8 +130,8 @@ class NodeCheckpoints:
     def restore(self, step: int, logdir: str, method=None, copies=()) -> str:
         """This node's state of `step` (the step the chief's checkpoint restored), by the
         module docstring's rule when the worker count changed; returns a log line's text.
-        `method`: the run's aggregation, as the step holds it (its `rejoined` and
-        `resize_refusal`, which every wrapper hands to the method it wraps)."""
+        `method`: the run's aggregation, as the step holds it (its `rejoined`, which every
+        wrapper hands to the method it wraps, and its capabilities' `resize_refusal`)."""
         own = os.path.join(self.directory, f"ckpt-{step}")
         first = os.path.join(self.root, "node-0", f"ckpt-{step}")
         if not tf.io.gfile.exists(first + ".index"):
@@ -139,7 +139,7 @@ class NodeCheckpoints:
                 f"--logdir={logdir}: the checkpoint of step {step} has no {first} with the "
                 "nodes' own state (error feedback, local copies); use a fresh --logdir")
         written = _written_by(self.root, step)
-        refusal = method.resize_refusal if method is not None else None
+        refusal = method.capabilities.resize_refusal if method is not None else None
         if written != self.count and refusal:
             raise ConfigError(
                 f"--logdir={logdir}: step {step} was written by {written} workers (nodes), "

@@ -56,8 +56,8 @@ def method_config(spec: str, logdir: str, **settings) -> Config:
     kind, options = aggregation.parse(method)
     if kind.applies_momentum(options):
         values["optimizer"] = "sgd"
-    if kind.needs_optimizer:  # des_loc: adam
-        values["optimizer"] = kind.needs_optimizer
+    if kind.capabilities.needs_optimizer:  # des_loc: adam
+        values["optimizer"] = kind.capabilities.needs_optimizer
     return Config(**values)
 
 

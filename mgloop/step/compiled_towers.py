@@ -58,7 +58,7 @@ def check_step(options: StepOptions, towers_per_device: int) -> None:
 
 def check_method(options: StepOptions, aggregation_flag: str) -> None:
     """With --xla_towers, refuses (one line) a method with no per-tower pass to compile."""
-    if options.xla_towers and aggregation.parse(aggregation_flag)[0].single_loss:
+    if options.xla_towers and aggregation.parse(aggregation_flag)[0].capabilities.single_loss:
         raise _refusal(f"--aggregation={aggregation_flag} computes one loss over every tower, "
                        "no per-tower pass to compile")
 

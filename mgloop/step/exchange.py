@@ -134,7 +134,7 @@ def make(aggregation: Aggregation, copies, average: bool, pack_bytes: int,
         return Sharded(sharded_update, average)
     if sums_at_home:
         inner = HomeSums(aggregation, copies, average)
-    elif pack_bytes and aggregation.exchanges and aggregation.summable:
+    elif pack_bytes and aggregation.capabilities.exchanges and aggregation.capabilities.summable:
         inner = Packed(aggregation, copies, average, pack_bytes)
     else:
         inner = Plain(aggregation, copies, average)

@@ -65,7 +65,7 @@ def stand_ins(trainer) -> list[TowerOutput]:
 def time_exchange(trainer, repeats: int = 5, per_call: int = 20) -> float | None:
     """Median seconds of one exchange alone, large-gradient sums at home included (no
     tower compute, no update); None for a single-loss mode, which has no exchange."""
-    if trainer.aggregation.single_loss:
+    if trainer.aggregation.capabilities.single_loss:
         return None
     outputs = stand_ins(trainer)
     size = metrics_lib.total_size(trainer.metrics)

@@ -18,7 +18,7 @@ mean of statistics, not a gradient). The sends count in the step's traffic;
 the sum is in tower order, so it is the same on every run and every method.
 Non-float state (seed generators' states, counters) is tower 0's: every tower
 returns the same value (random_streams.py). A method that declares
-`averages_non_trainable = False` (`independent`: replicas train alone) has copy
+`averages_non_trainable=False` (`independent`: replicas train alone) has copy
 t keep tower t's own state.
 """
 
@@ -59,7 +59,7 @@ def _combine(aggregation, states, copies, tower_devices):
     first = copies[0].non_trainable
     if not first:
         return [[] for _ in copies]
-    if not aggregation.averages_non_trainable:
+    if not aggregation.capabilities.averages_non_trainable:
         return [list(states[c]) for c in range(len(copies))]
     floats = [i for i, v in enumerate(first) if v.dtype.is_floating]
     sums = [_sum_in_tower_order(aggregation, [state[i] for state in states], tower_devices,

@@ -49,7 +49,7 @@ from mgloop.aggregation.base import SHARED, Aggregation
 
 def applies(aggregation: Aggregation) -> bool:
     """Whether several towers' gradients meet at one home each, in the host's memory."""
-    return (aggregation.layout == SHARED and aggregation.sums_at_home
+    return (aggregation.capabilities.layout == SHARED and aggregation.capabilities.sums_at_home
             and aggregation.devices.simulated and aggregation.num_towers > 1)
 
 

@@ -101,7 +101,7 @@ class Replicas:
     def copy_index(self, tower: int) -> int:
         """Replicated: the copy of the tower's device (one per device; with
         --towers_per_device=K, towers d K .. d K + K - 1 read copy d). Shared: copy 0."""
-        if self.aggregation.layout != REPLICATED:
+        if self.aggregation.capabilities.layout != REPLICATED:
             return 0
         return tower * len(self.copies) // self.num_towers
 
@@ -119,7 +119,7 @@ class Replicas:
         copy = self.copy_for_tower(tower)
         trainable, non_trainable = read if read is not None else self.read_copy(copy)
         values = (self.aggregation.tower_values(tower, trainable), non_trainable)
-        if self.aggregation.layout == REPLICATED:
+        if self.aggregation.capabilities.layout == REPLICATED:
             return values
         variables = copy.trainable, copy.non_trainable
         return tuple([self.aggregation.send(value, v.device, device) for value, v in zip(vals, vs)]
@@ -175,7 +175,7 @@ class Replicas:
     def checkpointed_copies(self) -> list[variables_lib.VariableCopy]:
         """The copies besides copy 0 a checkpoint must hold: every one when the method's
         copies differ between its synchronisations (`copies_differ`: local SGD), else none."""
-        return self.copies[1:] if self.aggregation.copies_differ else []
+        return self.copies[1:] if self.aggregation.capabilities.copies_differ else []
 
     def broadcast_from_chief(self, keep=()) -> None:
         """Several processes: every worker takes worker 0's variables, optimizer state (with

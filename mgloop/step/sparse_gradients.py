@@ -59,13 +59,14 @@ def to_dense(rows: tf.IndexedSlices, shape: tf.TensorShape) -> tf.Tensor:
 
 def route(aggregation: Aggregation, sparse_as_dense: bool) -> str | None:
     """HOME, ALL_GATHER or None (dense) for this method and setting (module docstring)."""
-    if sparse_as_dense or aggregation.single_loss or not aggregation.exchanges:
+    caps = aggregation.capabilities
+    if sparse_as_dense or caps.single_loss or not caps.exchanges:
         return None
-    if aggregation.cluster is not None or not aggregation.exact:
+    if aggregation.cluster is not None or not caps.exact:
         return None
-    if aggregation.layout == SHARED and aggregation.sums_at_home:
+    if caps.layout == SHARED and caps.sums_at_home:
         return HOME
-    if aggregation.layout == REPLICATED and aggregation.num_towers > 1:
+    if caps.layout == REPLICATED and aggregation.num_towers > 1:
         return ALL_GATHER
     return None
 

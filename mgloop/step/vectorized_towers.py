@@ -97,7 +97,8 @@ def check_method(aggregation_flag: str, request, at_nodes: bool, nodes: int,
     if not method.reproducible(options):
         _refuse(flag, f"--aggregation={aggregation_flag} reads when each tower finished "
                 "(a clock), and a device's towers finish together, as one computation")
-    if method.single_loss:
+    caps = method.capabilities
+    if caps.single_loss:
         _refuse(flag, f"--aggregation={aggregation_flag} computes one loss over every "
                 "tower, no per-tower pass to vectorize")
     if at_nodes:  # several workers: each a node
@@ -114,23 +115,23 @@ def check_method(aggregation_flag: str, request, at_nodes: bool, nodes: int,
                     f"towers, which share devices (use --within_node={between_nodes.DIRECT})")
         return
     at = f"--aggregation={aggregation_flag} at the towers"
-    if method.summable and method.exchanges:  # made on the devices, on their means
+    if caps.summable and caps.exchanges:  # made on the devices, on their means
         try:
             method.check(dataclasses.replace(request, towers_per_device=1), options)
         except ConfigError as error:
             raise ConfigError(f"{flag}: {at} runs between the {request.num_devices} devices "
                               f"(on each device's mean of its towers): {error}") from None
-    if method.copies_differ:
+    if caps.copies_differ:
         _refuse(flag, f"{at} keeps one variable copy per tower, and a device's towers share "
                 "one (give --nodes=N to run it between nodes)")
     if method.tower_values is not Aggregation.tower_values:
         _refuse(flag, f"{at} gives each tower values of its own to read (stale reads), and a "
                 "device's towers read one copy (give --nodes=N to run it between nodes)")
-    if not method.averages_non_trainable:
+    if not caps.averages_non_trainable:
         _refuse(flag, f"{at} keeps each tower's own non-trainable state, and a device's "
                 "towers share one copy")
-    if (request.num_devices > 1 and not (method.summable and method.exchanges)
-            and not method.copies_per_device):
+    if (request.num_devices > 1 and not (caps.summable and caps.exchanges)
+            and not caps.copies_per_device):
         _refuse(flag, f"{at} on {request.num_devices} devices sends to every tower, so its "
                 "bytes would be counted once per receiving tower, not per device (use one "
                 "device, --devices=cpu:1, or --nodes=N with the method between nodes)")

@@ -41,11 +41,11 @@ class TopKOptions(aggregation.Options):
 @aggregation.register
 class TopKErrorFeedback(aggregation.Aggregation):
     name = "topk_ef"
-    layout = aggregation.REPLICATED
     options_type = TopKOptions
-    exact = False
-    summable = False
-    unsummable_reason = "it gathers each tower's top-k values and indices (no element-wise sum)"
+    capabilities = aggregation.Capabilities(
+        layout=aggregation.REPLICATED, exact=False, summable=False,
+        unsummable_reason="it gathers each tower's top-k values and indices (no element-wise "
+                          "sum)")
 
     @classmethod
     def error_bound(cls, options, num_towers):

@@ -55,6 +55,7 @@ from typing import ClassVar
 import tensorflow as tf
 
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.compression import transport
 from mgloop.aggregation.compression.sites import Encoded, Site
 from mgloop.aggregation.compression.transport import GATHER, SUMMABLE, gather_in_buckets
@@ -82,21 +83,21 @@ class Compressed(Aggregation):
     sizes_first.py), implement `compress`, `decompress`, `error_bound`;
     optionally `prepare`/`update_state` (e.g. DGC's momentum) and `extra_state`."""
 
-    layout = REPLICATED
-    exact = False
-    # Buckets are never packed: the residuals and selections are per variable.
-    summable = False
-    unsummable_reason = ("it compresses each gradient by itself (per-variable residuals and "
-                         "selections), so gradients cannot be packed into buckets")
-    across_workers = True  # at towers the workers add dense local sums (module docstring)
+    capabilities = Capabilities(
+        layout=REPLICATED, exact=False,
+        # Buckets are never packed: the residuals and selections are per variable.
+        summable=False,
+        unsummable_reason=("it compresses each gradient by itself (per-variable residuals "
+                           "and selections), so gradients cannot be packed into buckets"),
+        across_workers=True,  # at towers the workers add dense local sums (module docstring)
+        buckets_payloads=True,  # gathered wires travel in buckets of `bucket_bytes`
+        runs_between_processes=True)  # its transports reach other processes (peers.py)
     options_type: ClassVar[type[Options]] = CompressionOptions
     transport: ClassVar[str] = GATHER
     # GATHER payloads that are (values, int32 indices), each index once: every tower adds
     # them into one accumulator by scatter-add in tower order (n floats of memory, not T n).
     sparse_payload: ClassVar[bool] = False
     own_state_keys: ClassVar[tuple[str, ...]] = ()  # extra_state of a node's own (rejoined)
-    buckets_payloads = True  # gathered wires travel in buckets of `bucket_bytes`
-    runs_between_processes = True  # its transports reach other processes (peers.py)
 
     # ---- bit-packing (on the wire only; compress/decompress see the payload itself) ----
     def pack(self, payload: tuple, site: Site) -> tuple:

@@ -91,7 +91,7 @@ class Demo(Compressed):
     transport = GATHER
     # Its output is not a sum of per-tower contributions (a scatter mean, then a sign), so
     # workers cannot add dense local sums: between workers it runs at the nodes.
-    across_workers = False
+    capabilities = Compressed.capabilities.but(across_workers=False)
 
     @property
     def uses_memory(self) -> bool:

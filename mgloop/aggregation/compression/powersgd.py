@@ -93,8 +93,9 @@ def plan(shape, options: PowerSgdOptions) -> Matrix | None:
 class PowerSgd(Compressed):
     name = "powersgd"
     options_type = PowerSgdOptions
-    across_workers = False
-    buckets_payloads = False  # P and Q of every variable already travel as one buffer each
+    capabilities = Compressed.capabilities.but(
+        across_workers=False,
+        buckets_payloads=False)  # P and Q of every variable already travel as one buffer each
     transport = SUMMABLE
 
     @classmethod

@@ -50,7 +50,8 @@ class RandomK(Compressed):
     name = "randomk"
     options_type = RandomKOptions
     transport = SUMMABLE
-    buckets_payloads = False  # its unpacked payloads are summed by the ring, never gathered
+    # its unpacked payloads are summed by the ring, never gathered
+    capabilities = Compressed.capabilities.but(buckets_payloads=False)
 
     @classmethod
     def error_bound(cls, options, num_towers):

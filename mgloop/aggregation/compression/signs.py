@@ -136,7 +136,7 @@ class SignSgd(BoundForAnyLength, Compressed):
     name = "signsgd"
     options_type = SignSgdOptions
     transport = SUMMABLE
-    across_workers = False
+    capabilities = Compressed.capabilities.but(across_workers=False)
 
     @classmethod
     def check(cls, request, options):

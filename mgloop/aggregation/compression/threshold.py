@@ -65,7 +65,8 @@ class Threshold(Compressed):
     options_type = ThresholdOptions
     transport = sizes_first.SIZES_FIRST
     sparse_payload = True  # (values, indices), indices packed at the narrowest type
-    buckets_payloads = False  # one payload buffer per step for every variable already
+    # one payload buffer per step for every variable already
+    capabilities = Compressed.capabilities.but(buckets_payloads=False)
 
     def __init__(self, devices, options=None, transport_dtype="float32", **construction):
         super().__init__(devices, options, transport_dtype, **construction)

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, canonical
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.placement.collective_keys import new_group_key, new_instance_key
 from mgloop.aggregation.placement.shard_exchange import ShardsUpdate, equal_shard_sizes, padded_size
 
@@ -45,8 +46,9 @@ def ordering_tokens(devices) -> list[tf.Variable]:
 
 
 class _AllReduceKernel(Aggregation):
-    layout = REPLICATED
-    compressed_transport = False  # the kernel sums in the dtype it is given
+    capabilities = Capabilities(
+        layout=REPLICATED,
+        compressed_transport=False)  # the kernel sums in the dtype it is given
 
     def parameter_devices(self):
         return list(self.devices.towers)
@@ -161,7 +163,8 @@ class Collective(ShardsUpdate, _AllReduceKernel):
 @register
 class Nccl(_AllReduceKernel):
     name = "nccl"
-    device_kinds = ("gpu",)  # NCCL does not run on CPU devices
+    # NCCL does not run on CPU devices
+    capabilities = _AllReduceKernel.capabilities.but(device_kinds=("gpu",))
 
     def all_reduce(self, values, average):
         from tensorflow.python.ops import nccl_ops  # the public API has no NCCL entry point

@@ -27,7 +27,7 @@ from mgloop.aggregation.dense.parameter_server import ParameterServerCpu
 @register
 class Colocate(ParameterServerCpu):
     name = "colocate"
-    exchanges = False
-    single_loss = True
-    across_workers = False  # the single loss is over one process's towers
-    runs_between_processes = False
+    capabilities = ParameterServerCpu.capabilities.but(
+        exchanges=False, single_loss=True,
+        across_workers=False,  # the single loss is over one process's towers
+        runs_between_processes=False)

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.dense.ring import (chunk_sizes, joined, owned_chunk, ring_all_gather,
                                            ring_reduce_scatter, sharded_ring_all_reduce)
 from mgloop.aggregation.placement.shard_exchange import ShardsUpdate
@@ -45,7 +46,7 @@ class HierarchicalOptions(Options):
 @register
 class Hierarchical(ShardsUpdate, Aggregation):
     name = "hierarchical"
-    layout = REPLICATED
+    capabilities = Capabilities(layout=REPLICATED)
     options_type = HierarchicalOptions
 
     @classmethod

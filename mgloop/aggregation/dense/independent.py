@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation
+from mgloop.aggregation.capabilities import Capabilities
 
 
 @register
 class Independent(Aggregation):
     name = "independent"
-    layout = REPLICATED
-    exchanges = False
-    exact = False  # not a mean: replica t trains on shard t alone (no error bound)
-    across_workers = False  # nothing to sum between workers
-    averages_non_trainable = False
+    capabilities = Capabilities(
+        layout=REPLICATED, exchanges=False,
+        exact=False,  # not a mean: replica t trains on shard t alone (no error bound)
+        across_workers=False,  # nothing to sum between workers
+        averages_non_trainable=False)
 
     def parameter_devices(self):
         return list(self.devices.towers)

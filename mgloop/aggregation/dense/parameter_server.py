@@ -23,12 +23,13 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import SHARED, Aggregation, canonical
+from mgloop.aggregation.capabilities import Capabilities
 
 
 class _ParameterServer(Aggregation):
-    layout = SHARED
-    sums_at_home = True
-    runs_between_processes = True  # its transports reach other processes (peers.py)
+    capabilities = Capabilities(
+        layout=SHARED, sums_at_home=True,
+        runs_between_processes=True)  # its transports reach other processes (peers.py)
 
     def parameter_devices(self):
         return [self.devices.host]
@@ -66,9 +67,10 @@ class ParameterServerDevice(_ParameterServer):
 @register
 class ParameterServerSpread(_ParameterServer):
     name = "ps_spread"
-    summable = False
-    unsummable_reason = ("a bucket would fuse gradients of variables that live on different "
-                         "devices")
+    capabilities = _ParameterServer.capabilities.but(
+        summable=False,
+        unsummable_reason="a bucket would fuse gradients of variables that live on different "
+                          "devices")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation
+from mgloop.aggregation.capabilities import Capabilities
 
 
 def reduce_then_broadcast(method: Aggregation, values, devices, average, root=None):
@@ -28,7 +29,7 @@ def reduce_then_broadcast(method: Aggregation, values, devices, average, root=No
 @register
 class ReduceBroadcast(Aggregation):
     name = "reduce_broadcast"
-    layout = REPLICATED
+    capabilities = Capabilities(layout=REPLICATED)
 
     def parameter_devices(self):
         return list(self.devices.towers)

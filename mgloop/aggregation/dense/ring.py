@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.placement.shard_exchange import ShardsUpdate
 
 
@@ -155,8 +156,10 @@ class RingOptions(Options):
 @register
 class Ring(ShardsUpdate, Aggregation):
     name = "ring"
-    layout = REPLICATED
-    runs_between_processes = True  # sharded_ring_all_reduce reaches other processes (peers.py)
+    capabilities = Capabilities(
+        layout=REPLICATED,
+        # sharded_ring_all_reduce reaches other processes (peers.py)
+        runs_between_processes=True)
     options_type = RingOptions
 
     def parameter_devices(self):

@@ -60,9 +60,9 @@ class DelayOptions(Options):
 class Delay(_ParameterServer):
     name = "delay"
     options_type = DelayOptions
-    exact = False  # by design stale: not the synchronous update unless d=0
-    identity = "d=0"
-    across_workers = False
+    capabilities = _ParameterServer.capabilities.but(
+        exact=False,  # by design stale: not the synchronous update unless d=0
+        identity="d=0", across_workers=False)
 
     def build(self, variables):
         """The ring buffer: D + 1 slots per variable, every one v(0), beside it."""
@@ -123,9 +123,10 @@ class DropOptions(Options):
 class Drop(_ParameterServer):
     name = "drop"
     options_type = DropOptions
-    exact = False
-    sums_at_home = False  # the dropped towers are left out inside `reduce` alone
-    across_workers = False
+    capabilities = _ParameterServer.capabilities.but(
+        exact=False,
+        sums_at_home=False,  # the dropped towers are left out inside `reduce` alone
+        across_workers=False)
 
     @classmethod
     def error_bound(cls, options, num_towers):

@@ -96,10 +96,11 @@ class AsyncDiLoCoOptions(Options):
 class AsyncDiLoCo(DiLoCo):
     name = "async_diloco"
     options_type = AsyncDiLoCoOptions
-    identity = "period=1,outer_lr=1,outer_momentum=0,delay=1,quorum=0"
-    runs_between_processes = False
-    resize_refusal = ("each node's round (x_start, inner steps done) is its own; resume on "
-                      "the same number of nodes")
+    capabilities = DiLoCo.capabilities.but(
+        identity="period=1,outer_lr=1,outer_momentum=0,delay=1,quorum=0",
+        runs_between_processes=False,
+        resize_refusal="each node's round (x_start, inner steps done) is its own; resume on "
+                       "the same number of nodes")
 
     def __init__(self, devices, options=None, transport_dtype="float32", live=None,
                  node_speeds=None, **construction):
@@ -158,7 +159,7 @@ class AsyncDiLoCo(DiLoCo):
                 + [v for vs in self._start for v in vs] + ints)
 
     def rejoined(self, copies) -> None:  # never: a resize is refused (resize_refusal)
-        raise ConfigError(f"--aggregation=async_diloco: {self.resize_refusal}")
+        raise ConfigError(f"--aggregation=async_diloco: {self.capabilities.resize_refusal}")
 
     def applies(self, i: int, step) -> tf.Tensor:
         """Whether node i applies its inner update at `step` (the guard's and the clock's)."""

@@ -88,9 +88,10 @@ class DesLocOptions(Options):
 class DesLoc(LocalSGD):
     name = "des_loc"
     options_type = DesLocOptions
-    identity = None  # every period 1 is localsgd:period=1,slots=average, not synchronous Adam
-    needs_optimizer = "adam"  # it averages Adam's first and second moments
-    unsummable_reason = "it exchanges no gradients"
+    capabilities = LocalSGD.capabilities.but(
+        identity=None,  # every period 1 is localsgd:period=1,slots=average, not synchronous Adam
+        needs_optimizer="adam",  # it averages Adam's first and second moments
+        unsummable_reason="it exchanges no gradients")
     warmup = 0
 
     def occasions(self) -> list[Occasion]:

@@ -59,6 +59,7 @@ import tensorflow as tf
 
 from mgloop.aggregation import global_models, register
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.dense.ring import sharded_ring_all_reduce
 from mgloop.aggregation.local.outer_schedule import (OuterMomentumOptions, momentum, warmup_ops,
                                                      warmup_steps)
@@ -90,16 +91,15 @@ class LocalSGDOptions(Options):
 @register
 class LocalSGD(Aggregation):
     name = "localsgd"
-    layout = REPLICATED
     options_type = LocalSGDOptions
-    exact = False  # local steps are by design not the synchronous update
-    identity = "period=1"
-    summable = False
-    unsummable_reason = "it exchanges no gradients after its warmup"
-    across_workers = False
-    compressed_transport = False  # parameters are averaged at their own dtype
-    copies_differ = True
-    runs_between_processes = True  # its transports reach other processes (peers.py)
+    capabilities = Capabilities(
+        layout=REPLICATED, exact=False,  # local steps are by design not the synchronous update
+        identity="period=1", summable=False,
+        unsummable_reason="it exchanges no gradients after its warmup",
+        across_workers=False,
+        compressed_transport=False,  # parameters are averaged at their own dtype
+        copies_differ=True,
+        runs_between_processes=True)  # its transports reach other processes (peers.py)
 
     def __init__(self, devices, options=None, transport_dtype="float32", live=None,
                  **construction):
@@ -244,7 +244,7 @@ class DiLoCoOptions(OuterMomentumOptions):
 class DiLoCo(LocalSGD):
     name = "diloco"
     options_type = DiLoCoOptions
-    identity = "period=1,outer_lr=1,outer_momentum=0"
+    capabilities = LocalSGD.capabilities.but(identity="period=1,outer_lr=1,outer_momentum=0")
     averages_slots = False  # each replica keeps its inner optimizer's state
 
     @property

@@ -88,12 +88,13 @@ class NoLoCoOptions(outer_schedule.OuterMomentumOptions):
 class NoLoCo(DiLoCo):
     name = "noloco"
     options_type = NoLoCoOptions
-    identity = "period=1,group=0,outer_lr=1,outer_momentum=0,gamma=0"  # module top
-    runs_between_processes = False
+    capabilities = DiLoCo.capabilities.but(
+        identity="period=1,group=0,outer_lr=1,outer_momentum=0,gamma=0",  # module top
+        runs_between_processes=False,
+        resize_refusal="each node's outer parameters and velocity are its own (NoLoCo: no "
+                       "node holds another's); resume on the same number of workers")
     outer_parameters_differ = True
     momentum_is_velocity = True  # v = -b m: Pier's warmup fills v <- a v - b delta
-    resize_refusal = ("each node's outer parameters and velocity are its own (NoLoCo: no "
-                      "node holds another's); resume on the same number of workers")
 
     def __init__(self, devices, options=None, transport_dtype="float32", live=None,
                  **construction):
@@ -165,7 +166,7 @@ class NoLoCo(DiLoCo):
                              tier="between")
 
     def rejoined(self, copies) -> None:  # never: a resize is refused (resize_refusal)
-        raise ConfigError(f"--aggregation=noloco: {self.resize_refusal}")
+        raise ConfigError(f"--aggregation=noloco: {self.capabilities.resize_refusal}")
 
     def global_model(self, copies):
         """(1/N) sum_i x_i, on copy 0's device (one node: the copy itself)."""

@@ -90,7 +90,8 @@ class SparseLoCoOptions(Options):
 class SparseLoCo(DiLoCo):
     name = "sparseloco"
     options_type = SparseLoCoOptions
-    identity = "period=1,outer_lr=1,decay=0,density=1,value_bits=0"
+    capabilities = DiLoCo.capabilities.but(
+        identity="period=1,outer_lr=1,decay=0,density=1,value_bits=0")
 
     @property
     def compressor(self) -> ChunkedTopK:

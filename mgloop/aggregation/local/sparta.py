@@ -111,9 +111,8 @@ class SpartaDiLoCoOptions(DiLoCoOptions):
 
 
 class SparseAveraging:
-    """The sparse averaging after every step, for a LocalSGD subclass (module top)."""
-
-    runs_between_processes = True  # ring_mean reaches other processes (peers.py)
+    """The sparse averaging after every step, for a LocalSGD subclass (module top); it
+    runs between processes: ring_mean reaches them (peers.py)."""
 
     def __init__(self, devices, options=None, transport_dtype="float32", **construction):
         super().__init__(devices, options, transport_dtype, **construction)
@@ -171,8 +170,9 @@ class SparseAveraging:
 class Sparta(SparseAveraging, LocalSGD):
     name = "sparta"
     options_type = SpartaOptions
-    identity = "fraction=1"
-    unsummable_reason = "it exchanges no gradients, only parameters after the update"
+    capabilities = LocalSGD.capabilities.but(
+        identity="fraction=1", runs_between_processes=True,  # ring_mean (SparseAveraging)
+        unsummable_reason="it exchanges no gradients, only parameters after the update")
     warmup = 0  # no synchronous warmup
     averages_slots = False  # parameters only, as EXO Gym's sparse communicator
 
@@ -181,7 +181,9 @@ class Sparta(SparseAveraging, LocalSGD):
 class SpartaDiLoCo(SparseAveraging, DiLoCo):
     name = "sparta_diloco"
     options_type = SpartaDiLoCoOptions
-    identity = "fraction=1,period=1,outer_lr=1,outer_momentum=0"
+    capabilities = DiLoCo.capabilities.but(
+        identity="fraction=1,period=1,outer_lr=1,outer_momentum=0",
+        runs_between_processes=True)  # ring_mean (SparseAveraging)
 
     def periodic(self, copies):
         """DiLoCo's outer step on the steps that close a period (LocalSGD.after_update)."""

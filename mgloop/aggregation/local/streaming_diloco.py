@@ -62,10 +62,8 @@ r per copy; the fragments are a function of the variables' shapes and the option
 nothing about them is saved.
 
 Its model (`global_model`, global_models.py): x, each fragment as of its last outer step.
-
-Identity: `period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0` (tau=0, eager=false,
-the defaults) is `diloco:period=1,outer_lr=1,outer_momentum=0`, i.e. synchronous training in exact
-arithmetic with a linear inner optimizer.
+Identity: `period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0` (tau=0, eager=false:
+the defaults) is `diloco`'s identity, synchronous training in exact arithmetic (linear optimizer).
 """
 
 from __future__ import annotations
@@ -144,7 +142,8 @@ def partition(sizes: list[int], fragments: int) -> list[list[int]]:
 class StreamingDiLoCo(DiLoCo):
     name = "streaming_diloco"
     options_type = StreamingDiLoCoOptions
-    identity = "period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0"
+    capabilities = DiLoCo.capabilities.but(
+        identity="period=1,fragments=1,outer_lr=1,outer_momentum=0,outer_bits=0")
 
     @classmethod
     def check(cls, request, options):
@@ -200,10 +199,11 @@ class StreamingDiLoCo(DiLoCo):
     def state_variables(self):
         return super().state_variables + [v for vs in self._pending for v in vs]
 
-    @property
-    def resize_refusal(self) -> str | None:
-        return ("eager's delayed shares r are each node's own part of a round in flight, "
-                "with no rule to re-deal them" if self.options.eager else None)
+    def __init__(self, *args, **construction):
+        super().__init__(*args, **construction)
+        if self.options.eager:  # a resize cannot re-deal what is in flight
+            self.capabilities = self.capabilities.but(resize_refusal="eager's delayed shares "
+                "r are each node's own part of a round in flight, with no rule to re-deal them")
 
     @property
     def outer_parameters_differ(self) -> bool:

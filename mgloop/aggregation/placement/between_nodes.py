@@ -74,7 +74,7 @@ class NodeLevel(Wrapper):
         super().__init__(method, devices, cluster)
         self.nodes, self.within_name = nodes, within
         self.failures, self.live_methods = failures, live_methods or {}
-        self.sums_at_home = False  # stage 1 always runs first
+        self.capabilities = self.capabilities.but(sums_at_home=False)  # stage 1 runs first
         first = cluster.index if cluster is not None else 0  # one set of counts, by tier
         self.traffic.node_of.update({d: first + n for d, n in nodes.device_map().items()})
         self.within = [] if within == DIRECT else [
@@ -154,7 +154,7 @@ class NodeLevel(Wrapper):
         if not average:  # the sum over every tower
             out = [[self._times(value, copy) for value in values]
                    for values, copy in zip(out, self.inner.parameter_devices())]
-        if self.layout == SHARED:
+        if self.capabilities.layout == SHARED:
             return out
         return [self._from_leader(out, t) for t in self._device_firsts()]
 
@@ -170,16 +170,16 @@ class NodeLevel(Wrapper):
 
     def after_update(self, copies):
         ops = self._after_update(copies)
-        if self.failures is None or self.layout == SHARED:
+        if self.failures is None or self.capabilities.layout == SHARED:
             return ops
         return ops + node_failures.recoveries(self, copies, ops)  # returning nodes heal
 
     def _after_update(self, copies):
-        if self.layout == SHARED:
+        if self.capabilities.layout == SHARED:
             return self.inner.after_update(copies)
         leaders = [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
         ops = self.inner.after_update(leaders)
-        if not self.copies_differ or self.nodes.per_node == 1:
+        if not self.capabilities.copies_differ or self.nodes.per_node == 1:
             return ops
 
         syncs = self.inner.syncs()
@@ -206,7 +206,7 @@ class NodeLevel(Wrapper):
         step: nothing is counted as sent)."""
         leaders = [copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
         self.inner.rejoined(leaders)
-        if not self.copies_differ or self.nodes.per_node == 1:
+        if not self.capabilities.copies_differ or self.nodes.per_node == 1:
             return
         for n, leader in enumerate(leaders):
             members = {self._copy_of(t) for t in self.nodes.members(n)}
@@ -221,7 +221,7 @@ class NodeLevel(Wrapper):
 
     def node_copies(self, copies):
         """The leaders' copies (a node's others equal its leader's), or the shared one."""
-        return list(copies) if self.layout == SHARED else [
+        return list(copies) if self.capabilities.layout == SHARED else [
             copies[self._copy_of(self.nodes.leader(n))] for n in range(self.nodes.count)]
 
     def _leaders_to_members(self, copies, indices, slots: bool) -> None:
@@ -280,7 +280,7 @@ def _made(options, devices, make_method, workers, failures, step_counter) -> Agg
 
     def made(spec, devices, transport_dtype, **construction):
         method = aggregation.get(spec)
-        if method.buckets_payloads:  # its gathered payloads travel in buckets
+        if method.capabilities.buckets_payloads:  # its gathered payloads travel in buckets
             construction["bucket_bytes"] = options.pack_bytes
         if step_counter is not None and _takes(method, "step_counter"):
             construction["step_counter"] = step_counter

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mgloop.aggregation.base import CAPABILITIES, Aggregation, canonical
+from mgloop.aggregation.base import Aggregation, canonical
 from mgloop.aggregation.kernels import packing
 from mgloop.aggregation.placement.collective_keys import (new_worker_group_key,
                                                           new_worker_instance_key)
@@ -52,8 +52,7 @@ class CrossWorker(Aggregation):
                          step_counter=local.step_counter)  # and one step, the local stage's
         self.local = local
         self.name, self.options_type = local.name, local.options_type
-        for capability in CAPABILITIES:  # the local method's, as declared
-            setattr(self, capability, getattr(local, capability))
+        self.capabilities = local.capabilities  # the local method's, as declared
         self.group_key = new_worker_group_key()
         self.device = local.parameter_devices()[0]
         with tf.device(self.device):
@@ -100,10 +99,6 @@ class CrossWorker(Aggregation):
     @property
     def state_variables(self):
         return self.local.state_variables
-
-    @property
-    def resize_refusal(self) -> str | None:
-        return self.local.resize_refusal
 
     def rejoined(self, copies) -> None:
         self.local.rejoined(copies)

@@ -53,11 +53,11 @@ def make(spec: str, devices: DeviceSet, transport_dtype: str, make_method,
     copy per device itself (`copies_per_device`); else inside `DeviceGroups`. `cluster`:
     the workers whose towers it also combines (cross_worker.py), if several."""
     method = aggregation.get(spec)
-    if method.summable and method.exchanges:
+    if method.capabilities.summable and method.capabilities.exchanges:
         inner = make_method(spec, DeviceSet(devices.copy_devices, devices.host,
                                             devices.simulated), transport_dtype)
         return DeviceGroups(inner, devices, True, pack_bytes, cluster)
-    if method.copies_per_device:
+    if method.capabilities.copies_per_device:
         return make_method(spec, devices, transport_dtype, cluster=cluster)
     return DeviceGroups(make_method(spec, devices, transport_dtype), devices, False,
                         cluster=cluster)
@@ -72,7 +72,7 @@ class DeviceGroups(Wrapper):
         super().__init__(inner, devices, cluster)
         self.means, self.pack_bytes = means, pack_bytes
         # the exchange hands every tower's gradients; the means are packed here, if at all
-        self.summable = False
+        self.capabilities = self.capabilities.but(summable=False)
 
     def tower_values(self, tower, values):
         return values  # validation refuses methods whose towers read values of their own

@@ -39,6 +39,7 @@ import dataclasses
 import tensorflow as tf
 
 from mgloop.aggregation.base import REPLICATED, Aggregation, Options, option
+from mgloop.aggregation.capabilities import Capabilities
 from mgloop.aggregation.compression.transport import ring_all_gather
 from mgloop.aggregation.kernels import stacked_rows
 from mgloop.aggregation.robust import nnm as nnm_lib
@@ -62,14 +63,13 @@ class GatherAtRoot(Aggregation):
     """A method whose `combine` maps every tower's gradients (gathered on tower 0) to one
     gradient per variable, broadcast to every replica."""
 
-    layout = REPLICATED
-    exact = False
-    summable = False
-    runs_between_processes = True  # its transports reach other processes (peers.py)
-    unsummable_reason = ("it compares every tower's whole gradients, gathered on tower 0 "
-                         "(no element-wise sum to pack or ring-reduce)")
-    across_workers = False
-    copies_per_device = True  # one copy per device; towers sharing a device read it
+    capabilities = Capabilities(
+        layout=REPLICATED, exact=False, summable=False,
+        runs_between_processes=True,  # its transports reach other processes (peers.py)
+        unsummable_reason="it compares every tower's whole gradients, gathered on tower 0 "
+                          "(no element-wise sum to pack or ring-reduce)",
+        across_workers=False,
+        copies_per_device=True)  # one copy per device; towers sharing a device read it
 
     def parameter_devices(self):
         return list(self.devices.copy_devices)

@@ -62,7 +62,7 @@ def exact_reduce(level, tower_values, variables):
                 method = level.live_methods.get(live, level.inner)
                 out = [[tf.convert_to_tensor(v) for v in values]
                        for values in method.reduce(means, variables, True)]
-                if level.layout != REPLICATED:
+                if level.capabilities.layout != REPLICATED:
                     return out
                 by_node = [None] * level.nodes.count
                 for n, values in zip(live, out):

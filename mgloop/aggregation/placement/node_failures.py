@@ -226,7 +226,7 @@ def rule(method) -> str | None:
     cls = method if isinstance(method, type) else type(method)
     if cls in LOCAL:
         return "local"
-    if cls.exact and cls.exchanges and not cls.single_loss and not cls.copies_differ:
+    if (c := method.capabilities).exact and c.exchanges and not (c.single_loss or c.copies_differ):
         return "exact"
     return None
 

@@ -11,7 +11,7 @@ copies live and how the towers' gradients reach it.
 
 from __future__ import annotations
 
-from mgloop.aggregation.base import CAPABILITIES, REPLICATED, Aggregation
+from mgloop.aggregation.base import REPLICATED, Aggregation
 
 
 class Wrapper(Aggregation):
@@ -24,13 +24,12 @@ class Wrapper(Aggregation):
                          traffic=inner.traffic,  # one set of counts for both
                          step_counter=inner.step_counter)  # and one step, the inner's
         self.inner, self.name = inner, inner.name
-        for capability in CAPABILITIES:  # the method's, as declared
-            setattr(self, capability, getattr(inner, capability))
+        self.capabilities = inner.capabilities  # the method's, as declared (a subclass: .but)
 
     def parameter_devices(self):
         """Shared: the inner method's copy. Replicated: one copy per device of the towers
         (a device's towers read one: device_groups.py)."""
-        if self.layout == REPLICATED:
+        if self.capabilities.layout == REPLICATED:
             return list(self.devices.copy_devices)
         return self.inner.parameter_devices()
 
@@ -57,10 +56,6 @@ class Wrapper(Aggregation):
         return self.inner.syncs()
 
     # ---- the node-level protocol of checkpoints and elastic resizes (node_checkpoint.py) ----
-    @property
-    def resize_refusal(self) -> str | None:
-        return self.inner.resize_refusal
-
     def rejoined(self, copies) -> None:
         """The inner method's rule on the copies it holds (a subclass whose inner method holds
         fewer copies than the step sees hands its result on: NodeLevel)."""

@@ -218,7 +218,7 @@ def check_units(options: StepOptions, num_units: int, unit: str, aggregation_fla
         raise ConfigError(f"--byzantine_towers={k} is out of range: must be 0 (off) or "
                           f"1 <= k < {num_units}, the {unit} of the run, so that one stays "
                           "honest")
-    if aggregation.get(aggregation_flag).single_loss:
+    if aggregation.get(aggregation_flag).capabilities.single_loss:
         raise ConfigError(f"--byzantine_towers={k} with --aggregation={aggregation_flag}, "
                           "which computes one loss and gradient for every tower, none per "
                           "tower to alter; use a tower-loop method")
