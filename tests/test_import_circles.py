@@ -22,10 +22,6 @@ import mgloop
 
 ROOT = os.path.dirname(mgloop.__file__)
 
-# Circles known and left, each with why (empty: none is left).
-ALLOWED_AT_MODULE_LEVEL = {}
-ALLOWED = {}
-
 
 def _modules() -> dict[str, str]:
     """Dotted module name (`mgloop.data.options`; a package as `mgloop.data`) -> path."""
@@ -172,23 +168,11 @@ def test_the_graph_reads_lazy_packages_and_relative_imports():
     assert "mgloop.runs.config" not in every["mgloop.runs.config_checks"]
 
 
-def _unexpected(circles, allowed):
-    return [" <-> ".join(c) for c in circles if frozenset(c) not in allowed]
-
-
 def test_no_import_circle_at_module_level():
-    circles = _unexpected(_circles(_graph()), ALLOWED_AT_MODULE_LEVEL)
+    circles = [" <-> ".join(c) for c in _circles(_graph())]
     assert circles == [], "import circles at module level:\n" + "\n".join(circles)
 
 
 def test_no_import_circle_counting_imports_in_functions():
-    circles = _unexpected(_circles(_graph(every=True)), ALLOWED)
+    circles = [" <-> ".join(c) for c in _circles(_graph(every=True))]
     assert circles == [], "import circles (imports in functions too):\n" + "\n".join(circles)
-
-
-def test_every_allowed_circle_is_still_there():
-    """An allowance outlives its circle no longer than the commit that cuts it."""
-    at_module_level, anywhere = _circles(_graph()), _circles(_graph(every=True))
-    stale = [sorted(c) for c in ALLOWED_AT_MODULE_LEVEL if sorted(c) not in at_module_level]
-    stale += [sorted(c) for c in ALLOWED if sorted(c) not in anywhere]
-    assert stale == []
