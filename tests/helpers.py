@@ -134,6 +134,10 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             step = single_device.make_mixed_precision_train_step(
                 model, experiment.default_loss(), optimizer)
+        if model.built and model.trainable_variables:
+            # its slots made now, as its first apply would: a step that makes variables on
+            # its first call is traced twice (once making them, once without)
+            optimizer.build(model.trainable_variables)
         loss_sum = 0.0
         for x, y in steps_batches:
             if bound is not None:
