@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from mgloop import data, models
@@ -89,10 +91,40 @@ def train_reference(config: Config, steps_batches):
 
 def train_reference_bounded(config: Config, steps_batches, make_model=None):
     """The single-device reference's trainable weights, loss sum, and the bound
-    (tolerance.StepBound) on how far any other summation order may lie from them."""
-    bound = tolerance.StepBound()
-    model, loss_sum = train_reference_model(config, steps_batches, make_model, bound)
-    return [v.numpy() for v in model.trainable_variables], loss_sum, bound
+    (tolerance.StepBound) on how far any other summation order may lie from them.
+
+    With the config's own model, run once per test process for each config (all but its
+    logdir and the settings the reference neutralises) and batches: many tests of several
+    modules check against the same run (the small config on `batches(5)`). Each call gets
+    copies of the weights; the bound is shared (it is only read once made)."""
+    key = None if make_model is not None else _reference_key(config, steps_batches)
+    if key is None or key not in _REFERENCES:
+        bound = tolerance.StepBound()
+        model, loss_sum = train_reference_model(config, steps_batches, make_model, bound)
+        run = [v.numpy() for v in model.trainable_variables], loss_sum, bound
+        if key is None:
+            return run
+        _REFERENCES[key] = run
+    weights, loss_sum, bound = _REFERENCES[key]
+    return [w.copy() for w in weights], loss_sum, bound
+
+
+_REFERENCES = {}  # train_reference_bounded's runs of the config's own model, by _reference_key
+
+
+def _reference_key(config: Config, steps_batches):
+    """What the reference run of `config`'s own model on `steps_batches` depends on: every
+    setting but the logdir and those train_reference_model neutralises, and the batches'
+    bytes."""
+    defaults = {field.name: field.default for field in config_lib.setting_fields()}
+    neutral = {name: defaults[name] for name in _NEUTRAL}
+    settings = repr(dataclasses.replace(config, devices="cpu:1", logdir="", **neutral))
+    digest = hashlib.sha256()
+    for x, y in steps_batches:
+        for array in (np.asarray(x), np.asarray(y)):
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+    return settings, len(steps_batches), digest.hexdigest()
 
 
 def bound_of_run(config: Config, steps: int):
@@ -108,6 +140,10 @@ def bound_of_run(config: Config, steps: int):
     return train_reference_bounded(config, [(x.numpy(), y.numpy()) for x, y in stream])[2]
 
 
+_NEUTRAL = ("aggregation", "pack_bytes", "transport_dtype", "ordered_sum_bytes",
+            "sufficient_factor_bytes", "nodes", "method_at", "within_node")
+
+
 def train_reference_model(config: Config, steps_batches, make_model=None, bound=None):
     """The single-device reference as a trained Keras model (every weight), and its loss sum.
 
@@ -118,9 +154,7 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     """
     # One device: the aggregation's own settings are the defaults (they mean nothing here).
     defaults = {field.name: field.default for field in config_lib.setting_fields()}
-    neutral = {name: defaults[name]
-               for name in ("aggregation", "pack_bytes", "transport_dtype", "ordered_sum_bytes",
-                            "sufficient_factor_bytes", "nodes", "method_at", "within_node")}
+    neutral = {name: defaults[name] for name in _NEUTRAL}
     config = dataclasses.replace(config, devices="cpu:1", **neutral).validated()
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):
