@@ -67,6 +67,7 @@ def reference_step(config, policy):
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         step = single_device.make_mixed_precision_train_step(model, experiment.default_loss(),
                                                              optimizer)
+        optimizer.build(model.trainable_variables)  # as its first apply would: one trace
     return model, step
 
 
