@@ -8,7 +8,8 @@ studies that train `transformer_lm` at three sizes under the protocol of
 experiments/studies/lm_protocol.flags at 77 tokens per parameter: lm_scale_7k and
 lm_scale_36k, and at the protocol's own size the rows of lm_local_updates (ring, DiLoCo),
 lm_sparse_averaging (SPARTA with DiLoCo) and lm_compression (the best compressed method,
-when its records exist). The parameter counts are counted on the models themselves.
+when its records exist). Each size is read from the flagfile that trains it (its
+--set=lm_layers, lm_width, lm_heads) and its parameters counted on the model itself.
 
 The gap (Charles et al. 2025, "Scaling Laws for DiLoCo", arXiv 2503.09799, their Figure 1:
 the percentage difference in evaluation loss to data-parallel training):
@@ -37,20 +38,34 @@ from absl import flags
 FLAGS = flags.FLAGS
 STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
 
-# (lm_layers, lm_width, lm_heads) -> {method: (study, the variant's folder name before its hash)}
+# The flagfile whose model size a row has (its --set=lm_layers/lm_width/lm_heads, else the
+# model's defaults) -> {method: (study, the variant's folder name before its hash)}
 SIZES = {
-    (1, 10, 2): {"ring": ("lm_scale_7k", "aggregation=ring"),
-                 "DiLoCo H=64": ("lm_scale_7k", "aggregation=diloco_period=64"),
-                 "SPARTA+DiLoCo H=64": ("lm_scale_7k", "aggregation=sparta_diloco_period=64")},
-    (2, 28, 4): {"ring": ("lm_scale_36k", "aggregation=ring"),
-                 "DiLoCo H=64": ("lm_scale_36k", "aggregation=diloco_period=64"),
-                 "SPARTA+DiLoCo H=64": ("lm_scale_36k",
-                                        "aggregation=sparta_diloco_period=64")},
-    (2, 64, 4): {"ring": ("lm_local_updates", "aggregation=ring"),
-                 "DiLoCo H=64": ("lm_local_updates", "aggregation=diloco_period=64"),
-                 "SPARTA+DiLoCo H=64": ("lm_sparse_averaging",
-                                        "aggregation_optimizer=sparta_diloco_period=64_adam")},
+    "lm_scale_7k": {"ring": ("lm_scale_7k", "aggregation=ring"),
+                    "DiLoCo H=64": ("lm_scale_7k", "aggregation=diloco_period=64"),
+                    "SPARTA+DiLoCo H=64": ("lm_scale_7k", "aggregation=sparta_diloco_period=64")},
+    "lm_scale_36k": {"ring": ("lm_scale_36k", "aggregation=ring"),
+                     "DiLoCo H=64": ("lm_scale_36k", "aggregation=diloco_period=64"),
+                     "SPARTA+DiLoCo H=64": ("lm_scale_36k",
+                                            "aggregation=sparta_diloco_period=64")},
+    "lm_protocol": {"ring": ("lm_local_updates", "aggregation=ring"),
+                    "DiLoCo H=64": ("lm_local_updates", "aggregation=diloco_period=64"),
+                    "SPARTA+DiLoCo H=64": ("lm_sparse_averaging",
+                                           "aggregation_optimizer=sparta_diloco_period=64_adam")},
 }
+MODEL_SETTINGS = ("lm_layers", "lm_width", "lm_heads")
+
+
+def model_settings(studies: str, flagfile: str) -> dict[str, int]:
+    """The flagfile's own --set=lm_layers/lm_width/lm_heads (those it leaves out: the
+    model's defaults), read from the file the study runs, so the size cannot drift."""
+    settings = {}
+    with open(os.path.join(studies, flagfile + ".flags")) as handle:
+        for line in handle:
+            key, _, value = line.strip().removeprefix("--set=").partition("=")
+            if line.startswith("--set=") and key in MODEL_SETTINGS:
+                settings[key] = int(value)
+    return settings
 
 
 def final_losses(studies: str, study: str, variant: str) -> list[float]:
@@ -83,21 +98,20 @@ def gap(losses: list[float], ring: list[float]) -> tuple[float, float]:
     return 100 * (mean - base) / base, 100 * math.sqrt(spread) / base
 
 
-def parameters(layers: int, width: int, heads: int) -> int:
+def parameters(settings: dict[str, int]) -> int:
+    """transformer_lm's parameter count at these settings (sequences of 64 bytes)."""
     from mgloop import models  # loads TensorFlow
-    model = models.get("transformer_lm")((64,), 256, lm_layers=layers, lm_width=width,
-                                         lm_heads=heads)
-    return int(model.count_params())
+    return int(models.get("transformer_lm")((64,), 256, **settings).count_params())
 
 
 def rows(studies: str) -> list[dict]:
     """One row per size and method that has final records."""
     out = []
-    for size, methods in SIZES.items():
+    for flagfile, methods in SIZES.items():
         ring = final_losses(studies, *methods["ring"])
         if not ring:
             continue
-        count = parameters(*size)
+        count = parameters(model_settings(studies, flagfile))
         for method, (study, variant) in methods.items():
             losses = final_losses(studies, study, variant)
             if not losses:

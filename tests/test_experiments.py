@@ -330,13 +330,19 @@ def test_the_scale_trend_is_the_percent_gap_in_loss_with_its_standard_error(tmp_
     write("small", "aggregation=diloco", [2.2, 2.6])
     write("small", "aggregation=bad", [2.0, None])
     write("large", "aggregation=diloco", [1.0])  # no ring at this size: no row
+    (tmp_path / "small.flags").write_text("--flagfile=other.flags\n--set=lm_layers=1\n"
+                                          "--set=lm_width=8\n--set=seed=4\n")
+    (tmp_path / "large.flags").write_text("--set=lm_heads=2\n")
     monkeypatch.setattr(scale_trend, "SIZES", {
-        (1, 8, 2): {"ring": ("small", "aggregation=ring"), "d": ("small", "aggregation=diloco"),
-                    "x": ("small", "aggregation=bad")},
-        (2, 8, 2): {"ring": ("large", "aggregation=ring"), "d": ("large", "aggregation=diloco")}})
-    monkeypatch.setattr(scale_trend, "parameters", lambda *size: 1000 * size[0])
+        "small": {"ring": ("small", "aggregation=ring"), "d": ("small", "aggregation=diloco"),
+                  "x": ("small", "aggregation=bad")},
+        "large": {"ring": ("large", "aggregation=ring"), "d": ("large", "aggregation=diloco")}})
+    sizes = []
+    monkeypatch.setattr(scale_trend, "parameters",
+                        lambda settings: sizes.append(settings) or 1000 * settings["lm_layers"])
     rows = {row["method"]: row for row in scale_trend.rows(str(tmp_path))}
     assert set(rows) == {"ring", "d", "x"} and rows["d"]["parameters"] == 1000
+    assert sizes == [{"lm_layers": 1, "lm_width": 8}]  # the flagfile's own, once per size
     assert rows["d"]["gap"] == pytest.approx(100 * (2.4 - 2.1) / 2.1)
     assert rows["d"]["gap_se"] == pytest.approx(100 * (0.08 / 2 + 0.02 / 2) ** 0.5 / 2.1)
     assert rows["x"]["gap"] != rows["x"]["gap"]  # NaN
