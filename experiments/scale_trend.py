@@ -7,8 +7,8 @@ Reads the final records (results/VARIANT/seed=N.json, the tuned point's seeds) o
 studies that train `transformer_lm` at three sizes under the protocol of
 experiments/studies/lm_protocol.flags at 77 tokens per parameter: lm_scale_7k and
 lm_scale_36k, and at the protocol's own size the rows of lm_local_updates (ring, DiLoCo),
-lm_sparse_averaging (SPARTA with DiLoCo) and lm_compression (the best compressed method,
-when its records exist). Each size is read from the flagfile that trains it (its
+lm_sparse_averaging (SPARTA with DiLoCo); the best compressed method joins SIZES once
+lm_compression has chosen it. Each size is read from the flagfile that trains it (its
 --set=lm_layers, lm_width, lm_heads) and its parameters counted on the model itself.
 
 The gap (Charles et al. 2025, "Scaling Laws for DiLoCo", arXiv 2503.09799, their Figure 1:
