@@ -473,3 +473,23 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
     text = "\n".join(tuning_report.section(plan.output_dir, [v.name for v in plan.variants()]))
     assert "one axis at a time" in text and "up to 1 times a side" in text
     assert text.count("**chosen**") == 2 and "`aggregation.outer_lr`: widen" in text
+
+    # widened once more on a re-run: 2.04 is tried and 1.43 stays the choice, inside now;
+    # the final record is kept (nothing runs) with its tuning summary brought up to date
+    wider = dataclasses.replace(plan, tune_widen=2)
+    runner.run(wider)
+    assert rounds[-1] == [(diloco, (lr("0.03"), olr("2.04")))]
+    again = record.read(paths[1])
+    assert again["curve"] == finals[1]["curve"] and again["tuned"] == finals[1]["tuned"]
+    assert again["tuning"]["at_edge"] == {} and again["tuning"]["widen"] == 2
+    assert again["tuning"]["tried"][-1]["values"]["aggregation.outer_lr"] == "2.04"
+    # a choice that moves (1.43's tuning record made worse) refuses the stale final seed
+    stale = plan_lib.Cell(plan.variants()[1], 1000, (lr("0.03"), olr("1.43")), tuning=True)
+    worse = record.read(wider.result_path(stale))
+    worse["curve"][-1]["eval/loss"] = 9.0
+    record.write(wider.result_path(stale), worse)
+    with pytest.raises(ConfigError, match=(
+            r"^cell aggregation=diloco:period=2 seed=0: its record .* was trained at "
+            r"learning_rate=0.03,aggregation.outer_lr=1.43, but the search now chooses "
+            r"learning_rate=0.03,aggregation.outer_lr=1.0; remove it and .* to run")):
+        runner.run(wider)

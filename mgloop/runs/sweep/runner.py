@@ -9,7 +9,9 @@ are kept in its logdir (kept_evals.py), so its record equals that of a cell neve
 stopped. A cell with no checkpoint yet starts again from step 0 in a fresh logdir.
 With --tune (tune.py, search.py) every variant's tuning cells run first, then the final cells at
 each variant's chosen point, chosen from the tuning records: a re-run skips the finished
-tuning cells and chooses the same.
+tuning cells and chooses the same; one whose search tries more points (a wider
+--tune_widen) updates the tuning summary of a final record whose choice holds, and refuses,
+naming what to remove, one whose choice moved.
 
 Stopping. SIGINT or SIGTERM stops the cell running at its next loop boundary, with a
 checkpoint of that step (preemption.py, as `mgloop.train`), and no further cell starts;
@@ -202,6 +204,37 @@ def _check_resumable(plan: plan_lib.Plan, cells, configs) -> None:
                                   "the cell from step 0)") from None
 
 
+def _reconcile_finals(plan: plan_lib.Plan, cells) -> None:
+    """Final records from before the search tried more points (a wider --tune_widen): at
+    the same choice, the record's `tuning` summary is brought up to date (its training
+    result untouched); at a moved one, ConfigError naming what to remove, so that no final
+    seed stands for a point the search no longer chooses."""
+    from mgloop.errors import ConfigError
+    from mgloop.runs.sweep import search
+    from mgloop.runs.sweep import tune
+    for cell in cells:
+        path = plan.result_path(cell)
+        if not cell.point or not os.path.exists(path):
+            continue
+        record = record_lib.read(path)
+        trained = record.get("tuned") or {}
+        if trained != dict(cell.point):
+            order = [key for key, _ in cell.point]  # the point's order (records sort keys)
+            trained = sorted(trained.items(), key=lambda kv: (
+                order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+            raise ConfigError(
+                f"cell {cell.name}: its record {path} was trained at "
+                f"{tune.text_of(trained)}, but the search now "
+                f"chooses {tune.text_of(cell.point)}; remove it and {plan.logdir(cell)} to "
+                "run that seed at the new choice")
+        summary = json.loads(json.dumps(search.summary_for(plan, cell.variant)))  # as read
+        if record.get("tuning") != summary:
+            record["tuning"] = summary
+            record_lib.write(path, record)
+            logging.info("sweep: cell %s: its tuning summary brought up to date (the same "
+                         "choice)", cell.name)
+
+
 def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
         last_words: Callable[[str], None] | None = None) -> list[str]:
     """Validates every cell (a stopped one also against the settings of its checkpoints:
@@ -261,6 +294,7 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
                                 variant.name, tune.text_of(chosen[variant.name]),
                                 ", ".join(f"{side} {key}" for key, side in edges.items()))
         cells = plan.cells(chosen)
+        _reconcile_finals(plan, cells)
         _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
         return cells
 

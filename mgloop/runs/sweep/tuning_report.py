@@ -54,8 +54,8 @@ def section(output_dir: str, order: list[str]) -> list[str]:
     first = next(iter(found.values()))
     metric = first["metric"].removeprefix("eval/")
     best = "lowest" if first["lower_is_better"] else "highest"
-    search = next((r["tune_search"] for r in records if r.get("tune_search")),
-                  {"search": "grid", "widen": 0})
+    search = max((r["tune_search"] for r in records if r.get("tune_search")),  # the
+                 key=lambda s: s["widen"], default={"search": "grid", "widen": 0})  # widest
     how = ("one axis at a time in the order given, from the middle value of each, the "
            "others at their best so far" if search["search"] == "coordinate" else
            "every point of its grid")
