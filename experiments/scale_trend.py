@@ -7,8 +7,8 @@ Reads the final records (results/VARIANT/seed=N.json, the tuned point's seeds) o
 studies that train `transformer_lm` at three sizes under the protocol of
 experiments/studies/lm_protocol.flags at 77 tokens per parameter: lm_scale_7k and
 lm_scale_36k, and at the protocol's own size the rows of lm_local_updates (ring, DiLoCo),
-lm_sparse_averaging (SPARTA with DiLoCo); the best compressed method joins SIZES once
-lm_compression has chosen it. Each size is read from the flagfile that trains it (its
+lm_sparse_averaging (SPARTA with DiLoCo) and lm_compression (QSGD, the compressed method
+with the lowest final perplexity at that size). Each size is read from the flagfile that trains it (its
 --set=lm_layers, lm_width, lm_heads) and its parameters counted on the model itself.
 
 The gap (Charles et al. 2025, "Scaling Laws for DiLoCo", arXiv 2503.09799, their Figure 1:
@@ -43,15 +43,18 @@ STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
 SIZES = {
     "lm_scale_7k": {"ring": ("lm_scale_7k", "aggregation=ring"),
                     "DiLoCo H=64": ("lm_scale_7k", "aggregation=diloco_period=64"),
-                    "SPARTA+DiLoCo H=64": ("lm_scale_7k", "aggregation=sparta_diloco_period=64")},
+                    "SPARTA+DiLoCo H=64": ("lm_scale_7k", "aggregation=sparta_diloco_period=64"),
+                    "QSGD": ("lm_scale_7k", "aggregation=qsgd")},
     "lm_scale_36k": {"ring": ("lm_scale_36k", "aggregation=ring"),
                      "DiLoCo H=64": ("lm_scale_36k", "aggregation=diloco_period=64"),
                      "SPARTA+DiLoCo H=64": ("lm_scale_36k",
-                                            "aggregation=sparta_diloco_period=64")},
+                                            "aggregation=sparta_diloco_period=64"),
+                     "QSGD": ("lm_scale_36k", "aggregation=qsgd")},
     "lm_protocol": {"ring": ("lm_local_updates", "aggregation=ring"),
                     "DiLoCo H=64": ("lm_local_updates", "aggregation=diloco_period=64"),
                     "SPARTA+DiLoCo H=64": ("lm_sparse_averaging",
-                                           "aggregation_optimizer=sparta_diloco_period=64_adam")},
+                                           "aggregation_optimizer=sparta_diloco_period=64_adam"),
+                    "QSGD": ("lm_compression", "aggregation=qsgd")},
 }
 MODEL_SETTINGS = ("lm_layers", "lm_width", "lm_heads")
 
