@@ -204,13 +204,12 @@ def _check_resumable(plan: plan_lib.Plan, cells, configs) -> None:
                                   "the cell from step 0)") from None
 
 
-def _reconcile_finals(plan: plan_lib.Plan, cells) -> None:
+def _reconcile_finals(plan: plan_lib.Plan, cells, summaries: dict) -> None:
     """Final records from before the search tried more points (a wider --tune_widen): at
-    the same choice, the record's `tuning` summary is brought up to date (its training
-    result untouched); at a moved one, ConfigError naming what to remove, so that no final
-    seed stands for a point the search no longer chooses."""
+    the same choice, the record's `tuning` summary ({variant name: search.summary_for})
+    is brought up to date (its training result untouched); at a moved one, ConfigError
+    naming what to remove, so that no final seed stands for a point no longer chosen."""
     from mgloop.errors import ConfigError
-    from mgloop.runs.sweep import search
     from mgloop.runs.sweep import tune
     for cell in cells:
         path = plan.result_path(cell)
@@ -218,16 +217,14 @@ def _reconcile_finals(plan: plan_lib.Plan, cells) -> None:
             continue
         record = record_lib.read(path)
         trained = record.get("tuned") or {}
-        if trained != dict(cell.point):
-            order = [key for key, _ in cell.point]  # the point's order (records sort keys)
-            trained = sorted(trained.items(), key=lambda kv: (
-                order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+        if trained != dict(cell.point):  # said in the point's key order (records sort keys)
+            ordered = [(k, trained[k]) for k, _ in cell.point if k in trained]
             raise ConfigError(
                 f"cell {cell.name}: its record {path} was trained at "
-                f"{tune.text_of(trained)}, but the search now "
-                f"chooses {tune.text_of(cell.point)}; remove it and {plan.logdir(cell)} to "
-                "run that seed at the new choice")
-        summary = json.loads(json.dumps(search.summary_for(plan, cell.variant)))  # as read
+                f"{tune.text_of(ordered + sorted(trained.items() - set(ordered)))}, but the "
+                f"search now chooses {tune.text_of(cell.point)}; remove it and "
+                f"{plan.logdir(cell)} to run that seed at the new choice")
+        summary = json.loads(json.dumps(summaries[cell.variant.name]))  # as a record reads
         if record.get("tuning") != summary:
             record["tuning"] = summary
             record_lib.write(path, record)
@@ -286,15 +283,16 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
 
     def final_cells():
         chosen = {v.name: search.chosen_point(plan, v) for v in variants}
+        summaries = {v.name: search.summary_for(plan, v) for v in variants}
         for variant in variants:
-            edges = (search.summary_for(plan, variant) or {}).get("at_edge")
+            edges = (summaries[variant.name] or {}).get("at_edge")
             if edges:
                 logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the "
                                 "best may be outside it; widen --tune on that side",
                                 variant.name, tune.text_of(chosen[variant.name]),
                                 ", ".join(f"{side} {key}" for key, side in edges.items()))
         cells = plan.cells(chosen)
-        _reconcile_finals(plan, cells)
+        _reconcile_finals(plan, cells, summaries)
         _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
         return cells
 

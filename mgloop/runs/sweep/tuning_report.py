@@ -54,8 +54,9 @@ def section(output_dir: str, order: list[str]) -> list[str]:
     first = next(iter(found.values()))
     metric = first["metric"].removeprefix("eval/")
     best = "lowest" if first["lower_is_better"] else "highest"
-    search = max((r["tune_search"] for r in records if r.get("tune_search")),  # the
-                 key=lambda s: s["widen"], default={"search": "grid", "widen": 0})  # widest
+    # the widest limit any cell ran under (a re-run may widen further than the first)
+    search = max((r["tune_search"] for r in records if r.get("tune_search")),
+                 key=lambda s: s["widen"], default={"search": "grid", "widen": 0})
     how = ("one axis at a time in the order given, from the middle value of each, the "
            "others at their best so far" if search["search"] == "coordinate" else
            "every point of its grid")
