@@ -8,8 +8,9 @@ studies that train `transformer_lm` at three sizes under the protocol of
 experiments/studies/lm_protocol.flags at 77 tokens per parameter: lm_scale_7k and
 lm_scale_36k, and at the protocol's own size the rows of lm_local_updates (ring, DiLoCo),
 lm_sparse_averaging (SPARTA with DiLoCo) and lm_compression (QSGD, the compressed method
-with the lowest final perplexity at that size). Each size is read from the flagfile that trains it (its
---set=lm_layers, lm_width, lm_heads) and its parameters counted on the model itself.
+with the lowest final perplexity at that size). Each size is read from the flagfile that
+trains it (its own --set=lm_layers, lm_width, lm_heads; a flagfile it includes is not
+followed, so none of them may set these) and its parameters counted on the model itself.
 
 The gap (Charles et al. 2025, "Scaling Laws for DiLoCo", arXiv 2503.09799, their Figure 1:
 the percentage difference in evaluation loss to data-parallel training):
