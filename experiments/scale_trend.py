@@ -9,8 +9,8 @@ experiments/studies/lm_protocol.flags at 77 tokens per parameter: lm_scale_7k an
 lm_scale_36k, and at the protocol's own size the rows of lm_local_updates (ring, DiLoCo),
 lm_sparse_averaging (SPARTA with DiLoCo) and lm_compression (QSGD, the compressed method
 with the lowest final perplexity at that size). Each size is read from the flagfile that
-trains it (its own --set=lm_layers, lm_width, lm_heads; a flagfile it includes is not
-followed, so none of them may set these) and its parameters counted on the model itself.
+trains it (its --set=lm_layers, lm_width, lm_heads, with the flagfiles it includes) and
+its parameters counted on the model itself.
 
 The gap (Charles et al. 2025, "Scaling Laws for DiLoCo", arXiv 2503.09799, their Figure 1:
 the percentage difference in evaluation loss to data-parallel training):
@@ -61,12 +61,18 @@ MODEL_SETTINGS = ("lm_layers", "lm_width", "lm_heads")
 
 
 def model_settings(studies: str, flagfile: str) -> dict[str, int]:
-    """The flagfile's own --set=lm_layers/lm_width/lm_heads (those it leaves out: the
-    model's defaults), read from the file the study runs, so the size cannot drift."""
+    """The --set=lm_layers/lm_width/lm_heads the flagfile trains with (those it leaves out:
+    the model's defaults), read from the file the study runs, so the size cannot drift. A
+    --flagfile= line is followed where it stands, as absl reads it (the later line wins);
+    every study's flagfile lives in `studies`, so an include is found there by its name."""
     settings = {}
     with open(os.path.join(studies, flagfile + ".flags")) as handle:
         for line in handle:
-            key, _, value = line.strip().removeprefix("--set=").partition("=")
+            line = line.strip()
+            if line.startswith("--flagfile="):
+                included = os.path.basename(line.removeprefix("--flagfile="))
+                settings.update(model_settings(studies, included.removesuffix(".flags")))
+            key, _, value = line.removeprefix("--set=").partition("=")
             if line.startswith("--set=") and key in MODEL_SETTINGS:
                 settings[key] = int(value)
     return settings
@@ -139,7 +145,9 @@ def table(found: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(found: list[dict], path: str) -> None:
+def plot(found: list[dict], path: str):
+    """Draws the gap against the parameters into `path` and returns the axes; a method with
+    a diverged seed at a size (NaN gap) is marked there with an x at the top."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib import pyplot
@@ -149,8 +157,15 @@ def plot(found: list[dict], path: str) -> None:
     for colour, method in zip(("tab:blue", "tab:orange", "tab:green", "tab:red"), methods):
         points = sorted((r["parameters"], r["gap"], r["gap_se"])
                         for r in found if r["method"] == method)
-        xs, ys, errors = zip(*points)
-        axis.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=colour, label=method)
+        kept = [point for point in points if not math.isnan(point[1])]
+        if kept:
+            xs, ys, errors = zip(*kept)
+            axis.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=colour,
+                          label=method)
+        for size in (point[0] for point in points if math.isnan(point[1])):
+            axis.plot([size], [1], marker="x", color=colour, linestyle="none",
+                      transform=axis.get_xaxis_transform(), clip_on=False,
+                      label=f"{method}: a seed diverged")  # marked at the top, not dropped
     axis.set_xscale("log")
     axis.set_xlabel("parameters (transformer_lm, 77 tokens per parameter)")
     axis.set_ylabel("eval loss above the ring's (%)")
@@ -158,6 +173,7 @@ def plot(found: list[dict], path: str) -> None:
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    return axis
 
 
 def main(argv):

@@ -330,8 +330,10 @@ def test_the_scale_trend_is_the_percent_gap_in_loss_with_its_standard_error(tmp_
     write("small", "aggregation=diloco", [2.2, 2.6])
     write("small", "aggregation=bad", [2.0, None])
     write("large", "aggregation=diloco", [1.0])  # no ring at this size: no row
-    (tmp_path / "small.flags").write_text("--flagfile=other.flags\n--set=lm_layers=1\n"
-                                          "--set=lm_width=8\n--set=seed=4\n")
+    # an include is followed where it stands (found in the studies' folder by its name)
+    (tmp_path / "small.flags").write_text("--flagfile=experiments/studies/base.flags\n"
+                                          "--set=lm_layers=1\n--set=lm_width=8\n--set=seed=4\n")
+    (tmp_path / "base.flags").write_text("--set=lm_width=4\n--set=lm_heads=2\n")
     (tmp_path / "large.flags").write_text("--set=lm_heads=2\n")
     monkeypatch.setattr(scale_trend, "SIZES", {
         "small": {"ring": ("small", "aggregation=ring"), "d": ("small", "aggregation=diloco"),
@@ -342,8 +344,12 @@ def test_the_scale_trend_is_the_percent_gap_in_loss_with_its_standard_error(tmp_
                         lambda settings: sizes.append(settings) or 1000 * settings["lm_layers"])
     rows = {row["method"]: row for row in scale_trend.rows(str(tmp_path))}
     assert set(rows) == {"ring", "d", "x"} and rows["d"]["parameters"] == 1000
-    assert sizes == [{"lm_layers": 1, "lm_width": 8}]  # the flagfile's own, once per size
+    # the flagfile's, its include's where it sets no other (the later line wins), once a size
+    assert sizes == [{"lm_layers": 1, "lm_width": 8, "lm_heads": 2}]
     assert rows["d"]["gap"] == pytest.approx(100 * (2.4 - 2.1) / 2.1)
     assert rows["d"]["gap_se"] == pytest.approx(100 * (0.08 / 2 + 0.02 / 2) ** 0.5 / 2.1)
     assert rows["x"]["gap"] != rows["x"]["gap"]  # NaN
     assert "| 1,000 | ring | 2 |" in scale_trend.table(list(rows.values()))
+    axis = scale_trend.plot(list(rows.values()), str(tmp_path / "trend.png"))
+    labels = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert "x: a seed diverged" in labels and "d" in labels  # marked, not dropped
