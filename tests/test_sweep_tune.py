@@ -412,8 +412,9 @@ def test_a_momentum_at_its_top_edge_widens_toward_1_geometrically_in_1_minus_m()
 def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monkeypatch):
     """runner.run with --tune_search=coordinate and --tune_widen: each round runs the
     points the search needs (the cells stubbed: a record whose eval loss is a function of
-    the point), a re-run runs nothing, and the records, the final cells' tuning summary
-    and the report's table follow the search."""
+    the point) and the final cells of each variant whose search has chosen (the ring's
+    beside DiLoCo's outer line), a re-run runs nothing, and the records, the final cells'
+    tuning summary and the report's table follow the search."""
     plan = plan_lib.Plan(
         vary=("aggregation=ring,diloco:period=2",),
         set=("model=mlp", "dataset=synthetic", "devices=cpu:2", "global_batch_size=8",
@@ -430,7 +431,8 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
     rounds = []
 
     def run_chunk(plan, cells, towers, stop):
-        rounds.extend([[(c.variant.name, c.point) for c in cells]] if cells else [])
+        rounds.extend([[(c.variant.name, c.point, *([] if c.tuning else ["final"]))
+                        for c in cells]] if cells else [])
         for cell in cells:
             rec = {"variant": cell.variant.name, "seed": cell.seed, "axes": [],
                    "tuned": dict(cell.point), "phase": "tuning" if cell.tuning else "final",
@@ -444,13 +446,16 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
     lr = lambda v: ("learning_rate", v)
     olr = lambda v: ("aggregation.outer_lr", v)
     diloco = "aggregation=diloco:period=2"
-    assert rounds[:3] == [
+    assert rounds == [
         [("aggregation=ring", (lr(v),)) for v in ("0.01", "0.03", "0.1")]
         + [(diloco, (lr(v), olr("0.7"))) for v in ("0.01", "0.03", "0.1")],
-        [(diloco, (lr("0.03"), olr(v))) for v in ("0.5", "1.0")],
-        [(diloco, (lr("0.03"), olr("1.43")))]]  # 1.0 at the edge: 1.0 * 1.0 / 0.7
+        [(diloco, (lr("0.03"), olr(v))) for v in ("0.5", "1.0")]
+        + [("aggregation=ring", (lr("0.03"),), "final")],  # its search has chosen
+        [(diloco, (lr("0.03"), olr("1.43")))],  # 1.0 at the edge: 1.0 * 1.0 / 0.7
+        [(diloco, (lr("0.03"), olr("1.43")), "final")]]
     # the least the search runs (the start line's count): ring's line 3, diloco's 3 + 2
-    assert search.least_tuning_cells(plan) == 8 == sum(map(len, rounds[:2]))
+    tuned = [cell for cell in rounds[0] + rounds[1] if "final" not in cell]
+    assert search.least_tuning_cells(plan) == 8 == len(tuned)
     finals = [record.read(p) for p in paths]
     assert [f["tuned"] for f in finals] == [{"learning_rate": "0.03"},
                                             {"learning_rate": "0.03",

@@ -17,9 +17,11 @@
                that evaluates nothing (a --plugin dataset registered without eval data):
                the sweep compares eval metrics (target.py parses it)
     tuning     --tune=KEY=V1,V2,..., --tune_seeds=N, --tune_search, --tune_widen
-               (tune.py, search.py): each variant's tuning search on seeds 1000.. first (`tuning_cells`: logdir runs/seed=<s>/<folder of
-               variant and point>, record results/tuning/<variant>/<point>/seed=<s>.json),
-               then the final seeds at the variant's chosen point (`cells(chosen)`)
+               (tune.py, search.py): each variant's tuning search on seeds 1000.. first
+               (`tuning_cells`: logdir runs/seed=<s>/<folder of variant and point>,
+               record results/tuning/<variant>/<point>/seed=<s>.json),
+               then its final seeds at its chosen point (`cells(chosen)`), beside the
+               other variants' tuning (runner.py)
 
 Every cell's Config is validated before the first one runs (one line naming the cell and
 what is wrong), so a bad grid is refused before anything is built or any folder made (the

@@ -7,9 +7,10 @@ A re-run of the same sweep skips every cell whose record exists (saying nothing 
 cell) and resumes a cell that was stopped from its checkpoint: its evals before the stop
 are kept in its logdir (kept_evals.py), so its record equals that of a cell never
 stopped. A cell with no checkpoint yet starts again from step 0 in a fresh logdir.
-With --tune (tune.py, search.py) every variant's tuning cells run first, then the final cells at
-each variant's chosen point, chosen from the tuning records: a re-run skips the finished
-tuning cells and chooses the same; one whose search tries more points (a wider
+With --tune (tune.py, search.py) each variant's tuning cells run first, then its final cells
+at its chosen point, chosen from its tuning records (a variant whose search has chosen runs
+its final seeds beside the others' tuning): a re-run skips the finished tuning cells and
+chooses the same; one whose search tries more points (a wider
 --tune_widen) updates the tuning summary of a final record whose choice holds, and refuses,
 naming what to remove, one whose choice moved.
 
@@ -50,6 +51,7 @@ from absl import logging
 from mgloop.runs.sweep import kept_evals
 from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import record as record_lib
+from mgloop.runs.sweep import tune
 
 
 class Stopped(Exception):
@@ -210,7 +212,6 @@ def _reconcile_finals(plan: plan_lib.Plan, cells, summaries: dict) -> None:
     is brought up to date (its training result untouched); at a moved one, ConfigError
     naming what to remove, so that no final seed stands for a point no longer chosen."""
     from mgloop.errors import ConfigError
-    from mgloop.runs.sweep import tune
     for cell in cells:
         path = plan.result_path(cell)
         if not cell.point or not os.path.exists(path):
@@ -232,21 +233,39 @@ def _reconcile_finals(plan: plan_lib.Plan, cells, summaries: dict) -> None:
                          "choice)", cell.name)
 
 
+def _finals(plan: plan_lib.Plan, among, warn: bool) -> list:
+    """The final cells of the variants `among` at their chosen points, their records
+    reconciled and checkpoints checked; `warn`: say each chosen point at a grid's edge."""
+    from mgloop.runs.sweep import search
+    chosen = {v.name: search.chosen_point(plan, v) for v in among}
+    summaries = {v.name: search.summary_for(plan, v) for v in among}
+    for variant in among if warn else ():
+        edges = (summaries[variant.name] or {}).get("at_edge")
+        if edges:
+            logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the best "
+                            "may be outside it; widen --tune on that side", variant.name,
+                            tune.text_of(chosen[variant.name]),
+                            ", ".join(f"{side} {key}" for key, side in edges.items()))
+    cells = [cell for cell in plan.cells(chosen) if cell.variant.name in chosen]
+    _reconcile_finals(plan, cells, summaries)
+    _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
+    return cells
+
+
 def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
         last_words: Callable[[str], None] | None = None) -> list[str]:
     """Validates every cell (a stopped one also against the settings of its checkpoints:
     run_dir.check_resumable), then runs the pending ones; returns every final cell's record
-    path. With --tune, in two phases: every variant's tuning search, in rounds (each the
-    points every variant's search needs next, run together: the whole grid at once, a
-    line of one axis at a time, a widened value; search.next_points), then the final cells
-    at each variant's chosen point (tune.py; the cells of a round and the final cells are
-    checked again once known). Raises Stopped if a signal stopped the sweep (module
+    path. In rounds: each the points every variant's search needs next (the whole grid, a
+    line of one axis, a widened value: search.next_points) and the final cells of each
+    variant whose search has chosen, run together, so no process waits for the slowest
+    search (the cells of a round checked again once known); chosen points at a grid's
+    edge are said at the end. Raises Stopped if a signal stopped the sweep (module
     docstring). With the cells in this process, a second signal ends it at once:
     `last_words(line)` says where first (default: the line is logged as a warning)."""
     from mgloop.runs import preemption
     from mgloop.runs.sweep import processes as processes_lib
     from mgloop.runs.sweep import search
-    from mgloop.runs.sweep import tune
     tuning = plan.tuning_cells()
     variants = plan.variants()
     firsts = {v.name: plan.tune_points(v)[0] for v in variants}
@@ -268,33 +287,20 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     towers = plan_lib.towers_needed(configs)
 
     def reached():
-        """What the stop message counts: the grid given, every point a search has reached
-        besides (a widened value), and the final cells."""
+        """The stop message's count: the grid, any widened point reached, the finals."""
         extra = [cell for v in variants for point in search.order_of(plan, v)
                  for cell in plan.tuning_cells_of(v, point) if cell not in tuning]
         return tuning + extra + finals
 
-    def tuning_round():
-        cells = [cell for v in variants for point in search.next_points(plan, v)
-                 for cell in plan.tuning_cells_of(v, point)]
+    def tuning_round():  # each variant's next tuning points, or once chosen, its finals
+        cells, chosen = [], []
+        for variant in variants:
+            points = search.next_points(plan, variant)
+            cells += [cell for point in points for cell in plan.tuning_cells_of(variant, point)]
+            chosen += [] if points else [variant]
         cells = pending(plan, cells)
         _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
-        return cells
-
-    def final_cells():
-        chosen = {v.name: search.chosen_point(plan, v) for v in variants}
-        summaries = {v.name: search.summary_for(plan, v) for v in variants}
-        for variant in variants:
-            edges = (summaries[variant.name] or {}).get("at_edge")
-            if edges:
-                logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the "
-                                "best may be outside it; widen --tune on that side",
-                                variant.name, tune.text_of(chosen[variant.name]),
-                                ", ".join(f"{side} {key}" for key, side in edges.items()))
-        cells = plan.cells(chosen)
-        _reconcile_finals(plan, cells, summaries)
-        _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
-        return cells
+        return cells + pending(plan, _finals(plan, chosen, warn=False))
 
     signum, at_once = None, False
     if processes <= 1 and not cells_per_process:
@@ -303,16 +309,12 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
                 stopped_message(plan, reached(), signum, at_once=True))) as stop:
             while not stop.requested and (cells := tuning_round()):
                 run_chunk(plan, cells, towers, stop)
-            if not stop.requested:
-                run_chunk(plan, pending(plan, final_cells()), towers, stop)
         signum = stop.signum
     else:
         while signum is None and (cells := tuning_round()):
             signum, at_once = processes_lib.run(plan, cells, towers, processes,
                                                 cells_per_process, run_chunk)
-        if signum is None and (cells := pending(plan, final_cells())):
-            signum, at_once = processes_lib.run(plan, cells, towers, processes,
-                                                cells_per_process, run_chunk)
     if signum is not None:
         raise Stopped(stopped_message(plan, reached(), signum, at_once), signum)
+    _finals(plan, variants, warn=True)  # every final cell has run: says the edges
     return [plan.result_path(cell) for cell in finals]
