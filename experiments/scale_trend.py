@@ -167,8 +167,11 @@ def plot(found: list[dict], path: str):
                       transform=axis.get_xaxis_transform(), clip_on=False,
                       label=f"{method}: a seed diverged")  # marked at the top, not dropped
     axis.set_xscale("log")
+    sizes = sorted({r["parameters"] for r in found})
+    axis.set_xticks(sizes, [f"{size:,}" for size in sizes])  # each size trained, named
+    axis.minorticks_off()
     axis.set_xlabel("parameters (transformer_lm, 77 tokens per parameter)")
-    axis.set_ylabel("eval loss above the ring's (%)")
+    axis.set_ylabel("eval loss above the ring's (%), ± standard error")
     axis.set_title("Gap to synchronous training against model size (4 nodes, 3 seeds)")
     axis.legend(fontsize=8)
     figure.tight_layout()
