@@ -409,7 +409,8 @@ def test_a_momentum_at_its_top_edge_widens_toward_1_geometrically_in_1_minus_m()
     assert grown.chosen == _point(**{"aggregation.outer_lr": "1.2"})
 
 
-def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monkeypatch):
+def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monkeypatch,
+                                                                 caplog):
     """runner.run with --tune_search=coordinate and --tune_widen: each round runs the
     points the search needs (the cells stubbed: a record whose eval loss is a function of
     the point) and the final cells of each variant whose search has chosen (the ring's
@@ -473,8 +474,12 @@ def test_a_coordinate_sweep_runs_its_rounds_and_records_the_order(tmp_path, monk
                                               r"coordinate$"):
         dataclasses.replace(plan, tune_search="random").variants()
     count = len(rounds)
-    runner.run(plan)  # nothing left
+    with caplog.at_level("WARNING"):
+        runner.run(plan)  # nothing left
     assert len(rounds) == count
+    assert ("variant aggregation=diloco:period=2's chosen learning_rate=0.03,"
+            "aggregation.outer_lr=1.43 lies at the grid's highest aggregation.outer_lr"
+            in caplog.text)  # the edge said once every final has run
     text = "\n".join(tuning_report.section(plan.output_dir, [v.name for v in plan.variants()]))
     assert "one axis at a time" in text and "up to 1 times a side" in text
     assert text.count("**chosen**") == 2 and "`aggregation.outer_lr`: widen" in text

@@ -51,6 +51,7 @@ from absl import logging
 from mgloop.runs.sweep import kept_evals
 from mgloop.runs.sweep import plan as plan_lib
 from mgloop.runs.sweep import record as record_lib
+from mgloop.runs.sweep import search
 from mgloop.runs.sweep import tune
 
 
@@ -130,7 +131,6 @@ def run_cell(plan: plan_lib.Plan, cell) -> str | None:
 def _add_tuning(plan: plan_lib.Plan, cell, record: dict) -> None:
     """A tuning cell's record: its point's place in the variant's grid; a final cell's:
     its variant's tuning (search.summary_for: what was tried, the scores, the choice)."""
-    from mgloop.runs.sweep import search
     if cell.tuning:
         record["tune_index"] = search.order_of(plan, cell.variant).index(cell.point)
         record["tune_search"] = {"search": plan.tune_search, "widen": plan.tune_widen}
@@ -233,23 +233,24 @@ def _reconcile_finals(plan: plan_lib.Plan, cells, summaries: dict) -> None:
                          "choice)", cell.name)
 
 
-def _finals(plan: plan_lib.Plan, among, warn: bool) -> list:
+def _finals(plan: plan_lib.Plan, among) -> list:
     """The final cells of the variants `among` at their chosen points, their records
-    reconciled and checkpoints checked; `warn`: say each chosen point at a grid's edge."""
-    from mgloop.runs.sweep import search
+    reconciled and checkpoints checked."""
     chosen = {v.name: search.chosen_point(plan, v) for v in among}
-    summaries = {v.name: search.summary_for(plan, v) for v in among}
-    for variant in among if warn else ():
-        edges = (summaries[variant.name] or {}).get("at_edge")
-        if edges:
-            logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the best "
-                            "may be outside it; widen --tune on that side", variant.name,
-                            tune.text_of(chosen[variant.name]),
-                            ", ".join(f"{side} {key}" for key, side in edges.items()))
     cells = [cell for cell in plan.cells(chosen) if cell.variant.name in chosen]
-    _reconcile_finals(plan, cells, summaries)
+    _reconcile_finals(plan, cells, {v.name: search.summary_for(plan, v) for v in among})
     _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
     return cells
+
+
+def _say_edges(plan: plan_lib.Plan, variants) -> None:
+    """Warns of each variant whose chosen point lies at its grid's edge."""
+    for variant in variants:
+        edges = (search.summary_for(plan, variant) or {}).get("at_edge") or {}
+        if sides := ", ".join(f"{side} {key}" for key, side in edges.items()):
+            logging.warning("sweep: variant %s's chosen %s lies at the grid's %s: the best "
+                            "may be outside it; widen --tune on that side", variant.name,
+                            tune.text_of(search.chosen_point(plan, variant)), sides)
 
 
 def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
@@ -265,7 +266,6 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
     `last_words(line)` says where first (default: the line is logged as a warning)."""
     from mgloop.runs import preemption
     from mgloop.runs.sweep import processes as processes_lib
-    from mgloop.runs.sweep import search
     tuning = plan.tuning_cells()
     variants = plan.variants()
     firsts = {v.name: plan.tune_points(v)[0] for v in variants}
@@ -292,7 +292,7 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
                  for cell in plan.tuning_cells_of(v, point) if cell not in tuning]
         return tuning + extra + finals
 
-    def tuning_round():  # each variant's next tuning points, or once chosen, its finals
+    def next_round():  # each variant's next tuning points, or once chosen, its finals
         cells, chosen = [], []
         for variant in variants:
             points = search.next_points(plan, variant)
@@ -300,21 +300,21 @@ def run(plan: plan_lib.Plan, processes: int = 1, cells_per_process: int = 0,
             chosen += [] if points else [variant]
         cells = pending(plan, cells)
         _check_resumable(plan, cells, [plan.config(cell) for cell in cells])
-        return cells + pending(plan, _finals(plan, chosen, warn=False))
+        return cells + pending(plan, _finals(plan, chosen))
 
     signum, at_once = None, False
     if processes <= 1 and not cells_per_process:
         say = last_words or (lambda line: logging.warning("%s", line))
         with preemption.StopOnSignal(announce=False, last_words=lambda signum: say(
                 stopped_message(plan, reached(), signum, at_once=True))) as stop:
-            while not stop.requested and (cells := tuning_round()):
+            while not stop.requested and (cells := next_round()):
                 run_chunk(plan, cells, towers, stop)
         signum = stop.signum
     else:
-        while signum is None and (cells := tuning_round()):
+        while signum is None and (cells := next_round()):
             signum, at_once = processes_lib.run(plan, cells, towers, processes,
                                                 cells_per_process, run_chunk)
     if signum is not None:
         raise Stopped(stopped_message(plan, reached(), signum, at_once), signum)
-    _finals(plan, variants, warn=True)  # every final cell has run: says the edges
+    _say_edges(plan, variants)
     return [plan.result_path(cell) for cell in finals]
