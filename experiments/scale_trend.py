@@ -154,7 +154,7 @@ def plot(found: list[dict], path: str):
     figure, axis = pyplot.subplots(figsize=(6, 4))
     axis.axhline(0, color="black", linewidth=1, label="ring (synchronous AdamW)")
     methods = [m for m in dict.fromkeys(r["method"] for r in found) if m != "ring"]
-    for colour, method in zip(("tab:blue", "tab:orange", "tab:green", "tab:red"), methods):
+    for colour, method in ((f"C{i}", m) for i, m in enumerate(methods)):  # none dropped
         points = sorted((r["parameters"], r["gap"], r["gap_se"])
                         for r in found if r["method"] == method)
         kept = [point for point in points if not math.isnan(point[1])]
