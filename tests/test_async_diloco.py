@@ -238,10 +238,11 @@ def test_four_nodes_bytes_guard_and_model(tmp_path):
     """--nodes=4 at speeds 1, 1, 1/2, 1/4, H = 4, 8 steps on the mlp (42,506 parameters): each
     merge moves, per node, its pseudo-gradient up and x down, 42,506 float32 = 170,024 B,
     one message each, on its own occasion, twice (steps 3 and 7); the guard gave the nodes
-    8, 8, 4 and 2 inner steps (their optimizers' step counts); the model evaluated is x."""
+    8, 8, 4 and 2 inner steps (their optimizers' step counts), every node's rate read at the
+    run's step (step/hooks/inner_turns.py); the model evaluated is x."""
     config = helpers.small_config(str(tmp_path), devices="cpu:4", nodes=4,
                                   node_speeds="1,1,0.5,0.25", train_steps=8, steps_per_loop=4,
-                                  aggregation="async_diloco:period=4")
+                                  warmup_steps=8, aggregation="async_diloco:period=4")
     result = mgloop.run(config)
     with open(tmp_path / "summary.json") as handle:
         summary = json.load(handle)
@@ -254,6 +255,12 @@ def test_four_nodes_bytes_guard_and_model(tmp_path):
                     sync["occurrences"]) == (42506 * 4, 1, 2)
     trainer = result.trainer
     assert [int(c.optimizer.iterations.numpy()) for c in trainer.copies] == [8, 8, 4, 2]
+    # every node's rate is the schedule at the run's step s, not at its own count (a warmup
+    # of 8 steps: 0.1 (s + 1) / 8; at their own counts nodes 2 and 3 would read 0.0625, 0.0375)
+    for step in (8, 5):
+        trainer.global_step.assign(step)
+        rates = [float(c.optimizer.learning_rate) for c in trainer.copies]
+        np.testing.assert_allclose(rates, [0.1 * min(step + 1, 8) / 8] * 4, rtol=1e-6)
     method = trainer.aggregation.inner
     assert summary["async_staleness"] == method.staleness() == {
         "merges": 8, "staleness_sum": 6 + 12, "staleness_max": 3, "last_staleness": [3, 3, 3, 3]}

@@ -15,8 +15,8 @@ graph and in Python), and at step s it applies its inner update iff
     turn_i(s) = n_i(s) > n_i(s - 1)   and it is not waiting for a quorum (below);
 
 otherwise its copies take no update (parameters, optimizer slots and step count frozen: the
-guard of step/hooks/inner_turns.py), so a 2x slower node takes half as many inner steps; what
-its towers computed on a skipped step is dropped. The fast nodes never wait.
+guard of step/hooks/inner_turns.py, which also reads every node's rate schedule at s), so a
+2x slower node takes half as many inner steps; a skipped step's towers are dropped.
 
 Rounds (DyLU). Node i's round is H_i = max(1, ceil(H r_i)) inner steps (`dynamic=false`: H for
 every node), so every round spans about H units of time (HALoS's reproduction of DyLU,
