@@ -20,6 +20,8 @@
                            time from the middle of each (the sum of the axes' lengths)
     --tune_widen=W         an axis whose best is at its edge gets a value one geometric
                            step past it, up to W times per side (default 0)
+    --tune_passes=P        the coordinate search goes over the axes P times, each pass
+                           from the point the last chose (default 1)
     --panels=KEY           the plots' small multiples: one panel per value of this --vary
                            axis (default: split when a panel would hold over 6 curves)
     --link=[between:]BANDWIDTH,LATENCY   links to model (repeatable; link_model.py)
@@ -76,7 +78,8 @@ def plan_from_options(options: SweepOptions):
                          stop_at_target=options.stop_at_target, links=options.links,
                          plugins=options.plugins, tune=options.tune,
                          tune_seeds=tune.tuning_seeds(options.tune_seeds),
-                         tune_search=options.tune_search, tune_widen=options.tune_widen)
+                         tune_search=options.tune_search, tune_widen=options.tune_widen,
+                         tune_passes=options.tune_passes)
 
 
 class _Interrupted(Exception):

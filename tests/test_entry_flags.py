@@ -84,6 +84,7 @@ def test_the_launch_check_refuses_in_one_line_naming_the_flag(settings_, line):
     (dict(tune_seeds=0), "--tune_seeds=0 is out of range: must be >= 1"),
     (dict(processes=0), "--processes=0 is out of range: must be >= 1"),
     (dict(tune_widen=-1), "--tune_widen=-1 is out of range: must be >= 0"),
+    (dict(tune_passes=0), "--tune_passes=0 is out of range: must be >= 1"),
     (dict(cells_per_process=-1), "--cells_per_process=-1 is out of range: must be >= 0"),
     (dict(tune_search="random"), "--tune_search='random' is not one of: coordinate, grid"),
     (dict(stop_at_target=True), "--stop_at_target needs --target=METRIC>=VALUE"),

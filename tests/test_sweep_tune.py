@@ -388,6 +388,39 @@ def test_the_searches_walk_one_axis_at_a_time_and_widen_past_an_edge():
     assert last_first.reached == [_point(learning_rate=v) for v in lr.values]
 
 
+def test_a_second_pass_tunes_the_first_axis_again_at_the_others_best():
+    """--tune_passes=2: the inner rate, tuned first at the middle outer rate (where a method
+    is unstable and wants a small rate), is tuned again at the outer rate the first pass
+    chose, and the outer rate again at that; a line runs only its points not yet run, and a
+    third pass that would run nothing new changes nothing."""
+    lr = tune.Axis("learning_rate", ("0.001", "0.003", "0.01"))
+    outer = tune.Axis("aggregation.outer_lr", ("0.3", "0.5", "0.7"))
+    table = {("0.001", "0.5"): 5, ("0.003", "0.5"): 6, ("0.01", "0.5"): 7,
+             ("0.001", "0.3"): 4, ("0.001", "0.7"): 9,
+             ("0.003", "0.3"): 3, ("0.01", "0.3"): 2, ("0.01", "0.7"): 8}
+    at = lambda rate, outer_lr: _point(**{"learning_rate": rate,  # noqa: E731
+                                          "aggregation.outer_lr": outer_lr})
+    chosen = {}
+    for passes in (1, 2, 3):
+        done, rounds = {}, []
+        while True:
+            found = search.walk([lr, outer], lambda p: done.get(p, tune.MISSING), True,
+                                "coordinate", 0, passes=passes)
+            if not found.pending:
+                break
+            rounds.append(found.pending)
+            done.update({p: table[(p[0][1], p[1][1])] for p in found.pending})
+        chosen[passes] = found.chosen
+        if passes == 2:
+            assert rounds == [[at(v, "0.5") for v in ("0.001", "0.003", "0.01")],
+                              [at("0.001", "0.3"), at("0.001", "0.7")],
+                              [at("0.003", "0.3"), at("0.01", "0.3")],
+                              [at("0.01", "0.7")]]
+            assert found.reached[:5] == [at(v, "0.5") for v in ("0.001", "0.003", "0.01")] + [
+                at("0.001", "0.3"), at("0.001", "0.7")]  # the first pass's order kept
+    assert chosen == {1: at("0.001", "0.3"), 2: at("0.01", "0.3"), 3: at("0.01", "0.3")}
+
+
 def test_a_momentum_at_its_top_edge_widens_toward_1_geometrically_in_1_minus_m():
     """A step past 0.95 of (0.8, 0.9, 0.95) would be 1.003, which a momentum's Config
     refuses: the widening steps in 1 - m instead (0.05 -> 0.025 -> 0.0125), while an axis

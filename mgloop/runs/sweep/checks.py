@@ -14,7 +14,7 @@ from mgloop.settings import choice, in_range
 
 def check(options: SweepOptions) -> SweepOptions:
     """Refuses, in one line naming the flag and what is valid: no --output_dir, counts out
-    of range (--seeds, --evals, --tune_seeds, --processes >= 1; --tune_widen,
+    of range (--seeds, --evals, --tune_seeds, --tune_passes, --processes >= 1; --tune_widen,
     --cells_per_process >= 0), --tune_search not grid or coordinate, --stop_at_target
     without --target. Returns the options unchanged."""
     if not options.output_dir:
@@ -25,6 +25,7 @@ def check(options: SweepOptions) -> SweepOptions:
     in_range("tune_seeds", options.tune_seeds, low=1)
     choice("tune_search", options.tune_search, TUNE_SEARCHES)
     in_range("tune_widen", options.tune_widen, low=0)
+    in_range("tune_passes", options.tune_passes, low=1)
     in_range("processes", options.processes, low=1)
     in_range("cells_per_process", options.cells_per_process, low=0)
     if options.stop_at_target and options.target is None:

@@ -36,6 +36,8 @@ class SweepOptions:
     tune_widen: int = entry_setting(
         0, "values added past a tuning axis's edge when its best lies there, per axis and "
         "side")
+    tune_passes: int = entry_setting(
+        1, "coordinate search: passes over the axes, each from the point the last chose")
     panels: str | None = entry_setting(None, "a --vary axis: one plot panel per value of it")
     stop_at_target: bool = entry_setting(
         False, "end a cell at its first eval meeting --target")

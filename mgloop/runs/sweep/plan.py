@@ -16,7 +16,7 @@
                perplexity of a classifier) is refused with the cell's Config, as is a cell
                that evaluates nothing (a --plugin dataset registered without eval data):
                the sweep compares eval metrics (target.py parses it)
-    tuning     --tune=KEY=V1,V2,..., --tune_seeds=N, --tune_search, --tune_widen
+    tuning     --tune=KEY=V1,V2,..., --tune_seeds=N, --tune_search, --tune_widen, --tune_passes
                (tune.py, search.py): each variant's tuning search on seeds 1000.. first
                (`tuning_cells`: logdir runs/seed=<s>/<folder of variant and point>,
                record results/tuning/<variant>/<point>/seed=<s>.json),
@@ -100,6 +100,7 @@ class Plan:
     tune_seeds: tuple[int, ...] = tune_lib.tuning_seeds(1)
     tune_search: str = "grid"  # --tune_search: grid or coordinate (tune.py)
     tune_widen: int = 0  # --tune_widen: values added past an edge, per axis and side
+    tune_passes: int = 1  # --tune_passes: the coordinate search's passes over the axes
 
     def variants(self) -> list[grid.Variant]:
         """The grid's variants, checked (and the --tune axes against them)."""

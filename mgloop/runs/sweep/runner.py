@@ -133,7 +133,7 @@ def _add_tuning(plan: plan_lib.Plan, cell, record: dict) -> None:
     its variant's tuning (search.summary_for: what was tried, the scores, the choice)."""
     if cell.tuning:
         record["tune_index"] = search.order_of(plan, cell.variant).index(cell.point)
-        record["tune_search"] = {"search": plan.tune_search, "widen": plan.tune_widen}
+        record["tune_search"] = search.searched(plan)
     elif plan.tune:
         record["tuning"] = search.summary_for(plan, cell.variant)
 

@@ -8,7 +8,11 @@ the points' settings and the score are tune.py's).
                 cells grow with the sum of the axes' lengths, not their product. One pass:
                 the point chosen is the best of every point tried (each axis's line holds
                 the best point of the lines before it), a coordinate-wise optimum of the
-                grid, not necessarily the product's best
+                grid, not necessarily the product's best. With P passes
+                (`--tune_passes=P`) the axes are gone over again from the point the last
+                pass chose, each line running only its points not yet run: an axis tuned
+                first at the others' middle values (an outer rate where a method is
+                unstable pulls its inner rate down) is tuned again at their best
     widening    (either search) an axis whose best lies at its lowest or highest value
                 gets one more value on that side, a geometric step beyond it,
                 v_edge * (v_edge / v_next) (0.003, 0.01 -> 0.0333), and runs again, at most
@@ -67,7 +71,7 @@ def _widened(values: list[str], side: str) -> list[str]:
 
 
 def walk(mine: list[Axis], score, lower: bool, search: str = "grid", widen: int = 0,
-         allowed=lambda point: True) -> Walk:
+         allowed=lambda point: True, passes: int = 1) -> Walk:
     """The search of the module docstring over one variant's axes `mine`, replayed from
     what is known: `score(point)` is MISSING while a tuning seed of the point has no
     record, else the point's score (None: none); `allowed(point)` whether a widened point's
@@ -114,7 +118,7 @@ def walk(mine: list[Axis], score, lower: bool, search: str = "grid", widen: int 
 
     if search == "coordinate":
         current = {axis.key: axis.values[len(axis.values) // 2] for axis in mine}
-        for axis in mine:
+        for axis in [axis for _ in range(passes) for axis in mine]:
             while True:
                 line = [point_at({**current, axis.key: v}) for v in values[axis.key]]
                 pending, best = best_of(line)
@@ -161,7 +165,8 @@ def walk_for(plan, variant) -> Walk | None:
             return False
         return True
 
-    return walk(mine, score, lower, plan.tune_search, plan.tune_widen, allowed)
+    return walk(mine, score, lower, plan.tune_search, plan.tune_widen, allowed,
+                plan.tune_passes)
 
 
 def least_tuning_cells(plan) -> int:
@@ -198,7 +203,14 @@ def summary_for(plan, variant) -> dict | None:
     tried = [(point, _records(plan, variant, point)) for point in found.tried]
     summary = summarise(tried, None if plan.target is None else str(plan.target),
                         plan.tune_seeds, chosen=found.chosen)
-    return {**summary, "search": plan.tune_search, "widen": plan.tune_widen}
+    return {**summary, **searched(plan)}
+
+
+def searched(plan) -> dict:
+    """How the search ran, as records keep it: the search, its widening and (if more than
+    one) its passes."""
+    passes = {"passes": plan.tune_passes} if plan.tune_passes > 1 else {}
+    return {"search": plan.tune_search, "widen": plan.tune_widen, **passes}
 
 
 def chosen_point(plan, variant) -> tuple:

@@ -56,10 +56,14 @@ def section(output_dir: str, order: list[str]) -> list[str]:
     best = "lowest" if first["lower_is_better"] else "highest"
     # the widest limit any cell ran under (a re-run may widen further than the first)
     search = max((r["tune_search"] for r in records if r.get("tune_search")),
-                 key=lambda s: s["widen"], default={"search": "grid", "widen": 0})
+                 key=lambda s: (s["widen"], s.get("passes", 1)),
+                 default={"search": "grid", "widen": 0})
     how = ("one axis at a time in the order given, from the middle value of each, the "
            "others at their best so far" if search["search"] == "coordinate" else
            "every point of its grid")
+    if search.get("passes", 1) > 1:
+        how += (f", {search['passes']} passes over the axes (each from the point the last "
+                "chose)")
     if search["widen"]:
         how += (f"; an axis whose best lay at its edge got one more value a geometric step "
                 f"past it, up to {search['widen']} times a side")
