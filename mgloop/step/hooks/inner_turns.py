@@ -16,8 +16,8 @@ section 3: the learning-rate schedule by the progress of all workers; github:utn
 batch) set a worker's rate by the run's progress. Here every node's optimizer reads its
 schedule at the step counter s instead (`OnTheClock`): the fastest node's steps, the unit of
 the run's time, which with constant speeds is its progress in tokens, so every node warms up
-and decays with the run. Its own count still drives what counts updates (Adam's bias
-correction of its own moments). At the fastest speed the two are the same number: the
+and decays with the run (`put_on_the_clock`, done once as the guard is made). The node's own
+count still drives Adam's bias correction of its own moments. At the fastest speed the two are the same number: the
 fastest nodes' rates do not change, nor does any run at equal speeds.
 """
 
@@ -56,6 +56,16 @@ class _Turns:
         return self.method.applies(node, step)
 
 
+def put_on_the_clock(copies, step: tf.Variable) -> None:
+    """Each copy's optimizer reads its schedule at `step` (module docstring); a constant rate
+    (a float or variable: Keras keeps it in `_learning_rate`, with no public reader of the
+    schedule itself) has nothing to read and stays."""
+    for copy in copies:
+        schedule = copy.optimizer._learning_rate
+        if isinstance(schedule, Schedule) and not isinstance(schedule, OnTheClock):
+            copy.optimizer.learning_rate = OnTheClock(schedule, step)
+
+
 def hook_for(replicas) -> FrozenWhileDown | None:
     """The guard for `replicas` whose method (or its inner method at the nodes) is
     async_diloco, with every copy's rate put on the clock; None otherwise."""
@@ -63,10 +73,7 @@ def hook_for(replicas) -> FrozenWhileDown | None:
     method = getattr(level, "inner", level)  # a NodeLevel wraps the method of the nodes
     if not isinstance(method, AsyncDiLoCo) or method.num_towers == 1:
         return None
-    for copy in replicas.copies:
-        schedule = copy.optimizer._learning_rate  # Keras's: a schedule, a variable or a float
-        if isinstance(schedule, Schedule) and not isinstance(schedule, OnTheClock):
-            copy.optimizer.learning_rate = OnTheClock(schedule, replicas.global_step)
+    put_on_the_clock(replicas.copies, replicas.global_step)
     per_copy = replicas.num_towers // len(replicas.copies)
     nodes = getattr(level, "nodes", None)
     return FrozenWhileDown(_Turns(method), replicas.global_step,
