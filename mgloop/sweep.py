@@ -141,7 +141,7 @@ def _main(options: SweepOptions):
     command = [arg for arg in sys.argv[1:] if arg not in ("--report_only", "--report_only=true")]
     path = report.write(plan.output_dir, order, title,
                         "python -m mgloop.sweep " + " ".join(map(shlex.quote, command)),
-                        panel_key=options.panels)
+                        panel_key=options.panels, target=plan.target)
     logging.info("sweep: report in %s", path)
 
 

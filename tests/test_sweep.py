@@ -293,6 +293,12 @@ def test_sweep_resumes_holds_one_build_and_reports(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == order
     assert all(" ± " in r and "| 2/2 |" in r for r in rows)
+    # a target given after the cells ran (the sweep's --target, then --report_only): each
+    # record's time to target is read from its curve again
+    never = target_lib.parse_target("loss<=-1")
+    again = open(report.write(plan.output_dir, order, "test sweep", target=never)).read()
+    assert "target: loss<=-1;" in again
+    assert all("| 0/2 |" in line for line in again.splitlines() if line.startswith("| `"))
     from matplotlib import image
     for name in ("metric_vs_steps.png", "metric_vs_bytes.png"):
         pixels = image.imread(os.path.join(plan.output_dir, "plots", name))

@@ -190,9 +190,16 @@ def compute_sources(groups: dict[str, list[dict]]) -> str:
 
 
 def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
-          command: str | None = None, panel_key: str | None = None) -> str:
-    """Writes report.md and the plots from the records found; returns report.md's path."""
+          command: str | None = None, panel_key: str | None = None, target=None) -> str:
+    """Writes report.md and the plots from the records found; returns report.md's path.
+    With a `target` (target.Target: the sweep's --target), every record's time to target is
+    read again from its curve, so a target changed after the cells ran is the one reported
+    (a cell stopped at the old target has no point past it)."""
     records = load(output_dir)
+    if target is not None:
+        for one in records:
+            one["target"] = str(target)
+            one["time_to_target"] = record_lib.time_to_target(one["curve"], target)
     groups = by_variant(records, order)
     target = next((r["target"] for r in records if r.get("target")), None)
     metric = metric_of(records, target)
