@@ -201,8 +201,8 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
             one["target"] = str(target)
             one["time_to_target"] = record_lib.time_to_target(one["curve"], target)
     groups = by_variant(records, order)
-    target = next((r["target"] for r in records if r.get("target")), None)
-    metric = metric_of(records, target)
+    target_text = next((r["target"] for r in records if r.get("target")), None)
+    metric = metric_of(records, target_text)
     links = sorted({tag for r in records for p in r["curve"][:1] for tag in p["seconds"]})
     where = next((r["traffic"]["where"] for r in records if r.get("traffic")), "between nodes")
     kinds = {(r.get("compute_source") or "measured").split(" ")[0] for r in records
@@ -231,7 +231,7 @@ def write(output_dir: str, order: list[str] | None = None, title: str = "sweep",
         lines += ["```", command, "```", ""]
     seeds = sorted({r["seed"] for r in records})
     lines += [f"{len(records)} cells: {len(groups)} variants x seeds {seeds}; "
-              f"target: {target or 'none'}; bytes {where}; mean ± sample sd over seeds, "
+              f"target: {target_text or 'none'}; bytes {where}; mean ± sample sd over seeds, "
               "time to target over the seeds that reached it.", "",
               table(groups, metric, links), "", compute_sources(groups), ""]
     crossed = pivot(groups, metric)

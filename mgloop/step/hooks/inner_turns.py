@@ -16,9 +16,10 @@ section 3: the learning-rate schedule by the progress of all workers; github:utn
 batch) set a worker's rate by the run's progress. Here every node's optimizer reads its
 schedule at the step counter s instead (`OnTheClock`): the fastest node's steps, the unit of
 the run's time, which with constant speeds is its progress in tokens, so every node warms up
-and decays with the run (`put_on_the_clock`, done once as the guard is made). The node's own
-count still drives Adam's bias correction of its own moments. At the fastest speed the two are the same number: the
-fastest nodes' rates do not change, nor does any run at equal speeds.
+and decays with the run (`put_on_the_clock`, done once as the guard is made). The node's
+own count still drives Adam's bias correction of its own moments. At the fastest speed the
+two are the same number: the fastest nodes' rates do not change, nor does any run at equal
+speeds.
 """
 
 from __future__ import annotations
