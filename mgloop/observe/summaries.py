@@ -56,9 +56,11 @@ def final_metric_tags(links: tuple[str, ...]) -> tuple[str, ...]:
 class ScalarWriter:
     """Writes dicts of Python floats as scalars of one run folder (`train`, `eval`).
 
-    Each distinct set of tags is written by one compiled function (traced once) that
-    takes the values as one float32 vector and writes `tf.summary.scalar(tag_i, v[i])`
-    for every tag, then flushes: one op call per window. The step and the values reach
+    A set of tags written again is written by one compiled function (traced at its
+    second write) that takes the values as one float32 vector and writes
+    `tf.summary.scalar(tag_i, v[i])` for every tag, then flushes: one op call per window.
+    Its first write is eager (a few ops per tag): a set written once, as the final
+    scalars of a run, costs no trace (about 0.15 s of CPU). The step and the values reach
     it as numpy values, never Python scalars: TensorFlow keeps the tensor of every
     distinct Python scalar it converts (its eager scalar cache, never evicted), so a
     Python-int step, new at every window, kept about 1.5 KiB per window of 7 eager
@@ -68,24 +70,40 @@ class ScalarWriter:
     def __init__(self, logdir: str, run: str):
         self._folder = os.path.join(logdir, run)
         self._writer = tf.summary.create_file_writer(self._folder)
-        self._write_by_tags: dict[tuple[str, ...], Callable] = {}
+        self._compiled_by_tags: dict[tuple[str, ...], Callable] = {}
+        self._written_once: set[tuple[str, ...]] = set()
 
-    def _compiled_write(self, tags: tuple[str, ...]) -> Callable:
-        """The compiled write of `tags`: (step int64, values float32[len(tags)])."""
-        if tags not in self._write_by_tags:
-            writer = self._writer
+    def _write(self, tags: tuple[str, ...]) -> Callable:
+        """The write of `tags`: (step int64, values float32[len(tags)]); eager the first
+        time, compiled from the second (the class docstring)."""
+        if tags in self._compiled_by_tags:
+            return self._compiled_by_tags[tags]
+        if tags not in self._written_once:
+            self._written_once.add(tags)
+            return self._eager_write(tags)
+        writer = self._writer
 
-            @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
-                                          tf.TensorSpec([len(tags)], tf.float32)],
-                         autograph=False)
-            def write(step, values):
-                with writer.as_default(step=step):
-                    for index, tag in enumerate(tags):
-                        tf.summary.scalar(tag, values[index])
-                writer.flush()
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
+                                      tf.TensorSpec([len(tags)], tf.float32)],
+                     autograph=False)
+        def write(step, values):
+            with writer.as_default(step=step):
+                for index, tag in enumerate(tags):
+                    tf.summary.scalar(tag, values[index])
+            writer.flush()
 
-            self._write_by_tags[tags] = write
-        return self._write_by_tags[tags]
+        self._compiled_by_tags[tags] = write
+        return write
+
+    def _eager_write(self, tags: tuple[str, ...]) -> Callable:
+        writer = self._writer
+
+        def write(step, values):
+            with writer.as_default(step=step):
+                for tag, value in zip(tags, values):  # numpy float32s: no cached tensor
+                    tf.summary.scalar(tag, value)
+            writer.flush()
+        return write
 
     def _check_folder(self) -> None:
         """TensorFlow would write on into deleted files (or recreate folders) silently."""
@@ -102,7 +120,7 @@ class ScalarWriter:
         tags = tuple(values)
         # numpy first: TensorFlow caches the tensor of every distinct Python scalar it
         # converts (about 0.7 KiB per new step number), a numpy array it does not
-        self._compiled_write(tags)(np.asarray(step, np.int64),
+        self._write(tags)(np.asarray(step, np.int64),
                                    np.asarray([values[t] for t in tags], np.float32))
 
     def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:

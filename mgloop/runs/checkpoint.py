@@ -107,7 +107,7 @@ class Checkpointer:
         self._variables = [v for v in [*model.variables, *optimizer_variables, *state,
                                        *(v for vs in replicas for v in vs)]
                            if tf.as_dtype(v.dtype).is_floating]
-        self._all_finite = None  # compiled on the first save (_check_finite)
+        self._all_finite = None  # made at the first save (_check_finite)
         self._manager_instance = None  # built once the state file is known to be readable
 
     @classmethod
@@ -269,14 +269,23 @@ class Checkpointer:
             _forget_glob_patterns()
 
     def _check_finite(self, step: int) -> None:
-        """Refuses a save of NaN/inf values: one compiled reduction on the variables' own
-        devices (no host copy of the model per save); the first offending variable is
-        looked up only when there is one."""
+        """Refuses a save of NaN/inf values: a reduction on the variables' own devices (no
+        host copy of the model per save), eager at the first save (two ops a variable: a
+        run that saves once traces nothing, about 0.15 s of CPU), compiled from the second;
+        the first offending variable is looked up only when there is one."""
+        if not self._variables:
+            return
         if self._all_finite is None:
             variables = self._variables
-            self._all_finite = tf.function(lambda: tf.reduce_all(tf.stack(
-                [tf.reduce_all(tf.math.is_finite(v)) for v in variables])), autograph=False)
-        if not self._variables or bool(self._all_finite()):
+
+            def all_finite():
+                return tf.reduce_all(tf.stack(
+                    [tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
+            finite = bool(all_finite())
+            self._all_finite = tf.function(all_finite, autograph=False)
+        else:
+            finite = bool(self._all_finite())
+        if finite:
             return
         variable = next(v for v in self._variables if not np.isfinite(v.numpy()).all())
         name = getattr(variable, "path", variable.name)  # a method's tf.Variable has no path
