@@ -22,7 +22,8 @@ small MLP of tests/helpers.py, 5 steps under --deterministic:
   copy's, when the method's copies differ between syncs: `copies_differ`);
 - exchange timing (`Trainer.time_exchange`) leaves its state, and every variable, as
   training left them;
-- `reduce` never receives a non-trainable variable (a model with batch norm).
+- `reduce` never receives a non-trainable variable (a model with batch norm; what the
+  traced step hands it).
 A method whose devices are not here (nccl: GPUs) is checked to refuse in one line, and so
 is a tower count a method's `check` cannot serve (krum with 2 towers): it must then run
 on 4. A lossy method whose `error_bound` is None at a tower count (median on 2 towers is
@@ -324,7 +325,7 @@ def test_reduce_never_receives_a_non_trainable_variable(name, tmp_path):
         return reduce(tower_values, variables, average)
 
     method.reduce = spy
-    helpers.run_batches(trainer, helpers.batches(1))
+    helpers.trace_batches(trainer, helpers.batches(1))  # what the step hands: its trace
     trainable = trainer.copies[0].trainable
     assert trainer.copies[0].non_trainable  # the moving statistics exist
     assert bool(handed) != method.capabilities.single_loss  # a per-tower method reduced

@@ -347,7 +347,7 @@ def test_per_step_bytes_and_modelled_step_against_diloco(tmp_path):
         config = helpers.small_config(str(tmp_path / spec.split(":")[0]), devices="cpu:4",
                                       nodes=2, aggregation=spec)
         trainer = helpers.build_trainer(config)
-        helpers.run_batches(trainer, helpers.batches(1))  # traces: the traffic is counted
+        helpers.trace_batches(trainer, helpers.batches(1))  # the trace counts the traffic
         reports[spec.split(":")[0]] = link_report.report(
             link_report.Schedule(trainer.aggregation.traffic, 8), links, compute,
             gradient_bytes=link_report.gradient_bytes_of(trainer), num_nodes=2)
