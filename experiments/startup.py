@@ -2,8 +2,8 @@
 
     python -m experiments.startup --rounds=7
     python -m experiments.startup --cases=python,mgloop,tensorflow,keras --baseline=python
-    python -m experiments.startup --cases=run_ring,run_ring_autograph --rounds=5
-    python -m experiments.startup --cases=run_qsgd,run_qsgd_autograph --rounds=5
+    python -m experiments.startup --cases=run_ring_autograph,run_ring_loop_autograph,run_ring --rounds=5
+    python -m experiments.startup --cases=run_qsgd_autograph,run_qsgd_loop_autograph,run_qsgd --rounds=5
 
 Every process the suite, the sweep and the launcher start pays this. Each case is a
 fresh `python -c CODE` (CASES below), run to its end; `--rounds` rounds run every case
@@ -41,16 +41,19 @@ CASES = {
     "mgloop_run": "import mgloop; mgloop.run",  # the API, TensorFlow and Keras with it
 }
 # A first run: 4 logical CPU towers, the mlp, 20 steps in one compiled loop, an eval and a
-# checkpoint; `_autograph` converts the step with AutoGraph
-# (loop.py traces it without, as Keras's fit does): the difference is the tracing saved.
+# checkpoint, traced without AutoGraph (loop.py). `_loop_autograph` converts the loop with
+# AutoGraph (a tf.function with AutoGraph on), `_autograph` the loop and the step (each
+# function the step calls converted too): the differences are the tracing saved.
 RUN = ("import sys, tempfile; import mgloop; mgloop.configure_logical_cpus(4); {patch}"
        "mgloop.run(mgloop.Config(devices='cpu:4', aggregation='{method}', model='mlp', "
        "train_steps=20, steps_per_loop=20, summary_every=0, log_every=0, "
        "logdir=tempfile.mkdtemp()))")
-CONVERTED = ("import tensorflow as tf; "
-             "tf.autograph.experimental.do_not_convert = lambda f: f; ")
+LOOP_CONVERTED = ("import tensorflow as tf; from mgloop.runs import loop; "
+                  "loop.Loop.compiled_loop = tf.function(loop.Loop.compiled_loop.python_function); ")
+CONVERTED = LOOP_CONVERTED + "tf.autograph.experimental.do_not_convert = lambda f: f; "
 for _method in ("ring", "qsgd"):
     CASES[f"run_{_method}"] = RUN.format(method=_method, patch="")
+    CASES[f"run_{_method}_loop_autograph"] = RUN.format(method=_method, patch=LOOP_CONVERTED)
     CASES[f"run_{_method}_autograph"] = RUN.format(method=_method, patch=CONVERTED)
 flags.DEFINE_list("cases", ["keras", "keras_without_sklearn"], f"of: {', '.join(CASES)}")
 flags.DEFINE_string("baseline", None, "the case of the differences and ratios (default: "

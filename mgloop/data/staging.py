@@ -178,12 +178,12 @@ class DeviceStaging(HostStaging):
                 tf.raw_ops.StageClear(dtypes=self._dtypes(), shared_name=name)
         self._count.assign(0)
 
-    @tf.function
+    @tf.function(autograph=False)  # its conditional is a tf.cond (loop.py's top)
     def refill(self, iterator) -> tf.Tensor:
         """Stages the shards of the iterator's next batch; returns whether there was one."""
         optional = iterator.get_next_as_optional()
-        staged = tf.constant(False)
-        if optional.has_value():
+
+        def stage():
             parts = nested_split(optional.get_value(), len(self.devices), self.micro_batches)
             puts = []
             for device, name, part in zip(self.devices, self._names, parts):
@@ -191,9 +191,10 @@ class DeviceStaging(HostStaging):
                     puts.append(tf.raw_ops.Stage(values=tf.nest.flatten(part),
                                                  shared_name=name))
             with tf.control_dependencies(puts):
-                self._count.assign_add(1)
-                staged = tf.identity(tf.constant(True))
-        return staged
+                counted = self._count.assign_add(1)
+            with tf.control_dependencies([counted]):
+                return tf.identity(tf.constant(True))
+        return tf.cond(optional.has_value(), stage, lambda: tf.constant(False))
 
     def may_have_batch(self, after: tf.Tensor | None = None) -> tf.Tensor:
         """Whether a batch is staged, read once `after` has run (after the step that took the

@@ -26,20 +26,23 @@ The step is traced without AutoGraph, as Keras's own `fit` traces its train step
 on Python values (towers, variables, options), and AutoGraph's rewriting of every
 function the step calls cost about half of its tracing time (experiments/startup.py).
 A model, loss or metric that branches on a tensor's value uses `keras.ops.cond` /
-`tf.cond`, or is itself a `tf.function` (as under `fit`); the loop around the steps
-keeps AutoGraph. Its condition asks the staging whether a batch may be left
-(`may_have_batch`): device staging knows it from its count (`knows_ahead`), so its loop has
-no `break` and its step is not inside a conditional (AutoGraph makes a `break` a loop
-variable, which the loop's condition then tests in a conditional of its own, a dozen ops
-every step); host staging learns it only by taking the next batch, so its steps are.
+`tf.cond`, or is itself a `tf.function` (as under `fit`). The loop around the steps is
+written as `tf.while_loop` and `tf.cond` itself, so nothing in a run is converted by
+AutoGraph (whose conversion of the loop and of the staging cost about 0.75 s of CPU in every
+new process). Its condition asks the staging whether a batch may be left
+(`may_have_batch`): device staging knows it from its count (`knows_ahead`), so its loop
+has no flag for the end of the input and its step is not inside a conditional; host
+staging learns it only by taking the next batch, so its steps are (a `tf.cond` on whether
+there was one, whose false branch ends the loop).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
+import os
 import time
+import traceback
 from typing import Iterator
 
 import numpy as np
@@ -60,7 +63,8 @@ def tensor_branches_refused():
     try:
         yield
     except tf.errors.OperatorNotAllowedInGraphError as error:
-        frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\s*\*?\*?\n\s*(.+)', str(error))
+        frames = [(f.filename, f.lineno, f.line or "") for f in traceback.extract_tb(
+            error.__traceback__) if f"{os.sep}tensorflow{os.sep}" not in f.filename]
         where = (f" at {frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})"
                  if frames else "")
         raise TensorBranchError(
@@ -147,30 +151,39 @@ class Loop:
         self.staging.clear()
         self._input = None
 
-    @tf.function
+    @tf.function(autograph=False)  # its loop and conditionals are written out (top)
     def compiled_loop(self, iterator: Iterator, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
         """The loop of `train_loop`: sums over the steps run, and their count."""
-        loss_sum = tf.constant(0.0)  # exact sums:
-        metric_sums = tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64)
-        steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
-        end = staging_lib.clock()
+        sums = (tf.constant(0.0),  # exact sums: loss, metric states, input wait, steps
+                tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64),
+                tf.constant(0.0, tf.float64), tf.constant(0))
         # the condition reads the staging's count after the last step's end (not a loop variable)
         if self.staging.knows_ahead:  # device staging: no `break`, so no conditional either
-            while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
+            def condition(loss_sum, metric_sums, wait, steps, end):
+                return tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end))
+
+            def body(loss_sum, metric_sums, wait, steps, end):
                 begin, _, take = self._next_batch(iterator, after=end)
-                loss_sum, metric_sums, wait, steps, end = self._counted_step(
-                    take, begin, loss_sum, metric_sums, wait, steps)
-        else:
-            while tf.logical_and(steps < num_steps, self.staging.may_have_batch(after=end)):
+                return self._counted_step(take, begin, loss_sum, metric_sums, wait, steps)
+            out = tf.while_loop(condition, body, (*sums, staging_lib.clock()))
+        else:  # host staging learns whether a batch is left by taking it: the step in a cond
+            def condition(loss_sum, metric_sums, wait, steps, end, more):
+                return tf.logical_and(more, tf.logical_and(
+                    steps < num_steps, self.staging.may_have_batch(after=end)))
+
+            def body(loss_sum, metric_sums, wait, steps, end, more):
                 begin, has_batch, take = self._next_batch(iterator, after=end)
-                if not has_batch:  # a tensor: the staging cannot know ahead (host, none)
-                    break
-                loss_sum, metric_sums, wait, steps, end = self._counted_step(
-                    take, begin, loss_sum, metric_sums, wait, steps)
+                return tf.cond(
+                    has_batch,
+                    lambda: (*self._counted_step(take, begin, loss_sum, metric_sums, wait,
+                                                 steps), tf.constant(True)),
+                    lambda: (loss_sum, metric_sums, wait, steps, end, tf.constant(False)))
+            out = tf.while_loop(condition, body, (*sums, staging_lib.clock(), tf.constant(True)))
+        loss_sum, metric_sums, wait, steps = out[:4]
         return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
                 "input_wait": wait}
 
-    @tf.function
+    @tf.function(autograph=False)  # its conditionals are written out (top)
     def sampled_once(self, iterator: Iterator) -> dict[str, tf.Tensor]:
         """The sampled step (--diagnostics: the step with its statistics' hook) on the next
         batch, if one is left: the sums of `compiled_loop` over it (0 or 1 step), its
@@ -178,23 +191,27 @@ class Loop:
         exactly the step without the statistics (no per-step cost) and the first call of
         the loop traces the step once. Its trace leaves the traffic counts as the ordinary
         step's."""
-        loss_sum = tf.constant(0.0)
-        metric_sums = tf.zeros([metrics_lib.total_size(self.metrics)], tf.float64)
-        steps, wait = tf.constant(0), tf.constant(0.0, tf.float64)
-        stats, sampled = tf.zeros([len(self.stat_names)]), tf.constant(False)
+        none = (tf.constant(0), tf.constant(0.0), tf.zeros([metrics_lib.total_size(
+            self.metrics)], tf.float64), tf.constant(0.0, tf.float64),
+            tf.zeros([len(self.stat_names)]), tf.constant(False))
         end = staging_lib.clock()
-        if self.staging.may_have_batch(after=end):
+
+        def sampled_step():
             begin, has_batch, take = self._next_batch(iterator, after=end)
-            if has_batch:
+
+            def run():
                 traffic = self.sampled_step.replicas.aggregation.traffic
                 ordinary = traffic.snapshot()
-                result, wait, end = self._timed_step(self.sampled_step, take, begin)
+                result, wait, _ = self._timed_step(self.sampled_step, take, begin)
                 traffic.restore(ordinary)  # the counts stay the ordinary step's
-                loss_sum = result.loss
-                metric_sums = tf.cast(result.metric_state, tf.float64)
-                stats, sampled, steps = result.report["stats"], tf.constant(True), tf.constant(1)
-        return {"steps": steps, "loss_sum": loss_sum, "metric_sums": metric_sums,
-                "input_wait": wait, "stats": stats, "sampled": sampled}
+                return (tf.constant(1), result.loss, tf.cast(result.metric_state, tf.float64),
+                        wait, result.report["stats"], tf.constant(True))
+            if has_batch is True:  # device staging: known from may_have_batch
+                return run()
+            return tf.cond(has_batch, run, lambda: none)
+        out = tf.cond(self.staging.may_have_batch(after=end), sampled_step, lambda: none)
+        return dict(zip(("steps", "loss_sum", "metric_sums", "input_wait", "stats", "sampled"),
+                        out))
 
     def _counted_step(self, take, begin, loss_sum, metric_sums, wait, steps):
         """The loop's step on the batch `take()` gives, added to the loop's sums: (loss_sum,

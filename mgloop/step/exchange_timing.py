@@ -70,18 +70,17 @@ def time_exchange(trainer, repeats: int = 5, per_call: int = 20) -> float | None
     outputs = stand_ins(trainer)
     size = metrics_lib.total_size(trainer.metrics)
 
-    @tf.function
+    @tf.function(autograph=False)  # as the step and the loop (loop.py)
     def exchanges(count):
         """`count` exchanges of the stand-in outputs in one call, with stand-in metrics."""
         with tf.device(trainer.aggregation.devices.host):
             metrics = [tf.constant(0.0), tf.zeros([size])]  # the loss, the metric states
-        done = tf.constant(0)
-        for _ in tf.range(count):
-            exchanged = tf.autograph.experimental.do_not_convert(  # as the step (loop.py)
-                trainer.step.exchange_alone)(outputs, metrics)
+
+        def one(done):
+            exchanged = trainer.step.exchange_alone(outputs, metrics)
             with tf.control_dependencies(tf.nest.flatten(exchanged)):
-                done += 1
-        return done
+                return done + 1
+        return tf.while_loop(lambda done: done < count, one, [tf.constant(0)])[0]
 
     counted = trainer.aggregation.traffic.snapshot()
     count = tf.constant(per_call)
