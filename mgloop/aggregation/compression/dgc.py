@@ -99,7 +99,7 @@ class DeepGradientCompression(Compressed):
 
     def update_state(self, x, sent, site):
         index = site.notes["index"]
-        chosen = tf.scatter_nd(index[:, None], tf.ones_like(index), [site.size]) > 0
+        chosen = tf.scatter_nd(tf.expand_dims(index, 1), tf.ones_like(index), [site.size]) > 0
         momentum = site.state["momentum"]
         ops = [momentum.assign(tf.reshape(tf.where(chosen, tf.zeros_like(x), site.notes["u"]),
                                           momentum.shape))]

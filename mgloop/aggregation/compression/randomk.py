@@ -71,4 +71,4 @@ class RandomK(Compressed):
         return (values * scale if scale != 1.0 else values,)
 
     def decompress(self, payload, site):
-        return tf.scatter_nd(self.indices(site)[:, None], payload[0], [site.size])
+        return tf.scatter_nd(tf.expand_dims(self.indices(site), 1), payload[0], [site.size])

@@ -149,7 +149,7 @@ def combine(method, encoded) -> list[list[tf.Tensor]]:
                 for i, (values, index) in enumerate(
                         _decode(raw, mosts[t], sender_counts, dtypes,
                                 [e.sites[t] for e in encoded])):
-                    sums[i] = tf.tensor_scatter_nd_add(sums[i], index[:, None], values)
+                    sums[i] = tf.tensor_scatter_nd_add(sums[i], tf.expand_dims(index, 1), values)
             for i, total in enumerate(sums):
                 totals[i][t] = total
     return totals

@@ -54,7 +54,7 @@ def sparse_payload(x: tf.Tensor, index: tf.Tensor) -> tuple:
 def scatter(payload: tuple, size: int) -> tf.Tensor:
     """Dense flat tensor of `size` holding payload's values at its indices, 0 elsewhere."""
     values, index = payload
-    return tf.scatter_nd(index[:, None], values, [size])
+    return tf.scatter_nd(tf.expand_dims(index, 1), values, [size])
 
 
 @dataclasses.dataclass(frozen=True)

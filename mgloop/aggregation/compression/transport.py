@@ -189,7 +189,7 @@ def gathered_sums(method, have, sent, sites):
                 total = tf.zeros([sites[t].size], sites[t].dtype)
                 for wire in have[t]:
                     values, index = method.unpack(wire, sites[t])
-                    total = tf.tensor_scatter_nd_add(total, index[:, None], values)
+                    total = tf.tensor_scatter_nd_add(total, tf.expand_dims(index, 1), values)
                 totals.append(total)
                 continue
             own = method.tower_offset + t  # have[t] is in global tower order (peers.py)

@@ -62,7 +62,7 @@ def _pack_fields(fields: tf.Tensor, width: int) -> tf.Tensor:
     """1-D uint8: the low `width` bits of each int32 of `fields` (flattened), laid out as above."""
     fields = tf.reshape(tf.cast(fields, tf.int32), [-1])
     shifts = tf.range(width, dtype=tf.int32)
-    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(fields[:, None], shifts), 1)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.expand_dims(fields, 1), shifts), 1)
     stream = tf.reshape(tf.cast(bits, tf.uint8), [-1])  # element i's bit b at i width + b
     stream = tf.pad(stream, [[0, tf.math.floormod(-tf.size(stream), 8)]])
     by_byte = tf.reshape(stream, [-1, 8])
@@ -72,7 +72,7 @@ def _pack_fields(fields: tf.Tensor, width: int) -> tf.Tensor:
 def _unpack_fields(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:
     """[n] int32 in [0, 2^width): the inverse of `_pack_fields` for its first n fields."""
     packed = tf.reshape(tf.convert_to_tensor(packed, tf.uint8), [-1])
-    return _unpack_field_rows(packed[tf.newaxis], n, width)[0]
+    return _unpack_field_rows(tf.expand_dims(packed, 0), n, width)[0]
 
 
 def _unpack_field_rows(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:
@@ -218,17 +218,18 @@ def to_bytes(parts) -> tf.Tensor:
 def from_bytes(raw: tf.Tensor, likes) -> tuple:
     """The tensors shaped and typed as `likes` whose bytes `to_bytes` put in `raw`, in order."""
     return tuple(tf.reshape(rows, like.shape)
-                 for rows, like in zip(from_bytes_rows(raw[tf.newaxis], likes), likes))
+                 for rows, like in zip(from_bytes_rows(tf.expand_dims(raw, 0), likes), likes))
 
 
 def from_bytes_rows(raw: tf.Tensor, likes) -> tuple:
     """`from_bytes` of each row of the [R, bytes] raw (R messages of one layout) at once:
     per like, an [R, *like.shape] tensor."""
-    rows, out, start = raw.shape[0], [], 0
-    for like in likes:
-        size = like.shape.num_elements() * like.dtype.size
-        piece = raw[:, start:start + size]
-        start += size
+    rows, out = raw.shape[0], []
+    sizes = [like.shape.num_elements() * like.dtype.size for like in likes]
+    # one split of the rows, not a slice per like (a slice is four ops in the trace); the
+    # last part (-1) holds what follows the likes, e.g. a gather's padding, or nothing
+    pieces = tf.split(raw, sizes + [-1], axis=1)
+    for like, piece in zip(likes, pieces):
         if like.dtype == tf.uint8:
             flat = piece
         elif like.dtype.size == 1:

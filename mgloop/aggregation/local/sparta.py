@@ -145,7 +145,7 @@ class SparseAveraging:
             with tf.device(copy.device):
                 for variable, flat, j, mean in zip(copy.trainable, values, spots, averages):
                     variable = backing(variable)
-                    merged = tf.tensor_scatter_nd_update(flat, j[:, None], mean)
+                    merged = tf.tensor_scatter_nd_update(flat, tf.expand_dims(j, 1), mean)
                     assigns.append(variable.assign(tf.reshape(merged, variable.shape)))
         return assigns
 
