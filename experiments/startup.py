@@ -4,6 +4,7 @@
     python -m experiments.startup --cases=python,mgloop,tensorflow,keras --baseline=python
     python -m experiments.startup --cases=run_ring_autograph,run_ring_loop_autograph,run_ring --rounds=5
     python -m experiments.startup --cases=run_qsgd_autograph,run_qsgd_loop_autograph,run_qsgd --rounds=5
+    python -m experiments.startup --cases=run_qsgd_gc,run_qsgd --rounds=5
 
 Every process the suite, the sweep and the launcher start pays this. Each case is a
 fresh `python -c CODE` (CASES below), run to its end; `--rounds` rounds run every case
@@ -51,8 +52,13 @@ RUN = ("import sys, tempfile; import mgloop; mgloop.configure_logical_cpus(4); {
 LOOP_CONVERTED = ("import tensorflow as tf; from mgloop.runs import loop; "
                   "loop.Loop.compiled_loop = tf.function(loop.Loop.compiled_loop.python_function); ")
 CONVERTED = LOOP_CONVERTED + "tf.autograph.experimental.do_not_convert = lambda f: f; "
+# `_gc`: the collector set for tracing once the modules are imported, as mgloop.train does
+# (mgloop/runs/collector.py)
+GC_TUNED = ("import mgloop.runs.experiment; from mgloop.runs import collector; "
+            "collector.for_tracing(); ")
 for _method in ("ring", "qsgd"):
     CASES[f"run_{_method}"] = RUN.format(method=_method, patch="")
+    CASES[f"run_{_method}_gc"] = RUN.format(method=_method, patch=GC_TUNED)
     CASES[f"run_{_method}_loop_autograph"] = RUN.format(method=_method, patch=LOOP_CONVERTED)
     CASES[f"run_{_method}_autograph"] = RUN.format(method=_method, patch=CONVERTED)
 flags.DEFINE_list("cases", ["keras", "keras_without_sklearn"], f"of: {', '.join(CASES)}")

@@ -26,6 +26,7 @@ tf = quiet_start.load_tensorflow()  # its start-up lines off stderr, unless TF_C
 from absl import app  # noqa: E402
 from absl import logging  # noqa: E402
 
+from mgloop.runs import collector  # noqa: E402
 from mgloop.runs import experiment  # noqa: E402
 from mgloop.runs import failures  # noqa: E402
 from mgloop.runs import flags as mgloop_flags  # noqa: E402
@@ -42,6 +43,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = mgloop_flags.config_from_flags()
+    collector.for_tracing()  # every module is imported: the collector set for tracing
     try:
         summary = experiment.run(config, command_line=list(sys.argv))
     except (ConfigError, TensorBranchError) as error:

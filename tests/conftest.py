@@ -1,6 +1,5 @@
 """Test-process set-up: 4 logical CPU devices, configured once before TensorFlow starts."""
 
-import gc
 import os
 import re
 
@@ -9,22 +8,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 
 from mgloop.cluster import devices  # noqa: E402
+from mgloop.runs import collector  # noqa: E402
 
 MAX_TOWERS = 4
 devices.configure_logical_cpus(MAX_TOWERS)
 
 
 def pytest_collection_finish(session):
-    """Once every test module (TensorFlow, Keras, mgloop) is imported: those objects frozen
-    out of the collector's generations, and its young generation collected every 20,000
-    allocations instead of 700. Tracing allocates millions of short-lived objects; the
-    collector's passes over the imported modules' objects and its frequent young passes
-    took about 9% of a tracing-heavy test's CPU, about 5% with this (the contract's
-    trainers of six methods in one process: 13.1-13.9 s against 14.6-14.9 s). What a
-    test checks of the collector (test_long_run_memory, test_sweep) collects explicitly."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
+    """Once every test module (TensorFlow, Keras, mgloop) is imported: the collector set for
+    tracing (mgloop/runs/collector.py). What a test checks of the collector
+    (test_long_run_memory, test_sweep) collects explicitly."""
+    collector.for_tracing()
 
 
 @pytest.fixture

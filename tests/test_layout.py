@@ -37,7 +37,7 @@ MAY_IMPORT = {
     # importing a sweep module loads no TensorFlow: a plan unpickles before it loads
     "runs.sweep": {"ground", "observe.stats", "observe.plots",
                    "observe.link_model", "observe.link_report", "runs.config",
-                   "runs.callbacks", "runs.preemption", "runs.quiet_start"},
+                   "runs.callbacks", "runs.preemption", "runs.quiet_start", "runs.collector"},
 }
 LAZY = {"runs.sweep": {"runs.checkpoint_files", "runs.failures", "runs.run_dir",
                        "observe.summaries", "cluster.devices", "data", "aggregation",

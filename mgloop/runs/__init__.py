@@ -19,6 +19,7 @@ run folders, and sweeps of runs.
     export.py                the template model as one Keras file, never half-written
     preemption.py, failures.py, logdir_lock.py, run_dir.py   runs that stop and resume
     inference.py, run_result.py, thinned.py, quiet_start.py
+    collector.py             Python's garbage collector set for tracing (entry points, tests)
     prepare.py               a run's Config and trainer without the loop (tests, experiments/)
     sweep/                   grids of runs over methods, settings and seeds, and reports
 

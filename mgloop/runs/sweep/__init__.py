@@ -20,7 +20,7 @@ report (`python -m mgloop.sweep`, mgloop/sweep.py).
     tuning_report.py  the report's Tuning section
 
 May import: ground modules, observe/ (stats, plots, link_model, link_report) and runs/
-(config, callbacks, preemption, quiet_start), none of which loads TensorFlow; and only
+(config, callbacks, preemption, quiet_start, collector), none of which loads TensorFlow; and only
 inside the functions that need them: runs/ (checkpoint_files, failures, run_dir and
 `mgloop.run`: a cell's run; experiment: its default loss), training/ (the default
 metrics: the eval metrics a cell reports, plan.eval_metrics), observe/ (summaries: its

@@ -68,8 +68,9 @@ def _worker(plan: plan_lib.Plan, cells: list, towers: int, quiet: bool,
             run_chunk: Callable) -> None:
     os.setpgrp()  # signals come from the parent only (module docstring)
     _stop_with_parent()
-    from mgloop.runs import quiet_start
+    from mgloop.runs import collector, quiet_start
     quiet_start.load_tensorflow(quiet)
+    collector.for_tracing()  # TensorFlow and Keras imported: the collector set for tracing
     from mgloop.runs import preemption
     with preemption.StopOnSignal(announce=False) as stop:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
