@@ -108,4 +108,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from mgloop.runs import collector
+    collector.for_tracing()  # as mgloop.train's (runs/collector.py)
     main(sys.argv[1:])
