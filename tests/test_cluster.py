@@ -1,5 +1,6 @@
 """TF_CONFIG parsing, peer checks and the launcher's reporting (no second process needed)."""
 
+import io
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from mgloop import launch
+from mgloop.cluster import worker_processes
 from mgloop.cluster import workers as cluster
 from mgloop.errors import ConfigError
 from tests.launcher_output import Lines
@@ -64,6 +66,27 @@ def test_reachable_peer_passes():
         server.listen()
         me = cluster.Cluster(("127.0.0.1:1", f"127.0.0.1:{server.getsockname()[1]}"), 0)
         cluster.wait_for_peers(me, timeout=5)
+
+
+def test_a_worker_killed_by_a_signal_is_blamed_before_the_peers_it_took_down():
+    """Worker 2 killed by SIGKILL and worker 0 exiting with the lost-peers code 3 end before
+    the launcher polls: worker 2 is the failure named, whatever their order by index; a
+    worker that exited with another error comes before a lost peer's exit."""
+    codes = ["import sys; sys.exit(3)", "import sys; sys.exit(0)",
+             "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    workers = worker_processes.Workers([[sys.executable, "-c", code] for code in codes],
+                                       [dict(os.environ)] * 3, ["h:1", "h:2", "h:3"],
+                                       io.StringIO())
+    for process in workers.processes:
+        process.wait()
+    assert workers.first_failure() == (2, -signal.SIGKILL)
+    assert workers.blame(*workers.first_failure()) == "worker 2 was killed by signal SIGKILL"
+    workers = worker_processes.Workers([[sys.executable, "-c", code] for code in
+                                        (codes[0], "import sys; sys.exit(1)")],
+                                       [dict(os.environ)] * 2, ["h:1", "h:2"], io.StringIO())
+    for process in workers.processes:
+        process.wait()
+    assert workers.first_failure() == (1, 1)
 
 
 def test_launcher_says_how_a_worker_ended():

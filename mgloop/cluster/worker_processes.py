@@ -150,9 +150,16 @@ class Workers:
         return [i for i, p in enumerate(self.processes) if p.returncode is None]
 
     def first_failure(self) -> tuple[int, int] | None:
+        """(index, exit code) of the failure to blame, None if no worker failed. Several
+        workers can end between two polls, and a worker killed by a signal takes its peers
+        down after it (their collectives fail: exit code 3, peer_health.py): a worker killed
+        by a signal first, then one that exited with another error, a lost peer's exit
+        last; the lowest index among equals."""
         self.running()
-        return next(((i, p.returncode) for i, p in enumerate(self.processes)
-                     if p.returncode not in (None, 0)), None)
+        failed = [(i, p.returncode) for i, p in enumerate(self.processes)
+                  if p.returncode not in (None, 0)]
+        return min(failed, default=None, key=lambda f: (
+            f[1] > 0, f[1] == peer_health.LOST_PEERS_EXIT_CODE, f[0]))
 
     def forward(self, signum: int) -> None:
         """Sends `signum` to every worker not yet reaped (safe in a signal handler)."""

@@ -14,10 +14,10 @@ about a million) again. `for_tracing()`, called once the modules are imported:
 
 Measured: a fresh process's first qsgd run 8.07 ± 0.06 s against 9.68 ± 0.30 s (0.83;
 `python -m experiments.startup --cases=run_qsgd_gc,run_qsgd --rounds=5`, medians of 5
-rounds side by side); four test modules run alternately in one process, 75.0 and 81.2 s
-of CPU against 84.6 and 88.5 s (tests/conftest.py). Called by the entry points that own their process (`mgloop.train`, a sweep's
-cell worker) and the test processes; a user's script that imports mgloop keeps its own
-collector settings.
+rounds side by side); four test modules run alternately in one process, 75.0 and 81.2 s of
+CPU against 84.6 and 88.5 s (tests/conftest.py). Called by the entry points that own their
+process (`mgloop.train`, a sweep's cell worker) and the test processes; a user's script
+that imports mgloop keeps its own collector settings.
 """
 
 from __future__ import annotations

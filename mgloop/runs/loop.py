@@ -29,11 +29,12 @@ A model, loss or metric that branches on a tensor's value uses `keras.ops.cond` 
 `tf.cond`, or is itself a `tf.function` (as under `fit`). The loop around the steps is
 written as `tf.while_loop` and `tf.cond` itself, so AutoGraph converts nothing of the loop
 or the step (its conversion of the loop and the staging cost 0.4-1 s in every new process:
-docs/results/long-runs.md); tf.data still converts the input pipeline's functions. Its condition asks the staging whether a batch may be left
-(`may_have_batch`): device staging knows it from its count (`knows_ahead`), so its loop
-has no flag for the end of the input and its step is not inside a conditional; host
-staging learns it only by taking the next batch, so its steps are (a `tf.cond` on whether
-there was one, whose false branch ends the loop).
+docs/results/long-runs.md); tf.data still converts the input pipeline's functions. Its
+condition asks the staging whether a batch may be left (`may_have_batch`): device staging
+knows it from its count (`knows_ahead`), so its loop has no flag for the end of the input
+and its step is not inside a conditional; host staging learns it only by taking the next
+batch, so its steps are (a `tf.cond` on whether there was one, whose false branch ends the
+loop).
 """
 
 from __future__ import annotations
