@@ -78,32 +78,21 @@ class ScalarWriter:
         time, compiled from the second (the class docstring)."""
         if tags in self._compiled_by_tags:
             return self._compiled_by_tags[tags]
-        if tags not in self._written_once:
-            self._written_once.add(tags)
-            return self._eager_write(tags)
         writer = self._writer
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
-                                      tf.TensorSpec([len(tags)], tf.float32)],
-                     autograph=False)
-        def write(step, values):
+        def write(step, values):  # numpy values when eager: no cached tensor
             with writer.as_default(step=step):
                 for index, tag in enumerate(tags):
                     tf.summary.scalar(tag, values[index])
             writer.flush()
 
-        self._compiled_by_tags[tags] = write
-        return write
-
-    def _eager_write(self, tags: tuple[str, ...]) -> Callable:
-        writer = self._writer
-
-        def write(step, values):
-            with writer.as_default(step=step):
-                for tag, value in zip(tags, values):  # numpy float32s: no cached tensor
-                    tf.summary.scalar(tag, value)
-            writer.flush()
-        return write
+        if tags not in self._written_once:
+            self._written_once.add(tags)
+            return write
+        self._compiled_by_tags[tags] = tf.function(
+            write, autograph=False, input_signature=[tf.TensorSpec([], tf.int64),
+                                                     tf.TensorSpec([len(tags)], tf.float32)])
+        return self._compiled_by_tags[tags]
 
     def _check_folder(self) -> None:
         """TensorFlow would write on into deleted files (or recreate folders) silently."""
