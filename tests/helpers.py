@@ -78,15 +78,9 @@ def run_batches(trainer, steps_batches) -> float:
 
 
 def trace_batches(trainer, steps_batches) -> None:
-    """Traces the compiled loop `run_batches` would call on these batches, without running
-    it (no graph optimization, no step): for what a test checks at trace time, e.g. what
-    the step hands the method. About 0.6 of `run_batches`' first call."""
-    from mgloop.data import staging
-    xs = np.stack([x for x, _ in steps_batches])
-    ys = np.stack([y for _, y in steps_batches])
-    iterator = iter(staging.synchronous(tf.data.Dataset.from_tensor_slices((xs, ys))))
-    trainer.staging.prime(iterator)
-    trainer.loop.compiled_loop.get_concrete_function(iterator, tf.constant(len(xs)))
+    """Traces the compiled loop `run_batches` would call, without running it
+    (prepare.trace_on): for what a test checks at trace time."""
+    prepare.trace_on(trainer, steps_batches)
 
 
 def train_mgloop(config: Config, steps_batches):
