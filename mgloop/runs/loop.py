@@ -207,7 +207,7 @@ class Loop:
                 traffic.restore(ordinary)  # the counts stay the ordinary step's
                 return (tf.constant(1), result.loss, tf.cast(result.metric_state, tf.float64),
                         wait, result.report["stats"], tf.constant(True))
-            if has_batch is True:  # device staging: known from may_have_batch
+            if self.staging.knows_ahead:  # device staging: has_batch is True
                 return run()
             return tf.cond(has_batch, run, lambda: none)
         out = tf.cond(self.staging.may_have_batch(after=end), sampled_step, lambda: none)
