@@ -50,7 +50,8 @@ RUN = ("import sys, tempfile; import mgloop; mgloop.configure_logical_cpus(4); {
        "train_steps=20, steps_per_loop=20, summary_every=0, log_every=0, "
        "logdir=tempfile.mkdtemp()))")
 LOOP_CONVERTED = ("import tensorflow as tf; from mgloop.runs import loop; "
-                  "loop.Loop.compiled_loop = tf.function(loop.Loop.compiled_loop.python_function); ")
+                  "loop.Loop.compiled_loop = tf.function("
+                  "loop.Loop.compiled_loop.python_function); ")
 CONVERTED = LOOP_CONVERTED + "tf.autograph.experimental.do_not_convert = lambda f: f; "
 # `_gc`: the collector set for tracing once the modules are imported, as mgloop.train does
 # (mgloop/runs/collector.py)

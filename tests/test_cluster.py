@@ -68,25 +68,26 @@ def test_reachable_peer_passes():
         cluster.wait_for_peers(me, timeout=5)
 
 
+def _ended(*codes) -> worker_processes.Workers:
+    """Workers running each `python -c` code, every one ended before the launcher polls."""
+    workers = worker_processes.Workers(
+        [[sys.executable, "-c", code] for code in codes], [dict(os.environ)] * len(codes),
+        [f"h:{i}" for i in range(len(codes))], io.StringIO())
+    for process in workers.processes:
+        process.wait()
+    return workers
+
+
 def test_a_worker_killed_by_a_signal_is_blamed_before_the_peers_it_took_down():
     """Worker 2 killed by SIGKILL and worker 0 exiting with the lost-peers code 3 end before
     the launcher polls: worker 2 is the failure named, whatever their order by index; a
     worker that exited with another error comes before a lost peer's exit."""
-    codes = ["import sys; sys.exit(3)", "import sys; sys.exit(0)",
-             "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
-    workers = worker_processes.Workers([[sys.executable, "-c", code] for code in codes],
-                                       [dict(os.environ)] * 3, ["h:1", "h:2", "h:3"],
-                                       io.StringIO())
-    for process in workers.processes:
-        process.wait()
+    lost_peers, killed = "import sys; sys.exit(3)", (
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    workers = _ended(lost_peers, "import sys; sys.exit(0)", killed)
     assert workers.first_failure() == (2, -signal.SIGKILL)
     assert workers.blame(*workers.first_failure()) == "worker 2 was killed by signal SIGKILL"
-    workers = worker_processes.Workers([[sys.executable, "-c", code] for code in
-                                        (codes[0], "import sys; sys.exit(1)")],
-                                       [dict(os.environ)] * 2, ["h:1", "h:2"], io.StringIO())
-    for process in workers.processes:
-        process.wait()
-    assert workers.first_failure() == (1, 1)
+    assert _ended(lost_peers, "import sys; sys.exit(1)").first_failure() == (1, 1)
 
 
 def test_launcher_says_how_a_worker_ended():
