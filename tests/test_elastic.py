@@ -225,7 +225,7 @@ def test_a_killed_worker_is_replaced_and_the_job_finishes(tmp_path):
         r"\[launch\] round of (\d) worker\(s\) from the checkpoint of step (\d+)", output)]
     assert [count for count, _ in rounds] == [3, 2, 3], output[-4000:]
     assert 40 <= rounds[1][1] < rounds[2][1] < 300, rounds  # the 2 workers advanced
-    assert "[launch] worker 2 was killed by signal SIGKILL" in output
+    assert "[launch] worker 2 was killed by signal SIGKILL" in output, output[-4000:]
     assert re.search(r"\[worker 2\] .*node 2 joins: node 0's state of step "
                      f"{rounds[2][1]}", output), output[-4000:]
     final = [float(m.group(1)) for m in re.finditer(

@@ -111,7 +111,8 @@ class _Round:
 
 def test_the_rounds_below_min_workers_and_what_each_worker_is_told(tmp_path):
     """elastic.run with rounds that end at once: one failure in 2 workers with
-    --min_workers=2 restarts with 2, and says nothing contradictory; each round's workers
+    --min_workers=2 is named (every worker ended between two polls), restarts with 2, and
+    says nothing contradictory; each round's workers
     get the launcher's record of the rounds so far (elastic_summary.elastic_rounds reads it)."""
     import json
     options = elastic.ElasticOptions(min_workers=2, max_restarts=1, rejoin_seconds=0.0,
@@ -120,6 +121,7 @@ def test_the_rounds_below_min_workers_and_what_each_worker_is_told(tmp_path):
     code = elastic.run(lambda count, env: _Round(count, env, log), 2, options, [], 1.0,
                        said.append, [None])
     assert code == 0 and [r.count for r in log] == [2, 2], said
+    assert "worker 1 was killed by signal SIGKILL; the other workers had ended" in said, said
     assert not any("continuing with 1 worker" in line for line in said), said
     assert not any("starting a replacement" in line for line in said), said
     second = json.loads(log[1].env[elastic.ROUNDS_VARIABLE])

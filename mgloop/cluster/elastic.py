@@ -220,5 +220,6 @@ def _watch(workers: Workers, received: list[int], stop_seconds: float, say, opti
     if stopping == "rejoin" and all(p.returncode in (0, 128 + signal.SIGTERM)
                                     for p in workers.processes):
         return "rejoin", 0, "rejoin: stopped to take a replacement back"
-    return ("failed", failed[1] if failed[1] > 0 else 128 - failed[1],
-            f"failed: {workers.blame(*failed)}")
+    blame = workers.blame(*failed)  # every worker ended between two polls
+    say(f"{blame}; the other workers had ended")
+    return "failed", failed[1] if failed[1] > 0 else 128 - failed[1], f"failed: {blame}"
