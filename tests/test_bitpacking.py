@@ -150,6 +150,27 @@ def test_signed_levels(n, bits):
     np.testing.assert_array_equal(out.numpy(), q)
 
 
+@pytest.mark.parametrize("n", [7, 1000])
+def test_rows_unpack_each_row_as_one_payload(n):
+    """The batched unpackers ([R, bytes] -> [R, n]) equal the single one on each row."""
+    rng = np.random.default_rng(n)
+    signs = rng.integers(0, 2, (3, n))
+    ternary = rng.integers(-1, 2, (3, n))
+    signed = rng.integers(-7, 8, (3, n))
+    cases = [
+        (bp.unpack_signs_rows, bp.unpack_signs, [bp.pack_signs(2 * r - 1) for r in signs], ()),
+        (bp.unpack_ternary_rows, bp.unpack_ternary, [bp.pack_ternary(r) for r in ternary], ()),
+        (bp.unpack_signed_levels_rows, bp.unpack_signed_levels,
+         [bp.pack_signed_levels(r, 3) for r in signed], (3,)),
+        (bp.unpack_levels_rows, bp.unpack_levels, [bp.pack_levels(r + 7, 4) for r in signed],
+         (4,))]
+    for rows, single, packed, bits in cases:
+        out = rows(tf.stack(packed), n, *bits)
+        assert out.shape == (3, n), single.__name__
+        for r, one in enumerate(packed):
+            np.testing.assert_array_equal(out[r].numpy(), single(one, n, *bits).numpy())
+
+
 def test_packed_bytes_and_level_bits():
     for n in LENGTHS + [0]:
         for bits in range(1, 10):

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from mgloop import aggregation, settings
 from mgloop.aggregation import checks as exchange_checks
-from mgloop.aggregation.compression import powersgd, qsgd
+from mgloop.aggregation.compression import powersgd, qsgd, transport
 from mgloop.aggregation.dense import ring
 from mgloop.aggregation.kernels import bitpacking
 from mgloop.cluster import devices
@@ -165,6 +165,21 @@ def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variab
     assert total_sent(method) == expected_bytes
     again = exchange(method, values, variables)  # the next step draws anew: other levels
     assert any(np.any(a != b) for a, b in zip(again, out))
+
+
+@pytest.mark.parametrize("spec", ["qsgd", "terngrad", "signsgd", "signsgd:bits=1",
+                                  "efsignsgd", "onebit"])
+def test_a_receiver_unpacks_every_wire_at_once_as_one_by_one(spec, device_set, variables):
+    """`unpack_rows` of the T wires a tower receives (stacked part by part) holds, row by
+    row, the bits `unpack` makes of each wire: a gather's receiver unpacks them as one batch."""
+    method = make(spec, device_set, variables)
+    for i, site_values in enumerate(zip(*place(method, tower_values()))):
+        encoded = method.encode([[v] * len(SHAPES) for v in site_values], i)
+        site = encoded.sites[0]
+        rows = method.unpack_rows(transport.stacked(encoded.wires), site)
+        for t, wire in enumerate(encoded.wires):
+            for got, expected in zip(rows, method.unpack(wire, site)):
+                np.testing.assert_array_equal(got[t].numpy(), expected.numpy(), err_msg=spec)
 
 
 def test_terngrad_clips_at_c_standard_deviations():

@@ -115,6 +115,15 @@ class Compressed(Aggregation):
             return values, tf.cast(index, tf.int32)
         return wire
 
+    def unpack_rows(self, wires: tuple, site: Site) -> tuple:
+        """`unpack` of R wires at once: each part of `wires` stacks that part of the R
+        wires ([R, ...]), and each part returned stacks the R payloads' ([R, ...]), the
+        same values. Default: one `unpack` per row; a bit-packed method unpacks the rows
+        as one batch (the trace of a gather's receiver linear in its fields, not in R)."""
+        rows = [self.unpack(tuple(part[r] for part in wires), site)
+                for r in range(wires[0].shape[0])]
+        return tuple(tf.stack(parts) for parts in zip(*rows))
+
     def __init__(self, devices, options=None, transport_dtype="float32", bucket_bytes: int = 0,
                  **construction):
         super().__init__(devices, options, transport_dtype, **construction)

@@ -63,6 +63,10 @@ class OneBit(SignContracted, Compressed):
         packed, means = wire
         return bitpacking.unpack_levels(packed, site.size, 1, tf.int32) > 0, means
 
+    def unpack_rows(self, wires, site):
+        packed, means = wires
+        return bitpacking.unpack_levels_rows(packed, site.size, 1) > 0, means
+
     def decompress(self, payload, site):
         bits, means = payload
         return tf.where(bits, means[0], means[1])

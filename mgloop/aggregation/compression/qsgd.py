@@ -184,6 +184,13 @@ class SharedScaleQuantiser(Compressed):
                                                 scales.sum_dtype(self.num_towers,
                                                                  self.levels)),)
 
+    def unpack_rows(self, wires, site):
+        if bitpacking.level_bits(self.levels) > 8:
+            return wires
+        return (bitpacking.unpack_signed_levels_rows(
+            wires[0], site.size, bitpacking.level_bits(self.levels),
+            scales.sum_dtype(self.num_towers, self.levels)),)
+
     def decompress(self, payload, site):
         return tf.cast(payload[0], site.dtype) * (
             self.entry_scales(site) / tf.cast(self.levels, site.dtype))

@@ -175,6 +175,12 @@ class SignSgd(BoundForAnyLength, Compressed):
             return (bitpacking.unpack_signs(wire[0], site.size, dtype),) + tuple(wire[1:])
         return (bitpacking.unpack_ternary(wire[0], site.size, dtype),) + tuple(wire[1:])
 
+    def unpack_rows(self, wires, site):
+        dtype = scales.sum_dtype(self.num_towers, 1)
+        rows = (bitpacking.unpack_signs_rows if self.options.bits == 1
+                else bitpacking.unpack_ternary_rows)
+        return (rows(wires[0], site.size, dtype),) + tuple(wires[1:])
+
     def decompress(self, payload, site):
         # own payload: s_t sign(x_t); the ring's sums: (sum_t s_t) sign(sum_t sign(x_t));
         # unscaled: T times the vote, so that the mean (the base's 1/T) is the vote itself
@@ -197,6 +203,9 @@ class EfSignSgd(SignContracted, Compressed):
 
     def unpack(self, wire, site):
         return bitpacking.unpack_ternary(wire[0], site.size, tf.int8), wire[1]
+
+    def unpack_rows(self, wires, site):
+        return bitpacking.unpack_ternary_rows(wires[0], site.size, tf.int8), wires[1]
 
     def decompress(self, payload, site):
         signs, size = payload

@@ -158,6 +158,11 @@ def shares_with(towers, have) -> list[int | None]:
     return out
 
 
+def stacked(wires) -> tuple:
+    """The R wires a tower received, part by part: [R, ...] each (`unpack_rows`)."""
+    return tuple(tf.stack(parts) for parts in zip(*wires))
+
+
 def gathered_payload_sums(method, have, sites):
     """Every tower: decompress(sum_t unpack(w_t)), each part summed in tower order
     (have[t][s]: tower s's wire on tower t, `gather_in_buckets`)."""
@@ -168,9 +173,8 @@ def gathered_payload_sums(method, have, sites):
             totals.append(totals[shared])
             continue
         with tf.device(device):
-            parts = [method.unpack(wire, sites[t]) for wire in have[t]]
-            summed = tuple(tf.reduce_sum(tf.stack([p[j] for p in parts]), axis=0)
-                           for j in range(len(parts[0])))
+            parts = method.unpack_rows(stacked(have[t]), sites[t])
+            summed = tuple(tf.reduce_sum(part, axis=0) for part in parts)
             totals.append(method.decompress(summed, sites[t]))
     return totals
 
@@ -193,8 +197,9 @@ def gathered_sums(method, have, sent, sites):
                 totals.append(total)
                 continue
             own = method.tower_offset + t  # have[t] is in global tower order (peers.py)
+            payloads = method.unpack_rows(stacked(have[t]), sites[t])
             terms = [sent[t] if s == own else
-                     method.decompress(method.unpack(have[t][s], sites[t]), sites[t])
+                     method.decompress(tuple(part[s] for part in payloads), sites[t])
                      for s in range(len(have[t]))]
             # One reduction over the stacked terms: the same kernel on the same [T, n]
             # input on every tower. (A chain of adds is regrouped by Grappler's

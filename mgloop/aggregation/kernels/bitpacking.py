@@ -100,6 +100,11 @@ def unpack_signs(packed: tf.Tensor, n: int, dtype: tf.DType = tf.float32) -> tf.
     return tf.cast(2 * _unpack_fields(packed, n, 1) - 1, dtype)
 
 
+def unpack_signs_rows(packed: tf.Tensor, n: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """[R, n]: `unpack_signs` of each row of [R, bytes] (R payloads at once)."""
+    return tf.cast(2 * _unpack_field_rows(packed, n, 1) - 1, dtype)
+
+
 def _check_size(t: tf.Tensor, n: int | None) -> None:
     size = t.shape.num_elements()
     if n is not None and size is not None and size != n:
@@ -117,7 +122,15 @@ def pack_ternary(t: tf.Tensor, n: int | None = None) -> tf.Tensor:
 
 def unpack_ternary(packed: tf.Tensor, n: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
     """[n] of -1, 0, +1 in `dtype`: the values `pack_ternary` wrote."""
-    fields = _unpack_fields(packed, n, 2)
+    return _ternary(_unpack_fields(packed, n, 2), dtype)
+
+
+def unpack_ternary_rows(packed: tf.Tensor, n: int, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """[R, n]: `unpack_ternary` of each row of [R, bytes] (R payloads at once)."""
+    return _ternary(_unpack_field_rows(packed, n, 2), dtype)
+
+
+def _ternary(fields: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.cast(fields - 4 * tf.cast(fields >= 2, tf.int32), dtype)
 
 
@@ -147,7 +160,17 @@ def unpack_signed_levels(packed: tf.Tensor, n: int, bits: int,
                          dtype: tf.DType = tf.int32) -> tf.Tensor:
     """[n] signed integers in `dtype`: the inverse of `pack_signed_levels`."""
     _check_bits(bits, 1, 8)
-    fields = _unpack_fields(packed, n, bits + 1)
+    return _signed(_unpack_fields(packed, n, bits + 1), bits, dtype)
+
+
+def unpack_signed_levels_rows(packed: tf.Tensor, n: int, bits: int,
+                              dtype: tf.DType = tf.int32) -> tf.Tensor:
+    """[R, n]: `unpack_signed_levels` of each row of [R, bytes] (R payloads at once)."""
+    _check_bits(bits, 1, 8)
+    return _signed(_unpack_field_rows(packed, n, bits + 1), bits, dtype)
+
+
+def _signed(fields: tf.Tensor, bits: int, dtype: tf.DType) -> tf.Tensor:
     magnitude = tf.bitwise.bitwise_and(fields, (1 << bits) - 1)
     negative = tf.bitwise.right_shift(fields, bits)
     return tf.cast(magnitude * (1 - 2 * negative), dtype)

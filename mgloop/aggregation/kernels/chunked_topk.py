@@ -141,13 +141,14 @@ def tree_sums(xs: list) -> list:
             rows.append(x if size == n else
                         tf.concat([x, tf.zeros([x.shape[0], size - n], x.dtype)], 1))
         x = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
-        while size > 1:
+        while size > 1:  # (tf.split: the two halves in one op, where slicing takes two)
             size //= 2
-            x = x[:, :size] + x[:, size:]
-        sums, start = x[:, 0], 0
-        for j in members:
-            out[j] = sums[start:start + xs[j].shape[0]]
-            start += xs[j].shape[0]
+            low, high = tf.split(x, 2, axis=1)
+            x = low + high
+        sums = tf.reshape(x, [-1])
+        for j, part in zip(members, tf.split(sums, [xs[j].shape[0] for j in members])
+                           if len(members) > 1 else [sums]):
+            out[j] = part
     return out
 
 
