@@ -61,10 +61,12 @@ def _check_bits(bits: int, low: int, high: int) -> None:
 def _pack_fields(fields: tf.Tensor, width: int) -> tf.Tensor:
     """1-D uint8: the low `width` bits of each int32 of `fields` (flattened), laid out as above."""
     fields = tf.reshape(tf.cast(fields, tf.int32), [-1])
-    shifts = tf.range(width, dtype=tf.int32)
+    shifts = tf.constant(list(range(width)), tf.int32)
     bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.expand_dims(fields, 1), shifts), 1)
     stream = tf.reshape(tf.cast(bits, tf.uint8), [-1])  # element i's bit b at i width + b
-    stream = tf.pad(stream, [[0, tf.math.floormod(-tf.size(stream), 8)]])
+    n = fields.shape[0]  # known when traced, most often: the padding as a constant
+    pad = (-n * width) % 8 if n is not None else tf.math.floormod(-tf.size(stream), 8)
+    stream = tf.pad(stream, [[0, pad]]) if n is None or pad else stream
     by_byte = tf.reshape(stream, [-1, 8])
     return tf.reduce_sum(by_byte * tf.constant(_BYTE_WEIGHTS, tf.uint8), axis=1)
 
@@ -81,8 +83,10 @@ def _unpack_field_rows(packed: tf.Tensor, n: int, width: int) -> tf.Tensor:
     packed = tf.convert_to_tensor(packed, tf.uint8)
     rows = packed.shape[0]
     shifts = tf.constant(list(range(8)), tf.uint8)
-    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(packed[:, :, None], shifts), 1)
-    stream = tf.reshape(bits, [rows, -1])[:, :n * width]
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.expand_dims(packed, 2), shifts), 1)
+    stream = tf.reshape(bits, [rows, -1])
+    if not isinstance(n, int) or stream.shape[1] != n * width:  # the last byte's padding
+        stream = stream[:, :n * width]
     by_field = tf.cast(tf.reshape(stream, [rows, n, width]), tf.int32)
     return tf.reduce_sum(by_field * tf.constant([1 << b for b in range(width)], tf.int32),
                          axis=2)
