@@ -48,6 +48,18 @@ def test_ragged_eval_on_four_towers_equals_one_device(aggregation, logdir):
     assert 0.0 < accuracy < 1.0  # an accuracy that can be wrong both ways
 
 
+def test_an_eval_set_traces_once_per_count_of_towers_in_use_whatever_its_batch_sizes(logdir):
+    """Batches of 8, 8 and 3 on 4 towers: one trace for the 4 towers the full batches use,
+    one for the 3 of the last (a trace per batch size would retrace for each shorter last
+    batch); then batches of 5, 5, 5 and 4 trace nothing more."""
+    trainer = trained(logdir, "ring")
+    evaluate_batch = trainer.inference._eval_batch
+    trainer.evaluate(tf.data.Dataset.from_tensor_slices((EVAL_X, EVAL_Y)).batch(BATCH))
+    assert evaluate_batch.experimental_get_tracing_count() == 2
+    trainer.evaluate(tf.data.Dataset.from_tensor_slices((EVAL_X[:19], EVAL_Y[:19])).batch(5))
+    assert evaluate_batch.experimental_get_tracing_count() == 2
+
+
 def test_eval_of_fewer_examples_than_towers(logdir):
     trainer = trained(logdir, "reduce_broadcast")
     for n in (1, 2, 3):

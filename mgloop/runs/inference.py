@@ -52,6 +52,12 @@ def _split(structure, sizes, active: int) -> list:
     return [tf.nest.pack_sequence_as(structure, [p[t] for p in parts]) for t in range(active)]
 
 
+def _any_size(batch):
+    """The specs of `batch`'s tensors with their batch dimension unknown."""
+    return tf.nest.map_structure(
+        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), batch)
+
+
 def evaluation_model(template: keras.Model, model_fn, aggregation, input_shape,
                      mixed_precision: str) -> keras.Model | None:
     """The evaluation copy of a method whose copies differ (`copies_differ`; else None: the
@@ -92,6 +98,7 @@ class TowerInference:
     def __init__(self, replicas, loss_fn, metrics, evaluated: keras.Model | None = None):
         self.replicas, self.loss_fn, self.metrics = replicas, loss_fn, list(metrics)
         self.evaluated = evaluated
+        self._any_batch_size = set()  # the `active` counts traced for any batch size
 
     @property
     def model(self) -> keras.Model:
@@ -217,9 +224,13 @@ class TowerInference:
         loss_sum, count = 0.0, 0
         state_sum = np.zeros([metrics_lib.total_size(self.metrics)], np.float64)
         for x, y in batches:
+            active = self._active_towers(_batch_size(y))
             n = _batch_size(y)
             with tensor_branches_refused():
-                batch_loss, batch_state = self._eval_batch(x, y, self._active_towers(n))
+                if active not in self._any_batch_size:  # one trace for a set's full batches
+                    self._any_batch_size.add(active)  # and its last, shorter one
+                    self._eval_batch.get_concrete_function(*_any_size((x, y)), active)
+                batch_loss, batch_state = self._eval_batch(x, y, active)
             loss_sum += float(batch_loss)
             state_sum += batch_state.numpy()
             count += n
