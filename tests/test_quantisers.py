@@ -171,15 +171,22 @@ def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variab
                                   "efsignsgd", "onebit"])
 def test_a_receiver_unpacks_every_wire_at_once_as_one_by_one(spec, device_set, variables):
     """`unpack_rows` of the T wires a tower receives (stacked part by part) holds, row by
-    row, the bits `unpack` makes of each wire: a gather's receiver unpacks them as one batch."""
+    row, the bits `unpack` makes of each wire, and `decompress_rows` of those the bits
+    `decompress` makes of each payload (its own: of what it sent): a gather's receiver
+    unpacks and decompresses them as one batch."""
     method = make(spec, device_set, variables)
     for i, site_values in enumerate(zip(*place(method, tower_values()))):
         encoded = method.encode([[v] * len(SHAPES) for v in site_values], i)
         site = encoded.sites[0]
         rows = method.unpack_rows(transport.stacked(encoded.wires), site)
+        decompressed = method.decompress_rows(rows, site)
         for t, wire in enumerate(encoded.wires):
-            for got, expected in zip(rows, method.unpack(wire, site)):
+            payload = method.unpack(wire, site)
+            for got, expected in zip(rows, payload):
                 np.testing.assert_array_equal(got[t].numpy(), expected.numpy(), err_msg=spec)
+            for expected in (method.decompress(payload, site), encoded.sent[t]):
+                np.testing.assert_array_equal(decompressed[t].numpy(), expected.numpy(),
+                                              err_msg=spec)
 
 
 def test_terngrad_clips_at_c_standard_deviations():

@@ -124,6 +124,13 @@ class Compressed(Aggregation):
                 for r in range(wires[0].shape[0])]
         return tuple(tf.stack(parts) for parts in zip(*rows))
 
+    def decompress_rows(self, payloads: tuple, site: Site) -> tf.Tensor:
+        """[R, n]: `decompress` of R payloads at once (parts [R, ...], as `unpack_rows`
+        gives them), row r the bits of decompressing payload r. Default: one `decompress`
+        per row; an elementwise one broadcasts over the rows instead."""
+        return tf.stack([self.decompress(tuple(part[r] for part in payloads), site)
+                         for r in range(payloads[0].shape[0])])
+
     def __init__(self, devices, options=None, transport_dtype="float32", bucket_bytes: int = 0,
                  **construction):
         super().__init__(devices, options, transport_dtype, **construction)
@@ -275,7 +282,7 @@ class Compressed(Aggregation):
         out = []
         for i, e in enumerate(encoded):
             if self.transport == GATHER:
-                out.append(transport.gathered_sums(self, gathered[i], e.sent, e.sites))
+                out.append(transport.gathered_sums(self, gathered[i], e.sites))
             elif i in gathered:
                 out.append(transport.gathered_payload_sums(self, gathered[i], e.sites))
             else:

@@ -70,3 +70,7 @@ class OneBit(SignContracted, Compressed):
     def decompress(self, payload, site):
         bits, means = payload
         return tf.where(bits, means[0], means[1])
+
+    def decompress_rows(self, payloads, site):
+        bits, means = payloads
+        return tf.where(bits, means[:, :1], means[:, 1:])

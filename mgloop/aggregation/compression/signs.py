@@ -210,3 +210,7 @@ class EfSignSgd(SignContracted, Compressed):
     def decompress(self, payload, site):
         signs, size = payload
         return tf.cast(signs, site.dtype) * size
+
+    def decompress_rows(self, payloads, site):
+        signs, sizes = payloads
+        return tf.cast(signs, site.dtype) * tf.reshape(sizes, [-1, 1])  # a size per row

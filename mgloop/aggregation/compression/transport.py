@@ -179,14 +179,14 @@ def gathered_payload_sums(method, have, sites):
     return totals
 
 
-def gathered_sums(method, have, sent, sites):
+def gathered_sums(method, have, sites):
     """Every tower: sum_s decompress(p_s) over s = 0..T-1, the same operations on the
     same values in the same order on every tower (replicas bit-identical)."""
     towers = list(method.devices.towers)
     totals = []
     for t, (device, shared) in enumerate(zip(towers, shares_with(towers, have))):
-        if shared is not None:  # (its own term is sent[t], the same bits as decompressing
-            totals.append(totals[shared])  # its wire: unpack(pack(p)) is p exactly)
+        if shared is not None:  # the same wires on the same device: the same total
+            totals.append(totals[shared])
             continue
         with tf.device(device):
             if method.sparse_payload:  # (values, int32 indices): scattered in tower order
@@ -196,16 +196,14 @@ def gathered_sums(method, have, sent, sites):
                     total = tf.tensor_scatter_nd_add(total, tf.expand_dims(index, 1), values)
                 totals.append(total)
                 continue
-            own = method.tower_offset + t  # have[t] is in global tower order (peers.py)
-            payloads = method.unpack_rows(stacked(have[t]), sites[t])
-            terms = [sent[t] if s == own else
-                     method.decompress(tuple(part[s] for part in payloads), sites[t])
-                     for s in range(len(have[t]))]
+            # every sender's term, its own too (decompressing its own wire gives the bits
+            # of sent[t]: unpack(pack(p)) is p exactly), as one [T, n] batch
+            terms = method.decompress_rows(
+                method.unpack_rows(stacked(have[t]), sites[t]), sites[t])
             # One reduction over the stacked terms: the same kernel on the same [T, n]
             # input on every tower. (A chain of adds is regrouped by Grappler's
             # arithmetic optimizer differently per tower, changing the last bits.)
-            totals.append(terms[0] if len(terms) == 1
-                          else tf.reduce_sum(tf.stack(terms), axis=0))
+            totals.append(terms[0] if terms.shape[0] == 1 else tf.reduce_sum(terms, axis=0))
     return totals
 
 
