@@ -183,22 +183,37 @@ class Demo(Compressed):
                                              self.index_bits(chunking))
         return values, tf.reshape(index, values.shape)
 
+    def unpack_rows(self, wires, site):
+        if len(wires) == 1:
+            return wires
+        values, packed = wires  # [R, chunks, k] and [R, bytes]
+        chunking = self.chunking(site)
+        index = bitpacking.unpack_bit_fields_rows(packed, values.shape[1:].num_elements(),
+                                                  self.index_bits(chunking))
+        return values, tf.reshape(index, values.shape)
+
     # ---- every tower: the mean of the gathered coefficients, its IDCT, its sign ----
-    def combine(self, payloads: list, site) -> tf.Tensor:
-        """Q (flat) from every tower's payload, added in tower order (module docstring)."""
+    def combine(self, payloads: tuple, site) -> tf.Tensor:
+        """Q (flat) from every tower's payload (`unpack_rows`: [T, ...] parts), added in
+        tower order (module docstring): one scatter-add per tower, of its row."""
         chunking = self.chunking(site)
         size = chunking.chunks * chunking.elements
+        senders = payloads[0].shape[0]
+        values = tf.unstack(tf.reshape(payloads[0], [senders, -1]))
+        if len(payloads) == 1:  # every coefficient sent: the same positions for each
+            positions = [self.positions(payloads, chunking)] * senders
+        else:
+            offsets = tf.range(chunking.chunks)[:, None] * chunking.elements
+            positions = tf.unstack(tf.reshape(payloads[1] + offsets, [senders, -1, 1]))
         total = tf.zeros([size], site.dtype)
         count = tf.zeros([size], site.dtype)
-        for payload in payloads:
-            positions = self.positions(payload, chunking)
-            values = tf.reshape(payload[0], [-1])
-            total = tf.tensor_scatter_nd_add(total, positions, values)
-            count = tf.tensor_scatter_nd_add(count, positions, tf.ones_like(values))
+        for where, row in zip(positions, values):
+            total = tf.tensor_scatter_nd_add(total, where, row)
+            count = tf.tensor_scatter_nd_add(count, where, tf.ones_like(row))
         if self.options.mean == "senders":
             mean = tf.math.divide_no_nan(total, count)
         else:
-            mean = total / tf.constant(len(payloads), site.dtype)
+            mean = total / tf.constant(senders, site.dtype)
         return chunking.decode(tf.reshape(mean, [chunking.chunks, chunking.elements]))
 
     def reduce(self, tower_values, variables, average=True):
@@ -214,8 +229,8 @@ class Demo(Compressed):
                     outs.append(outs[shared])
                     continue
                 with tf.device(device):
-                    q = self.combine([self.unpack(w, e.sites[t]) for w in gathered[i][t]],
-                                     e.sites[t])
+                    q = self.combine(self.unpack_rows(transport.stacked(gathered[i][t]),
+                                                      e.sites[t]), e.sites[t])
                     out = tf.sign(q) if self.options.sign else q
                     if not average:
                         out = out * tf.constant(self.num_towers, out.dtype)
