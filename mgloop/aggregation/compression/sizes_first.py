@@ -91,16 +91,21 @@ def _gather_buffers(method, buffers: list, towers: list) -> list[list]:
     return have
 
 
-def _decode(raw: tf.Tensor, most: tf.Tensor, counts: tf.Tensor, dtypes, sites) -> list:
-    """Per variable (values, indices) of one sender's buffer: its first counts[i] of the
-    most[i] it padded to, values as sites[i]'s dtype, indices as scatters take them."""
-    pieces = tf.split(raw, tf.reshape(_piece_sizes(most, dtypes), [-1]), num=2 * len(dtypes))
+def _decode(raws: list, most: tf.Tensor, counts: list, dtypes, sites) -> list[list]:
+    """out[s][i]: (values, indices) of variable i in sender s's buffer (`raws`, each padded
+    to the same most[i] entries of each variable): its first counts[s][i], values as
+    sites[i]'s dtype, indices as scatters take them. The senders' buffers are split and
+    reinterpreted as one [S, bytes] batch; each sender's entries are then its row's first."""
+    pieces = tf.split(tf.stack(raws), tf.reshape(_piece_sizes(most, dtypes), [-1]),
+                      num=2 * len(dtypes), axis=1)
+    rows = [tf.unstack(_from_piece(piece, dtype))
+            for piece, dtype in zip(pieces, [d for pair in dtypes for d in pair])]
     out = []
-    for i, (value_dtype, index_dtype) in enumerate(dtypes):
-        values = _from_piece(pieces[2 * i], value_dtype)[:counts[i]]
-        index = _from_piece(pieces[2 * i + 1], index_dtype)[:counts[i]]
-        out.append((tf.cast(values, sites[i].dtype),
-                    bitpacking.unpack_indices(index, sites[i].size)))
+    for s, sender_counts in enumerate(counts):
+        kept = tf.unstack(sender_counts, num=len(dtypes))
+        out.append([(tf.cast(rows[2 * i][s][:kept[i]], sites[i].dtype),
+                     bitpacking.unpack_indices(rows[2 * i + 1][s][:kept[i]], sites[i].size))
+                    for i in range(len(dtypes))])
     return out
 
 
@@ -111,12 +116,12 @@ def _piece_sizes(most: tf.Tensor, dtypes) -> tf.Tensor:
 
 
 def _from_piece(piece: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """The 1-D `dtype` tensor whose bytes `piece` (uint8) holds."""
+    """[S, n]: the `dtype` tensors whose bytes the rows of `piece` ([S, bytes] uint8) hold."""
     if dtype == tf.uint8:
         return piece
     if dtype.size == 1:
         return tf.bitcast(piece, dtype)
-    return tf.bitcast(tf.reshape(piece, [-1, dtype.size]), dtype)
+    return tf.bitcast(tf.reshape(piece, [piece.shape[0], -1, dtype.size]), dtype)
 
 
 def combine(method, encoded) -> list[list[tf.Tensor]]:
@@ -145,10 +150,9 @@ def combine(method, encoded) -> list[list[tf.Tensor]]:
             continue
         with tf.device(device):
             sums = [tf.zeros([e.sites[t].size], e.sites[t].dtype) for e in encoded]
-            for (sender_counts,), raw in zip(have_counts[t], have[t]):
-                for i, (values, index) in enumerate(
-                        _decode(raw, mosts[t], sender_counts, dtypes,
-                                [e.sites[t] for e in encoded])):
+            for sender in _decode(have[t], mosts[t], [c for (c,) in have_counts[t]], dtypes,
+                                  [e.sites[t] for e in encoded]):  # in tower order
+                for i, (values, index) in enumerate(sender):
                     sums[i] = tf.tensor_scatter_nd_add(sums[i], tf.expand_dims(index, 1), values)
             for i, total in enumerate(sums):
                 totals[i][t] = total
