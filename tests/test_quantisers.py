@@ -168,10 +168,11 @@ def test_one_exchange_matches_the_model(spec, levels, bucket, device_set, variab
 
 
 @pytest.mark.parametrize("spec", ["qsgd", "terngrad", "signsgd", "signsgd:bits=1",
-                                  "efsignsgd", "onebit", "demo:chunk=4,topk=3", "demo:chunk=2,topk=4"])
+                                  "efsignsgd", "onebit", "demo:chunk=4,topk=3",
+                                  "demo:chunk=2,topk=4", "topk:ratio=0.5"])
 def test_a_receiver_unpacks_every_wire_at_once_as_one_by_one(spec, device_set, variables):
     """`unpack_rows` of the T wires a tower receives (stacked part by part) holds, row by
-    row, the bits `unpack` makes of each wire, and `decompress_rows` of those the bits
+    row, the bits `unpack` makes of each wire alone, and `decompress_rows` of those the bits
     `decompress` makes of each payload (its own: of what it sent): a gather's receiver
     unpacks and decompresses them as one batch."""
     method = make(spec, device_set, variables)

@@ -108,21 +108,20 @@ class Compressed(Aggregation):
             return values, bitpacking.pack_indices(index, site.size)
         return payload
 
-    def unpack(self, wire: tuple, site: Site) -> tuple:
-        """The payload `pack` made `wire` from, exactly."""
-        if self.sparse_payload:
-            values, index = wire
-            return values, tf.cast(index, tf.int32)
-        return wire
-
     def unpack_rows(self, wires: tuple, site: Site) -> tuple:
-        """`unpack` of R wires at once: each part of `wires` stacks that part of the R
-        wires ([R, ...]), and each part returned stacks the R payloads' ([R, ...]), the
-        same values. Default: one `unpack` per row; a bit-packed method unpacks the rows
-        as one batch (the trace of a gather's receiver linear in its fields, not in R)."""
-        rows = [self.unpack(tuple(part[r] for part in wires), site)
-                for r in range(wires[0].shape[0])]
-        return tuple(tf.stack(parts) for parts in zip(*rows))
+        """The payloads `pack` made R wires from, exactly, as one batch (a gather's
+        receiver traces linear in the payload's fields, not in R): each part of `wires`
+        stacks that part of the R wires ([R, ...]), each part returned the R payloads'.
+        Default: a sparse payload's indices as int32, else the parts as they are."""
+        if self.sparse_payload:
+            values, index = wires
+            return values, tf.cast(index, tf.int32)
+        return wires
+
+    def unpack(self, wire: tuple, site: Site) -> tuple:
+        """The payload `pack` made `wire` from, exactly: `unpack_rows` of it alone."""
+        rows = self.unpack_rows(tuple(tf.expand_dims(part, 0) for part in wire), site)
+        return tuple(part[0] for part in rows)
 
     def decompress_rows(self, payloads: tuple, site: Site) -> tf.Tensor:
         """[R, n]: `decompress` of R payloads at once (parts [R, ...], as `unpack_rows`

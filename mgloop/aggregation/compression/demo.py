@@ -174,15 +174,6 @@ class Demo(Compressed):
         values, index = payload
         return values, bitpacking.pack_bit_fields(index, self.index_bits(self.chunking(site)))
 
-    def unpack(self, wire, site):
-        if len(wire) == 1:
-            return wire
-        values, packed = wire
-        chunking = self.chunking(site)
-        index = bitpacking.unpack_bit_fields(packed, values.shape.num_elements(),
-                                             self.index_bits(chunking))
-        return values, tf.reshape(index, values.shape)
-
     def unpack_rows(self, wires, site):
         if len(wires) == 1:
             return wires

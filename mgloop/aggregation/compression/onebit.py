@@ -59,10 +59,6 @@ class OneBit(SignContracted, Compressed):
         bits, means = payload
         return bitpacking.pack_levels(tf.cast(bits, tf.int32), 1), means
 
-    def unpack(self, wire, site):
-        packed, means = wire
-        return bitpacking.unpack_levels(packed, site.size, 1, tf.int32) > 0, means
-
     def unpack_rows(self, wires, site):
         packed, means = wires
         return bitpacking.unpack_levels_rows(packed, site.size, 1) > 0, means

@@ -176,14 +176,6 @@ class SharedScaleQuantiser(Compressed):
             return payload
         return (bitpacking.pack_signed_levels(payload[0], bitpacking.level_bits(self.levels)),)
 
-    def unpack(self, wire, site):
-        if bitpacking.level_bits(self.levels) > 8:
-            return wire
-        return (bitpacking.unpack_signed_levels(wire[0], site.size,
-                                                bitpacking.level_bits(self.levels),
-                                                scales.sum_dtype(self.num_towers,
-                                                                 self.levels)),)
-
     def unpack_rows(self, wires, site):
         if bitpacking.level_bits(self.levels) > 8:
             return wires

@@ -169,12 +169,6 @@ class SignSgd(BoundForAnyLength, Compressed):
             return (bitpacking.pack_signs(payload[0]),) + tuple(payload[1:])
         return (bitpacking.pack_ternary(payload[0]),) + tuple(payload[1:])
 
-    def unpack(self, wire, site):
-        dtype = scales.sum_dtype(self.num_towers, 1)
-        if self.options.bits == 1:
-            return (bitpacking.unpack_signs(wire[0], site.size, dtype),) + tuple(wire[1:])
-        return (bitpacking.unpack_ternary(wire[0], site.size, dtype),) + tuple(wire[1:])
-
     def unpack_rows(self, wires, site):
         dtype = scales.sum_dtype(self.num_towers, 1)
         rows = (bitpacking.unpack_signs_rows if self.options.bits == 1
@@ -200,9 +194,6 @@ class EfSignSgd(SignContracted, Compressed):
     def pack(self, payload, site):
         """sign(x) in {-1, 0, +1} at 2 bits; the scale as is."""
         return bitpacking.pack_ternary(payload[0]), payload[1]
-
-    def unpack(self, wire, site):
-        return bitpacking.unpack_ternary(wire[0], site.size, tf.int8), wire[1]
 
     def unpack_rows(self, wires, site):
         return bitpacking.unpack_ternary_rows(wires[0], site.size, tf.int8), wires[1]

@@ -189,17 +189,16 @@ def gathered_sums(method, have, sites):
             totals.append(totals[shared])
             continue
         with tf.device(device):
+            payloads = method.unpack_rows(stacked(have[t]), sites[t])
             if method.sparse_payload:  # (values, int32 indices): scattered in tower order
                 total = tf.zeros([sites[t].size], sites[t].dtype)
-                for wire in have[t]:
-                    values, index = method.unpack(wire, sites[t])
+                for values, index in zip(*map(tf.unstack, payloads)):
                     total = tf.tensor_scatter_nd_add(total, tf.expand_dims(index, 1), values)
                 totals.append(total)
                 continue
             # every sender's term, its own too (decompressing its own wire gives the bits
             # of sent[t]: unpack(pack(p)) is p exactly), as one [T, n] batch
-            terms = method.decompress_rows(
-                method.unpack_rows(stacked(have[t]), sites[t]), sites[t])
+            terms = method.decompress_rows(payloads, sites[t])
             # One reduction over the stacked terms: the same kernel on the same [T, n]
             # input on every tower. (A chain of adds is regrouped by Grappler's
             # arithmetic optimizer differently per tower, changing the last bits.)
