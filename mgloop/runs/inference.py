@@ -224,8 +224,8 @@ class TowerInference:
         loss_sum, count = 0.0, 0
         state_sum = np.zeros([metrics_lib.total_size(self.metrics)], np.float64)
         for x, y in batches:
-            active = self._active_towers(_batch_size(y))
             n = _batch_size(y)
+            active = self._active_towers(n)
             with tensor_branches_refused():
                 if active not in self._any_batch_size:  # one trace for a set's full batches
                     self._any_batch_size.add(active)  # and its last, shorter one

@@ -64,9 +64,11 @@ def _pack_fields(fields: tf.Tensor, width: int) -> tf.Tensor:
     shifts = tf.constant(list(range(width)), tf.int32)
     bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.expand_dims(fields, 1), shifts), 1)
     stream = tf.reshape(tf.cast(bits, tf.uint8), [-1])  # element i's bit b at i width + b
-    n = fields.shape[0]  # known when traced, most often: the padding as a constant
-    pad = (-n * width) % 8 if n is not None else tf.math.floormod(-tf.size(stream), 8)
-    stream = tf.pad(stream, [[0, pad]]) if n is None or pad else stream
+    n = fields.shape[0]
+    if n is None:  # a size unknown when traced: the padding computed when run
+        stream = tf.pad(stream, [[0, tf.math.floormod(-tf.size(stream), 8)]])
+    elif n * width % 8:
+        stream = tf.pad(stream, [[0, -n * width % 8]])
     by_byte = tf.reshape(stream, [-1, 8])
     return tf.reduce_sum(by_byte * tf.constant(_BYTE_WEIGHTS, tf.uint8), axis=1)
 
