@@ -270,6 +270,15 @@ def test_dgc_refuses_an_optimizer_that_adds_momentum(tmp_path):
         helpers.small_config(str(tmp_path), devices="cpu:2", **fine).validated()
 
 
+def test_a_compressor_that_defines_unpack_alone_is_refused_in_one_line():
+    """The receivers unpack every wire they received with `unpack_rows`: a method that
+    defined only `unpack` would have its packed bytes read as the payload."""
+    from mgloop.aggregation.compression.base import Compressed
+    with pytest.raises(TypeError) as error:
+        type("OwnPacking", (Compressed,), {"unpack": lambda self, wire, site: wire})
+    assert "\n" not in str(error.value) and "define unpack_rows" in str(error.value)
+
+
 def test_explicit_packing_is_refused(tmp_path):
     with pytest.raises(ConfigError) as error:
         helpers.small_config(str(tmp_path), devices="cpu:2", aggregation="randomk",

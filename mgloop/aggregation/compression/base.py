@@ -81,7 +81,14 @@ class Compressed(Aggregation):
     """Subclass, set `name`, `options_type` (with a `memory` field: memory_option),
     `transport` (SUMMABLE or GATHER; or its own `exchange_encoded`: threshold's sizes first,
     sizes_first.py), implement `compress`, `decompress`, `error_bound`;
-    optionally `prepare`/`update_state` (e.g. DGC's momentum) and `extra_state`."""
+    optionally `prepare`/`update_state` (e.g. DGC's momentum) and `extra_state`; a method
+    that packs its payload beyond the default (`pack`) unpacks it in `unpack_rows`."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "unpack" in vars(cls):  # the receivers call unpack_rows: it would go unused
+            raise TypeError(f"{cls.__name__} defines unpack: define unpack_rows (the R wires "
+                            "a tower received at once; unpack is its view of one wire)")
 
     capabilities = Capabilities(
         layout=REPLICATED, exact=False,
