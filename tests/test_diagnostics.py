@@ -192,6 +192,32 @@ def scalar_events(folder):
     return out
 
 
+def test_a_compiled_histogram_write_records_what_an_eager_one_does(tmp_path):
+    """The first write of a set of histograms is eager, the later ones one compiled call
+    (traced once): each step's histogram (bucket edges and counts) is the eager one's."""
+    writer = summaries.ScalarWriter(str(tmp_path), "train")
+    rng = np.random.default_rng(0)
+    values = {"weights/kernel": rng.standard_normal((6, 4)).astype(np.float32),
+              "weights/bias": rng.standard_normal(4).astype(np.float16),
+              "gradients/kernel": np.zeros((6, 4), np.float32)}
+    for step in (1, 2, 3):
+        writer.histograms(step, values)
+    writer.close()
+    compiled = list(writer._compiled_by_tags.values())
+    assert len(compiled) == 1 and compiled[0].experimental_get_tracing_count() == 1
+    seen = {}
+    for name in os.listdir(tmp_path / "train"):
+        for event in tf.compat.v1.train.summary_iterator(str(tmp_path / "train" / name)):
+            for value in event.summary.value:
+                seen.setdefault(value.tag, {})[event.step] = tf.make_ndarray(value.tensor)
+    assert set(seen) == set(values)
+    for tag, by_step in seen.items():
+        assert sorted(by_step) == [1, 2, 3]
+        assert by_step[1].shape[1] == 3 and by_step[1][:, 2].sum() == values[tag].size
+        for step in (2, 3):
+            np.testing.assert_array_equal(by_step[step], by_step[1], err_msg=tag)
+
+
 def test_profile_eval_and_loss_scale_in_a_short_run(logdir, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where breakdown traces go
     config = helpers.small_config(logdir, devices="cpu:2", aggregation="ring", train_steps=6,

@@ -113,11 +113,34 @@ class ScalarWriter:
                                    np.asarray([values[t] for t in tags], np.float32))
 
     def histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
+        """Writes each array as a histogram; as the scalars, eager the first time a set of
+        tags (with its shapes and dtypes) is written, compiled from the second: one op call
+        a write, where eager histograms cost about 5 ms of CPU per tag (about 1 compiled:
+        20 writes of 8 tags of the MLP's sizes, 37 against 7 ms a write)."""
         self._check_folder()
-        with self._writer.as_default(step=np.int64(step)):  # numpy: see the class docstring
-            for tag, value in values.items():
-                tf.summary.histogram(tag, value)
-        self._writer.flush()
+        arrays = [np.asarray(value) for value in values.values()]
+        key = tuple((tag, array.shape, array.dtype.str) for tag, array in zip(values, arrays))
+        self._histogram_write(key)(np.asarray(step, np.int64), arrays)
+
+    def _histogram_write(self, key: tuple) -> Callable:
+        """The write of `key`'s (tag, shape, dtype) histograms: (step int64, [arrays])."""
+        if key in self._compiled_by_tags:
+            return self._compiled_by_tags[key]
+        writer, tags = self._writer, [tag for tag, _, _ in key]
+
+        def write(step, arrays):
+            with writer.as_default(step=step):
+                for tag, array in zip(tags, arrays):
+                    tf.summary.histogram(tag, array)
+            writer.flush()
+
+        if key not in self._written_once:
+            self._written_once.add(key)
+            return write
+        self._compiled_by_tags[key] = tf.function(write, autograph=False, input_signature=[
+            tf.TensorSpec([], tf.int64),
+            [tf.TensorSpec(shape, np.dtype(dtype)) for _, shape, dtype in key]])
+        return self._compiled_by_tags[key]
 
     def close(self) -> None:
         self._writer.close()
