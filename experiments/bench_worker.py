@@ -57,6 +57,8 @@ def peak_rss_kib() -> int:
 
 def main() -> None:
     request = json.loads(sys.stdin.readline())
+    from mgloop.runs import quiet_start
+    quiet_start.load_tensorflow()  # as mgloop.train loads it (its lines: TF_CPP_MIN_LOG_LEVEL)
     from mgloop import data
     from mgloop.cluster import devices
     devices.configure_logical_cpus(request["logical_devices"])

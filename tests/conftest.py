@@ -7,8 +7,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from mgloop.cluster import devices  # noqa: E402
-from mgloop.runs import collector  # noqa: E402
+from mgloop.runs import collector, quiet_start  # noqa: E402
+
+with quiet_start.without_notebook_display():  # as the entry points load TensorFlow
+    from mgloop.cluster import devices  # noqa: E402
 
 MAX_TOWERS = 4
 devices.configure_logical_cpus(MAX_TOWERS)

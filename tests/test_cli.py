@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from mgloop.runs import config as config_lib
+from mgloop.runs import quiet_start
 from mgloop import settings
 from tests import tensorboard_server
 
@@ -115,6 +116,24 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
                                                                   rel=1e-6)
         (command,) = board.get("/data/plugin/text/text", run=".", tag="command_line")
         assert shlex.join(["--diagnostics", "--histogram_every=200"]) in command["text"]
+
+
+def test_ipython_is_held_back_only_while_tensorflow_loads(monkeypatch):
+    """Keras imports IPython (notebook display only) when it can: the entry points, and this
+    test process (conftest.py), load TensorFlow with it held back, so Keras took the failed
+    import as no notebook; afterwards it imports as usual, and a notebook's stays."""
+    from keras.src.saving import file_editor
+    assert file_editor.ipython is None
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    with quiet_start.without_notebook_display():
+        with pytest.raises(ImportError):
+            import IPython  # noqa: F401
+    assert "IPython" not in sys.modules
+    notebook = object()
+    monkeypatch.setitem(sys.modules, "IPython", notebook)
+    with quiet_start.without_notebook_display():
+        assert sys.modules["IPython"] is notebook
+    assert sys.modules["IPython"] is notebook
 
 
 def test_four_ring_towers_learn(tmp_path):

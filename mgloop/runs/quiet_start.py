@@ -32,6 +32,9 @@ as it would without mgloop: that is the opt-out, e.g. TF_CPP_MIN_LOG_LEVEL=0):
   (absl logging and `tf.get_logger()`); their warnings and errors, and
   mgloop's own INFO lines, still show.
 
+`load_tensorflow()` does both, and holds back Keras's notebook-only import of IPython
+while TensorFlow loads (`without_notebook_display`).
+
 This module imports no TensorFlow and is used by entry points only.
 """
 
@@ -111,11 +114,32 @@ def after_loading(enabled: bool | None = None) -> None:
     logging.getLogger("absl").addFilter(_NoTensorFlowInfo(os.path.dirname(tf.__file__)))
 
 
+@contextlib.contextmanager
+def without_notebook_display():
+    """IPython held back while TensorFlow (and with it Keras) loads. Keras imports IPython
+    whenever it is installed, only to show a file editor's summary in a notebook
+    (keras/src/saving/file_editor.py, which takes a failed import as "no notebook"): about
+    0.5 s of CPU, a tenth of loading TensorFlow, in every process an entry point starts,
+    none of which runs in a notebook (`python -m experiments.startup --cases=tensorflow,
+    tensorflow_without_ipython`). Afterwards IPython imports as usual; where it is loaded
+    already (a notebook), nothing is held back."""
+    if "IPython" in sys.modules:
+        yield
+        return
+    sys.modules["IPython"] = None  # an import of it raises ImportError meanwhile
+    try:
+        yield
+    finally:
+        if "IPython" in sys.modules and sys.modules["IPython"] is None:
+            del sys.modules["IPython"]
+
+
 def load_tensorflow(enabled: bool | None = None):
-    """Imports TensorFlow and lists its GPUs (where a machine without CUDA logs its failed
-    cuInit) inside `loading`, then `after_loading`; returns the module. `enabled` as for
-    `loading`. What every entry point and a sweep's worker call first."""
-    with loading(enabled):
+    """Imports TensorFlow (`without_notebook_display`) and lists its GPUs (where a machine
+    without CUDA logs its failed cuInit) inside `loading`, then `after_loading`; returns
+    the module. `enabled` as for `loading`. What every entry point and a sweep's worker
+    call first."""
+    with loading(enabled), without_notebook_display():
         import tensorflow as tf
         tf.config.list_physical_devices("GPU")
     after_loading(enabled)

@@ -24,6 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import numpy as np  # noqa: E402
 
+from mgloop.runs import quiet_start  # noqa: E402
+
+quiet_start.load_tensorflow()  # as mgloop.train loads it
+
 from mgloop import ConfigError  # noqa: E402
 from mgloop.cluster import workers as cluster  # noqa: E402
 from mgloop.runs import experiment, prepare  # noqa: E402

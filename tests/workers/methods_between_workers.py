@@ -23,7 +23,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+from mgloop.runs import quiet_start  # noqa: E402
+
+tf = quiet_start.load_tensorflow()  # as mgloop.train loads it
 
 from mgloop import Config, ConfigError  # noqa: E402
 from mgloop.cluster import devices as devices_lib  # noqa: E402
