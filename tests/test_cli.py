@@ -1,5 +1,6 @@
 """`python -m mgloop.train` end to end, its TensorBoard logs read by a real TensorBoard."""
 
+import importlib
 import json
 import os
 import re
@@ -127,7 +128,7 @@ def test_ipython_is_held_back_only_while_tensorflow_loads(monkeypatch):
     monkeypatch.delitem(sys.modules, "IPython", raising=False)
     with quiet_start.without_notebook_display():
         with pytest.raises(ImportError):
-            import IPython  # noqa: F401
+            importlib.import_module("IPython")
     assert "IPython" not in sys.modules
     notebook = object()
     monkeypatch.setitem(sys.modules, "IPython", notebook)
