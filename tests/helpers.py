@@ -22,23 +22,30 @@ from third_party import single_device
 
 DATASET = data.synthetic.make(seed=7, num_train=256, num_eval=64)
 GLOBAL_BATCH = 16
+SMALL_MLP_DEPTH = 1  # small_config's mlp: one hidden layer
 
 
 def small_config(logdir: str, **overrides) -> Config:
     # diagnostics off: its statistics add ops to every trace (test_diagnostics sets it);
     # the exchange not timed apart after training (a second trace of it; the tests of
     # exchange_seconds and the measured compute set time_exchange=True)
+    # the mlp with one hidden layer: 4 variables where the default's 2 make 6, and a traced
+    # step's ops grow with the variables (a test that needs more sets mlp_depth)
     settings = dict(devices="cpu:1", aggregation="ps_cpu", model="mlp", diagnostics=False,
                     time_exchange=False,
                     global_batch_size=GLOBAL_BATCH, optimizer="momentum", learning_rate=0.1,
                     train_steps=5, steps_per_loop=5, seed=3, deterministic=True,
                     logdir=logdir, summary_every=0, log_every=0)
     settings.update(overrides)
+    if settings["model"] == "mlp":
+        settings.setdefault("mlp_depth", SMALL_MLP_DEPTH)
     return Config(**settings)
 
 
 def model_fn(name: str):
-    return functools.partial(models.get(name), DATASET.input_shape, DATASET.num_classes)
+    """`name`'s builder for DATASET (the mlp as small_config's)."""
+    own = dict(mlp_depth=SMALL_MLP_DEPTH) if name == "mlp" else {}
+    return functools.partial(models.get(name), DATASET.input_shape, DATASET.num_classes, **own)
 
 
 def batches(steps: int, global_batch: int = GLOBAL_BATCH, seed: int = 3):
@@ -165,7 +172,8 @@ def train_reference_model(config: Config, steps_batches, make_model=None, bound=
     experiment.seed_everything(config.seed, config.deterministic)
     with tf.device("/device:CPU:0"):
         with precision.policy_scope(config.mixed_precision):
-            model = (make_model or model_fn(config.model))()
+            model = (make_model or models.builder_of(config.models, DATASET.input_shape,
+                                                     DATASET.num_classes))()
         optimizer = optim.make_optimizer(config.optim, config.train_steps)
         if config.mixed_precision == "none":
             step = single_device.make_train_step(model, experiment.default_loss(), optimizer)

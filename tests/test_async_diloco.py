@@ -235,12 +235,12 @@ def _diloco(init):
 
 
 def test_four_nodes_bytes_guard_and_model(tmp_path):
-    """--nodes=4 at speeds 1, 1, 1/2, 1/4, H = 4, 8 steps on the mlp (42,506 parameters): each
+    """--nodes=4 at speeds 1, 1, 1/2, 1/4, H = 4, 8 steps on the mlp of two hidden layers (42,506 parameters): each
     merge moves, per node, its pseudo-gradient up and x down, 42,506 float32 = 170,024 B,
     one message each, on its own occasion, twice (steps 3 and 7); the guard gave the nodes
     8, 8, 4 and 2 inner steps (their optimizers' step counts), every node's rate read at the
     run's step (step/hooks/inner_turns.py); the model evaluated is x."""
-    config = helpers.small_config(str(tmp_path), devices="cpu:4", nodes=4,
+    config = helpers.small_config(str(tmp_path), devices="cpu:4", nodes=4, mlp_depth=2,
                                   node_speeds="1,1,0.5,0.25", train_steps=8, steps_per_loop=4,
                                   warmup_steps=8, aggregation="async_diloco:period=4")
     result = mgloop.run(config)

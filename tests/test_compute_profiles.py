@@ -64,7 +64,7 @@ def test_mlp_and_cnn_flops_are_counted_from_their_layers_shapes():
     kernels = [layer.kernel.shape for layer in mlp.layers if hasattr(layer, "kernel")]
     macs = [k[0] * k[1] for k in kernels]
     count = _count(mlp, tf.TensorSpec(helpers.DATASET.input_shape, FLOAT), tf.TensorSpec([], INT))
-    assert count.flops == 2 * sum(macs) * 3 - 2 * macs[0] == 204288
+    assert count.flops == 2 * sum(macs) * 3 - 2 * macs[0] == 105984
     cnn = helpers.model_fn("cnn")()
     macs = []
     for layer in cnn.layers:
@@ -155,11 +155,11 @@ def test_a_profile_changes_the_modelled_time_and_not_the_training(tmp_path):
     assert measured["compute_source"] == "measured"
     assert measured["compute_seconds"] == pytest.approx(
         max(plain["median_step_time"] - plain["exchange_seconds"], 0.0), rel=1e-12)
-    expected = 204288 * 8 / (312e12 * 0.5) / 0.5
+    expected = 105984 * 8 / (312e12 * 0.5) / 0.5
     assert modelled["compute_seconds"] == pytest.approx(expected, rel=1e-12)
-    assert modelled["flops_per_example"] == 204288 and modelled["node_speeds"] == [1.0, 0.5]
+    assert modelled["flops_per_example"] == 105984 and modelled["node_speeds"] == [1.0, 0.5]
     assert modelled["compute_source"] == (
-        "profile a100 at 0.5 of 312e12 FLOP/s, 204288 FLOPs per example, 8 examples per "
+        "profile a100 at 0.5 of 312e12 FLOP/s, 105984 FLOPs per example, 8 examples per "
         "tower step; waits for the slowest node (speed 0.5)")
     assert plain["exchange_seconds"] > 0 and profiled["exchange_seconds"] is None
     assert modelled["measured_compute_seconds"] == pytest.approx(
@@ -174,7 +174,7 @@ def test_a_profile_changes_the_modelled_time_and_not_the_training(tmp_path):
     assert _text_of(str(tmp_path / "plain"), "link/compute_source") == "measured"
     scalars = link_scalars.scalars(modelled)
     assert scalars["link/compute_seconds"] == modelled["compute_seconds"]
-    assert scalars["link/flops_per_example"] == 204288
+    assert scalars["link/flops_per_example"] == 105984
 
 
 def test_a_sweep_record_and_report_use_the_modelled_compute_and_say_which(tmp_path):

@@ -2,8 +2,9 @@
 
 Including `topk_ef`, which tests/plugins/topk_ef.py registers through the plugin
 route (`aggregation.load_plugins`, what `--plugin` does). For each method, on the
-MLP of one hidden layer (`MODEL`: the smallest that shows every clause, 2-D kernels and
-1-D biases of two sizes, a gradient through a nonlinearity), 5 steps under --deterministic:
+small MLP of tests/helpers.py (one hidden layer: the smallest that shows every clause,
+2-D kernels and 1-D biases of two sizes, a gradient through a nonlinearity), 5 steps under
+--deterministic:
 
 - an exact method (`exact`) equals one device on 2 and 4 towers, within the bound
   of tests/tolerance.py computed along one shared reference run;
@@ -32,14 +33,13 @@ their mean) is held there to the exact methods' standard.
 """
 
 import dataclasses
-import functools
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mgloop import aggregation, models
+from mgloop import aggregation
 from mgloop.cluster import devices
 from mgloop.runs import checkpoint
 from mgloop.errors import ConfigError
@@ -53,10 +53,6 @@ METHODS = aggregation.names()
 BY_METHOD = [pytest.param(name, marks=pytest.mark.xdist_group(f"contract_{name}"))
              for name in METHODS]
 STEPS = 5
-# A method's trace grows with the model's variables (per-variable exchanges): one hidden
-# layer (4 variables) where the suite's mlp has two (6) makes its traces about 28% smaller
-MODEL = functools.partial(models.get("mlp"), helpers.DATASET.input_shape,
-                          helpers.DATASET.num_classes, depth=1)
 SPECS = {"topk_ef": "topk_ef:ratio=0.5",  # an option set, as a user would
          "trimmed_mean": "trimmed_mean:trim=1", "krum": "krum:f=0",
          "multikrum": "multikrum:f=0,m=2", "bulyan": "bulyan:f=0",
@@ -109,7 +105,7 @@ def trained(tmp_path_factory):
             overrides = dict(aggregation=f"{name}:{aggregation.get(name).capabilities.identity}") \
                 if identity else {}
             config = config_for(tmp_path_factory.mktemp("run"), name, towers, **overrides)
-            trainer = helpers.build_trainer(config, MODEL)
+            trainer = helpers.build_trainer(config)
             start = helpers.copy_weights(trainer)[0]
             cache[name, towers, identity] = Run(
                 config, trainer, start, helpers.run_batches(trainer, helpers.batches(STEPS)))
@@ -125,7 +121,7 @@ def reference(tmp_path_factory):
     def get(key, batches):
         if key not in cache:
             config = helpers.small_config(str(tmp_path_factory.mktemp("reference")))
-            cache[key] = helpers.train_reference_bounded(config, batches, MODEL)
+            cache[key] = helpers.train_reference_bounded(config, batches)
         return cache[key]
     return get
 
@@ -208,7 +204,7 @@ def assert_same_as(name, towers, tmp_path):
     for spec in SAME_AS[name]:
         config = dataclasses.replace(own, aggregation=spec,
                                      logdir=str(tmp_path / spec.split(":")[0]))
-        trainer = helpers.build_trainer(config, MODEL)
+        trainer = helpers.build_trainer(config)
         start = helpers.copy_weights(trainer)[0]
         helpers.run_batches(trainer, helpers.batches(STEPS))
         copies = helpers.copy_weights(trainer)
@@ -279,8 +275,7 @@ def test_state_survives_checkpoint_and_resume(name, trained, tmp_path):
     path = saver.save(int(run.trainer.global_step.numpy()))
     saved = [n for n, _ in tf.train.list_variables(path) if n.startswith("aggregation_state/")]
     assert len(saved) == len(state)
-    resumed = helpers.build_trainer(dataclasses.replace(run.config, logdir=str(tmp_path)),
-                                    MODEL)
+    resumed = helpers.build_trainer(dataclasses.replace(run.config, logdir=str(tmp_path)))
     restorer = checkpoint.Checkpointer.of_trainer(folder, resumed, keep=1)
     assert restorer.restore_latest() == path
     assert restorer.restored_every_copy == aggregation.get(name).capabilities.copies_differ

@@ -187,14 +187,14 @@ def ring_bytes(elements, towers, element_bytes=4):
 
 
 def test_bytes_per_sync_and_per_step_by_hand(tmp_path):
-    """--nodes=4 of one tower, the mlp (192 -> 128 -> 128 -> 10: P = 42506 parameters),
+    """--nodes=4 of one tower, the mlp of two hidden layers (192 -> 128 -> 128 -> 10: P = 42506 parameters),
     des_loc:period=2,momentum_period=4,variance_period=8 over 8 steps (x synced 4 times,
     m 2, v once). Each sync is a float32 ring of P elements among the 4 nodes: the busiest
     node sends 2P - (two chunks of 10626) = 63760 elements, 255040 bytes, in 6 messages,
     whatever it carries (m and v have the parameters' shapes); per step on average
     (4 + 2 + 1)/8 of it, 223160 bytes. No gradient ever travels."""
     summary = mgloop.run(helpers.small_config(
-        str(tmp_path), devices="cpu:4", nodes=4, optimizer="adam", train_steps=8,
+        str(tmp_path), devices="cpu:4", nodes=4, mlp_depth=2, optimizer="adam", train_steps=8,
         steps_per_loop=8, aggregation="des_loc:period=2,momentum_period=4,variance_period=8",
         links=("within:100gbit,2us", "between:1gbit,50us")))
     report = summary["link_model"]
@@ -244,8 +244,8 @@ def test_resume_mid_period_is_bit_identical(tmp_path):
     assert run("resumed", 3)["final_step"] == 3
     assert run("resumed", 6)["start_step"] == 3
     straight, resumed = (checkpoint_tensors(tmp_path / n) for n in ("straight", "resumed"))
-    # copy 1 beside copy 0: its 6 weights, its Adam's step count and 6 + 6 moments m, v
-    assert sum(k.startswith("replicas/") for k in straight) == 6 + 1 + 12
+    # copy 1 beside copy 0: the mlp's 4 weights, its Adam's step count and 4 + 4 moments m, v
+    assert sum(k.startswith("replicas/") for k in straight) == 4 + 1 + 8
     assert straight.keys() == resumed.keys()
     for key, value in straight.items():
         np.testing.assert_array_equal(resumed[key], value, err_msg=key)

@@ -5,7 +5,7 @@ import pytest
 import keras
 import tensorflow as tf
 
-from mgloop import data, models
+from mgloop import Config, ConfigError, data, models
 from mgloop.training import losses
 from mgloop.data import random_binary
 from tests import helpers, tolerance
@@ -33,6 +33,24 @@ def resnet20_parameters(classes=10):
 
 def count(variables):
     return sum(int(np.prod(v.shape)) for v in variables)
+
+
+def test_the_mlps_own_settings_shape_it_and_are_refused_with_another_model(tmp_path):
+    """--mlp_width and --mlp_depth reach the builder; unset, the run records the builder's
+    defaults (128, 2); set with another model, or below 1, they are refused in one line."""
+    base = dict(logdir=str(tmp_path / "run"), devices="cpu:1")
+    config = Config(**base, mlp_width=16, mlp_depth=3).validated()
+    model = models.builder_of(config.models, (8, 8), 10)()
+    assert len(model.trainable_variables) == 2 * 3 + 2
+    assert model.count_params() == dense_parameters([64, 16, 16, 16, 10])
+    default = Config(**base).validated()
+    assert (default.mlp_width, default.mlp_depth) == (128, 2)
+    for settings, message in [
+            (dict(model="cnn", mlp_depth=1), r"^--mlp_depth=1 is set but only --model=mlp "
+                                             r"reads it, not --model=cnn; drop --mlp_depth$"),
+            (dict(mlp_width=0), r"^--mlp_width=0 is out of range")]:
+        with pytest.raises(ConfigError, match=message):
+            Config(**base, **settings).validated()
 
 
 def test_big_mlp_has_the_posts_41_million_parameters():

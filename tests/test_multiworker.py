@@ -30,8 +30,9 @@ from mgloop.runs import export
 from tests import helpers
 from tests import tolerance
 
-SETTINGS = ["--model=mlp", "--global_batch_size=512", "--steps_per_loop=10", "--log_every=10",
-            "--checkpoint_every=10", "--summary_every=0", "--deterministic", "--seed=3",
+SETTINGS = ["--model=mlp", "--mlp_depth=1", "--global_batch_size=512", "--steps_per_loop=10",
+            "--log_every=10", "--checkpoint_every=10", "--summary_every=0", "--deterministic",
+            "--seed=3",
             "--learning_rate=0.05", "--collective_timeout=30", "--aggregation=ring"]
 STEPS = 60
 

@@ -88,7 +88,7 @@ def test_one_device_equals_keras_own_muon_loop_bit_for_bit(logdir):
     names = [v.name for v in trainer.copies[0].trainable]
     for name, got, want in zip(names, helpers.copy_weights(trainer)[0], model.get_weights()):
         assert np.array_equal(got, want), f"{name}: {np.abs(got - want).max():.3g} apart"
-    assert split_of(trainer.copies[0]) == [False, True, False, True, True, True]  # 2 kernels
+    assert split_of(trainer.copies[0]) == [False, True, True, True]  # the hidden kernel
 
 
 class KeepExchanged(Hook):
@@ -136,7 +136,7 @@ def test_two_towers_apply_keras_muon_to_their_mean_gradient_within_its_bound(log
 
 
 @pytest.mark.parametrize("name,make,shape,muon_count", [
-    ("mlp", helpers.model_fn("mlp"), None, 2),  # the 2 kernels before the output layer
+    ("mlp", helpers.model_fn("mlp"), None, 1),  # the kernel before the output layer
     ("cnn", lambda: models.get("cnn")((8, 8, 3), 10), (8, 8, 3), 0),  # 4-D kernels: AdamW
     # its 2 blocks' feed-forward kernels (attention's projections are 3-D)
     ("transformer_lm", lambda: models.get("transformer_lm")((8,), 16), (8,), 4)])
@@ -176,7 +176,7 @@ def test_a_users_muon_anchored_to_the_templates_paths_holds_on_every_copy(given,
     assert re.search("^" + re.escape(hidden), trainer.copies[1].trainable[0].name) is None
     for copy in trainer.copies:  # the first kernel and every non-matrix: AdamW, on every copy
         # (the user's Muon, not the flags': its output kernel is Muon's, as Keras would have it)
-        assert split_of(copy) == [True, True, False, True, False, True]
+        assert split_of(copy) == [True, True, False, True]
     helpers.run_batches(trainer, helpers.batches(2))
     assert same_bits(*helpers.copy_weights(trainer))
 

@@ -90,6 +90,8 @@ TWO_WORKERS = ["topk:ratio=0.1@2", "diloco:period=4@2", "powersgd@2", "qsgd",
                "ring --towers_per_device=2", "diloco:period=4 --towers_per_device=2",
                "ring@2 --shard_update=true", "collective --shard_update=true", "collective"]
 SHARDED = "--shard_update=true"
+# every job on the mlp of one hidden layer (tests/helpers.py's): 4 variables to exchange
+SMALLER = ("--mlp_depth=1",)
 # synchronous entries: every worker ends with the same weights and loss scale (each
 # worker's own, printed by the worker), those of the simulated nodes
 EVERY_WORKER_ALIKE = [entry for entry in TWO_WORKERS
@@ -178,14 +180,14 @@ def check_equal_to_simulated(tmp_path, root, specs, devices, nodes, **overrides)
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_workers")
-    run_job(root, 2, "cpu:2", TWO_WORKERS)
+    run_job(root, 2, "cpu:2", TWO_WORKERS, *SMALLER)
     return root
 
 
 # the two tests on `two_workers` run in one process (--dist loadgroup), so its job runs once
 @pytest.mark.xdist_group("nodes_two_workers")
 def test_two_workers_equal_two_simulated_nodes(two_workers, tmp_path):
-    check_equal_to_simulated(tmp_path, two_workers, TWO_WORKERS, "cpu:4", 2)
+    check_equal_to_simulated(tmp_path, two_workers, TWO_WORKERS, "cpu:4", 2, mlp_depth=1)
 
 
 @pytest.mark.xdist_group("nodes_two_workers")
@@ -210,6 +212,7 @@ def test_three_workers_equal_three_simulated_nodes(tmp_path):
     """With --byzantine_towers=1: one of the 3 nodes (workers) sends the sign-flipped
     gradient, the same one, with the same draw, as among 3 simulated nodes."""
     root = tmp_path / "three_workers"
-    run_job(root, 3, "cpu:1", THREE_WORKERS, "--global_batch_size=96", "--byzantine_towers=1")
+    run_job(root, 3, "cpu:1", THREE_WORKERS, "--global_batch_size=96", "--byzantine_towers=1",
+            *SMALLER)
     check_equal_to_simulated(tmp_path, root, THREE_WORKERS, "cpu:3", 3, global_batch_size=96,
-                             byzantine_towers=1)
+                             byzantine_towers=1, mlp_depth=1)

@@ -153,11 +153,11 @@ def test_refusals_are_one_line(tmp_path):
 
 def test_four_nodes_train_and_evaluate_the_mean_of_their_outer_parameters(tmp_path):
     """--nodes=4 on 4 towers, H = 2, 4 steps: the run's between-node bytes per node and sync
-    are x and theta of the mlp's 42,506 parameters, float32, to one peer (340,048 B, two
+    are x and theta of the two-hidden-layer mlp's 42,506 parameters, float32, to one peer (340,048 B, two
     messages), 170,024 B a step on average; the model evaluated is the nodes' mean x."""
     import json
     import mgloop
-    config = helpers.small_config(str(tmp_path), devices="cpu:4", nodes=4,
+    config = helpers.small_config(str(tmp_path), devices="cpu:4", nodes=4, mlp_depth=2,
                                   aggregation="noloco:period=2", train_steps=4,
                                   steps_per_loop=4)
     result = mgloop.run(config)

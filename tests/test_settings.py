@@ -114,7 +114,10 @@ def test_data_resolves_the_batch_and_the_data_dir():
 
 def test_models_resolve_the_models_own_settings_to_its_defaults():
     context = settings.Context()
-    assert model_checks.check(Config().models, context) == Config().models
+    resolved = model_checks.check(Config().models, context)
+    assert (resolved.mlp_width, resolved.mlp_depth) == (128, 2)
+    assert resolved == dataclasses.replace(Config().models, mlp_width=128, mlp_depth=2)
+    assert (resolved.lm_layers, resolved.lm_width, resolved.lm_heads) == (None, None, None)
     resolved = model_checks.check(Config(model="transformer_lm", lm_width=32).models, context)
     assert (resolved.lm_layers, resolved.lm_width, resolved.lm_heads) == (2, 32, 4)
 

@@ -71,7 +71,8 @@ def test_the_sharded_ring_equals_the_whole_ring_bit_for_bit(optimizer, logdir):
         assert value.shape == sharded_state[name].shape
         assert np.array_equal(value, sharded_state[name]), name
     slots = [v for v in sharded_state.values() if v.ndim]
-    assert len(slots) >= 12 and all(np.abs(v).max() > 0 for v in slots)  # slots that moved
+    # the weights and a momentum slot each, every one moved
+    assert len(slots) >= 2 * len(start) and all(np.abs(v).max() > 0 for v in slots)
 
 
 @pytest.mark.parametrize("spec", ["ring", "collective", "hierarchical:groups=2"])

@@ -317,18 +317,18 @@ def test_bad_options_refused_in_one_line(spec, message, tmp_path):
 
 
 def test_more_fragments_than_variables_refused_in_one_line(tmp_path, monkeypatch):
-    """The mlp has 6 trainable variables: 7 fragments are refused once the template model
+    """The mlp has 4 trainable variables: 5 fragments are refused once the template model
     is built (the count is known only then), before any copy of it, naming the option, the
     count and what would run."""
     def refuse(*args, **kwargs):
         raise AssertionError("variable copies were made before the fragments were checked")
     monkeypatch.setattr(variables, "make_copies", refuse)
     config = helpers.small_config(str(tmp_path), devices="cpu:2",
-                                  aggregation="streaming_diloco:period=16,fragments=7")
-    with pytest.raises(ConfigError, match=r"^--aggregation=streaming_diloco:fragments=7 needs "
-                                          r"at least 7 trainable variables \(a fragment holds "
-                                          r"whole variables\); the model has 6: use "
-                                          r"fragments <= 6$") as error:
+                                  aggregation="streaming_diloco:period=16,fragments=5")
+    with pytest.raises(ConfigError, match=r"^--aggregation=streaming_diloco:fragments=5 needs "
+                                          r"at least 5 trainable variables \(a fragment holds "
+                                          r"whole variables\); the model has 4: use "
+                                          r"fragments <= 4$") as error:
         helpers.build_trainer(config)
     assert "\n" not in str(error.value)
 
@@ -345,7 +345,7 @@ def test_per_step_bytes_and_modelled_step_against_diloco(tmp_path):
     compute, reports = 1e-3, {}
     for spec in ("diloco:period=4", "streaming_diloco:period=4,fragments=2,outer_bits=0"):
         config = helpers.small_config(str(tmp_path / spec.split(":")[0]), devices="cpu:4",
-                                      nodes=2, aggregation=spec)
+                                      nodes=2, aggregation=spec, mlp_depth=2)
         trainer = helpers.build_trainer(config)
         helpers.trace_batches(trainer, helpers.batches(1))  # the trace counts the traffic
         reports[spec.split(":")[0]] = link_report.report(

@@ -16,6 +16,10 @@ class ModelOptions:
     """Which model a run trains: the models part of the settings (`config.models`)."""
 
     model: str = setting("mlp", "one of: {choices}", hparam=True)  # flags.py: the registry's
+    mlp_width: int | None = setting(
+        None, "--model=mlp: units of each hidden layer (default 128)", hparam=True)
+    mlp_depth: int | None = setting(
+        None, "--model=mlp: hidden layers (default 2)", hparam=True)
     lm_layers: int | None = setting(
         None, "--model=transformer_lm: decoder blocks (default 2)", hparam=True)
     lm_width: int | None = setting(

@@ -118,7 +118,7 @@ def after_loading(enabled: bool | None = None) -> None:
 def without_notebook_display():
     """IPython held back while TensorFlow (and with it Keras) loads. Keras imports IPython
     whenever it is installed, only to show a file editor's summary in a notebook
-    (keras/src/saving/file_editor.py, which takes a failed import as "no notebook"): about
+    (Keras's saving file editor, which takes a failed import as "no notebook"): about
     0.5 s of CPU, a tenth of loading TensorFlow, in every process an entry point starts,
     none of which runs in a notebook (`python -m experiments.startup --cases=tensorflow,
     tensorflow_without_ipython`). Afterwards IPython imports as usual; where it is loaded

@@ -33,7 +33,8 @@ CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
 #   batches s*K .. s*K+K-1 of the stream cut per --drop_remainder, data/epochs.py): another
 #   value resumes at another place of the stream, and another global batch also means
 #   another gradient noise and learning rate per example;
-# - lm_layers, lm_width, lm_heads shape transformer_lm's variables, sequence_length cuts
+# - mlp_width, mlp_depth shape mlp's, lm_layers, lm_width, lm_heads transformer_lm's
+#   variables, sequence_length cuts
 #   the text into other examples (mgloop/data/text.py);
 # - partition deals the examples to the clients (mgloop/data/partition.py): another one
 #   reads other examples at step s.
@@ -42,7 +43,8 @@ CONFIG_FILENAME = "config.json"  # written into the logdir when a run starts
 # differ in one log line. The tower count and layout do not enter a checkpoint.
 CHECKPOINT_SHAPING = ("model", "dataset", "optimizer", "mixed_precision", "accumulation_steps",
                       "seed", "global_batch_size", "drop_remainder", "sequence_length",
-                      "lm_layers", "lm_width", "lm_heads", "partition")
+                      "mlp_width", "mlp_depth", "lm_layers", "lm_width", "lm_heads",
+                      "partition")
 
 
 def prepare(logdir: str | None, export_dir: str | None) -> str:
