@@ -203,7 +203,7 @@ def test_a_compiled_histogram_write_records_what_an_eager_one_does(tmp_path):
     for step in (1, 2, 3):
         writer.histograms(step, values)
     writer.close()
-    compiled = list(writer._compiled_by_tags.values())
+    compiled = list(writer._compiled.values())
     assert len(compiled) == 1 and compiled[0].experimental_get_tracing_count() == 1
     seen = {}
     for name in os.listdir(tmp_path / "train"):
