@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Callable, Iterable
 
 from mgloop.errors import ConfigError
@@ -121,9 +122,15 @@ def in_range(flag: str, value, low=None, high=None, low_open=False, high_open=Fa
 
 def check_finite(options) -> None:
     """Refuses NaN and inf in every float field of a settings part (a frozen dataclass of
-    `setting`s): they pass every comparison."""
+    `setting`s): they pass every comparison; and in every integer field (`int` or
+    `int | None`) a value that is no integer (1.5, True), which the flags cannot give but
+    the Python API can, and which would pass the range checks."""
     for field in dataclasses.fields(options):
         value = getattr(options, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"--{flag_name(field)}={value} is not a finite number; give a "
                               "finite one")
+        if (str(field.type) in ("int", "int | None") and value is not None
+                and (isinstance(value, bool) or not isinstance(value, numbers.Integral))):
+            raise ConfigError(f"--{flag_name(field)}={value!r} is not an integer; give a "
+                              "whole number")

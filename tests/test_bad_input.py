@@ -134,6 +134,15 @@ CASES = {
                                r"<= --train_steps=5"),
     "profile steps past the end": (dict(profile_steps="1,9"), r"^--profile_steps='1,9' must be"),
     "profile steps malformed": (dict(profile_steps="3"), r"^--profile_steps='3' must be"),
+    # the Python API can give an integer setting a float or a bool, which the range passes
+    "fractional train steps": (dict(train_steps=1.5),
+                               r"^--train_steps=1\.5 is not an integer; give a whole number$"),
+    "float mlp depth": (dict(mlp_depth=2.0),
+                        r"^--mlp_depth=2\.0 is not an integer; give a whole number$"),
+    "boolean mlp width": (dict(mlp_width=True),
+                          r"^--mlp_width=True is not an integer; give a whole number$"),
+    "nan mlp depth": (dict(mlp_depth=float("nan")),
+                      r"^--mlp_depth=nan is not a finite number; give a finite one$"),
     # NaN and inf pass every comparison, so each float setting is checked to be finite
     "nan learning rate": (dict(learning_rate=float("nan")),
                           r"^--learning_rate=nan is not a finite number; give a finite one$"),
