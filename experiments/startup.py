@@ -2,7 +2,7 @@
 
     python -m experiments.startup --rounds=7
     python -m experiments.startup --cases=python,mgloop,tensorflow,keras --baseline=python
-    python -m experiments.startup --cases=tensorflow,tensorflow_without_ipython --rounds=9
+    python -m experiments.startup --cases=tensorflow,tensorflow_without_ipython,tensorflow_without_ipython_or_matplotlib,train_entry --baseline=tensorflow --rounds=9
     python -m experiments.startup --cases=run_ring_autograph,run_ring_loop_autograph,run_ring --rounds=5
     python -m experiments.startup --cases=run_qsgd_autograph,run_qsgd_loop_autograph,run_qsgd --rounds=5
     python -m experiments.startup --cases=run_qsgd_gc,run_qsgd --rounds=5
@@ -18,8 +18,9 @@ is installed (for its scikit-learn wrappers), so `keras` is timed as the machine
 and with `sklearn` made unimportable (`sys.modules["sklearn"] = None`, as if it were not
 installed): the difference is what every such process saves once scikit-learn is no
 longer a dependency. `tensorflow_without_ipython` likewise without IPython, which Keras
-imports whenever it is installed, only for notebooks: what an entry point saves by holding
-it back while TensorFlow loads (runs/quiet_start.py).
+imports whenever it is installed, only for notebooks, and `..._or_matplotlib` without
+matplotlib too, which Keras imports for its image-gallery plots: what an entry point saves
+by holding them back while TensorFlow loads (runs/quiet_start.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ CASES = {
     "tensorflow": "import tensorflow",
     # as an entry point loads it (runs/quiet_start.py): Keras's notebook-only IPython held back
     "tensorflow_without_ipython": "import sys; sys.modules['IPython'] = None; import tensorflow",
+    # and Keras's plotting-only matplotlib held back too (quiet_start.without_plotting)
+    "tensorflow_without_ipython_or_matplotlib": "import sys; sys.modules['IPython'] = None; "
+                                                "sys.modules['matplotlib'] = None; "
+                                                "import tensorflow",
     "train_entry": "import mgloop.train",  # the entry point's imports, quiet_start's included
     "mgloop": "import mgloop",  # loads no TensorFlow (mgloop/__init__.py)
     "mgloop_run": "import mgloop; mgloop.run",  # the API, TensorFlow and Keras with it

@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 from mgloop.runs import collector, quiet_start  # noqa: E402
 
-with quiet_start.without_notebook_display():  # as the entry points load TensorFlow
+with quiet_start.without_display_modules():  # as the entry points load TensorFlow
     from mgloop.cluster import devices  # noqa: E402
 
 MAX_TOWERS = 4

@@ -119,20 +119,28 @@ def test_default_run_learns_and_logs_to_tensorboard(tmp_path):
         assert shlex.join(["--diagnostics", "--histogram_every=200"]) in command["text"]
 
 
-def test_ipython_is_held_back_only_while_tensorflow_loads(monkeypatch):
-    """Keras imports IPython (notebook display only) when it can: the entry points, and this
-    test process (conftest.py), load TensorFlow with it held back, so Keras took the failed
-    import as no notebook; afterwards it imports as usual, and a notebook's stays."""
+def test_display_modules_are_held_back_only_while_tensorflow_loads(monkeypatch):
+    """Keras imports IPython (notebook display) and matplotlib (its image-gallery plots) when
+    it can: the entry points, and this test process (conftest.py), load TensorFlow with both
+    held back, so Keras took the failed imports; afterwards they import as usual, Keras's
+    plotting reaches pyplot at first use, and a notebook's IPython stays."""
     from keras.src.saving import file_editor
+    from keras.src.visualization import plot_bounding_box_gallery, plot_image_gallery
     assert file_editor.ipython is None
-    monkeypatch.delitem(sys.modules, "IPython", raising=False)
-    with quiet_start.without_notebook_display():
-        with pytest.raises(ImportError):
-            importlib.import_module("IPython")
-    assert "IPython" not in sys.modules
+    import matplotlib.patches
+    import matplotlib.pyplot
+    assert plot_image_gallery.plt.subplots is matplotlib.pyplot.subplots
+    assert plot_bounding_box_gallery.patches.Patch is matplotlib.patches.Patch
+    for name in ("IPython", "matplotlib"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with quiet_start.without_display_modules():
+        for name in ("IPython", "matplotlib"):
+            with pytest.raises(ImportError):
+                importlib.import_module(name)
+    assert "IPython" not in sys.modules and "matplotlib" not in sys.modules
     notebook = object()
     monkeypatch.setitem(sys.modules, "IPython", notebook)
-    with quiet_start.without_notebook_display():
+    with quiet_start.without_display_modules():
         assert sys.modules["IPython"] is notebook
     assert sys.modules["IPython"] is notebook
 

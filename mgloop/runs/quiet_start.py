@@ -32,8 +32,8 @@ as it would without mgloop: that is the opt-out, e.g. TF_CPP_MIN_LOG_LEVEL=0):
   (absl logging and `tf.get_logger()`); their warnings and errors, and
   mgloop's own INFO lines, still show.
 
-`load_tensorflow()` does both, and holds back Keras's notebook-only import of IPython
-while TensorFlow loads (`without_notebook_display`).
+`load_tensorflow()` does both, and holds back Keras's display-only imports of IPython and
+matplotlib while TensorFlow loads (`without_display_modules`).
 
 This module imports no TensorFlow and is used by entry points only.
 """
@@ -41,11 +41,14 @@ This module imports no TensorFlow and is used by entry points only.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import logging
 import os
 import re
 import sys
 import tempfile
+import types
 
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "2"  # native INFO and WARNING off once TensorFlow applies it
@@ -114,32 +117,58 @@ def after_loading(enabled: bool | None = None) -> None:
     logging.getLogger("absl").addFilter(_NoTensorFlowInfo(os.path.dirname(tf.__file__)))
 
 
+# Keras's plotting helpers that hold a matplotlib module read at their import:
+# {Keras module: (its attribute, the matplotlib module it holds)}
+_KERAS_PLOTTING = {
+    "keras.src.visualization.plot_image_gallery": ("plt", "matplotlib.pyplot"),
+    "keras.src.visualization.plot_bounding_box_gallery": ("patches", "matplotlib.patches"),
+}
+_DISPLAY_MODULES = ("IPython", "matplotlib")
+
+
+class _ImportedOnUse(types.ModuleType):
+    """Stands for the module of its name until one of its attributes is read: then imports
+    it and reads that attribute there."""
+
+    def __getattr__(self, attribute):
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
 @contextlib.contextmanager
-def without_notebook_display():
-    """IPython held back while TensorFlow (and with it Keras) loads. Keras imports IPython
-    whenever it is installed, only to show a file editor's summary in a notebook
-    (Keras's saving file editor, which takes a failed import as "no notebook"): about
-    0.5 s of CPU, a tenth of loading TensorFlow, in every process an entry point starts,
-    none of which runs in a notebook (`python -m experiments.startup --cases=tensorflow,
-    tensorflow_without_ipython`). Afterwards IPython imports as usual; where it is loaded
-    already (a notebook), nothing is held back."""
-    if "IPython" in sys.modules:
-        yield
-        return
-    sys.modules["IPython"] = None  # an import of it raises ImportError meanwhile
+def without_display_modules():
+    """IPython and matplotlib held back while TensorFlow (and with it Keras) loads. Keras
+    imports both whenever they are installed, for display only: IPython to show a file
+    editor's summary in a notebook (Keras's saving file editor, which takes a failed import
+    as "no notebook"), matplotlib.pyplot for its image-gallery plots. In every process an
+    entry point starts (none runs in a notebook, none plots while TensorFlow loads) they
+    cost about 0.9 s of CPU, a fifth of loading TensorFlow (`python -m experiments.startup
+    --cases=tensorflow,tensorflow_without_ipython,tensorflow_without_ipython_or_matplotlib`).
+    Afterwards both import as usual (mgloop's plots import matplotlib when they draw), and
+    Keras's plotting helpers hold a stand-in that imports their matplotlib module at first
+    use, so they plot as before. A module loaded already (a notebook's IPython) is not held
+    back."""
+    held = [name for name in _DISPLAY_MODULES if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None  # an import of it raises ImportError meanwhile
     try:
         yield
     finally:
-        if "IPython" in sys.modules and sys.modules["IPython"] is None:
-            del sys.modules["IPython"]
+        for name in held:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+        if "matplotlib" in held and importlib.util.find_spec("matplotlib") is not None:
+            for module, (attribute, target) in _KERAS_PLOTTING.items():
+                loaded = sys.modules.get(module)
+                if loaded is not None and getattr(loaded, attribute, "absent") is None:
+                    setattr(loaded, attribute, _ImportedOnUse(target))
 
 
 def load_tensorflow(enabled: bool | None = None):
-    """Imports TensorFlow (`without_notebook_display`) and lists its GPUs (where a machine
+    """Imports TensorFlow (`without_display_modules`) and lists its GPUs (where a machine
     without CUDA logs its failed cuInit) inside `loading`, then `after_loading`; returns
     the module. `enabled` as for `loading`. What every entry point and a sweep's worker
     call first."""
-    with loading(enabled), without_notebook_display():
+    with loading(enabled), without_display_modules():
         import tensorflow as tf
         tf.config.list_physical_devices("GPU")
     after_loading(enabled)
