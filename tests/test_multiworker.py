@@ -2,9 +2,9 @@
 
 Each test starts real worker processes through `python -m mgloop.launch`.
 
-The long run's job (a minute of training, then a frozen worker) is started in the
+The long run's job (half a minute of training, then a frozen worker) is started in the
 background when the module's first test starts and runs its steps on time in a thread
-(`long_run`), its workers at a lower CPU priority once training, so its minute passes
+(`long_run`), its workers at a lower CPU priority once training, so its half minute passes
 while the other tests' jobs run; its test, last, checks what the thread saw. The module's tests run in one process
 (--dist loadgroup, setup.cfg): `straight` and the long run are each started once.
 """
@@ -128,6 +128,10 @@ LONG_RUN_TEST = "test_a_long_run_keeps_its_threads_and_a_frozen_worker_is_named"
 LONG_RUN_TIMEOUT = 15  # the long run's --collective_timeout
 LONG_RUN_NICENESS = 10
 LONG_RUN_STEPS = 200  # steps between the two thread counts: twice the bound on new threads
+# the two thread counts, in seconds after worker 0's first step (the second waits on for
+# LONG_RUN_STEPS steps after the first): the old code parked a thread per collective, so
+# 200 steps showed it, however long they took
+FIRST_COUNT, SECOND_COUNT = 10, 30
 
 
 def last_step(output):
@@ -137,8 +141,9 @@ def last_step(output):
 
 
 def long_run_steps(process, output, seen):
-    """The long run's steps, on time, in a thread: the workers' threads 15 s and 60 s after
-    worker 0's first step (or later, once LONG_RUN_STEPS more steps are logged), then
+    """The long run's steps, on time, in a thread: the workers' threads FIRST_COUNT and
+    SECOND_COUNT s after worker 0's first step (or later, once LONG_RUN_STEPS more steps are
+    logged), then
     worker 1 frozen with SIGSTOP and the job's end; what they saw goes into `seen`, for the
     test below."""
     try:
@@ -148,17 +153,17 @@ def long_run_steps(process, output, seen):
         for pid in pids.values():  # from here on, they only need to keep training
             lower_priority(pid, LONG_RUN_NICENESS)
         began = time.monotonic()
-        time.sleep(15)
-        seen["at_15s"] = {index: threads(pid) for index, pid in pids.items()}
-        seen["step at 15s"] = last_step(output)
-        time.sleep(max(0.0, began + 60 - time.monotonic()))
-        # on a loaded machine (its lower priority) the minute may hold fewer steps than the
-        # test needs: it waits on for them, up to 240 s more
-        wanted = (seen["step at 15s"] or 0) + LONG_RUN_STEPS
+        time.sleep(FIRST_COUNT)
+        seen["first"] = {index: threads(pid) for index, pid in pids.items()}
+        seen["step at first"] = last_step(output)
+        time.sleep(max(0.0, began + SECOND_COUNT - time.monotonic()))
+        # on a loaded machine (its lower priority) the window may hold fewer steps than the
+        # test needs: it waits on for them, up to 300 s after the first step
+        wanted = (seen["step at first"] or 0) + LONG_RUN_STEPS
         while (last_step(output) or 0) < wanted and time.monotonic() < began + 300:
             time.sleep(1)
-        seen["at_60s"] = {index: threads(pid) for index, pid in pids.items()}
-        seen["step at 60s"] = last_step(output)
+        seen["second"] = {index: threads(pid) for index, pid in pids.items()}
+        seen["step at second"] = last_step(output)
         os.kill(pids[1], signal.SIGSTOP)
         # (300 s, as the waits above: a guard against a hang, not the deadline under test)
         seen["named"] = output.wait_for(
@@ -285,8 +290,8 @@ def test_sigterm_to_the_launcher_leaves_no_worker(tmp_path):
 
 
 def test_a_long_run_keeps_its_threads_and_a_frozen_worker_is_named(long_run):
-    """A minute of training grows no threads (each collective's timeout used to park one:
-    thousands a minute, then SIGABRT); then worker 1 is frozen with SIGSTOP, worker 0's
+    """Half a minute of training grows no threads (each collective's timeout used to park
+    one: thousands a minute, then SIGABRT); then worker 1 is frozen with SIGSTOP, worker 0's
     health checks give up on it within their stated window (peer_health.py: at most
     timeout + 2 * interval after its last answer, so after the freeze), and the launcher
     names worker 1. The job ran since the module's first test (`long_run`).
@@ -303,12 +308,12 @@ def test_a_long_run_keeps_its_threads_and_a_frozen_worker_is_named(long_run):
         raise seen["error"]
     assert "pids" in seen, output.text[-3000:]  # worker 0 logged a step
     for index in seen["pids"]:
-        assert seen["at_60s"][index] - seen["at_15s"][index] < 100, (
-            index, seen["at_15s"], seen["at_60s"])
+        assert seen["second"][index] - seen["first"][index] < 100, (
+            index, seen["first"], seen["second"])
     # it trained all along, at its lower priority too: more steps (each at least one
     # collective, which used to park a thread) than the bound on new threads, twice over
-    assert seen["step at 60s"] - seen["step at 15s"] >= LONG_RUN_STEPS, (
-        seen["step at 15s"], seen["step at 60s"])
+    assert seen["step at second"] - seen["step at first"] >= LONG_RUN_STEPS, (
+        seen["step at first"], seen["step at second"])
     assert seen["named"], output.text[-3000:]
     assert seen["exit code"] == 3
     lost = re.search(r"^\[worker 0\] mgloop.train: error: lost the other workers \(worker 1 "
