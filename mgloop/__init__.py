@@ -20,7 +20,9 @@ The ground, which every package may import:
 
 `Config`, `ConfigError` and `run` are loaded on first use, so that importing the
 package loads no TensorFlow: `python -m mgloop.train` imports the package before
-train.py runs, and train.py must act before TensorFlow loads (runs/quiet_start.py).
+train.py runs, and train.py must act before TensorFlow loads (runs/quiet_start.py). The
+first use loads TensorFlow with Keras's display-only modules held back, as the entry
+points do (`quiet_start.without_display_modules`).
 """
 
 import importlib
@@ -33,5 +35,11 @@ __all__ = ["Config", "ConfigError", "run", "configure_logical_cpus"]
 
 def __getattr__(name):
     if name in _API:
-        return getattr(importlib.import_module(_API[name]), name)
+        # the first use loads TensorFlow (and Keras) as the entry points do: Keras's
+        # display-only imports held back while it loads (runs/quiet_start.py), nothing
+        # held where they are loaded already (a notebook's IPython)
+        from mgloop.runs import quiet_start
+        with quiet_start.without_display_modules():
+            module = importlib.import_module(_API[name])
+        return getattr(module, name)
     raise AttributeError(f"module 'mgloop' has no attribute {name!r}")

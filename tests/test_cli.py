@@ -145,6 +145,25 @@ def test_display_modules_are_held_back_only_while_tensorflow_loads(monkeypatch):
     assert sys.modules["IPython"] is notebook
 
 
+def test_the_packages_api_loads_its_modules_with_the_display_modules_held_back(monkeypatch):
+    """`import mgloop; mgloop.run(...)` in a user's script loads TensorFlow on first use of
+    the API, inside `without_display_modules` as the entry points do (`python -m
+    experiments.startup --cases=mgloop_run,tensorflow`)."""
+    import contextlib
+
+    import mgloop
+    entered = []
+
+    @contextlib.contextmanager
+    def recording():
+        entered.append(True)
+        yield
+
+    monkeypatch.setattr(quiet_start, "without_display_modules", recording)
+    assert mgloop.Config is not None and mgloop.run is not None
+    assert entered == [True, True]
+
+
 def test_four_ring_towers_learn(tmp_path):
     logdir = str(tmp_path / "ring4")
     result = train("--devices=cpu:4", "--aggregation=ring", "--train_steps=150",

@@ -35,7 +35,8 @@ as it would without mgloop: that is the opt-out, e.g. TF_CPP_MIN_LOG_LEVEL=0):
 `load_tensorflow()` does both, and holds back Keras's display-only imports of IPython and
 matplotlib while TensorFlow loads (`without_display_modules`).
 
-This module imports no TensorFlow and is used by entry points only.
+This module imports no TensorFlow and is used by entry points only (and
+`without_display_modules` by the package's lazy API, mgloop/__init__.py).
 """
 
 from __future__ import annotations
