@@ -26,7 +26,6 @@ points do (`quiet_start.without_display_modules`).
 """
 
 import importlib
-import sys
 
 _API = {"Config": "mgloop.runs.config", "ConfigError": "mgloop.errors",
         "run": "mgloop.runs.experiment", "configure_logical_cpus": "mgloop.cluster.devices"}
@@ -36,11 +35,8 @@ __all__ = ["Config", "ConfigError", "run", "configure_logical_cpus"]
 
 def __getattr__(name):
     if name in _API:
-        if "tensorflow" in sys.modules:  # loaded already: nothing to hold back
-            return getattr(importlib.import_module(_API[name]), name)
         # the first use loads TensorFlow (and Keras) as the entry points do: Keras's
-        # display-only imports held back while it loads (runs/quiet_start.py), nothing
-        # held where they are loaded already (a notebook's IPython)
+        # display-only imports held back while it loads (runs/quiet_start.py)
         from mgloop.runs import quiet_start
         with quiet_start.without_display_modules():
             module = importlib.import_module(_API[name])

@@ -142,12 +142,16 @@ def without_display_modules():
     editor's summary in a notebook (Keras's saving file editor, which takes a failed import
     as "no notebook"), matplotlib.pyplot for its image-gallery plots. In every process an
     entry point starts (none runs in a notebook, none plots while TensorFlow loads) they
-    cost about 0.9 s of CPU, a fifth of loading TensorFlow (`python -m experiments.startup
+    cost about 1.0 s of CPU, a quarter of loading TensorFlow (`python -m experiments.startup
     --cases=tensorflow,tensorflow_without_ipython,tensorflow_without_ipython_or_matplotlib`).
     Afterwards both import as usual (mgloop's plots import matplotlib when they draw), and
     Keras's plotting helpers hold a stand-in that imports their matplotlib module at first
-    use, so they plot as before. A module loaded already (a notebook's IPython) is not held
-    back."""
+    use, so they plot as before. Nothing is held back where TensorFlow is loaded already
+    (Keras has made its imports: holding them would only open a window in which another
+    thread's import of them fails), nor a module loaded already (a notebook's IPython)."""
+    if "tensorflow" in sys.modules:
+        yield
+        return
     held = [name for name in _DISPLAY_MODULES if name not in sys.modules]
     for name in held:
         sys.modules[name] = None  # an import of it raises ImportError meanwhile
