@@ -55,12 +55,11 @@ class TensorBoard:
 
 
 # `tensorboard` as its console script runs it, with TensorFlow loaded first as mgloop's entry
-# points load it: Keras's display-only imports held back (runs/quiet_start.py), nothing else
-# changed: 3 starts took 15.0 s of CPU as `python -m tensorboard.main`, 11.2 s so
+# points load it (`quiet_start.load_tensorflow`: Keras's display-only imports held back),
+# nothing else changed: 3 starts took 15.0 s of CPU as `python -m tensorboard.main`, 11.2 s so
 SERVER = ("import sys\n"
           "from mgloop.runs import quiet_start\n"
-          "with quiet_start.without_display_modules():\n"
-          "    import tensorflow\n"
+          "quiet_start.load_tensorflow()\n"
           "from tensorboard.main import run_main\n"
           "sys.argv[0] = 'tensorboard'\n"
           "run_main()\n")
