@@ -42,9 +42,10 @@ CASES = {
     "keras": "import keras",
     "keras_without_sklearn": "import sys; sys.modules['sklearn'] = None; import keras",
     "tensorflow": "import tensorflow",
-    # as an entry point loads it (runs/quiet_start.py): Keras's notebook-only IPython held back
+    # Keras's notebook-only IPython held back
     "tensorflow_without_ipython": "import sys; sys.modules['IPython'] = None; import tensorflow",
-    # and Keras's plotting-only matplotlib held back too (quiet_start.without_plotting)
+    # and its plotting-only matplotlib too: as an entry point loads it
+    # (runs/quiet_start.py `without_display_modules`)
     "tensorflow_without_ipython_or_matplotlib": "import sys; sys.modules['IPython'] = None; "
                                                 "sys.modules['matplotlib'] = None; "
                                                 "import tensorflow",

@@ -5,8 +5,9 @@ Each test starts real worker processes through `python -m mgloop.launch`.
 The long run's job (half a minute of training, then a frozen worker) is started in the
 background when the module's first test starts and runs its steps on time in a thread
 (`long_run`), its workers at a lower CPU priority once training, so its half minute passes
-while the other tests' jobs run; its test, last, checks what the thread saw. The module's tests run in one process
-(--dist loadgroup, setup.cfg): `straight` and the long run are each started once.
+while the other tests' jobs run; its test, last, checks what the thread saw. The module's
+tests run in one process (--dist loadgroup, setup.cfg): `straight` and the long run are
+each started once.
 """
 
 import contextlib
@@ -143,9 +144,8 @@ def last_step(output):
 def long_run_steps(process, output, seen):
     """The long run's steps, on time, in a thread: the workers' threads FIRST_COUNT and
     SECOND_COUNT s after worker 0's first step (or later, once LONG_RUN_STEPS more steps are
-    logged), then
-    worker 1 frozen with SIGSTOP and the job's end; what they saw goes into `seen`, for the
-    test below."""
+    logged), then worker 1 frozen with SIGSTOP and the job's end; what they saw goes into
+    `seen`, for the test below."""
     try:
         if not output.wait_for(r"^\[worker 0\] .*step \d+/", timeout=300):
             return
