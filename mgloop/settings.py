@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import typing
 from typing import Callable, Iterable
 
 from mgloop.errors import ConfigError
@@ -125,12 +126,13 @@ def check_finite(options) -> None:
     `setting`s): they pass every comparison; and in every integer field (`int` or
     `int | None`) a value that is no integer (1.5, True), which the flags cannot give but
     the Python API can, and which would pass the range checks."""
+    types = typing.get_type_hints(type(options))  # the annotations resolved, as the flags'
     for field in dataclasses.fields(options):
         value = getattr(options, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"--{flag_name(field)}={value} is not a finite number; give a "
                               "finite one")
-        if (str(field.type) in ("int", "int | None") and value is not None
+        if (types[field.name] in (int, int | None) and value is not None
                 and (isinstance(value, bool) or not isinstance(value, numbers.Integral))):
             raise ConfigError(f"--{flag_name(field)}={value!r} is not an integer; give a "
                               "whole number")
