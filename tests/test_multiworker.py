@@ -254,7 +254,7 @@ def test_a_killed_worker_stops_the_job_and_a_restart_resumes(straight, tmp_path)
     # (not terminated by the launcher): measured by the launcher, not by this test's
     # clock, which load on a shared machine stretches
     assert "still running after" not in output, output[-3000:]
-    assert "[launch] worker 1 was killed by signal SIGKILL" in output
+    assert "[launch] worker 1 was killed by signal SIGKILL" in output, output[-3000:]
     assert re.search(r"\[worker 0\] mgloop.train: error: lost the other workers", output)
     assert os.path.exists(logdir / "checkpoints" / "checkpoint")  # the chief's, kept
 
