@@ -268,7 +268,7 @@ def timeline(job: Job, fault_at: float | None) -> dict:
     out["longest_gap"] = max((b - a for a, b in zip(marks, marks[1:])), default=None)
     out["step_reached"] = max((s for _, s in steps), default=0)
     failed = job.wait_for(r"^\[launch\] worker \d+ (exited|was killed|stopped answering)|"
-                          r"answered no health check", 0, since=fault_at)
+                          r"answered no health check|refused \d+ health checks", 0, since=fault_at)
     out["to_failure"] = failed[0] - fault_at if failed else None
     # a worker that finished first and exited, declared lost by one still ending its run
     out["after_last_step"] = bool(failed and steps and failed[0] > steps[-1][0]

@@ -7,12 +7,13 @@ given, `--plugin=MODULE` included: each worker imports the module (from the
 launcher's working directory and Python path) before it validates its settings.
 
 When a worker fails, the launcher names the worker at fault: the one that ended,
-or, when a survivor ended with exit code 3 naming a peer that answered no health
-check (mgloop/cluster/peer_health.py), that peer, adding whether its process is stopped
-(SIGSTOP). The others then stop by themselves (their collectives fail, or their
-health checks give up after --collective_timeout) or are terminated after
---grace_seconds; a stopped worker is killed at once. The launcher exits with
-the first failure's code.
+or, when a survivor ended with exit code 3 naming a peer its health checks gave up on
+(mgloop/cluster/peer_health.py), that peer, adding whether its process is stopped
+(SIGSTOP); workers that all ended between two polls are blamed alike. The others
+then stop by themselves (their collectives fail, or their health checks find the
+ended peer's server gone, or give up on a silent one after --collective_timeout) or
+are terminated after --grace_seconds; a stopped worker is killed at once. The
+launcher exits with the first failure's code.
 
 SIGTERM, SIGINT or SIGHUP to the launcher is forwarded to every worker (SIGHUP as
 SIGTERM), which may then save a checkpoint and exit; workers still running after
@@ -168,7 +169,10 @@ def _supervise(workers: worker_processes.Workers, received: list[int], grace: fl
         time.sleep(_POLL_SECONDS)
     if received:
         return 128 + received[0]
-    failed = failed or workers.first_failure()
+    if failed is None:
+        failed = workers.first_failure()
+        if failed is not None:  # every worker ended between two polls: blamed all the same
+            workers.say(f"{workers.blame(*failed)}; the other workers had ended")
     if failed is None:
         return 0
     return failed[1] if failed[1] > 0 else 128 - failed[1]

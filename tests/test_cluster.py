@@ -279,6 +279,34 @@ def test_the_launcher_names_the_frozen_worker_not_the_survivor(tmp_path):
         assert not alive(pid), pid
 
 
+# Worker 1 writes its pid and waits; worker 0 kills it and exits with mgloop.train's lost-peer
+# code at once: both end between two of the launcher's polls (0.2 s apart; a poll landing in
+# the microseconds between them reports the same line by the other path).
+KILLED_THEN_LOST = """
+import json, os, signal, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+flag = os.path.join(sys.argv[-1], "pid")
+if index == 1:
+    with open(flag + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(flag + ".tmp", flag)
+    time.sleep(600)
+while not os.path.exists(flag):
+    time.sleep(0.05)
+os.kill(int(open(flag).read()), signal.SIGKILL)
+os._exit(3)
+"""
+
+
+def test_workers_ending_between_two_polls_are_still_blamed(tmp_path):
+    out = Lines()
+    code = launch.launch(2, "cpu:1", [str(tmp_path)], grace=600, out=out,
+                         command=[sys.executable, "-c", KILLED_THEN_LOST])
+    assert code == 128 + signal.SIGKILL  # the killed worker's, not the survivor's 3
+    assert re.search(r"^\[launch\] worker 1 was killed by signal SIGKILL", out.text, re.M), \
+        out.text
+
+
 @pytest.mark.parametrize("nodes, tasks_per_node, rank, expected", [
     ("n[1-2]", "1(x2)", 1, (("n1:8888", "n2:8888"), 1)),
     ("gpu7", "2", 0, (("gpu7:8888", "gpu7:8889"), 0)),

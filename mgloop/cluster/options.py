@@ -30,9 +30,10 @@ class ClusterOptions:
         neutral=_WAITS)
     collective_timeout: float = setting(
         30.0, "several processes: the peer health timeout: a peer that answers no health "
-        "check for this many seconds (dead, stopped, hung) is declared lost within 10s more, "
-        "the collectives are aborted and the run fails (exit code 3 naming it), not hangs; "
-        ">= 5", neutral=_WAITS)
+        "check for this many seconds (dead, stopped, hung) is declared lost within 10s more "
+        "(one whose process ended, within seconds: its server refuses the checks), the "
+        "collectives are aborted and the run fails (exit code 3 naming it), not hangs; >= 5",
+        neutral=_WAITS)
 
 
 MIN_PEER_TIMEOUT = 5.0  # seconds: the shortest --collective_timeout (see checks.py)
