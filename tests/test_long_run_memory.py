@@ -9,7 +9,10 @@ default run (experiments/soak.py, docs/results/long-runs.md). Here one short run
 precision, a stateful method) and tiny loops passes warm-up (every bounded collection
 full, every function traced), then is measured over MEASURED_LOOPS loops:
 
-- traces: every tf.function's trace count is the same at the end as after warm-up;
+- traces: every tf.function's trace count is the same at the end as after warm-up
+  (those made since the test began: the run's; the objects earlier tests in the process
+  left are frozen out of the collector's walks, `gc.freeze`, and so is any function
+  made at an import);
 - live objects the garbage collector tracks, by type (dicts holding containers,
   compiled patterns, weakrefs): fewer than one new object in four loops, but for the log
   records pytest's log capture holds (it keeps every record a test emits, twice: caplog's
@@ -121,10 +124,15 @@ def test_a_long_run_keeps_nothing_per_loop(tmp_path, monkeypatch):
                                   **EVERY_HOOK)
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.INFO)
+    # what earlier tests in this process left (a million objects and more) is frozen, so
+    # the counts and collections below walk what this run made, not all of it
+    gc.collect()
+    gc.freeze()
     try:
         result = mgloop.run(config, callbacks=[measure])
     finally:
         tracemalloc.stop()
+        gc.unfreeze()
         absl_logging.set_verbosity(verbosity)
     assert result["final_step"] == END + 10
     assert seen["traces after"] == seen["traces"], "a function was traced again after warm-up"
