@@ -307,6 +307,63 @@ def test_workers_ending_between_two_polls_are_still_blamed(tmp_path):
         out.text
 
 
+class _Checks:
+    """Stands in for TensorFlow's context in the health checks: answers worker 1's checks
+    as `answers` says, one per check (then its last again), and records the abort."""
+
+    def __init__(self, answers):
+        import tensorflow as tf
+        self.answers, self.checks, self.aborted = list(answers), 0, threading.Event()
+        self.errors = {"ok": None,
+                       "refused": tf.errors.UnavailableError(None, None, (
+                           "failed to connect to all addresses; last error: UNKNOWN: "
+                           "ipv4:127.0.0.1:2: Failed to connect to remote host: Connection "
+                           "refused")),
+                       "deadline": tf.errors.DeadlineExceededError(None, None,
+                                                                   "Deadline Exceeded")}
+
+    def check_collective_ops_peer_health(self, task, timeout_in_ms):
+        assert task.endswith("task:1")
+        answer = self.answers[min(self.checks, len(self.answers) - 1)]
+        self.checks += 1
+        if self.errors[answer] is not None:
+            raise self.errors[answer]
+
+    def abort_collective_ops(self, code, message):
+        self.aborted.set()
+
+
+@pytest.mark.parametrize("answers, gone", [
+    (["ok", "ok", "refused"], True),  # ended: its server refuses
+    (["ok", "refused", "ok", "refused", "ok", "refused", "ok"], False),  # never twice in a row
+    (["ok", "deadline"], False),  # stopped or cut off: only the timeout declares it
+])
+def test_a_peer_whose_server_refuses_twice_is_gone_long_before_the_timeout(
+        monkeypatch, answers, gone):
+    from tensorflow.python.eager import context
+    from mgloop.cluster import peer_health
+    checks = _Checks(answers)
+    monkeypatch.setattr(context, "context", lambda: checks)
+    monkeypatch.setattr(peer_health, "RECHECK", 0.02)
+    health = peer_health.PeerHealth(cluster.Cluster(("127.0.0.1:1", "127.0.0.1:2"), 0),
+                                    timeout=600)
+    health.interval = 0.02  # (600 s would check every 5 s)
+    with health:
+        if gone:
+            assert checks.aborted.wait(timeout=30), checks.checks
+        else:  # every scripted answer and two more checks, then still not declared
+            deadline = time.monotonic() + 30
+            while checks.checks < len(answers) + 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not checks.aborted.is_set(), checks.checks
+    if gone:
+        assert health.lost == peer_health.gone_peer_message(1, "127.0.0.1:2", 2)
+        assert peer_health.find_lost_peer(f"lost ({health.lost})")[0] == 1  # launch reads it
+        assert checks.checks == len(answers) + 1
+    else:
+        assert health.lost is None and checks.checks >= len(answers)
+
+
 @pytest.mark.parametrize("nodes, tasks_per_node, rank, expected", [
     ("n[1-2]", "1(x2)", 1, (("n1:8888", "n2:8888"), 1)),
     ("gpu7", "2", 0, (("gpu7:8888", "gpu7:8889"), 0)),
