@@ -171,10 +171,10 @@ def _supervise(workers: worker_processes.Workers, received: list[int], grace: fl
         return 128 + received[0]
     if failed is None:
         failed = workers.first_failure()
-        if failed is not None:  # every worker ended between two polls: blamed all the same
-            workers.say(f"{workers.blame(*failed)}; the other workers had ended")
-    if failed is None:
-        return 0
+        if failed is None:
+            return 0
+        # every worker ended between two polls: blamed all the same
+        workers.say(f"{workers.blame(*failed)}; the other workers had ended")
     return failed[1] if failed[1] > 0 else 128 - failed[1]
 
 

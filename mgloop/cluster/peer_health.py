@@ -49,7 +49,7 @@ LOST_PEERS_EXIT_CODE = 3
 _LOST = re.compile(r"worker (\d+) at \S+ (?:answered no health check for \d+s "
                    r"\(stopped, hung or gone\)|refused \d+ health checks in a row "
                    r"\(its process ended\))")
-GONE_CHECKS = 2  # refused checks in a row that declare a peer that answered before gone
+GONE_CHECKS = 2  # refused checks in a row that declare a peer gone (its process ended)
 RECHECK = 1.0  # seconds to the next round of checks after a refusal
 # what gRPC says of a connection to an address where nothing listens (any more)
 _REFUSED = ("Connection refused", "Connection reset by peer")
@@ -133,9 +133,10 @@ class PeerHealth:
                         self.lost = gone_peer_message(index, address, refusals[index])
                     elif silent >= self.timeout:
                         self.lost = lost_peer_message(index, address, silent)
+                    elif refusals[index]:  # ended, perhaps: the next round comes sooner
+                        wait = min(wait, RECHECK)
+                        continue
                     else:
-                        if refusals[index]:
-                            wait = min(wait, RECHECK)
                         continue
                     logging.error("%s; last check: %s; aborting this worker's collectives",
                                   self.lost, type(error).__name__)
