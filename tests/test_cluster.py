@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -362,6 +363,39 @@ def test_a_peer_whose_server_refuses_twice_is_gone_long_before_the_timeout(
         assert checks.checks == len(answers) + 1
     else:
         assert health.lost is None and checks.checks >= len(answers)
+
+
+# A real worker 0 (TensorFlow's gRPC server, collective ops) whose worker 1's port has
+# nothing listening: its health checks see gRPC's own refusal, with a 600 s timeout.
+GONE_PEER = """
+import sys, time
+from mgloop.runs import quiet_start
+quiet_start.load_tensorflow()
+from mgloop.cluster import peer_health, workers
+me = workers.Cluster(tuple(sys.argv[1:3]), 0)
+workers.start(me)
+health = peer_health.PeerHealth(me, timeout=600)
+health.interval = 0.2  # (600 s would check every 5 s)
+with health:
+    deadline = time.monotonic() + 60
+    while health.lost is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+print(health.lost)
+"""
+
+
+def test_a_peer_whose_port_is_closed_is_gone_by_grpcs_own_refusals():
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:  # free ports: the first for worker 0, then closed
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    done = subprocess.run([sys.executable, "-c", GONE_PEER, *addresses], capture_output=True,
+                          text=True, timeout=300)
+    from mgloop.cluster import peer_health
+    assert done.stdout.strip() == peer_health.gone_peer_message(1, addresses[1], 2), (
+        done.stdout + done.stderr[-3000:])
 
 
 @pytest.mark.parametrize("nodes, tasks_per_node, rank, expected", [
