@@ -133,10 +133,9 @@ class PeerHealth:
                         self.lost = gone_peer_message(index, address, refusals[index])
                     elif silent >= self.timeout:
                         self.lost = lost_peer_message(index, address, silent)
-                    elif refusals[index]:  # ended, perhaps: the next round comes sooner
-                        wait = min(wait, RECHECK)
-                        continue
                     else:
+                        if refusals[index]:  # ended, perhaps: the next round comes sooner
+                            wait = min(wait, RECHECK)
                         continue
                     logging.error("%s; last check: %s; aborting this worker's collectives",
                                   self.lost, type(error).__name__)
