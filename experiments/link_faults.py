@@ -18,6 +18,9 @@ script acts on the namespaces named after the launcher's pid (it started the lau
     down_long    the same for --down_long seconds (longer than --collective_timeout)
     cut          every link's rate cut from --rate to --cut_rate (`tc -n ... qdisc change
                  ... tbf rate`, both ends of every worker's link) for the rest of the run
+    killed       worker 1's process killed (SIGKILL): its link stays up, its server is gone,
+                 so its peers' health checks are refused (peer_health.py), where down_long's
+                 go unanswered until --collective_timeout
     slow         --slow_workers workers; worker 1's link (both ends) shaped to
                  --rate / --slow_factor from the start (changed as soon as the launcher
                  says its namespaces are made, before the workers have started TensorFlow)
@@ -68,7 +71,7 @@ from mgloop.cluster import netns as netns_lib  # imports no TensorFlow
 from mgloop.observe import link_model  # imports no TensorFlow
 
 FLAGS = flags.FLAGS
-SCENARIOS = ("down_short", "down_long", "cut", "slow")
+SCENARIOS = ("down_short", "down_long", "cut", "killed", "slow")
 MODES = ("plain", "elastic")
 _STEP = re.compile(r"^\[worker 0\] .*\] step (\d+)/\d+")
 
@@ -244,6 +247,12 @@ def inject(job: Job, scenario: str, rate: float, logdir: str) -> dict:
         time.sleep(seconds)
         problem += ip("ip", "-n", name, "link", "set", device, "up")  # '' or: the job ended
         what = f"w1's link down {seconds:g} s" + (f" (up: {problem})" if problem else "")
+    elif scenario == "killed":
+        started = job.wait_for(r"^\[launch\] worker 1 at \S+ started \(pid (\d+)\)", 0)
+        if started is None:
+            return {"fault": "none: worker 1's pid was not logged", "fault_at": None}
+        os.kill(int(started[1].group(1)), signal.SIGKILL)
+        what = "w1's process killed (SIGKILL)"
     else:
         cut = link_model.parse(f"between:{FLAGS.cut_rate},0us").bytes_per_second * 8
         problem = "; ".join(filter(None, (shape(job.prefix, i, cut)
