@@ -35,18 +35,19 @@ def dropout_model():
 
 
 class OutputRecorder:
-    """A zero loss that keeps, per call in the traced order (tower 0 first), the last
-    model outputs it was given."""
+    """A zero loss that keeps the last model outputs each tower gave it: tower t's (on
+    device t, one tower per device) in its variable t (colocate's one loss: in its one).
+    It writes a variable of its own, so the step traces the towers' passes one by one
+    (per_tower.SharedPass); a trace outside any tower's device writes variable 0."""
 
     def __init__(self, calls: int, rows: int):
         with tf.device("/device:CPU:0"):
             self.seen = [tf.Variable(tf.zeros([rows, FEATURES]), trainable=False)
                          for _ in range(calls)]
-        self.calls = 0
 
     def __call__(self, y, outputs):
-        self.seen[self.calls % len(self.seen)].assign(outputs)
-        self.calls += 1
+        device = tf.DeviceSpec.from_string(outputs.device or "/device:CPU:0")
+        self.seen[device.device_index % len(self.seen)].assign(outputs)
         return 0.0 * tf.reduce_mean(outputs, axis=-1)
 
     def kept(self) -> np.ndarray:
@@ -104,6 +105,7 @@ def test_towers_draw_independent_masks(aggregation, tmp_path):
 def test_replicas_draw_independent_masks_and_advance_the_seed_as_one_device(ring_run):
     masks, trainer = ring_run
     assert_independent_tower_masks(masks)
+    assert trainer.step.group_pass._per_tower  # the recorder's variables: one trace a tower
     position = trainer.random_streams.indices[0]
     first = trainer.model.layers[1].seed_generator.state.numpy()
     assert first[1] == 2  # one draw per step, as one device's generator after 2 steps

@@ -49,9 +49,10 @@ def expected_steps(start, stop, drop_remainder=True):
 def consumed(monkeypatch):
     """Records, per tower, the example indices of every shard the tower trains on."""
     records = collections.defaultdict(list)
-    original = per_tower.tower_pass
+    original, shared = per_tower.tower_pass, per_tower.SharedPass.__call__
 
-    def recording_tower_pass(step, t, trainable, non_trainable, x, y):
+    def recorded(step, t, x):
+        """x, each time the step runs, with its example indices recorded for tower t."""
         tower = int(step.replicas.tower_devices[t].rsplit(":", 1)[1])
 
         def record(shard):
@@ -59,8 +60,16 @@ def consumed(monkeypatch):
             return shard
         seen = tf.py_function(record, [x], tf.float32)
         seen.set_shape(x.shape)
-        return original(step, t, trainable, non_trainable, seen, y)
+        return seen
+
+    def recording_tower_pass(step, t, trainable, non_trainable, x, y):
+        return original(step, t, trainable, non_trainable, recorded(step, t, x), y)
+
+    def recording_shared_pass(self, step, group, trainable, states, xs, ys):  # the default
+        return shared(self, step, group, trainable, states, [recorded(step, group[0], xs[0])],
+                      ys)
     monkeypatch.setattr(per_tower, "tower_pass", recording_tower_pass)
+    monkeypatch.setattr(per_tower.SharedPass, "__call__", recording_shared_pass)
 
     def global_batches():
         """The global batches trained on so far: tower shards concatenated, tower 0 first."""

@@ -12,6 +12,7 @@ from mgloop import aggregation
 from mgloop.cluster import devices
 from mgloop.runs import assemble, experiment
 from mgloop.training import losses, optim
+from mgloop.step import per_tower
 from mgloop.step.hooks import Hook
 from tests import helpers
 from tests import tolerance
@@ -91,6 +92,41 @@ def test_loss_and_gradient_hooks_compose_exactly(logdir):
     assert run_steps(scaled) == plain_loss
     for a, b in zip(helpers.copy_weights(scaled)[0], helpers.copy_weights(plain)[0]):
         np.testing.assert_array_equal(a, b)
+
+
+def dropout_batch_norm_model(input_shape, num_classes):
+    """Per-tower random draws (dropout) and per-tower state (batch norm's statistics)."""
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(16), keras.layers.BatchNormalization(),
+                             keras.layers.ReLU(), keras.layers.Dropout(0.3),
+                             keras.layers.Dense(num_classes)])
+
+
+def test_the_pass_traced_once_equals_one_trace_per_tower_bit_for_bit(logdir):
+    """With no hook acting inside a tower's pass, the step traces the pass once and calls it
+    on each of the 4 towers' devices (per_tower.SharedPass); forced to trace it per tower
+    (per_tower.group_pass), the same steps give the same bits: weights, batch norm's moving
+    statistics, the dropout streams' states and the losses."""
+    config = helpers.small_config(logdir, devices="cpu:4", aggregation="ring")
+    make = functools.partial(dropout_batch_norm_model, helpers.DATASET.input_shape,
+                             helpers.DATASET.num_classes)
+    shared = helpers.build_trainer(config, make)
+    per_tower_traces = helpers.build_trainer(config, make)
+    assert isinstance(shared.step.group_pass, per_tower.SharedPass)
+    per_tower_traces.step.group_pass = per_tower.group_pass
+    assert run_steps(shared) == run_steps(per_tower_traces)
+    assert shared.step.group_pass._body.experimental_get_tracing_count() == 1  # not 4
+    for a, b in zip(shared.model.get_weights(), per_tower_traces.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(shared.model.non_trainable_variables,
+                    per_tower_traces.model.non_trainable_variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # moving statistics, seeds
+
+
+def test_a_hook_acting_inside_a_towers_pass_gets_one_trace_per_tower(logdir):
+    trainer = build(helpers.small_config(logdir, devices="cpu:2", aggregation="ring"),
+                    hooks=[ScaleByFour()])
+    assert trainer.step.group_pass is per_tower.group_pass  # its scale_loss(t, ...)
 
 
 # Nested features and labels: a two-input model whose math is the flat mlp's on concat(a, b).

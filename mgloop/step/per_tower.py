@@ -16,6 +16,10 @@ A tower computes, on its own device and with its own `tf.GradientTape`,
 
 and returns them with its metrics' states and its updated non-trainable state
 (e.g. batch-norm moving statistics) for the step (training_step.py) to combine.
+
+`tower_pass` traces that pass once per tower; `SharedPass`, the step's choice whenever no
+hook acts inside a tower's pass by its index, traces it once and calls it on every
+tower's device (the same ops run, so the same bits).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from mgloop.data import padding
 from mgloop.training import metrics
 from mgloop.training.variables import VariableCopy, backing
 from mgloop.step import precision
+from mgloop.step.hooks import tape_gradients
 
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -137,3 +142,81 @@ def group_pass(step, group: range, trainable, states, xs, ys) -> list[TowerOutpu
     a group is one tower (vectorized_towers.device_pass computes a device's K at once)."""
     return [tower_pass(step, t, trainable, state, x, y)
             for t, state, x, y in zip(group, states, xs, ys)]
+
+
+class SharedPass:
+    """The tower loop's group pass (one tower per device) with the pass traced ONCE: when no
+    hook acts inside a tower's pass by its index (hooks.IN_TOWER_PASS) and the backward is
+    the tape's, tower t's pass is the same function of its own inputs on every tower,
+
+        (v, s_t, x_t, y_t) -> (loss_t, metric state_t, g[t] = d loss_t / d v, s'_t),
+
+    so it is one `tf.function` (not compiled) called on each tower's device, where
+    `tower_pass` traced T copies of it. What reads the tower's index stays outside, as in
+    `tower_pass`: the shard's copy onto the device, the random streams' keys
+    (random_streams.py) and the hooks' `unscale`. When the step's function is instantiated
+    TensorFlow inlines each call, its ops placed on the caller's device, so the graph that
+    runs holds the same ops per tower as T traces: the same bits (every equality of the
+    tower loop with one device, simulated nodes and workers holds through it), at about
+    1/T of the pass's tracing (the pass is most of a small model's step to trace).
+    """
+
+    def __init__(self):
+        self._body = None
+        self._per_tower = False  # the traced body read a variable of its own: one per tower
+
+    @staticmethod
+    def serves(hooks) -> bool:
+        """Whether the step's `hooks` leave every tower's pass alike (class docstring)."""
+        return hooks.gradients is tape_gradients and not any(
+            hook.acts_in_tower_pass() for hook in hooks.hooks)
+
+    def _traced(self, step):
+        if self._body is None:
+            template, loss_fn, metric_list = step.replicas.model, step.loss_fn, step.metrics
+            gradients, kwargs = step.hooks.gradients, call_kwargs(step.replicas.model, True)
+
+            def body(trainable, state, x, y):
+                with tf.GradientTape() as tape:
+                    tape.watch(trainable)
+                    outputs, new_state, model_losses = template.stateless_call(
+                        trainable, state, x, return_losses=True, **kwargs)
+                    outputs = tf.nest.map_structure(precision.to_float32, outputs)
+                    loss = total_loss(loss_fn, y, outputs, model_losses)
+                grads, _ = gradients(None, tape, loss, trainable)
+                return loss, metric_state(metric_list, y, outputs), grads, list(new_state)
+
+            self._body = tf.function(body, autograph=False)  # as the step (loop.py)
+        return self._body
+
+    def __call__(self, step, group: range, trainable, states, xs, ys) -> list[TowerOutput]:
+        """Tower t = group[0] on its shard: the traced body on its device, then the hooks'
+        `unscale` and the random streams' state as `tower_pass` gives them. A body that
+        reads or writes a variable of its own (a user's loss or metric keeping state) would
+        have every tower's call act on that one variable, so such a step traces its towers'
+        passes one by one (`group_pass`), as before."""
+        if self._per_tower:
+            return group_pass(step, group, trainable, states, xs, ys)
+        (t,) = group
+        streams, device = step.random_streams, step.replicas.tower_devices[t]
+        with tf.device(device):
+            x, y = tf.nest.map_structure(tf.identity, (xs[0], ys[0]))  # the shard onto it
+            state = streams.for_tower(states[0], t, device)
+        args = (list(trainable), state, x, y)
+        with tf.compat.v1.get_default_graph().device(None):  # its ops traced with no device
+            body = self._traced(step).get_concrete_function(*args)  # (a tower's device in
+            # the trace's key would trace it again for every tower)
+        if any(value.dtype == tf.resource for value in body.captured_inputs):
+            self._per_tower = True
+            return group_pass(step, group, trainable, states, xs, ys)
+        with tf.device(device):  # the call's device: each inlined op's (class docstring)
+            loss, metric, grads, new_state = body(*args)
+            return [TowerOutput(loss, metric, step.hooks.unscale(t, grads),
+                                streams.after_tower(states[0], new_state))]
+
+
+def tower_loop_pass(hooks):
+    """The group pass of the tower loop (one tower per device) for the step's `hooks`: the
+    pass traced once (`SharedPass`) where they leave every tower's pass alike, else one
+    trace per tower (`group_pass`)."""
+    return SharedPass() if SharedPass.serves(hooks) else group_pass

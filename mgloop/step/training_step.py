@@ -37,12 +37,14 @@ class TowerStep:
         self.replicas, self.loss_fn, self.metrics = replicas, loss_fn, list(metrics)
         self.hooks, self.passes, self.exchange = hooks, passes, exchange
         self.random_streams = random_streams
-        # the towers computed together (one device's K), and how: one traced pass per tower,
-        # one vectorized computation per device (vectorized_towers.py), or one XLA-compiled
-        # pass per tower (`compiled`: compiled_towers.CompiledPass, --xla_towers)
+        # the towers computed together (one device's K), and how: one pass traced once and
+        # called on every tower (per_tower.SharedPass) unless a hook acts inside a tower's
+        # pass (then one traced pass per tower), one vectorized computation per device
+        # (vectorized_towers.py), or one XLA-compiled pass per tower (`compiled`:
+        # compiled_towers.CompiledPass, --xla_towers)
         k = replicas.towers_per_device
         self.groups = [range(t, t + k) for t in range(0, replicas.num_towers, k)]
-        self.group_pass = (compiled or per_tower.group_pass if k == 1
+        self.group_pass = (compiled or per_tower.tower_loop_pass(hooks) if k == 1
                            else vectorized_towers.device_pass)
         self.tower_outputs: list[per_tower.TowerOutput] = []  # of the last trace (exchange_timing)
 
