@@ -121,20 +121,26 @@ def tower_pass(step, t: int, trainable: list[tf.Tensor], non_trainable: list[tf.
                            factors)
 
 
-def pure_pass(step, trainable, state, x, y, kwargs: dict):
-    """One shard's forward, loss and gradients with no hook acting by the tower's index,
-    the body vectorized_towers.py maps over a device's towers and compiled_towers.py
-    compiles: (loss, outputs as float32, grads as dense tensors (an Embedding's rows
-    included), the new non-trainable state)."""
-    template = step.replicas.model
+def forward_backward(step, trainable, state, x, y, kwargs: dict):
+    """One shard's forward, loss and gradients with no hook acting by the tower's index:
+    (loss, outputs as float32, grads as the step's backward gives them (an Embedding's as
+    rows), the new non-trainable state)."""
     with tf.GradientTape() as tape:
         tape.watch(trainable)
-        outputs, new_state, model_losses = template.stateless_call(
+        outputs, new_state, model_losses = step.replicas.model.stateless_call(
             trainable, state, x, return_losses=True, **kwargs)
         outputs = tf.nest.map_structure(precision.to_float32, outputs)
         loss = total_loss(step.loss_fn, y, outputs, model_losses)
     grads, _ = step.hooks.gradients(None, tape, loss, trainable)
-    return loss, outputs, [tf.convert_to_tensor(g) for g in grads], list(new_state)
+    return loss, outputs, grads, list(new_state)
+
+
+def pure_pass(step, trainable, state, x, y, kwargs: dict):
+    """`forward_backward` with every gradient a dense tensor (an Embedding's rows
+    included): the body vectorized_towers.py maps over a device's towers and
+    compiled_towers.py compiles."""
+    loss, outputs, grads, new_state = forward_backward(step, trainable, state, x, y, kwargs)
+    return loss, outputs, [tf.convert_to_tensor(g) for g in grads], new_state
 
 
 def group_pass(step, group: range, trainable, states, xs, ys) -> list[TowerOutput]:
@@ -173,18 +179,12 @@ class SharedPass:
 
     def _traced(self, step):
         if self._body is None:
-            template, loss_fn, metric_list = step.replicas.model, step.loss_fn, step.metrics
-            gradients, kwargs = step.hooks.gradients, call_kwargs(step.replicas.model, True)
+            kwargs = call_kwargs(step.replicas.model, True)
 
             def body(trainable, state, x, y):
-                with tf.GradientTape() as tape:
-                    tape.watch(trainable)
-                    outputs, new_state, model_losses = template.stateless_call(
-                        trainable, state, x, return_losses=True, **kwargs)
-                    outputs = tf.nest.map_structure(precision.to_float32, outputs)
-                    loss = total_loss(loss_fn, y, outputs, model_losses)
-                grads, _ = gradients(None, tape, loss, trainable)
-                return loss, metric_state(metric_list, y, outputs), grads, list(new_state)
+                loss, outputs, grads, new_state = forward_backward(step, trainable, state, x,
+                                                                   y, kwargs)
+                return loss, metric_state(step.metrics, y, outputs), grads, new_state
 
             self._body = tf.function(body, autograph=False)  # as the step (loop.py)
         return self._body
