@@ -33,7 +33,6 @@ import tensorflow as tf
 
 from mgloop.data import padding
 from mgloop.training import metrics
-from mgloop.training.variables import VariableCopy, backing
 from mgloop.step import precision
 from mgloop.step.hooks import tape_gradients
 
